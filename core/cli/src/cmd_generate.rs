@@ -1,0 +1,76 @@
+//! `rlhf generate`: batched generation from the command line.
+
+use rlhf_generation::{batch::to_rows, generate, left_pad, GenerateConfig, Sampling};
+use rlhf_tokenizer::ChatMessage;
+
+use crate::common::ModelArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text; repeat for a batch (left-padded together).
+    #[arg(long, required = true)]
+    prompt: Vec<String>,
+    /// Wrap each prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: i64,
+    /// 0 means greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    #[arg(long)]
+    top_p: Option<f64>,
+    #[arg(long)]
+    top_k: Option<i64>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print one JSON object per prompt: {"prompt_ids", "response_ids", "text"}.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let tok = args.model.load_tokenizer()?;
+    let model = args.model.load_lm()?;
+    let mut prompts = Vec::with_capacity(args.prompt.len());
+    for p in &args.prompt {
+        let text =
+            if args.chat { tok.apply_chat_template(&[ChatMessage::new("user", p.as_str())], true)? } else { p.clone() };
+        // A rendered chat template already holds its special tokens.
+        let ids = tok.encode(&text, !args.chat)?;
+        if ids.is_empty() {
+            anyhow::bail!("prompt {p:?} encodes to no tokens");
+        }
+        prompts.push(ids.into_iter().map(i64::from).collect::<Vec<_>>());
+    }
+    let sampling = if args.temperature > 0.0 {
+        Sampling::Sample { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p }
+    } else {
+        Sampling::Greedy
+    };
+    let cfg = GenerateConfig {
+        max_new_tokens: args.max_new_tokens,
+        sampling,
+        eos_token_ids: tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect(),
+        pad_token_id: i64::from(tok.pad_token_id()),
+        seed: args.seed,
+        sync_every: 0,
+    };
+    let batch = left_pad(&prompts, cfg.pad_token_id, model.device())?;
+    let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg)?;
+    let responses = to_rows(&out.responses()?)?;
+    let masks = to_rows(&out.response_mask)?;
+    for ((prompt, resp), mask) in prompts.iter().zip(&responses).zip(&masks) {
+        let ids: Vec<u32> = resp.iter().zip(mask).filter(|(_, &m)| m == 1).map(|(&t, _)| t as u32).collect();
+        let text = tok.decode(&ids, true)?;
+        if args.json {
+            let line = serde_json::json!({ "prompt_ids": prompt, "response_ids": ids, "text": text });
+            println!("{line}");
+        } else {
+            println!("{text}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! Options shared by subcommands: model directory, device and dtype.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use tch::{Device, Kind};
+
+/// `--model`, `--device`, `--dtype`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Hugging Face model directory (config.json, safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+}
+
+impl ModelArgs {
+    /// Parsed device and dtype.
+    pub fn device_kind(&self) -> anyhow::Result<(Device, Kind)> {
+        Ok((rlhf_models::parse_device(&self.device)?, rlhf_models::parse_dtype(&self.dtype)?))
+    }
+
+    /// Loads the causal LM.
+    pub fn load_lm(&self) -> anyhow::Result<rlhf_models::CausalLm> {
+        let (device, kind) = self.device_kind()?;
+        if !self.model.is_dir() {
+            anyhow::bail!("{}: model directory not found", self.model.display());
+        }
+        Ok(rlhf_models::CausalLm::from_dir(&self.model, device, kind)?)
+    }
+
+    /// Loads the tokenizer files of the model directory.
+    pub fn load_tokenizer(&self) -> anyhow::Result<rlhf_tokenizer::HfTokenizer> {
+        rlhf_tokenizer::HfTokenizer::from_dir(&self.model)
+            .with_context(|| format!("loading the tokenizer of {}", self.model.display()))
+    }
+}

@@ -1,0 +1,150 @@
+//! Batched generation with a preallocated KV cache.
+//!
+//! Prompts are left-padded; positions come from the mask, so a prompt's continuation does not depend
+//! on how much padding its batch needed. Each sequence stops at its first EOS; later slots hold the
+//! pad id and are masked out. On CUDA the "all finished?" test — a device→host sync — runs only
+//! every [`GenerateConfig::sync_every`] steps so the decode loop does not stall the GPU.
+
+use tch::{Kind, Tensor};
+
+use rlhf_models::{position_ids_from_mask, CausalLm};
+
+use crate::error::{GenerationError, Result};
+use crate::sampling::Sampling;
+
+/// Generation parameters.
+#[derive(Debug, Clone)]
+pub struct GenerateConfig {
+    pub max_new_tokens: i64,
+    pub sampling: Sampling,
+    /// Any of these ends a sequence (the EOS token itself is part of the response).
+    pub eos_token_ids: Vec<i64>,
+    /// Written after a sequence ended.
+    pub pad_token_id: i64,
+    /// Seeds libtorch's generators before sampling.
+    pub seed: Option<u64>,
+    /// Steps between checks whether every sequence has finished (0: pick by device).
+    pub sync_every: i64,
+}
+
+impl GenerateConfig {
+    /// Greedy decoding of up to `max_new_tokens`.
+    pub fn greedy(max_new_tokens: i64, eos_token_ids: Vec<i64>, pad_token_id: i64) -> Self {
+        GenerateConfig {
+            max_new_tokens,
+            sampling: Sampling::Greedy,
+            eos_token_ids,
+            pad_token_id,
+            seed: None,
+            sync_every: 0,
+        }
+    }
+}
+
+/// The result of [`generate`].
+#[derive(Debug)]
+pub struct Generated {
+    /// Prompt and response ids, `[batch, prompt_len + steps]`.
+    pub sequences: Tensor,
+    /// 1 on real prompt tokens and on response tokens up to and including EOS, `[batch, prompt_len + steps]`.
+    pub attention_mask: Tensor,
+    /// 1 on response (action) tokens, `[batch, steps]`.
+    pub response_mask: Tensor,
+    /// Length of the (left-padded) prompt block.
+    pub prompt_len: i64,
+}
+
+impl Generated {
+    /// Response ids, `[batch, steps]`.
+    pub fn responses(&self) -> Result<Tensor> {
+        let total = self.sequences.size()[1];
+        Ok(self.sequences.f_narrow(1, self.prompt_len, total - self.prompt_len)?)
+    }
+
+    /// Response lengths, `[batch]`.
+    pub fn response_lengths(&self) -> Result<Tensor> {
+        Ok(self.response_mask.f_sum_dim_intlist(-1, false, Kind::Int64)?)
+    }
+}
+
+/// Generates continuations of left-padded prompts.
+///
+/// # Shapes
+/// - `prompt_ids`, `prompt_mask`: `[batch, prompt_len]` (int64, left-padded)
+/// - returns [`Generated`] with `steps <= max_new_tokens`
+pub fn generate(
+    model: &CausalLm,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    cfg: &GenerateConfig,
+) -> Result<Generated> {
+    cfg.sampling.validate()?;
+    if cfg.max_new_tokens < 1 {
+        return Err(GenerationError::Input(format!("max_new_tokens must be >= 1, got {}", cfg.max_new_tokens)));
+    }
+    let size = prompt_ids.size();
+    if size.len() != 2 || prompt_mask.size() != size || size[1] == 0 {
+        return Err(GenerationError::Input(format!(
+            "prompt ids {size:?} and mask {:?} must both be [batch, prompt_len > 0]",
+            prompt_mask.size()
+        )));
+    }
+    let (batch, prompt_len) = (size[0], size[1]);
+    let device = model.device();
+    if let Some(seed) = cfg.seed {
+        tch::manual_seed(seed as i64);
+    }
+    let sync_every = match cfg.sync_every {
+        0 if device.is_cuda() => 16,
+        0 => 1,
+        n => n,
+    };
+    tch::no_grad(|| -> Result<Generated> {
+        let prompt_ids = prompt_ids.f_to_device(device)?;
+        let prompt_mask = prompt_mask.f_to_device(device)?.f_to_kind(Kind::Int64)?;
+        let total = prompt_len + cfg.max_new_tokens;
+        let mut cache = model.new_cache(batch, total)?;
+        // Running key mask over prompt + generated slots; slots are switched on as they are filled.
+        let mask = Tensor::f_zeros([batch, total], (Kind::Int64, device))?;
+        mask.f_narrow(1, 0, prompt_len)?.f_copy_(&prompt_mask)?;
+        let positions = position_ids_from_mask(&prompt_mask)?;
+        let mut next_pos = positions.f_narrow(1, prompt_len - 1, 1)?.f_add_scalar(1)?; // [b, 1]
+        let hidden = model.hidden_states(&prompt_ids, &prompt_mask, &positions, Some(&mut cache))?;
+        let mut logits = model.logits_from_hidden(&hidden.f_select(1, prompt_len - 1)?)?; // [b, vocab]
+        let eos = Tensor::f_from_slice(&cfg.eos_token_ids)?.f_to_device(device)?;
+        let mut finished = Tensor::f_zeros([batch], (Kind::Bool, device))?;
+        let mut tokens = Vec::with_capacity(cfg.max_new_tokens as usize);
+        let mut alive_steps = Vec::with_capacity(cfg.max_new_tokens as usize);
+        for step in 0..cfg.max_new_tokens {
+            let next = cfg.sampling.next_tokens(&logits)?; // [b]
+            let next = next.f_masked_fill(&finished, cfg.pad_token_id)?;
+            let alive = finished.f_logical_not()?;
+            if !cfg.eos_token_ids.is_empty() {
+                finished = finished.f_logical_or(&Tensor::f_isin(&next, &eos, false, false)?)?;
+            }
+            tokens.push(next.shallow_clone());
+            alive_steps.push(alive);
+            if step + 1 == cfg.max_new_tokens || ((step + 1) % sync_every == 0 && bool::try_from(finished.f_all()?)?) {
+                break;
+            }
+            let slot = prompt_len + step;
+            let _ = mask.f_narrow(1, slot, 1)?.f_fill_(1)?;
+            let hidden = model.hidden_states(
+                &next.f_unsqueeze(1)?,
+                &mask.f_narrow(1, 0, slot + 1)?,
+                &next_pos,
+                Some(&mut cache),
+            )?;
+            next_pos = next_pos.f_add_scalar(1)?;
+            logits = model.logits_from_hidden(&hidden.f_select(1, 0)?)?;
+        }
+        let responses = Tensor::f_stack(&tokens, 1)?; // [b, steps]
+        let response_mask = Tensor::f_stack(&alive_steps, 1)?.f_to_kind(Kind::Int64)?; // [b, steps]
+        Ok(Generated {
+            sequences: Tensor::f_cat(&[&prompt_ids, &responses], 1)?,
+            attention_mask: Tensor::f_cat(&[&prompt_mask, &response_mask], 1)?,
+            response_mask,
+            prompt_len,
+        })
+    })
+}

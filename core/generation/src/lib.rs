@@ -1,0 +1,17 @@
+//! What the trainer does with a causal LM besides training it: batch padding, batched KV-cache
+//! generation with per-sequence EOS stop, sampling (temperature / top-k / top-p), log-probs and
+//! entropy of given tokens computed in vocabulary chunks, and perplexity.
+
+pub mod batch;
+pub mod error;
+pub mod generate;
+pub mod logprobs;
+pub mod perplexity;
+pub mod sampling;
+
+pub use batch::{left_pad, right_pad, PaddedBatch};
+pub use error::{GenerationError, Result};
+pub use generate::{generate, GenerateConfig, Generated};
+pub use logprobs::{token_logprobs, LogProbOptions, TokenLogProbs};
+pub use perplexity::{perplexity, Perplexity};
+pub use sampling::Sampling;

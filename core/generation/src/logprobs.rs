@@ -1,0 +1,82 @@
+//! Log-probabilities and entropy of given tokens.
+//!
+//! The LM head and the fp32 log-softmax are applied to a bounded number of rows at a time, so the
+//! `[tokens, vocab]` fp32 tensor never exists for the whole batch. Gradients flow when called
+//! outside `no_grad`.
+
+use tch::{Kind, Tensor};
+
+use rlhf_models::{position_ids_from_mask, CausalLm};
+
+use crate::error::{GenerationError, Result};
+
+/// Options of [`token_logprobs`].
+#[derive(Debug, Clone, Copy)]
+pub struct LogProbOptions {
+    /// Upper bound on `rows × vocab` fp32 logits materialised at once.
+    pub max_chunk_elements: i64,
+    /// Also compute the entropy of each predictive distribution.
+    pub entropy: bool,
+}
+
+impl Default for LogProbOptions {
+    fn default() -> Self {
+        LogProbOptions { max_chunk_elements: 1 << 26, entropy: false }
+    }
+}
+
+/// Output of [`token_logprobs`].
+#[derive(Debug)]
+pub struct TokenLogProbs {
+    /// `log p(ids[t] | ids[..t])` for `t` in `from..seq`, fp32, `[batch, seq - from]`.
+    pub logprobs: Tensor,
+    /// Entropy of the same distributions, fp32, `[batch, seq - from]`.
+    pub entropy: Option<Tensor>,
+}
+
+/// Log-probs of the tokens at positions `from..seq`, each predicted from its prefix.
+///
+/// # Shapes
+/// - `input_ids`, `attention_mask`: `[batch, seq]`; `1 <= from < seq`
+/// - returns `[batch, seq - from]` (fp32)
+pub fn token_logprobs(
+    model: &CausalLm,
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    from: i64,
+    opts: LogProbOptions,
+) -> Result<TokenLogProbs> {
+    let size = input_ids.size();
+    if size.len() != 2 || from < 1 || from >= size[1] {
+        return Err(GenerationError::Input(format!(
+            "token_logprobs: ids {size:?}, from = {from}: need 1 <= from < seq"
+        )));
+    }
+    let (batch, seq) = (size[0], size[1]);
+    let n = seq - from;
+    let positions = position_ids_from_mask(attention_mask)?;
+    let hidden = model.hidden_states(input_ids, attention_mask, &positions, None)?; // [b, seq, h]
+    let h = hidden.f_narrow(1, from - 1, n)?.f_reshape([batch * n, -1])?; // [b*n, h]
+    let targets = input_ids.f_narrow(1, from, n)?.f_reshape([batch * n, 1])?; // [b*n, 1]
+    let vocab = model.arch().vocab_size;
+    let rows = (opts.max_chunk_elements / vocab).max(1);
+    let mut lps = Vec::new();
+    let mut ents = Vec::new();
+    let mut start = 0;
+    while start < batch * n {
+        let len = rows.min(batch * n - start);
+        let logits = model.logits_from_hidden(&h.f_narrow(0, start, len)?)?.f_to_kind(Kind::Float)?; // [c, v]
+        let lse = logits.f_logsumexp([-1], true)?; // [c, 1]
+        let picked = logits.f_gather(1, &targets.f_narrow(0, start, len)?, false)?; // [c, 1]
+        lps.push(picked.f_sub(&lse)?.f_squeeze_dim(1)?);
+        if opts.entropy {
+            let p = logits.f_sub(&lse)?.f_exp()?;
+            let ent = lse.f_squeeze_dim(1)?.f_sub(&p.f_mul(&logits)?.f_sum_dim_intlist(-1, false, Kind::Float)?)?;
+            ents.push(ent);
+        }
+        start += len;
+    }
+    let logprobs = Tensor::f_cat(&lps, 0)?.f_view([batch, n])?;
+    let entropy = if opts.entropy { Some(Tensor::f_cat(&ents, 0)?.f_view([batch, n])?) } else { None };
+    Ok(TokenLogProbs { logprobs, entropy })
+}

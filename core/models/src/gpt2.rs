@@ -1,0 +1,129 @@
+//! GPT-2 (Radford et al. 2019) — the reference is transformers' `modeling_gpt2.py`. Learned absolute
+//! positions, pre-LayerNorm blocks, fused `c_attn` q/k/v projection and `Conv1D` weights stored as
+//! `[in, out]`, gelu_new MLP. The LM head is tied to `wte` unless the config says otherwise.
+//!
+//! Tensor names: `transformer.{wte,wpe}.weight`, `transformer.h.{i}.ln_{1,2}.{weight,bias}`,
+//! `transformer.h.{i}.attn.{c_attn,c_proj}.{weight,bias}`, `transformer.h.{i}.mlp.{c_fc,c_proj}.*`,
+//! `transformer.ln_f.*`. The causal-mask buffers (`attn.bias`, `attn.masked_bias`) of old checkpoints
+//! are ignored.
+
+use tch::Tensor;
+
+use crate::config::{Activation, ArchConfig};
+use crate::error::{ModelError, Result};
+use crate::layers::{activate, attention_mask, KvCache, LayerNorm, Linear};
+use crate::weights::WeightLoader;
+
+#[derive(Debug)]
+struct Block {
+    ln_1: LayerNorm,
+    c_attn: Linear,
+    attn_c_proj: Linear,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    mlp_c_proj: Linear,
+    /// Softmax scale: 1/sqrt(head_dim), divided by (layer + 1) with `scale_attn_by_inverse_layer_idx`.
+    scale: f64,
+}
+
+/// The GPT-2 transformer without the LM head.
+#[derive(Debug)]
+pub struct Gpt2Model {
+    pub(crate) wte: Tensor, // [vocab, hidden]
+    wpe: Tensor,            // [n_positions, hidden]
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    num_heads: i64,
+    head_dim: i64,
+    max_positions: i64,
+    act: Activation,
+}
+
+impl Gpt2Model {
+    /// Loads the backbone from the `transformer.` scope.
+    pub fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
+        let (h, eps) = (cfg.hidden_size, cfg.norm_eps);
+        let wte = w.pp("wte").get("weight", &[cfg.vocab_size, h])?;
+        let wpe = w.pp("wpe").get("weight", &[cfg.max_position_embeddings, h])?;
+        let mut blocks = Vec::with_capacity(cfg.num_layers as usize);
+        for i in 0..cfg.num_layers {
+            let l = w.pp("h").pp(i);
+            let mut scale = 1.0 / (cfg.head_dim as f64).sqrt();
+            if cfg.scale_attn_by_inverse_layer_idx {
+                scale /= (i + 1) as f64;
+            }
+            blocks.push(Block {
+                ln_1: LayerNorm::load(&l.pp("ln_1"), h, eps)?,
+                c_attn: Linear::load_conv1d(&l.pp("attn").pp("c_attn"), h, 3 * h)?,
+                attn_c_proj: Linear::load_conv1d(&l.pp("attn").pp("c_proj"), h, h)?,
+                ln_2: LayerNorm::load(&l.pp("ln_2"), h, eps)?,
+                c_fc: Linear::load_conv1d(&l.pp("mlp").pp("c_fc"), h, cfg.intermediate_size)?,
+                mlp_c_proj: Linear::load_conv1d(&l.pp("mlp").pp("c_proj"), cfg.intermediate_size, h)?,
+                scale,
+            });
+        }
+        let ln_f = LayerNorm::load(&w.pp("ln_f"), h, eps)?;
+        Ok(Gpt2Model {
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            num_heads: cfg.num_heads,
+            head_dim: cfg.head_dim,
+            max_positions: cfg.max_position_embeddings,
+            act: cfg.activation,
+        })
+    }
+
+    /// Final hidden states (after `ln_f`).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]`
+    /// - returns `[batch, seq, hidden]`
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        key_mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
+        let past = cache.as_ref().map_or(0, |c| c.len());
+        // Positions never exceed the token index, so this bound needs no device sync.
+        if past + s > self.max_positions {
+            return Err(ModelError::Input(format!(
+                "{} tokens exceed GPT-2's n_positions = {} (sequence too long)",
+                past + s,
+                self.max_positions
+            )));
+        }
+        let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
+        let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
+        let mut h = tok.f_add(&pos)?;
+        let mask = attention_mask(key_mask, past, s)?;
+        let hidden = self.num_heads * self.head_dim;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let x = block.ln_1.forward(&h)?;
+            let qkv = block.c_attn.forward(&x)?; // [b, s, 3h]
+            let parts = qkv.f_split(hidden, 2)?;
+            let heads = |t: &Tensor| -> Result<Tensor> {
+                Ok(t.f_view([b, s, self.num_heads, self.head_dim])?.f_transpose(1, 2)?)
+            };
+            let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
+            let (k, v) = match cache.as_deref_mut() {
+                Some(c) => c.append(i, &k, &v)?,
+                None => (k, v),
+            };
+            let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, block.scale, false)?;
+            let y = y.f_transpose(1, 2)?.f_reshape([b, s, hidden])?;
+            h = h.f_add(&block.attn_c_proj.forward(&y)?)?;
+            let x = block.ln_2.forward(&h)?;
+            let m = block.mlp_c_proj.forward(&activate(&block.c_fc.forward(&x)?, self.act)?)?;
+            h = h.f_add(&m)?;
+        }
+        if let Some(c) = cache {
+            c.advance(s);
+        }
+        self.ln_f.forward(&h)
+    }
+}

@@ -1,0 +1,300 @@
+//! Building blocks shared by the model families: linear layers in both weight layouts, norms,
+//! rotary embeddings, the attention mask and the KV cache.
+
+use tch::{Kind, Tensor};
+
+use crate::config::{Activation, RopeConfig, RopeScaling};
+use crate::error::Result;
+use crate::weights::WeightLoader;
+
+/// `y = x Wᵀ + b` with `W: [out, in]` (torch `nn.Linear`), or `y = x W + b` with `W: [in, out]`
+/// (GPT-2's `Conv1D`, stored transposed; we keep it as stored so saving round-trips bit-exactly).
+#[derive(Debug)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    transposed: bool,
+}
+
+impl Linear {
+    /// Loads `weight: [out, in]` and, if `bias`, `bias: [out]`.
+    pub fn load(w: &WeightLoader, in_dim: i64, out_dim: i64, bias: bool) -> Result<Self> {
+        let weight = w.get("weight", &[out_dim, in_dim])?;
+        let bias = if bias { Some(w.get("bias", &[out_dim])?) } else { None };
+        Ok(Linear { weight, bias, transposed: false })
+    }
+
+    /// Loads a GPT-2 `Conv1D`: `weight: [in, out]`, `bias: [out]`.
+    pub fn load_conv1d(w: &WeightLoader, in_dim: i64, out_dim: i64) -> Result<Self> {
+        let weight = w.get("weight", &[in_dim, out_dim])?;
+        let bias = Some(w.get("bias", &[out_dim])?);
+        Ok(Linear { weight, bias, transposed: true })
+    }
+
+    /// # Shapes
+    /// - `x`: `[..., in]` → `[..., out]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.transposed {
+            let y = x.f_matmul(&self.weight)?;
+            Ok(match &self.bias {
+                Some(b) => y.f_add(b)?,
+                None => y,
+            })
+        } else {
+            Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+        }
+    }
+}
+
+/// Applies an MLP activation elementwise.
+pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
+    Ok(match act {
+        Activation::Silu => x.f_silu()?,
+        Activation::GeluTanh => x.f_gelu("tanh")?,
+        Activation::Gelu => x.f_gelu("none")?,
+        Activation::Relu => x.f_relu()?,
+    })
+}
+
+/// Llama's RMSNorm: normalise in fp32, cast back, then scale (transformers' order of operations).
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Loads `weight: [dim]`.
+    pub fn load(w: &WeightLoader, dim: i64, eps: f64) -> Result<Self> {
+        Ok(RmsNorm { weight: w.get("weight", &[dim])?, eps })
+    }
+
+    /// # Shapes
+    /// - `x`: `[..., dim]` → `[..., dim]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let kind = x.kind();
+        let xf = x.f_to_kind(Kind::Float)?;
+        let var = xf.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, Kind::Float)?;
+        let normed = xf.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?.f_to_kind(kind)?;
+        Ok(normed.f_mul(&self.weight)?)
+    }
+}
+
+/// LayerNorm with weight and bias (GPT-2).
+#[derive(Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    eps: f64,
+    dim: i64,
+}
+
+impl LayerNorm {
+    /// Loads `weight: [dim]`, `bias: [dim]`.
+    pub fn load(w: &WeightLoader, dim: i64, eps: f64) -> Result<Self> {
+        Ok(LayerNorm { weight: w.get("weight", &[dim])?, bias: w.get("bias", &[dim])?, eps, dim })
+    }
+
+    /// # Shapes
+    /// - `x`: `[..., dim]` → `[..., dim]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_layer_norm([self.dim], Some(&self.weight), Some(&self.bias), self.eps, true)?)
+    }
+}
+
+/// Precomputed rotary inverse frequencies (fp32), with Llama-3 / linear scaling applied.
+#[derive(Debug)]
+pub struct Rotary {
+    inv_freq: Tensor, // [head_dim / 2], f32, on the model's device
+}
+
+impl Rotary {
+    /// Computes `inv_freq` like transformers' `ROPE_INIT_FUNCTIONS`, in fp32.
+    pub fn new(cfg: &RopeConfig, head_dim: i64, device: tch::Device) -> Result<Self> {
+        let half = (head_dim / 2) as usize;
+        let base = cfg.theta as f32;
+        let mut inv: Vec<f32> = (0..half).map(|i| 1.0 / base.powf((2 * i) as f32 / head_dim as f32)).collect();
+        match cfg.scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => inv.iter_mut().for_each(|f| *f /= factor as f32),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                let (factor, low, high, old) = (
+                    factor as f32,
+                    low_freq_factor as f32,
+                    high_freq_factor as f32,
+                    original_max_position_embeddings as f32,
+                );
+                let low_wavelen = old / low;
+                let high_wavelen = old / high;
+                for f in inv.iter_mut() {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    let scaled = if wavelen > low_wavelen { *f / factor } else { *f };
+                    let medium = (high_wavelen..=low_wavelen).contains(&wavelen);
+                    *f = if medium {
+                        let smooth = (old / wavelen - low) / (high - low);
+                        (1.0 - smooth) * scaled / factor + smooth * scaled
+                    } else {
+                        scaled
+                    };
+                }
+            }
+        }
+        Ok(Rotary { inv_freq: Tensor::f_from_slice(&inv)?.f_to_device(device)? })
+    }
+
+    /// cos and sin tables for the given positions, in `kind`.
+    ///
+    /// # Shapes
+    /// - `position_ids`: `[batch, seq]` (int64)
+    /// - returns: `([batch, 1, seq, head_dim], [batch, 1, seq, head_dim])`
+    pub fn cos_sin(&self, position_ids: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
+        let pos = position_ids.f_to_kind(Kind::Float)?.f_unsqueeze(-1)?; // [b, s, 1]
+        let freqs = pos.f_mul(&self.inv_freq)?; // [b, s, d/2]
+        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?.f_unsqueeze(1)?; // [b, 1, s, d]
+        Ok((emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?))
+    }
+}
+
+/// Applies rotary embeddings to q or k (rotate-half layout, as Hugging Face checkpoints store them).
+///
+/// # Shapes
+/// - `x`: `[batch, heads, seq, head_dim]`; `cos`, `sin`: `[batch, 1, seq, head_dim]` → like `x`
+pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let d = x.size()[3];
+    let x1 = x.f_narrow(3, 0, d / 2)?;
+    let x2 = x.f_narrow(3, d / 2, d / 2)?;
+    let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], 3)?;
+    Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
+}
+
+/// Boolean attention mask for `scaled_dot_product_attention` (`true` = may attend): causal over
+/// absolute positions, padding keys excluded, and every query may see itself so rows of padding
+/// queries are never empty (they would turn into NaN).
+///
+/// # Shapes
+/// - `key_mask`: `[batch, past + seq]` (1 = real token); returns `[batch, 1, seq, past + seq]`
+pub fn attention_mask(key_mask: &Tensor, past: i64, seq: i64) -> Result<Tensor> {
+    let device = key_mask.device();
+    let total = past + seq;
+    let q = Tensor::f_arange_start(past, total, (Kind::Int64, device))?.f_view([seq, 1])?;
+    let k = Tensor::f_arange(total, (Kind::Int64, device))?.f_view([1, total])?;
+    let causal = k.f_le_tensor(&q)?; // [seq, total]
+    let diag = k.f_eq_tensor(&q)?; // [seq, total]
+    let keys = key_mask.f_to_kind(Kind::Bool)?.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
+    Ok(causal.f_logical_and(&keys.f_logical_or(&diag)?)?) // [b, 1, seq, total]
+}
+
+/// Position ids for left- or right-padded batches: `cumsum(mask) - 1`, clamped at 0 on padding —
+/// what transformers' `generate` passes, so a sequence's positions do not depend on its padding.
+///
+/// # Shapes
+/// - `mask`: `[batch, seq]` → `[batch, seq]` (int64)
+pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
+    Ok(mask.f_to_kind(Kind::Int64)?.f_cumsum(-1, Kind::Int64)?.f_sub_scalar(1)?.f_clamp_min(0)?)
+}
+
+/// Preallocated key/value buffers for incremental decoding.
+#[derive(Debug)]
+pub struct KvCache {
+    /// Per layer `(k, v)`, each `[batch, kv_heads, max_len, head_dim]`.
+    layers: Vec<(Tensor, Tensor)>,
+    len: i64,
+    max_len: i64,
+}
+
+impl KvCache {
+    /// Allocates buffers for `num_layers` layers.
+    pub fn new(
+        num_layers: i64,
+        batch: i64,
+        kv_heads: i64,
+        max_len: i64,
+        head_dim: i64,
+        kind: Kind,
+        device: tch::Device,
+    ) -> Result<Self> {
+        let mut layers = Vec::with_capacity(num_layers as usize);
+        for _ in 0..num_layers {
+            let k = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
+            let v = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
+            layers.push((k, v));
+        }
+        Ok(KvCache { layers, len: 0, max_len })
+    }
+
+    /// Tokens already cached.
+    pub fn len(&self) -> i64 {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Capacity in tokens.
+    pub fn max_len(&self) -> i64 {
+        self.max_len
+    }
+
+    /// Writes the new keys/values of `layer` at the current end and returns all cached ones.
+    ///
+    /// # Shapes
+    /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]` → `([batch, kv_heads, len + seq, head_dim], same)`
+    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let seq = k.size()[2];
+        if self.len + seq > self.max_len {
+            return Err(crate::error::ModelError::Input(format!(
+                "KV cache full: {} + {seq} tokens exceed its {} slots",
+                self.len, self.max_len
+            )));
+        }
+        let (kb, vb) = &mut self.layers[layer];
+        kb.f_narrow(2, self.len, seq)?.f_copy_(k)?;
+        vb.f_narrow(2, self.len, seq)?.f_copy_(v)?;
+        Ok((kb.f_narrow(2, 0, self.len + seq)?, vb.f_narrow(2, 0, self.len + seq)?))
+    }
+
+    /// Marks `seq` more tokens as cached; called once per forward after every layer appended.
+    pub fn advance(&mut self, seq: i64) {
+        self.len += seq;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_is_causal_padded_and_never_empty() {
+        // One row left-padded by 2.
+        let key_mask = Tensor::from_slice(&[0i64, 0, 1, 1]).view([1, 4]);
+        let m = attention_mask(&key_mask, 0, 4).unwrap().view([4, 4]);
+        let rows: Vec<Vec<bool>> = (0..4).map(|i| Vec::<bool>::try_from(m.get(i)).unwrap()).collect();
+        assert_eq!(rows[0], vec![true, false, false, false]); // pad sees itself only
+        assert_eq!(rows[1], vec![false, true, false, false]);
+        assert_eq!(rows[2], vec![false, false, true, false]);
+        assert_eq!(rows[3], vec![false, false, true, true]);
+        // With one cached token, the single new query at absolute index 4 sees all real keys.
+        let key_mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1]).view([1, 5]);
+        let m = attention_mask(&key_mask, 4, 1).unwrap().view([5]);
+        assert_eq!(Vec::<bool>::try_from(m).unwrap(), vec![false, false, true, true, true]);
+    }
+
+    #[test]
+    fn positions_ignore_left_padding() {
+        let mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1]).view([1, 5]);
+        let p = position_ids_from_mask(&mask).unwrap().view([5]);
+        assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 0, 0, 1, 2]);
+    }
+
+    #[test]
+    fn rotate_half_matches_formula() {
+        let x = Tensor::from_slice(&[1f32, 2., 3., 4.]).view([1, 1, 1, 4]);
+        let cos = Tensor::from_slice(&[0.5f32, 0.5, 0.5, 0.5]).view([1, 1, 1, 4]);
+        let sin = Tensor::from_slice(&[1f32, 1., 1., 1.]).view([1, 1, 1, 4]);
+        let y = apply_rotary(&x, &cos, &sin).unwrap().view([4]);
+        // x*cos + [-x3, -x4, x1, x2]*sin
+        assert_eq!(Vec::<f32>::try_from(y).unwrap(), vec![0.5 - 3., 1. - 4., 1.5 + 1., 2. + 2.]);
+    }
+}

@@ -1,0 +1,26 @@
+//! Decoder-only transformers from Hugging Face checkpoints on libtorch.
+//!
+//! - [`config`]: `config.json` → resolved [`ArchConfig`].
+//! - [`weights`]: safetensors in and out (single or sharded), scoped shape-checked loading.
+//! - [`layers`]: linear/norm/rotary/attention-mask/KV-cache building blocks.
+//! - [`llama`] (Llama, Mistral, SmolLM, Qwen2) and [`gpt2`]: the families.
+//! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
+//! - [`device`]: `cpu` / `cuda:N` and dtype parsing, loading libtorch's CUDA library on demand.
+//!
+//! Verified against transformers: `integration-tests` compares logits, greedy continuations and
+//! scores with references transformers produced for tiny random checkpoints of every family.
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod gpt2;
+pub mod layers;
+pub mod llama;
+pub mod model;
+pub mod weights;
+
+pub use config::{ArchConfig, Family, ModelConfig};
+pub use device::{parse_device, parse_dtype};
+pub use error::{ModelError, Result};
+pub use layers::{position_ids_from_mask, KvCache};
+pub use model::{last_token_index, CausalLm, ScalarHeadModel};

@@ -1,0 +1,365 @@
+//! The two model shapes the trainer uses, loaded from and saved to Hugging Face directories:
+//! [`CausalLm`] (`*ForCausalLM`: actor, reference, SFT) and [`ScalarHeadModel`]
+//! (`*ForSequenceClassification` with `num_labels = 1`: reward model, critic).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::config::{ArchConfig, Family, ModelConfig};
+use crate::device::dtype_name;
+use crate::error::{ModelError, Result};
+use crate::gpt2::Gpt2Model;
+use crate::layers::{position_ids_from_mask, KvCache};
+use crate::llama::LlamaModel;
+use crate::weights::{save_safetensors, write_json, Checkpoint, WeightLoader};
+
+/// transformers' default `max_shard_size` is far above anything we shard by default.
+pub const DEFAULT_MAX_SHARD_BYTES: usize = 5 << 30;
+
+/// Files copied next to the weights on save so the directory stays a complete checkpoint.
+const AUX_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+];
+
+/// A decoder stack of one of the supported families.
+#[derive(Debug)]
+pub enum Backbone {
+    Llama(LlamaModel),
+    Gpt2(Gpt2Model),
+}
+
+impl Backbone {
+    fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
+        let w = w.pp(cfg.family.backbone_prefix());
+        Ok(match cfg.family {
+            Family::Llama | Family::Qwen2 => Backbone::Llama(LlamaModel::load(&w, cfg)?),
+            Family::Gpt2 => Backbone::Gpt2(Gpt2Model::load(&w, cfg)?),
+        })
+    }
+
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]` → `[batch, seq, hidden]`
+    fn forward(&self, ids: &Tensor, pos: &Tensor, key_mask: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        match self {
+            Backbone::Llama(m) => m.forward(ids, pos, key_mask, cache),
+            Backbone::Gpt2(m) => m.forward(ids, pos, key_mask, cache),
+        }
+    }
+
+    fn embeddings(&self) -> &Tensor {
+        match self {
+            Backbone::Llama(m) => &m.embed_tokens,
+            Backbone::Gpt2(m) => &m.wte,
+        }
+    }
+}
+
+fn check_ids(ids: &Tensor, mask: &Tensor) -> Result<()> {
+    let (si, sm) = (ids.size(), mask.size());
+    if si.len() != 2 || sm.len() != 2 || si[0] != sm[0] || sm[1] < si[1] {
+        return Err(ModelError::Input(format!(
+            "input_ids {si:?} and attention_mask {sm:?} must be [batch, seq] and [batch, past + seq]"
+        )));
+    }
+    Ok(())
+}
+
+fn new_var_store(device: Device, kind: Kind) -> nn::VarStore {
+    let mut vs = nn::VarStore::new(device);
+    vs.set_kind(kind);
+    vs
+}
+
+/// Writes `config.json` (the source's, with dtype and the given overrides), the weights and the
+/// tokenizer files of `source_dir` into `dir`.
+fn save_dir(
+    dir: &Path,
+    source_dir: &Path,
+    raw: &Value,
+    kind: Kind,
+    overrides: &[(&str, Value)],
+    vs: &nn::VarStore,
+    max_shard_bytes: usize,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+    let mut config = raw.clone();
+    if let Some(obj) = config.as_object_mut() {
+        let mut wrote = false;
+        for key in ["torch_dtype", "dtype"] {
+            if obj.contains_key(key) {
+                obj.insert(key.into(), Value::from(dtype_name(kind)));
+                wrote = true;
+            }
+        }
+        if !wrote {
+            obj.insert("dtype".into(), Value::from(dtype_name(kind)));
+        }
+        for (k, v) in overrides {
+            obj.insert((*k).to_string(), v.clone());
+        }
+    }
+    write_json(&dir.join("config.json"), &config)?;
+    let tensors: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+    save_safetensors(dir, &tensors, max_shard_bytes)?;
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if !same(dir, source_dir) {
+        for f in AUX_FILES {
+            let src = source_dir.join(f);
+            if src.exists() {
+                std::fs::copy(&src, dir.join(f)).map_err(|e| ModelError::io(&src, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A causal language model with its LM head (tied to the input embeddings when the config says so).
+pub struct CausalLm {
+    /// Owns every parameter, named as in the checkpoint.
+    pub vs: nn::VarStore,
+    pub config: ModelConfig,
+    backbone: Backbone,
+    lm_head: Option<Tensor>, // [vocab, hidden]; None when tied
+    source_dir: PathBuf,
+}
+
+impl std::fmt::Debug for CausalLm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CausalLm").field("source_dir", &self.source_dir).field("arch", &self.config.arch).finish()
+    }
+}
+
+impl CausalLm {
+    /// Loads `config.json` and the safetensors weights of `dir` onto `device` in `kind`.
+    pub fn from_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let ckpt = Checkpoint::from_dir(dir)?;
+        let vs = new_var_store(device, kind);
+        let w = WeightLoader::new(&ckpt, &vs, kind);
+        let cfg = &config.arch;
+        let backbone = Backbone::load(&w, cfg)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(w.pp("lm_head").get("weight", &[cfg.vocab_size, cfg.hidden_size])?)
+        };
+        Ok(CausalLm { vs, config, backbone, lm_head, source_dir: dir.to_path_buf() })
+    }
+
+    /// The resolved architecture.
+    pub fn arch(&self) -> &ArchConfig {
+        &self.config.arch
+    }
+
+    /// Device of the parameters.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// Floating dtype of the parameters.
+    pub fn kind(&self) -> Kind {
+        self.vs.kind()
+    }
+
+    /// Directory the model was loaded from (its tokenizer lives there).
+    pub fn source_dir(&self) -> &Path {
+        &self.source_dir
+    }
+
+    /// Stops gradient tracking on every parameter (a frozen reference model).
+    pub fn freeze(&mut self) {
+        self.vs.freeze();
+    }
+
+    /// The output projection, `[vocab, hidden]`.
+    pub fn lm_head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or_else(|| self.backbone.embeddings())
+    }
+
+    /// Final hidden states.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, seq]`; `attention_mask`: `[batch, past + seq]`
+    ///   (covering cached tokens too); returns `[batch, seq, hidden]`.
+    pub fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        position_ids: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        check_ids(input_ids, attention_mask)?;
+        self.backbone.forward(input_ids, position_ids, attention_mask, cache)
+    }
+
+    /// Logits in the model's dtype.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[..., hidden]` → `[..., vocab]`
+    pub fn logits_from_hidden(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden.f_linear::<&Tensor>(self.lm_head_weight(), None)?)
+    }
+
+    /// Full forward without a cache; positions come from the mask.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → logits `[batch, seq, vocab]`
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
+        let pos = position_ids_from_mask(attention_mask)?;
+        let h = self.hidden_states(input_ids, attention_mask, &pos, None)?;
+        self.logits_from_hidden(&h)
+    }
+
+    /// A KV cache sized for `batch` sequences of up to `max_len` tokens.
+    pub fn new_cache(&self, batch: i64, max_len: i64) -> Result<KvCache> {
+        let a = self.arch();
+        KvCache::new(a.num_layers, batch, a.num_kv_heads, max_len, a.head_dim, self.kind(), self.device())
+    }
+
+    /// Saves config, weights (same names and layout as loaded) and tokenizer files into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        self.save_sharded(dir, DEFAULT_MAX_SHARD_BYTES)
+    }
+
+    /// [`CausalLm::save`] with an explicit shard size.
+    pub fn save_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<()> {
+        save_dir(dir, &self.source_dir, &self.config.raw, self.kind(), &[], &self.vs, max_shard_bytes)
+    }
+}
+
+/// A backbone with a scalar head `score.weight: [1, hidden]` (no bias), transformers'
+/// `*ForSequenceClassification` with `num_labels = 1`. Used as reward model and critic.
+pub struct ScalarHeadModel {
+    pub vs: nn::VarStore,
+    pub config: ModelConfig,
+    backbone: Backbone,
+    score: Tensor, // [1, hidden]
+    source_dir: PathBuf,
+}
+
+impl std::fmt::Debug for ScalarHeadModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScalarHeadModel").field("source_dir", &self.source_dir).finish()
+    }
+}
+
+impl ScalarHeadModel {
+    /// Loads a `*ForSequenceClassification` checkpoint with one label.
+    pub fn from_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        if config.arch.num_labels != 1 {
+            return Err(ModelError::config(
+                &config.path,
+                "num_labels",
+                format!("a scalar head needs num_labels = 1, got {}", config.arch.num_labels),
+            ));
+        }
+        let ckpt = Checkpoint::from_dir(dir)?;
+        let vs = new_var_store(device, kind);
+        let w = WeightLoader::new(&ckpt, &vs, kind);
+        let backbone = Backbone::load(&w, &config.arch)?;
+        let score = w.pp("score").get("weight", &[1, config.arch.hidden_size])?;
+        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf() })
+    }
+
+    /// Builds a scalar-head model from a causal-LM checkpoint: the backbone is copied, the LM head
+    /// dropped, and a fresh `score` head drawn from N(0, 1/(hidden + 1)²) (OpenRLHF's critic init).
+    pub fn from_causal_lm_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let ckpt = Checkpoint::from_dir(dir)?;
+        let vs = new_var_store(device, kind);
+        let w = WeightLoader::new(&ckpt, &vs, kind);
+        let backbone = Backbone::load(&w, &config.arch)?;
+        let hidden = config.arch.hidden_size;
+        let score = w.pp("score").new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0))?;
+        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf() })
+    }
+
+    /// Device of the parameters.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// Floating dtype of the parameters.
+    pub fn kind(&self) -> Kind {
+        self.vs.kind()
+    }
+
+    /// The resolved architecture.
+    pub fn arch(&self) -> &ArchConfig {
+        &self.config.arch
+    }
+
+    /// Stops gradient tracking on every parameter.
+    pub fn freeze(&mut self) {
+        self.vs.freeze();
+    }
+
+    /// Per-token scalar outputs (critic values), in fp32.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
+    pub fn values(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
+        check_ids(input_ids, attention_mask)?;
+        let pos = position_ids_from_mask(attention_mask)?;
+        let h = self.backbone.forward(input_ids, &pos, attention_mask, None)?;
+        Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
+    }
+
+    /// One score per sequence, read at its last non-pad token (works for left and right padding).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch]`
+    pub fn scores(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
+        let values = self.values(input_ids, attention_mask)?;
+        let last = last_token_index(attention_mask)?;
+        Ok(values.f_gather(1, &last.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?)
+    }
+
+    /// Saves in the `*ForSequenceClassification` layout (`num_labels = 1`, `score.weight`).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let arch = match self.config.arch.family {
+            Family::Llama => "LlamaForSequenceClassification",
+            Family::Qwen2 => "Qwen2ForSequenceClassification",
+            Family::Gpt2 => "GPT2ForSequenceClassification",
+        };
+        let pad = self.config.arch.pad_token_id.map(Value::from).unwrap_or_else(|| {
+            // transformers needs a pad id to find the last token of a padded batch.
+            let eos = self.config.raw.get("eos_token_id").cloned().unwrap_or(Value::from(0));
+            match eos {
+                Value::Array(a) => a.first().cloned().unwrap_or(Value::from(0)),
+                v => v,
+            }
+        });
+        let overrides = [
+            ("architectures", serde_json::json!([arch])),
+            ("num_labels", Value::from(1)),
+            ("id2label", serde_json::json!({"0": "LABEL_0"})),
+            ("label2id", serde_json::json!({"LABEL_0": 0})),
+            ("pad_token_id", pad),
+        ];
+        save_dir(dir, &self.source_dir, &self.config.raw, self.kind(), &overrides, &self.vs, DEFAULT_MAX_SHARD_BYTES)
+    }
+}
+
+/// Index of the last 1 in each row of a mask.
+///
+/// # Shapes
+/// - `mask`: `[batch, seq]` → `[batch]` (int64)
+pub fn last_token_index(mask: &Tensor) -> Result<Tensor> {
+    let seq = mask.size()[1];
+    let idx = Tensor::f_arange(seq, (Kind::Int64, mask.device()))?;
+    Ok(mask.f_to_kind(Kind::Int64)?.f_mul(&idx)?.f_argmax(-1, false)?)
+}

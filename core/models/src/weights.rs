@@ -1,0 +1,272 @@
+//! Reading and writing safetensors checkpoints, single-file or sharded with
+//! `model.safetensors.index.json`, and [`WeightLoader`]: the scoped, shape-checked way every layer
+//! fetches its tensors (after candle's `VarBuilder`). Loaded tensors become variables of a
+//! `tch::nn::VarStore` under their Hugging Face names, so optimizers and saving see the same names.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::Deserialize;
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::error::{ModelError, Result};
+
+/// Single-file checkpoint name.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// Index of a sharded checkpoint.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Every tensor of a checkpoint, on CPU in its stored dtype, with the file it came from.
+pub struct Checkpoint {
+    tensors: HashMap<String, (Tensor, PathBuf)>,
+    files: Vec<PathBuf>,
+}
+
+#[derive(Deserialize)]
+struct Index {
+    weight_map: BTreeMap<String, String>,
+}
+
+fn kind_of(dtype: Dtype) -> Option<Kind> {
+    Some(match dtype {
+        Dtype::F32 => Kind::Float,
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::F16 => Kind::Half,
+        Dtype::F64 => Kind::Double,
+        Dtype::I64 => Kind::Int64,
+        Dtype::I32 => Kind::Int,
+        Dtype::U8 => Kind::Uint8,
+        Dtype::I8 => Kind::Int8,
+        Dtype::BOOL => Kind::Bool,
+        _ => return None,
+    })
+}
+
+fn dtype_of(kind: Kind) -> Option<Dtype> {
+    Some(match kind {
+        Kind::Float => Dtype::F32,
+        Kind::BFloat16 => Dtype::BF16,
+        Kind::Half => Dtype::F16,
+        Kind::Double => Dtype::F64,
+        Kind::Int64 => Dtype::I64,
+        Kind::Int => Dtype::I32,
+        Kind::Uint8 => Dtype::U8,
+        Kind::Int8 => Dtype::I8,
+        Kind::Bool => Dtype::BOOL,
+        _ => return None,
+    })
+}
+
+impl Checkpoint {
+    /// Reads `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let index_path = dir.join(INDEX_FILE);
+        let single = dir.join(SINGLE_FILE);
+        let files: Vec<PathBuf> = if index_path.exists() {
+            let index: Index = crate::config::read_json(&index_path)?;
+            let mut seen = HashSet::new();
+            let mut files = Vec::new();
+            for shard in index.weight_map.values() {
+                if seen.insert(shard.clone()) {
+                    files.push(dir.join(shard));
+                }
+            }
+            if files.is_empty() {
+                return Err(ModelError::Json { path: index_path, message: "weight_map: empty".into() });
+            }
+            files
+        } else if single.exists() {
+            vec![single]
+        } else {
+            return Err(ModelError::MissingFile { path: single });
+        };
+        let mut tensors = HashMap::new();
+        for file in &files {
+            read_file(file, &mut tensors)?;
+        }
+        Ok(Checkpoint { tensors, files })
+    }
+
+    /// Names of all stored tensors.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Whether a tensor is stored.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The stored tensor and its file, with a shape check. `expected` uses -1 for "any".
+    pub fn get(&self, name: &str, expected: &[i64]) -> Result<&Tensor> {
+        let (t, file) = self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+            files: self.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "),
+        })?;
+        let actual = t.size();
+        let ok = actual.len() == expected.len() && actual.iter().zip(expected).all(|(a, e)| *e < 0 || a == e);
+        if !ok {
+            return Err(ModelError::ShapeMismatch {
+                path: file.clone(),
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                actual,
+            });
+        }
+        Ok(t)
+    }
+}
+
+fn read_file(path: &Path, out: &mut HashMap<String, (Tensor, PathBuf)>) -> Result<()> {
+    let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| ModelError::Safetensors { path: path.to_path_buf(), message: e.to_string() })?;
+    for (name, view) in st.tensors() {
+        let kind = kind_of(view.dtype()).ok_or_else(|| ModelError::UnsupportedDtype {
+            path: path.to_path_buf(),
+            name: name.clone(),
+            dtype: format!("{:?}", view.dtype()),
+        })?;
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let t = Tensor::f_from_data_size(view.data(), &shape, kind)?;
+        out.insert(name, (t, path.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// Fetches tensors by scoped path, checks shapes, converts them to the model's device and dtype and
+/// registers them as variables of a var store under the same name.
+#[derive(Clone)]
+pub struct WeightLoader<'a> {
+    ckpt: &'a Checkpoint,
+    path: nn::Path<'a>,
+    prefix: Vec<String>,
+    kind: Kind,
+}
+
+impl<'a> WeightLoader<'a> {
+    /// A loader at the root of `vs`, producing floating tensors of `kind`.
+    pub fn new(ckpt: &'a Checkpoint, vs: &'a nn::VarStore, kind: Kind) -> Self {
+        WeightLoader { ckpt, path: vs.root(), prefix: Vec::new(), kind }
+    }
+
+    /// The loader for a sub-module, e.g. `pp("model").pp("layers").pp(3)`.
+    pub fn pp(&self, name: impl ToString) -> Self {
+        let name = name.to_string();
+        let mut prefix = self.prefix.clone();
+        prefix.push(name.clone());
+        WeightLoader { ckpt: self.ckpt, path: self.path.sub(name), prefix, kind: self.kind }
+    }
+
+    /// Full dotted name of `name` under this loader.
+    pub fn full_name(&self, name: &str) -> String {
+        let mut parts = self.prefix.clone();
+        parts.push(name.to_string());
+        parts.join(".")
+    }
+
+    /// Whether the checkpoint stores `name` under this loader.
+    pub fn contains(&self, name: &str) -> bool {
+        self.ckpt.contains(&self.full_name(name))
+    }
+
+    /// Loads a trainable variable `name` of the given shape.
+    ///
+    /// # Shapes
+    /// - returns: `shape`, on the var store's device, in the loader's kind.
+    pub fn get(&self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let t = self.ckpt.get(&self.full_name(name), shape)?;
+        // The var is created in the store's kind and device; `copy_` converts.
+        Ok(self.path.f_var_copy(name, t)?)
+    }
+
+    /// Registers a fresh variable (not in the checkpoint) drawn from N(0, std²), e.g. a new score head.
+    pub fn new_normal(&self, name: &str, shape: &[i64], std: f64) -> Result<Tensor> {
+        let t = Tensor::f_randn(shape, (Kind::Float, Device::Cpu))?.f_mul_scalar(std)?;
+        Ok(self.path.f_var_copy(name, &t)?)
+    }
+
+    /// The dtype every loaded floating tensor gets.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The device of the var store.
+    pub fn device(&self) -> Device {
+        self.path.device()
+    }
+}
+
+/// Copies a tensor's bytes to host memory in its own dtype.
+fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let t = t.f_detach()?.f_to_device(Device::Cpu)?.f_contiguous()?;
+    let numel = t.numel();
+    let mut buf = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+    t.f_copy_data_u8(&mut buf, numel)?;
+    Ok(buf)
+}
+
+/// Writes named tensors as safetensors into `dir`: one `model.safetensors`, or — when the total size
+/// exceeds `max_shard_bytes` — `model-0000i-of-0000n.safetensors` shards plus the index, the way
+/// transformers' `save_pretrained` lays them out. Tensors are written in name order.
+pub fn save_safetensors(dir: &Path, tensors: &BTreeMap<String, Tensor>, max_shard_bytes: usize) -> Result<()> {
+    let mut items: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let dtype = dtype_of(t.kind())
+            .ok_or_else(|| ModelError::Input(format!("tensor `{name}` has unsupported kind {:?}", t.kind())))?;
+        let shape = t.size().iter().map(|&d| d as usize).collect();
+        items.push((name.clone(), dtype, shape, tensor_bytes(t)?));
+    }
+    // Greedy sharding in name order.
+    let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut current = 0usize;
+    for (i, item) in items.iter().enumerate() {
+        let size = item.3.len();
+        if current > 0 && current + size > max_shard_bytes {
+            shards.push(Vec::new());
+            current = 0;
+        }
+        shards.last_mut().expect("non-empty").push(i);
+        current += size;
+    }
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    let write = |file: &Path, idx: &[usize]| -> Result<()> {
+        let views = idx
+            .iter()
+            .map(|&i| {
+                let (name, dtype, shape, data) = &items[i];
+                TensorView::new(*dtype, shape.clone(), data)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|e| ModelError::Safetensors { path: file.to_path_buf(), message: e.to_string() })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        safetensors::serialize_to_file(views, &metadata, file)
+            .map_err(|e| ModelError::Safetensors { path: file.to_path_buf(), message: e.to_string() })
+    };
+    if shards.len() == 1 {
+        return write(&dir.join(SINGLE_FILE), &shards[0]);
+    }
+    let n = shards.len();
+    let mut weight_map = BTreeMap::new();
+    let total: usize = items.iter().map(|i| i.3.len()).sum();
+    for (s, idx) in shards.iter().enumerate() {
+        let fname = format!("model-{:05}-of-{:05}.safetensors", s + 1, n);
+        write(&dir.join(&fname), idx)?;
+        for &i in idx {
+            weight_map.insert(items[i].0.clone(), fname.clone());
+        }
+    }
+    let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+    write_json(&dir.join(INDEX_FILE), &index)
+}
+
+/// Writes pretty JSON with a trailing newline.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value)
+        .map_err(|e| ModelError::Json { path: path.to_path_buf(), message: e.to_string() })?;
+    text.push('\n');
+    let mut f = std::fs::File::create(path).map_err(|e| ModelError::io(path, e))?;
+    f.write_all(text.as_bytes()).map_err(|e| ModelError::io(path, e))
+}

@@ -1,0 +1,413 @@
+//! The RL run configuration: a TOML preset or file, then `--set key=value` overrides, merged with
+//! figment and extracted into `deny_unknown_fields` structs. Errors name the source and the key
+//! (`configs/grpo.toml: train.actor_lr: invalid type: found string "x", expected f64`).
+//! Plugin sections (`algorithm.config`, `rewards[i].config`) are passed to the plugin as JSON,
+//! which parses them with its own `deny_unknown_fields` struct.
+
+use std::path::PathBuf;
+
+use figment::providers::{Format, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainerError};
+
+/// Seeds, devices and where outputs go.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Seeds libtorch, data order and sampling.
+    pub seed: u64,
+    /// Run directory (metrics.jsonl, config, exported model); default `runs/<algo>-<unix time>`.
+    pub run_dir: Option<PathBuf>,
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// `f32` or `bf16` for the trained models.
+    pub dtype: String,
+    /// Save the final actor in Hugging Face format under `<run_dir>/actor`.
+    pub save_actor: bool,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig { seed: 42, run_dir: None, device: "cpu".into(), dtype: "f32".into(), save_actor: true }
+    }
+}
+
+/// Which checkpoints play which role.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Hugging Face directory of the policy, or `builtin:tiny` for the embedded tiny Llama.
+    pub actor: String,
+    /// Frozen reference policy; default: the actor's initial weights.
+    pub reference: Option<String>,
+    /// Critic: `actor` (backbone copied from the actor, fresh value head) or a directory holding a
+    /// reward model / critic in `*ForSequenceClassification` layout.
+    pub critic: String,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig { actor: "builtin:tiny".into(), reference: None, critic: "actor".into() }
+    }
+}
+
+/// Prompt data.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// JSONL with `prompt` or chat `messages`, optional `label`; or `builtin:addition`.
+    pub prompts: String,
+    /// Prompts longer than this many tokens are truncated from the left (with a warning).
+    pub max_prompt_len: usize,
+    /// Render prompts through the tokenizer's chat template when it has one.
+    pub apply_chat_template: bool,
+    /// Shuffle prompts every pass over the data.
+    pub shuffle: bool,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig { prompts: "builtin:addition".into(), max_prompt_len: 256, apply_chat_template: true, shuffle: true }
+    }
+}
+
+/// Generation during rollout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// Distinct prompts per generation batch.
+    pub prompts_per_batch: usize,
+    /// Responses sampled per prompt (GRPO's G).
+    pub samples_per_prompt: usize,
+    pub max_new_tokens: i64,
+    pub temperature: f64,
+    /// 1.0 disables.
+    pub top_p: f64,
+    /// 0 disables.
+    pub top_k: i64,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            prompts_per_batch: 8,
+            samples_per_prompt: 4,
+            max_new_tokens: 64,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+        }
+    }
+}
+
+/// Learning-rate schedule after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    Constant,
+    Linear,
+    Cosine,
+}
+
+/// Optimisation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Generation batches (each followed by `ppo_epochs` passes over its minibatches).
+    pub steps: usize,
+    /// Passes over each generation batch.
+    pub ppo_epochs: usize,
+    /// Samples per optimizer step (DeepSpeed-Chat's per-device mini batch).
+    pub minibatch_size: usize,
+    pub actor_lr: f64,
+    pub critic_lr: f64,
+    pub weight_decay: f64,
+    pub adam_betas: (f64, f64),
+    pub adam_eps: f64,
+    /// Optimizer steps of linear warm-up.
+    pub warmup_steps: usize,
+    pub schedule: Schedule,
+    /// Gradient-norm clip per model (0 disables).
+    pub max_grad_norm: f64,
+    /// EMA decay of an extra actor copy (DeepSpeed-Chat's `enable_ema`); none = off.
+    pub ema_decay: Option<f64>,
+    /// Weight of the unsupervised LM loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off.
+    pub ptx_coef: f64,
+    /// JSONL with a `text` field for the ptx loss.
+    pub ptx_data: Option<PathBuf>,
+    /// Upper bound on `rows × vocab` fp32 logits materialised at once.
+    pub logprob_chunk_elements: i64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 100,
+            ppo_epochs: 1,
+            minibatch_size: 32,
+            actor_lr: 1e-6,
+            critic_lr: 5e-6,
+            weight_decay: 0.0,
+            adam_betas: (0.9, 0.95),
+            adam_eps: 1e-8,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+            max_grad_norm: 1.0,
+            ema_decay: None,
+            ptx_coef: 0.0,
+            ptx_data: None,
+            logprob_chunk_elements: 1 << 26,
+        }
+    }
+}
+
+/// Optional supervised warm-up of the actor before RL (used by the embedded defaults, whose tiny
+/// model starts from random weights).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmupConfig {
+    /// Optimizer steps; 0 = none.
+    pub steps: usize,
+    pub lr: f64,
+    pub batch_size: usize,
+}
+
+impl Default for WarmupConfig {
+    fn default() -> Self {
+        WarmupConfig { steps: 0, lr: 1e-3, batch_size: 32 }
+    }
+}
+
+/// The algorithm plugin and its own config section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlgorithmConfig {
+    /// Declared plugin name (`grpo`, `ppo`, `ppo-seq`, ...).
+    pub name: String,
+    /// Passed to the plugin as JSON.
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+}
+
+/// One reward source.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardConfig {
+    /// Declared plugin name (`reward-rules`, ...).
+    pub plugin: String,
+    /// Metric name (`rewards/<name>/mean`); default: the plugin name.
+    pub name: Option<String>,
+    #[serde(default = "one")]
+    pub weight: f64,
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Where plugins are looked for.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// Directories scanned for plugin libraries; empty = the directory of the `rlhf` executable.
+    pub dirs: Vec<PathBuf>,
+}
+
+/// The whole RL configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlConfig {
+    #[serde(default)]
+    pub run: RunConfig,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub data: DataConfig,
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    #[serde(default)]
+    pub train: TrainConfig,
+    #[serde(default)]
+    pub warmup: WarmupConfig,
+    pub algorithm: AlgorithmConfig,
+    #[serde(default)]
+    pub rewards: Vec<RewardConfig>,
+    #[serde(default)]
+    pub plugins: PluginsConfig,
+}
+
+/// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("grpo", include_str!("../../../configs/grpo.toml")),
+    ("ppo", include_str!("../../../configs/ppo.toml")),
+    ("ppo-seq", include_str!("../../../configs/ppo-seq.toml")),
+];
+
+/// Where the base configuration comes from.
+#[derive(Debug, Clone)]
+pub enum ConfigSource {
+    /// A TOML file.
+    File(PathBuf),
+    /// An embedded preset by name.
+    Preset(String),
+}
+
+/// Parses a `--set key=value` override: the value is read as TOML (number, bool, array, inline
+/// table) and falls back to a plain string.
+fn set_override(fig: Figment, spec: &str) -> Result<Figment> {
+    let (key, value) =
+        spec.split_once('=').ok_or_else(|| TrainerError::Config(format!("--set {spec}: expected key=value")))?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(TrainerError::Config(format!("--set {spec}: empty key")));
+    }
+    let doc = format!("v = {}", value.trim());
+    let parsed: toml::Value = match doc.parse::<toml::Table>() {
+        Ok(t) => t.get("v").cloned().unwrap_or(toml::Value::String(value.to_string())),
+        Err(_) => toml::Value::String(value.trim().to_string()),
+    };
+    Ok(fig.merge(figment::providers::Serialized::default(key, parsed)))
+}
+
+fn describe_figment(e: figment::Error, default_source: &str) -> TrainerError {
+    let mut lines = Vec::new();
+    for err in e {
+        let source = err
+            .metadata
+            .as_ref()
+            .and_then(|m| m.source.as_ref().map(|s| s.to_string()))
+            .unwrap_or_else(|| default_source.to_string());
+        let key = err.path.join(".");
+        let kind = err.kind.to_string();
+        lines.push(if key.is_empty() { format!("{source}: {kind}") } else { format!("{source}: {key}: {kind}") });
+    }
+    TrainerError::Config(lines.join("; "))
+}
+
+impl RlConfig {
+    /// Loads the base (file or preset), applies `--set` overrides, forces `algorithm.name` to
+    /// `algo` when given, and validates.
+    pub fn load(source: &ConfigSource, algo: Option<&str>, sets: &[String]) -> Result<Self> {
+        let (mut fig, label) = match source {
+            ConfigSource::File(path) => {
+                if !path.is_file() {
+                    return Err(TrainerError::Config(format!("{}: config file not found", path.display())));
+                }
+                (Figment::from(Toml::file(path)), path.display().to_string())
+            }
+            ConfigSource::Preset(name) => match PRESETS.iter().find(|(n, _)| n == name) {
+                Some((_, text)) => (Figment::from(Toml::string(text)), format!("preset {name}")),
+                None => {
+                    // A plugin without a preset runs the grpo preset's task with its own defaults.
+                    let mut table: toml::Table =
+                        PRESETS[0].1.parse().map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
+                    let mut algo_table = toml::Table::new();
+                    algo_table.insert("name".into(), toml::Value::String(name.clone()));
+                    table.insert("algorithm".into(), toml::Value::Table(algo_table));
+                    let text =
+                        toml::to_string(&table).map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
+                    (Figment::from(Toml::string(&text)), format!("preset grpo (for {name})"))
+                }
+            },
+        };
+        if let Some(algo) = algo {
+            fig = fig.merge(figment::providers::Serialized::default("algorithm.name", algo));
+        }
+        for s in sets {
+            fig = set_override(fig, s)?;
+        }
+        let cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
+        cfg.validate(&label)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, label: &str) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(TrainerError::Config(format!("{label}: {key}: {msg}")));
+        if self.rollout.prompts_per_batch == 0 {
+            return bad("rollout.prompts_per_batch", "must be >= 1");
+        }
+        if self.rollout.samples_per_prompt == 0 {
+            return bad("rollout.samples_per_prompt", "must be >= 1");
+        }
+        if self.rollout.max_new_tokens < 1 {
+            return bad("rollout.max_new_tokens", "must be >= 1");
+        }
+        if self.rollout.temperature.is_nan() || self.rollout.temperature <= 0.0 {
+            return bad("rollout.temperature", "must be > 0 (RL needs sampling)");
+        }
+        if !(self.rollout.top_p > 0.0 && self.rollout.top_p <= 1.0) {
+            return bad("rollout.top_p", "must be in (0, 1]");
+        }
+        if self.train.minibatch_size == 0 {
+            return bad("train.minibatch_size", "must be >= 1");
+        }
+        if self.train.ppo_epochs == 0 {
+            return bad("train.ppo_epochs", "must be >= 1");
+        }
+        if self.rewards.is_empty() {
+            return bad("rewards", "at least one [[rewards]] entry is needed");
+        }
+        for (i, r) in self.rewards.iter().enumerate() {
+            if !r.weight.is_finite() {
+                return bad(&format!("rewards[{i}].weight"), "must be finite");
+            }
+        }
+        if let Some(d) = self.train.ema_decay {
+            if !(0.0..1.0).contains(&d) {
+                return bad("train.ema_decay", "must be in [0, 1)");
+            }
+        }
+        if self.train.ptx_coef != 0.0 && self.train.ptx_data.is_none() {
+            return bad("train.ptx_data", "needed when train.ptx_coef != 0");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_parse_and_overrides_apply() {
+        for (name, _) in PRESETS {
+            let cfg = RlConfig::load(&ConfigSource::Preset(name.to_string()), None, &[]).unwrap();
+            assert_eq!(cfg.algorithm.name, *name);
+        }
+        let sets = vec!["train.steps=3".to_string(), "run.device=cpu".to_string()];
+        let cfg = RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("ppo"), &sets).unwrap();
+        assert_eq!(cfg.train.steps, 3);
+        assert_eq!(cfg.algorithm.name, "ppo");
+    }
+
+    #[test]
+    fn errors_name_source_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "[algorithm]\nname = \"grpo\"\n[train]\nactor_lr = \"x\"\n[[rewards]]\nplugin = \"r\"\n")
+            .unwrap();
+        let e = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap_err().to_string();
+        assert!(e.contains("bad.toml") && e.contains("train.actor_lr") && e.contains("invalid type"), "{e}");
+
+        std::fs::write(&path, "[algorithm]\nname = \"grpo\"\n[train]\nstepz = 1\n").unwrap();
+        let e = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap_err().to_string();
+        assert!(e.contains("stepz"), "{e}");
+
+        let e = RlConfig::load(&ConfigSource::Preset("grpo".into()), None, &["rollout.samples_per_prompt=0".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rollout.samples_per_prompt: must be >= 1"), "{e}");
+
+        let e =
+            RlConfig::load(&ConfigSource::File(dir.path().join("missing.toml")), None, &[]).unwrap_err().to_string();
+        assert!(e.contains("missing.toml: config file not found"), "{e}");
+    }
+}

@@ -1,0 +1,239 @@
+//! Prompt data for RL: JSONL lines with `prompt` (text) or chat `messages`, an optional `label`
+//! (string or number) and any other fields, which reach reward plugins as metadata. Prompts are
+//! rendered through the chat template when configured and the tokenizer has one, tokenized, and
+//! truncated from the left to `max_prompt_len` with a warning. Batches cycle through the data in
+//! a seeded order that is reshuffled every pass.
+
+use std::path::Path;
+
+use rlhf_tokenizer::{ChatMessage, HfTokenizer};
+use serde_json::Value;
+
+use crate::config::DataConfig;
+use crate::error::{Result, TrainerError};
+
+/// One prompt, ready for generation.
+#[derive(Debug, Clone)]
+pub struct PromptRecord {
+    /// The text the model sees (template applied).
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub label: Option<String>,
+    /// The line's other fields.
+    pub metadata: Value,
+}
+
+/// A raw prompt line before tokenization.
+#[derive(Debug, Clone)]
+pub enum RawPrompt {
+    Text { prompt: String, label: Option<String>, metadata: Value },
+    Chat { messages: Vec<ChatMessage>, label: Option<String>, metadata: Value },
+}
+
+/// splitmix64: a tiny seedable generator for data order (no extra dependency, stable across
+/// versions, so resumed runs see the same order).
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Fisher-Yates shuffle.
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next_u64() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Tokenized prompts and the sampling position.
+#[derive(Debug)]
+pub struct PromptDataset {
+    pub records: Vec<PromptRecord>,
+    order: Vec<usize>,
+    pos: usize,
+    epoch: u64,
+    shuffle: bool,
+    seed: u64,
+    /// Prompts that were truncated.
+    pub truncated: usize,
+}
+
+fn label_of(v: Option<&Value>, path: &Path, line: usize) -> Result<Option<String>> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Number(n)) => Ok(Some(n.to_string())),
+        Some(other) => Err(TrainerError::Data {
+            path: path.to_path_buf(),
+            message: format!("line {line}: label: expected a string or number, got {other}"),
+        }),
+    }
+}
+
+/// Reads a JSONL prompt file.
+pub fn read_prompts(path: &Path) -> Result<Vec<RawPrompt>> {
+    let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let err = |message: String| TrainerError::Data { path: path.to_path_buf(), message };
+        let v: Value = serde_json::from_str(line).map_err(|e| err(format!("line {n}: not valid JSON: {e}")))?;
+        let Value::Object(mut obj) = v else { return Err(err(format!("line {n}: expected a JSON object"))) };
+        let label = label_of(obj.get("label"), path, n)?;
+        obj.remove("label");
+        if let Some(p) = obj.remove("prompt") {
+            let Value::String(prompt) = p else { return Err(err(format!("line {n}: prompt: expected a string"))) };
+            out.push(RawPrompt::Text { prompt, label, metadata: Value::Object(obj) });
+        } else if let Some(m) = obj.remove("messages") {
+            let messages: Vec<ChatMessage> = serde_json::from_value(m)
+                .map_err(|e| err(format!("line {n}: messages: expected [{{\"role\", \"content\"}}]: {e}")))?;
+            if messages.is_empty() {
+                return Err(err(format!("line {n}: messages: empty conversation")));
+            }
+            out.push(RawPrompt::Chat { messages, label, metadata: Value::Object(obj) });
+        } else {
+            return Err(err(format!("line {n}: needs a `prompt` or `messages` field")));
+        }
+    }
+    if out.is_empty() {
+        return Err(TrainerError::Data {
+            path: path.to_path_buf(),
+            message: "no prompts (the file has no lines)".into(),
+        });
+    }
+    Ok(out)
+}
+
+impl PromptDataset {
+    /// Renders and tokenizes raw prompts.
+    pub fn new(raw: Vec<RawPrompt>, tok: &HfTokenizer, cfg: &DataConfig, seed: u64) -> Result<Self> {
+        let use_template = cfg.apply_chat_template && tok.has_chat_template();
+        let mut records = Vec::with_capacity(raw.len());
+        let mut truncated = 0;
+        for r in raw {
+            let (text, label, metadata, templated) = match r {
+                RawPrompt::Text { prompt, label, metadata } if use_template => {
+                    (tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)?, label, metadata, true)
+                }
+                RawPrompt::Text { prompt, label, metadata } => (prompt, label, metadata, false),
+                RawPrompt::Chat { messages, label, metadata } => {
+                    (tok.apply_chat_template(&messages, true)?, label, metadata, true)
+                }
+            };
+            // A rendered template already contains its special tokens.
+            let mut ids = tok.encode(&text, !templated)?;
+            if ids.is_empty() {
+                return Err(TrainerError::Run(format!("prompt {text:?} encodes to no tokens")));
+            }
+            if ids.len() > cfg.max_prompt_len {
+                truncated += 1;
+                ids.drain(..ids.len() - cfg.max_prompt_len);
+            }
+            records.push(PromptRecord { text, ids, label, metadata });
+        }
+        if truncated > 0 {
+            tracing::warn!(
+                "{truncated} prompt(s) longer than data.max_prompt_len = {} tokens were truncated from the left",
+                cfg.max_prompt_len
+            );
+        }
+        let mut ds = PromptDataset {
+            order: (0..records.len()).collect(),
+            records,
+            pos: 0,
+            epoch: 0,
+            shuffle: cfg.shuffle,
+            seed,
+            truncated,
+        };
+        ds.reshuffle();
+        Ok(ds)
+    }
+
+    fn reshuffle(&mut self) {
+        self.order = (0..self.records.len()).collect();
+        if self.shuffle {
+            SplitMix(self.seed ^ self.epoch.wrapping_mul(0x9E37_79B9)).shuffle(&mut self.order);
+        }
+    }
+
+    /// The next `n` prompt indices, wrapping (and reshuffling) at the end of each pass.
+    pub fn next_batch(&mut self, n: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            if self.pos == self.order.len() {
+                self.pos = 0;
+                self.epoch += 1;
+                self.reshuffle();
+            }
+            out.push(self.order[self.pos]);
+            self.pos += 1;
+        }
+        out
+    }
+
+    /// Passes completed and position within the current one.
+    pub fn position(&self) -> (u64, usize) {
+        (self.epoch, self.pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_prompts_messages_labels_and_rejects_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.jsonl");
+        std::fs::write(
+            &p,
+            "{\"prompt\": \"1 + 2 =\", \"label\": 3, \"id\": 7}\n\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+        )
+        .unwrap();
+        let raw = read_prompts(&p).unwrap();
+        assert_eq!(raw.len(), 2);
+        match &raw[0] {
+            RawPrompt::Text { prompt, label, metadata } => {
+                assert_eq!((prompt.as_str(), label.as_deref()), ("1 + 2 =", Some("3")));
+                assert_eq!(metadata["id"], 7);
+            }
+            _ => panic!("expected text"),
+        }
+        for (content, needle) in [
+            ("{\"prompt\": 1}\n", "line 1: prompt: expected a string"),
+            ("{\"x\": 1}\n", "line 1: needs a `prompt` or `messages`"),
+            ("nope\n", "line 1: not valid JSON"),
+            ("{\"prompt\": \"a\", \"label\": [1]}\n", "line 1: label"),
+            ("", "no prompts"),
+        ] {
+            std::fs::write(&p, content).unwrap();
+            let e = read_prompts(&p).unwrap_err().to_string();
+            assert!(e.contains("p.jsonl") && e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn order_is_seeded_and_covers_everything() {
+        let mut a = SplitMix(3);
+        let mut v: Vec<usize> = (0..10).collect();
+        a.shuffle(&mut v);
+        let mut sorted = v.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        let mut w: Vec<usize> = (0..10).collect();
+        SplitMix(3).shuffle(&mut w);
+        assert_eq!(v, w);
+    }
+}

@@ -1,0 +1,76 @@
+//! Per-step metrics: one JSON object per line in `<run_dir>/metrics.jsonl`, with `step`,
+//! `timestamp` and every metric of the step.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, TrainerError};
+
+/// Accumulates values of one step; repeated names are averaged.
+#[derive(Debug, Default, Clone)]
+pub struct StepMetrics {
+    sums: BTreeMap<String, (f64, usize)>,
+}
+
+impl StepMetrics {
+    /// Adds an observation of `name`.
+    pub fn add(&mut self, name: &str, value: f64) {
+        let e = self.sums.entry(name.to_string()).or_insert((0.0, 0));
+        e.0 += value;
+        e.1 += 1;
+    }
+
+    /// Sets `name`, replacing earlier observations.
+    pub fn set(&mut self, name: &str, value: f64) {
+        self.sums.insert(name.to_string(), (value, 1));
+    }
+
+    /// Mean of the observations of `name`.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.sums.get(name).map(|(s, n)| s / *n as f64)
+    }
+
+    /// All means.
+    pub fn means(&self) -> BTreeMap<String, f64> {
+        self.sums.iter().map(|(k, (s, n))| (k.clone(), s / *n as f64)).collect()
+    }
+}
+
+/// Appends lines to `metrics.jsonl`.
+pub struct MetricsWriter {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl MetricsWriter {
+    /// Opens `<run_dir>/metrics.jsonl` for appending.
+    pub fn create(run_dir: &Path) -> Result<Self> {
+        let path = run_dir.join("metrics.jsonl");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| TrainerError::io(&path, e))?;
+        Ok(MetricsWriter { path, file })
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes one line; non-finite values are written as null.
+    pub fn write(&mut self, step: usize, metrics: &StepMetrics) -> Result<()> {
+        let mut obj = serde_json::Map::new();
+        obj.insert("step".into(), serde_json::json!(step));
+        let ts =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        obj.insert("timestamp".into(), serde_json::json!(ts));
+        for (k, v) in metrics.means() {
+            obj.insert(k, if v.is_finite() { serde_json::json!(v) } else { serde_json::Value::Null });
+        }
+        let line = serde_json::Value::Object(obj).to_string();
+        writeln!(self.file, "{line}").map_err(|e| TrainerError::io(&self.path, e))
+    }
+}

@@ -1,0 +1,190 @@
+//! The `rlhf` binary end to end: `ppl --json` and `generate --json` against transformers'
+//! references, and every kind of bad input giving one clear line, a non-zero exit and no panic.
+
+use std::path::Path;
+
+use rlhf_integration_tests::{fixtures, model_dir, read_json, rlhf};
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Asserts a failed run whose stderr error line contains every `needle`.
+fn assert_clean_failure(out: &std::process::Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("no error line: {stderr}"));
+    for n in needles {
+        assert!(line.contains(n), "error line {line:?} lacks {n:?}");
+    }
+}
+
+#[test]
+fn ppl_json_matches_transformers() {
+    for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
+        let dir = model_dir(name);
+        let out = rlhf(&["ppl", "--model", s(&dir), "--data", s(&fixtures().join("ppl.jsonl")), "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let got: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let keys: Vec<&String> = got.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["nll", "ppl", "tokens"], "exactly these keys");
+        let want = read_json(&dir.join("reference.json"));
+        assert_eq!(got["tokens"], want["tokens"], "{name}");
+        let (g, w) = (got["ppl"].as_f64().unwrap(), want["ppl"].as_f64().unwrap());
+        assert!(((g - w) / w).abs() < 1e-4, "{name}: {g} vs {w}");
+    }
+}
+
+#[test]
+fn generate_greedy_matches_transformers() {
+    let dir = model_dir("llama");
+    let reference = read_json(&dir.join("reference.json"));
+    let prompts: Vec<&str> = reference["prompts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    let r: std::collections::HashMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect();
+    let expected = Vec::<i64>::try_from(r["greedy_single"].get(0)).unwrap();
+    let out = rlhf(&["generate", "--model", s(&dir), "--prompt", prompts[0], "--max-new-tokens", "8", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let ids: Vec<i64> = line["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(line["response_ids"].as_array().unwrap())
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, expected);
+
+    // Sampling is seedable: the same seed gives the same text, in a batch of two prompts.
+    let sample = |seed: &str| {
+        let out = rlhf(&[
+            "generate",
+            "--model",
+            s(&dir),
+            "--prompt",
+            prompts[0],
+            "--prompt",
+            prompts[1],
+            "--chat",
+            "--temperature",
+            "1.0",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "50",
+            "--seed",
+            seed,
+            "--max-new-tokens",
+            "12",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(sample("7"), sample("7"));
+    assert_eq!(sample("7").lines().count(), 2);
+}
+
+/// Copies a fixture model into a temp dir so a test can break it.
+fn broken_copy(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(model_dir(name)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    tmp
+}
+
+fn ppl_on(dir: &Path) -> std::process::Output {
+    rlhf(&["ppl", "--model", s(dir), "--data", s(&fixtures().join("ppl.jsonl"))])
+}
+
+#[test]
+fn bad_models_give_one_clear_line() {
+    let out = rlhf(&["ppl", "--model", "/nonexistent/model", "--data", s(&fixtures().join("ppl.jsonl"))]);
+    assert_clean_failure(&out, &["/nonexistent/model"]);
+
+    let d = broken_copy("llama");
+    std::fs::remove_file(d.path().join("config.json")).unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["config.json", "not found"]);
+
+    let d = broken_copy("llama");
+    std::fs::write(d.path().join("config.json"), "{\"model_type\": \"llama\",").unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["config.json", "invalid JSON"]);
+
+    let d = broken_copy("llama");
+    let cfg = std::fs::read_to_string(d.path().join("config.json")).unwrap().replace("\"llama\"", "\"bert\"");
+    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["config.json", "model_type", "bert"]);
+
+    let d = broken_copy("llama");
+    let cfg = std::fs::read_to_string(d.path().join("config.json"))
+        .unwrap()
+        .replace("\"hidden_size\": 32", "\"hidden_size\": \"32\"");
+    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["config.json", "hidden_size", "invalid type"]);
+
+    // A mis-shaped tensor: claim a larger vocabulary than the embedding has.
+    let d = broken_copy("llama");
+    let cfg = std::fs::read_to_string(d.path().join("config.json"))
+        .unwrap()
+        .replace("\"vocab_size\": 400", "\"vocab_size\": 401");
+    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    assert_clean_failure(
+        &ppl_on(d.path()),
+        &["model.safetensors", "model.embed_tokens.weight", "[400, 32]", "[401, 32]"],
+    );
+
+    // A missing tensor: the config says untied, but the checkpoint is a tied one without lm_head.
+    let d = broken_copy("qwen2");
+    let cfg = std::fs::read_to_string(d.path().join("config.json"))
+        .unwrap()
+        .replace("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
+    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["missing tensor `lm_head.weight`", "model.safetensors"]);
+
+    let d = broken_copy("llama");
+    std::fs::remove_file(d.path().join("model.safetensors")).unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["model.safetensors", "not found"]);
+
+    let d = broken_copy("llama");
+    std::fs::write(d.path().join("model.safetensors"), b"garbage").unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["model.safetensors", "invalid safetensors"]);
+
+    let d = broken_copy("llama-tied");
+    std::fs::remove_file(d.path().join("model-00002-of-00004.safetensors")).unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["model-00002-of-00004.safetensors", "not found"]);
+
+    let d = broken_copy("llama");
+    std::fs::remove_file(d.path().join("tokenizer.json")).unwrap();
+    assert_clean_failure(&ppl_on(d.path()), &["tokenizer.json"]);
+}
+
+#[test]
+fn bad_data_gives_one_clear_line() {
+    let model = model_dir("llama");
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("empty.jsonl", "", &["empty.jsonl", "no data"]),
+        ("blank.jsonl", "\n\n", &["blank.jsonl", "no data"]),
+        ("notjson.jsonl", "{\"text\": \"a\"}\nnot json\n", &["notjson.jsonl:2", "not valid JSON"]),
+        ("nokey.jsonl", "{\"txt\": \"a\"}\n", &["nokey.jsonl:1", "text"]),
+        ("badtype.jsonl", "{\"text\": 5}\n", &["badtype.jsonl:1", "text", "string"]),
+        ("short.jsonl", "{\"text\": \"a\"}\n", &["short.jsonl", "nothing to predict"]),
+    ];
+    for (file, content, needles) in cases {
+        let path = tmp.path().join(file);
+        std::fs::write(&path, content).unwrap();
+        let out = rlhf(&["ppl", "--model", s(&model), "--data", s(&path)]);
+        assert_clean_failure(&out, needles);
+    }
+    let out = rlhf(&["ppl", "--model", s(&model), "--data", "/nonexistent.jsonl"]);
+    assert_clean_failure(&out, &["/nonexistent.jsonl"]);
+    let out = rlhf(&["generate", "--model", s(&model), "--prompt", "hi", "--device", "cuda:zero"]);
+    assert_clean_failure(&out, &["device `cuda:zero`"]);
+    let out = rlhf(&["generate", "--model", s(&model), "--prompt", "hi", "--temperature", "1", "--top-p", "2"]);
+    assert_clean_failure(&out, &["top_p"]);
+    let out = rlhf(&["generate", "--model", s(&model_dir("gpt2")), "--prompt", &"word ".repeat(200)]);
+    assert_clean_failure(&out, &["n_positions"]);
+}

@@ -1,0 +1,598 @@
+//! Group Relative Policy Optimization as in `seeds/grpo-explained.md` (DeepSeekMath; TRL's
+//! `GRPOTrainer`): no critic — each response's advantage is its reward standardised within the group
+//! of responses sampled for the same prompt, shared by all its tokens.
+//!
+//! Per generation batch ([`Grpo::prepare`]), for sample `i` in group `g` (samples sharing a `group_id`;
+//! groups need not be contiguous nor of equal size):
+//!
+//! ```text
+//! mean_g = 1/G_g Σ_{j∈g} r_j         std_g = sqrt(1/G_g Σ_{j∈g} (r_j − mean_g)²)
+//! A_i    = (r_i − mean_g) / (std_g + 1e-4)                 broadcast over the response's tokens
+//! ```
+//!
+//! Per minibatch ([`Grpo::loss`]), per valid token `t`:
+//!
+//! ```text
+//! ρ_t   = exp(logp_t − logp_old_t)                        on-policy logp_old = logp.detach(): the
+//!                                                          seed's exp(logp − logp_detached), 1 in value
+//! l1_t  = ρ_t·A,   l2_t = clamp(ρ_t, 1 − ε, 1 + ε_high)·A
+//! KL_t  = exp(ref_t − logp_t) − (ref_t − logp_t) − 1     (k3, non-negative)
+//! L_t   = −min(l1_t, l2_t) + β·KL_t
+//! loss  = mean_i ( Σ_t L_t·mask / Σ_t mask )               loss_type = "grpo" (the seed's)
+//! ```
+//!
+//! Options and where TRL differs (the seed is the default):
+//! - `std`: the seed divides by the population std; TRL uses `torch.std`, unbiased (`"unbiased"`).
+//!   A group of one sample has std 0 either way (and A = 0), never NaN.
+//! - `scale_rewards` (TRL's): `"group"` (seed), `"batch"` — divide by the std of the whole batch's
+//!   rewards instead (centring stays per group) — or `"none"` (Dr. GRPO: `A = r − mean_g`).
+//! - `epsilon_high` (DAPO's clip-higher): the upper clip bound; defaults to `epsilon`.
+//! - `loss_type` (TRL's names): `"grpo"` — each sequence's token mean, then the batch mean;
+//!   `"bnpo"` — `Σ L·mask / Σ mask` over the minibatch;
+//!   `"dr_grpo"` — `Σ L·mask / (b·max_completion_length)`;
+//!   `"dapo"` — TRL normalises by the number of valid tokens in the whole gradient-accumulated batch.
+//!   A plugin sees one minibatch at a time, so when the host does not accumulate gradients across
+//!   minibatches that normaliser is the minibatch's token count and `dapo` equals `bnpo`.
+//!   TRL's default `loss_type` changed across versions (recent ones use `dapo`).
+//! - `beta`: the seed's example uses 0.1, TRL's default is 0.0 (no reference model at all); ours is 0.04
+//!   (TRL's former default). With `beta = 0` the host computes no reference log-probs.
+//!
+//! # Config
+//!
+//! ```toml
+//! [algorithm.config]
+//! beta = 0.04                  # KL weight; 0 = no reference model
+//! epsilon = 0.2                # lower ratio clip (and upper, unless epsilon_high)
+//! # epsilon_high = 0.28        # DAPO clip-higher
+//! loss_type = "grpo"           # "grpo" | "bnpo" | "dr_grpo" | "dapo"
+//! scale_rewards = "group"      # "group" | "batch" | "none"
+//! std = "population"           # "population" | "unbiased"
+//! # max_completion_length = 256  # dr_grpo's normaliser (default: the minibatch's R)
+//! log_entropy = false          # log the policy's entropy
+//! ```
+
+use std::collections::HashMap;
+
+use rlhf_plugin_api::prelude::*;
+use serde::Deserialize;
+use tch::Device;
+
+type Result<T> = std::result::Result<T, PluginError>;
+
+/// How per-token losses are reduced to the minibatch loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    /// Mean over sequences of each sequence's token mean (the seed, DeepSeekMath).
+    Grpo,
+    /// Token mean over the minibatch.
+    Bnpo,
+    /// Token sum over `b · max_completion_length` (Dr. GRPO).
+    DrGrpo,
+    /// Token sum over the valid tokens of the accumulated batch; equals `bnpo` here.
+    Dapo,
+}
+
+/// What the group-centred rewards are divided by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleRewards {
+    /// The group's std (the seed).
+    Group,
+    /// The std of the whole batch's rewards.
+    Batch,
+    /// Nothing (Dr. GRPO).
+    None,
+}
+
+/// Which standard deviation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdEstimator {
+    /// `sqrt(1/n Σ (r − mean)²)` (the seed).
+    Population,
+    /// `sqrt(1/(n−1) Σ (r − mean)²)` (TRL's `torch.std`); 0 for a single sample.
+    Unbiased,
+}
+
+/// The `[algorithm]` section; defaults follow the seed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpoConfig {
+    /// Weight β of the k3 KL to the reference (seed example 0.1, TRL default 0.0; 0 = no reference).
+    pub beta: f64,
+    /// Lower ratio clip ε: ratios are clamped to `[1 − ε, 1 + epsilon_high]`.
+    pub epsilon: f64,
+    /// Upper ratio clip (DAPO clip-higher); defaults to `epsilon`.
+    pub epsilon_high: Option<f64>,
+    /// Loss reduction: "grpo" (seed), "bnpo", "dr_grpo" or "dapo".
+    pub loss_type: LossType,
+    /// Advantage scaling: "group" (seed), "batch" or "none".
+    pub scale_rewards: ScaleRewards,
+    /// Standard deviation estimator: "population" (seed) or "unbiased" (TRL).
+    pub std: StdEstimator,
+    /// dr_grpo's constant normaliser; defaults to the minibatch's `R`.
+    pub max_completion_length: Option<u64>,
+    /// Ask the host for per-token entropy and log it as `entropy` (not part of the loss).
+    pub log_entropy: bool,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig {
+            beta: 0.04,
+            epsilon: 0.2,
+            epsilon_high: None,
+            loss_type: LossType::Grpo,
+            scale_rewards: ScaleRewards::Group,
+            std: StdEstimator::Population,
+            max_completion_length: None,
+            log_entropy: false,
+        }
+    }
+}
+
+impl GrpoConfig {
+    /// Range checks that serde cannot express; errors name the key.
+    fn validate(&self) -> Result<()> {
+        if self.beta.is_nan() || self.beta < 0.0 {
+            return Err(PluginError::config("beta", format!("must be >= 0, got {}", self.beta)));
+        }
+        for (key, v) in [("epsilon", Some(self.epsilon)), ("epsilon_high", self.epsilon_high)] {
+            if let Some(v) = v {
+                if v.is_nan() || v <= 0.0 {
+                    return Err(PluginError::config(key, format!("must be > 0, got {v}")));
+                }
+            }
+        }
+        if self.max_completion_length == Some(0) {
+            return Err(PluginError::config("max_completion_length", "must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+/// GRPO; stateless between batches.
+#[derive(Debug)]
+pub struct Grpo {
+    cfg: GrpoConfig,
+}
+
+impl Algorithm for Grpo {
+    fn new(config: &str, _ctx: &Context) -> Result<Self> {
+        let cfg: GrpoConfig = parse_config(config)?;
+        cfg.validate()?;
+        Ok(Grpo { cfg })
+    }
+
+    fn requirements(&self) -> Requirements {
+        Requirements { reference: self.cfg.beta != 0.0, critic: false, entropy: self.cfg.log_entropy }
+    }
+
+    /// # Shapes
+    /// `exp.rewards [B]`, `exp.group_ids [B]` i64, `exp.action_mask [B, R]`; returns `advantages [B, R]`
+    /// (each sample's A on its valid tokens, 0 on padding) and no returns.
+    fn prepare(&mut self, exp: &Experience) -> Result<Prepared> {
+        let mask = &exp.action_mask; // [B, R]
+        let (b, _r) = mask.size2()?;
+        expect_shape("rewards", &exp.rewards, &[b])?;
+        expect_shape("group_ids", &exp.group_ids, &[b])?;
+        let valid = mask.f_gt(0.0)?; // [B, R] bool
+
+        // Statistics in f64, so that a group of equal rewards has a std of exactly 0.
+        let rewards = exp.rewards.f_to_kind(Kind::Double)?; // [B]
+        let (group, n_groups) = group_index(&exp.group_ids)?; // [B] in 0..G
+        let (mean_g, std_g) = group_stats(&rewards, &group, n_groups, self.cfg.std)?; // [G], [G]
+        let centered = rewards.f_sub(&mean_g.f_index_select(0, &group)?)?; // r_i − mean_g, [B]
+        let advantages = match self.cfg.scale_rewards {
+            ScaleRewards::Group => centered.f_div(&std_g.f_index_select(0, &group)?.f_add_scalar(1e-4)?)?,
+            ScaleRewards::Batch => {
+                let whole_batch = group.f_zeros_like()?; // one group: every sample
+                let (_, std_batch) = group_stats(&rewards, &whole_batch, 1, self.cfg.std)?; // [1]
+                centered.f_div(&std_batch.f_add_scalar(1e-4)?)?
+            }
+            ScaleRewards::None => centered,
+        }; // [B]
+
+        let zero_std = std_g.f_lt(1e-8)?.f_to_kind(Kind::Double)?; // [G]
+        let metrics = vec![
+            ("grpo/advantages_mean".to_string(), scalar(&advantages.f_mean(Kind::Double)?)?),
+            ("grpo/advantages_std".to_string(), scalar(&advantages.f_var_dim(0i64, false, false)?.f_sqrt()?)?),
+            ("reward_std".to_string(), scalar(&std_g.f_mean(Kind::Double)?)?),
+            ("grpo/frac_zero_std_groups".to_string(), scalar(&zero_std.f_mean(Kind::Double)?)?),
+            ("grpo/num_groups".to_string(), n_groups as f64),
+        ];
+        let advantages = masked(&advantages.f_to_kind(mask.kind())?.f_unsqueeze(1)?, &valid)?; // [B, R]
+        Ok(Prepared { advantages, returns: None, metrics })
+    }
+
+    /// # Shapes
+    /// Every `mb` tensor `[b, R]` (`rewards [b]`, unused); the loss is a scalar.
+    fn loss(&mut self, mb: &Minibatch) -> Result<LossOutput> {
+        let cfg = &self.cfg;
+        let mask = &mb.action_mask; // [b, R]
+        let (b, r) = mask.size2()?;
+        let valid = mask.f_gt(0.0)?; // [b, R] bool
+        for (name, t) in
+            [("logprobs", &mb.logprobs), ("old_logprobs", &mb.old_logprobs), ("advantages", &mb.advantages)]
+        {
+            expect_shape(name, t, &[b, r])?;
+        }
+        let logp = masked(&mb.logprobs, &valid)?; // [b, R], grad
+        let old = masked(&mb.old_logprobs, &valid)?; // [b, R]
+        let advantages = masked(&mb.advantages, &valid)?; // [b, R]
+        let (epsilon_low, epsilon_high) = (cfg.epsilon, cfg.epsilon_high.unwrap_or(cfg.epsilon));
+
+        let log_ratio = logp.f_sub(&old)?; // [b, R]
+        let coef_1 = log_ratio.f_exp()?; // ρ
+        let coef_2 = coef_1.f_clamp(1.0 - epsilon_low, 1.0 + epsilon_high)?;
+        let per_token_loss1 = coef_1.f_mul(&advantages)?;
+        let per_token_loss2 = coef_2.f_mul(&advantages)?;
+        let pg_per_token = per_token_loss1.f_minimum(&per_token_loss2)?.f_neg()?; // [b, R]
+        let per_token_kl = if cfg.beta != 0.0 {
+            let reff = masked(need(&mb.ref_logprobs, "ref_logprobs", &[b, r])?, &valid)?; // [b, R]
+            let d = reff.f_sub(&logp)?; // ref − logp
+            Some(d.f_exp()?.f_sub(&d)?.f_sub_scalar(1.0)?) // k3, [b, R]
+        } else {
+            None
+        };
+        let per_token_loss = match &per_token_kl {
+            Some(kl) => pg_per_token.f_add(&kl.f_mul_scalar(cfg.beta)?)?,
+            None => pg_per_token.shallow_clone(),
+        }; // [b, R]
+        let max_completion_length = cfg.max_completion_length.map_or(r, |l| l as i64);
+        let loss = aggregate(&per_token_loss, mask, cfg.loss_type, max_completion_length)?; // []
+
+        let metrics = tch::no_grad(|| -> Result<Vec<(String, f64)>> {
+            let is_low_clipped = coef_1.f_lt(1.0 - epsilon_low)?.f_logical_and(&advantages.f_lt(0.0)?)?; // [b, R]
+            let is_high_clipped = coef_1.f_gt(1.0 + epsilon_high)?.f_logical_and(&advantages.f_gt(0.0)?)?;
+            let is_region_clipped = is_low_clipped.f_logical_or(&is_high_clipped)?;
+            let frac = |x: &Tensor| -> Result<f64> { scalar(&masked_mean(&x.f_to_kind(Kind::Float)?, mask)?) };
+            let approx_kl = masked_mean(&log_ratio.f_square()?, mask)?.f_mul_scalar(0.5)?;
+            let mut m = vec![
+                (
+                    "loss/policy".to_string(),
+                    scalar(&aggregate(&pg_per_token, mask, cfg.loss_type, max_completion_length)?)?,
+                ),
+                ("clip_ratio".to_string(), frac(&is_region_clipped)?),
+                ("clip_ratio/low_mean".to_string(), frac(&is_low_clipped)?),
+                ("clip_ratio/high_mean".to_string(), frac(&is_high_clipped)?),
+                ("approx_kl".to_string(), scalar(&approx_kl)?),
+            ];
+            if let Some(kl) = &per_token_kl {
+                m.push(("kl".into(), scalar(&masked_mean(kl, mask)?)?));
+            }
+            if let Some(h) = &mb.entropy {
+                m.push(("entropy".into(), scalar(&masked_mean(&masked(h, &valid)?, mask)?)?));
+            }
+            Ok(m)
+        })?;
+        Ok(LossOutput { loss, metrics })
+    }
+}
+
+/// Reduces per-token losses to the minibatch loss according to `loss_type`.
+///
+/// # Shapes
+/// `per_token`, `mask`: `[b, R]`; returns a scalar.
+fn aggregate(per_token: &Tensor, mask: &Tensor, loss_type: LossType, max_completion_length: i64) -> Result<Tensor> {
+    let (b, _r) = mask.size2()?;
+    let row_sums = per_token.f_mul(mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [b]
+    Ok(match loss_type {
+        // mean_i (Σ_t L·mask / Σ_t mask)
+        LossType::Grpo => {
+            let row_lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?; // [b]
+            row_sums.f_div(&row_lengths)?.f_mean(Kind::Float)?
+        }
+        // Σ L·mask / Σ mask
+        LossType::Bnpo | LossType::Dapo => {
+            row_sums.f_sum(Kind::Float)?.f_div(&mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?)?
+        }
+        // Σ L·mask / (b · max_completion_length)
+        LossType::DrGrpo => row_sums.f_sum(Kind::Float)?.f_div_scalar((b * max_completion_length) as f64)?,
+    })
+}
+
+/// Dense group indices `0..G` for arbitrary `group_ids` (any order, any values), in order of first
+/// appearance, and `G`.
+///
+/// # Shapes
+/// `group_ids [B]` i64; returns `[B]` i64 on the same device.
+fn group_index(group_ids: &Tensor) -> Result<(Tensor, i64)> {
+    let ids = Vec::<i64>::try_from(&group_ids.f_to(Device::Cpu)?)?;
+    let mut dense: HashMap<i64, i64> = HashMap::new();
+    let index: Vec<i64> = ids
+        .iter()
+        .map(|id| {
+            let next = dense.len() as i64;
+            *dense.entry(*id).or_insert(next)
+        })
+        .collect();
+    Ok((Tensor::f_from_slice(&index)?.f_to(group_ids.device())?, dense.len() as i64))
+}
+
+/// Per-group mean and standard deviation (population or unbiased; a group of one has std 0).
+///
+/// # Shapes
+/// `rewards [B]`, `group [B]` i64 in `0..n_groups`; returns `(mean [G], std [G])`.
+fn group_stats(rewards: &Tensor, group: &Tensor, n_groups: i64, std: StdEstimator) -> Result<(Tensor, Tensor)> {
+    let zeros = Tensor::f_zeros([n_groups], (rewards.kind(), rewards.device()))?; // [G]
+    let counts = zeros.f_index_add(0, group, &rewards.f_ones_like()?)?; // G_g
+    let mean = zeros.f_index_add(0, group, rewards)?.f_div(&counts)?; // 1/G_g Σ r
+    let squares = rewards.f_sub(&mean.f_index_select(0, group)?)?.f_square()?; // [B]
+    let sum_squares = zeros.f_index_add(0, group, &squares)?; // Σ (r − mean_g)²
+    let denominator = match std {
+        StdEstimator::Population => counts,
+        StdEstimator::Unbiased => counts.f_sub_scalar(1.0)?.f_clamp_min(1.0)?,
+    };
+    Ok((mean, sum_squares.f_div(&denominator)?.f_sqrt()?))
+}
+
+/// `x` on valid slots, 0 elsewhere (`where`, not `x·mask`: padding may hold NaN).
+///
+/// # Shapes
+/// `x [B, R]` (or broadcastable), `valid [B, R]` bool; returns `[B, R]`.
+fn masked(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
+    Ok(x.f_where_scalarother(valid, 0.0)?)
+}
+
+/// `Σ x·mask / max(Σ mask, 1)`.
+///
+/// # Shapes
+/// `x`, `mask`: `[b, R]`; returns a scalar.
+fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let n = mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?;
+    Ok(x.f_mul(mask)?.f_sum(Kind::Float)?.f_div(&n)?)
+}
+
+/// A scalar tensor's value.
+fn scalar(t: &Tensor) -> Result<f64> {
+    Ok(t.f_double_value(&[])?)
+}
+
+/// An optional input the requirements ask the host for, shape-checked.
+fn need<'a>(t: &'a Option<Tensor>, name: &str, shape: &[i64]) -> Result<&'a Tensor> {
+    let t = t.as_ref().ok_or_else(|| {
+        PluginError::compute(format!("grpo: the host passed no `{name}` although the requirements ask for it"))
+    })?;
+    expect_shape(name, t, shape)?;
+    Ok(t)
+}
+
+/// The host's contract on shapes; a mismatch is a host bug worth naming.
+fn expect_shape(name: &str, t: &Tensor, shape: &[i64]) -> Result<()> {
+    if t.size() == shape {
+        Ok(())
+    } else {
+        Err(PluginError::compute(format!("{name}: expected shape {shape:?}, got {:?}", t.size())))
+    }
+}
+
+rlhf_plugin_api::export_algorithm!(
+    Grpo,
+    name: "grpo",
+    description: "GRPO: group-standardised rewards as advantages, clipped ratio, k3 KL to the reference; no critic"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NAN: f32 = f32::NAN;
+
+    fn ctx() -> Context {
+        Context { device: "cpu".into(), seed: 0, samples_per_prompt: 4 }
+    }
+
+    fn grpo(cfg: serde_json::Value) -> Grpo {
+        Grpo::new(&cfg.to_string(), &ctx()).unwrap()
+    }
+
+    fn t2(rows: &[&[f32]]) -> Tensor {
+        Tensor::from_slice2(rows)
+    }
+
+    fn values_of(t: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
+    }
+
+    fn assert_close(actual: &[f32], expected: &[f32], tol: f32) {
+        assert_eq!(actual.len(), expected.len(), "{actual:?} vs {expected:?}");
+        for (a, e) in actual.iter().zip(expected) {
+            assert!((a - e).abs() <= tol, "{actual:?} vs {expected:?}");
+        }
+    }
+
+    fn metric(m: &[(String, f64)], name: &str) -> f64 {
+        m.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no metric {name} in {m:?}")).1
+    }
+
+    /// Group 7 = rows 0, 1, 3, 4 with rewards [1, 0, 0, 1]; group 3 = rows 2, 5 with [0.5, 0.5]
+    /// (interleaved, unequal sizes).
+    fn experience() -> Experience {
+        Experience {
+            rewards: Tensor::from_slice(&[1.0f32, 0.0, 0.5, 0.0, 1.0, 0.5]),
+            logprobs: Tensor::zeros([6, 3], (Kind::Float, Device::Cpu)),
+            ref_logprobs: None,
+            values: None,
+            action_mask: t2(&[
+                &[1., 1., 1.],
+                &[1., 1., 0.],
+                &[1., 0., 0.],
+                &[1., 1., 1.],
+                &[1., 1., 0.],
+                &[1., 1., 1.],
+            ]),
+            group_ids: Tensor::from_slice(&[7i64, 7, 3, 7, 7, 3]),
+            step: 0,
+        }
+    }
+
+    /// Group 7: mean 0.5, population std sqrt(¼·4·0.25) = 0.5 → A = ±0.5/(0.5 + 1e-4) = ±0.9998000.
+    /// Group 3: std 0 → A = 0; it is one of two groups with zero std. reward_std = (0.5 + 0)/2.
+    /// advantages_std: [a, −a, 0, −a, a, 0] → a·sqrt(4/6) = 0.8163333.
+    #[test]
+    fn group_advantages_by_hand() {
+        let p = grpo(json!({})).prepare(&experience()).unwrap();
+        let a = 0.5 / 0.5001;
+        #[rustfmt::skip]
+        let expected = [a, a, a,  -a, -a, 0.,  0., 0., 0.,  -a, -a, -a,  a, a, 0.,  0., 0., 0.];
+        assert_close(&values_of(&p.advantages), &expected, 1e-6);
+        assert!(p.returns.is_none());
+        assert_eq!(metric(&p.metrics, "grpo/frac_zero_std_groups"), 0.5);
+        assert!((metric(&p.metrics, "reward_std") - 0.25).abs() < 1e-9);
+        assert!((metric(&p.metrics, "grpo/advantages_std") - 0.8163333).abs() < 1e-6);
+        assert_eq!(metric(&p.metrics, "grpo/num_groups"), 2.0);
+    }
+
+    /// unbiased: std_7 = sqrt(1/3·4·0.25) = 0.5773503 → A = 0.5/0.5774503 = 0.8658754.
+    /// batch: rewards' population std = sqrt(1/6·4·0.25) = 0.4082483 → A = 0.5/0.4083483 = 1.2244449
+    ///   (group 3 still centred on its own mean → 0).
+    /// none: A = r − mean_g = ±0.5.
+    #[test]
+    fn std_and_scaling_options() {
+        let first_tokens = |cfg: serde_json::Value| {
+            let p = grpo(cfg).prepare(&experience()).unwrap();
+            values_of(&p.advantages.select(1, 0))
+        };
+        let a = 0.8658754;
+        assert_close(&first_tokens(json!({"std": "unbiased"})), &[a, -a, 0., -a, a, 0.], 1e-6);
+        let a = 1.2244449;
+        assert_close(&first_tokens(json!({"scale_rewards": "batch"})), &[a, -a, 0., -a, a, 0.], 1e-6);
+        assert_close(&first_tokens(json!({"scale_rewards": "none"})), &[0.5, -0.5, 0., -0.5, 0.5, 0.], 1e-7);
+    }
+
+    /// A group of one sample: std 0 under both estimators (no NaN), A = 0.
+    #[test]
+    fn singleton_group_is_finite() {
+        for std in ["population", "unbiased"] {
+            let mut exp = experience();
+            exp.group_ids = Tensor::from_slice(&[7i64, 7, 42, 7, 7, 3]);
+            let p = grpo(json!({ "std": std })).prepare(&exp).unwrap();
+            let adv = values_of(&p.advantages.select(1, 0));
+            assert!(adv.iter().all(|x| x.is_finite()), "{adv:?}");
+            assert_eq!((adv[2], adv[5]), (0.0, 0.0));
+            assert_eq!(metric(&p.metrics, "grpo/frac_zero_std_groups"), 2.0 / 3.0);
+        }
+    }
+
+    /// b = 2, R = 3; row 0: 3 tokens, A = +1; row 1: 2 tokens, A = −1, slot 2 garbage.
+    /// ε = 0.2, ε_high = 0.28, β = 0.04. logp − old and ref − logp per token:
+    ///   (0,0): ρ = 1    → −1;                                     d = 0    → k3 = 0
+    ///   (0,1): ρ = 1.3  → clamp 1.28: −min(1.3, 1.28) = −1.28     d = 0.5  → k3 = e^0.5 − 1.5 = 0.1487213
+    ///   (0,2): ρ = 0.7  → clamp 0.8: −min(0.7, 0.8) = −0.7        d = 0
+    ///   (1,0): ρ = 0.7, A = −1 → −min(−0.7, −0.8) = 0.8           d = −0.5 → k3 = e^−0.5 − 0.5 = 0.1065307
+    ///   (1,1): ρ = 1, A = −1 → 1.0                                d = 0
+    /// L = [−1, −1.28 + 0.04·0.1487213, −0.7 | 0.8 + 0.04·0.1065307, 1.0]
+    ///   row sums: −2.9740511, 1.8042612; tokens 3 + 2 = 5
+    /// grpo:    (−2.9740511/3 + 1.8042612/2)/2 = −0.0446099
+    /// bnpo, dapo: (−2.9740511 + 1.8042612)/5 = −0.2339580
+    /// dr_grpo: −1.1697899/(2·3) = −0.1949650; with max_completion_length 4: /8 = −0.1462237
+    fn minibatch() -> (Minibatch, Tensor) {
+        let (l13, l07) = (1.3f32.ln(), 0.7f32.ln());
+        let old = t2(&[&[-1.0, -1.0, -1.0], &[-2.0, -2.0, NAN]]);
+        let logp = t2(&[&[-1.0, -1.0 + l13, -1.0 + l07], &[-2.0 + l07, -2.0, 3.0]]).set_requires_grad(true);
+        let reff = t2(&[&[-1.0, -0.5 + l13, -1.0 + l07], &[-2.5 + l07, -2.0, NAN]]);
+        let mb = Minibatch {
+            logprobs: logp.shallow_clone(),
+            old_logprobs: old,
+            ref_logprobs: Some(reff),
+            values: None,
+            old_values: None,
+            advantages: t2(&[&[1.0, 1.0, 1.0], &[-1.0, -1.0, NAN]]),
+            returns: None,
+            action_mask: t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]),
+            entropy: None,
+            rewards: Tensor::from_slice(&[1.0f32, 0.0]),
+            step: 0,
+        };
+        (mb, logp)
+    }
+
+    #[test]
+    fn loss_types_by_hand() {
+        let base = json!({"beta": 0.04, "epsilon": 0.2, "epsilon_high": 0.28});
+        let with = |extra: serde_json::Value| {
+            let mut cfg = base.clone();
+            cfg.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let out = grpo(cfg).loss(&minibatch().0).unwrap();
+            (out.loss.double_value(&[]), out.metrics)
+        };
+        let (grpo_loss, m) = with(json!({"loss_type": "grpo"}));
+        assert!((grpo_loss + 0.0446099).abs() < 1e-6, "{grpo_loss}");
+        // Policy part alone: (−2.98/3 + 1.8/2)/2 = −0.0466667.
+        assert!((metric(&m, "loss/policy") + 0.0466667).abs() < 1e-6);
+        assert!((metric(&m, "clip_ratio") - 0.4).abs() < 1e-6);
+        assert!((metric(&m, "clip_ratio/low_mean") - 0.2).abs() < 1e-6);
+        assert!((metric(&m, "clip_ratio/high_mean") - 0.2).abs() < 1e-6);
+        assert!((metric(&m, "kl") - (0.1487213 + 0.1065307) / 5.0).abs() < 1e-6);
+        let approx_kl = 0.5 * (1.3f64.ln().powi(2) + 2.0 * 0.7f64.ln().powi(2)) / 5.0;
+        assert!((metric(&m, "approx_kl") - approx_kl).abs() < 1e-6);
+        for loss_type in ["bnpo", "dapo"] {
+            let (l, _) = with(json!({ "loss_type": loss_type }));
+            assert!((l + 0.2339580).abs() < 1e-6, "{loss_type}: {l}");
+        }
+        let (l, _) = with(json!({"loss_type": "dr_grpo"}));
+        assert!((l + 0.1949650).abs() < 1e-6, "{l}");
+        let (l, _) = with(json!({"loss_type": "dr_grpo", "max_completion_length": 4}));
+        assert!((l + 0.1462237).abs() < 1e-6, "{l}");
+        // epsilon_high = epsilon: (0,1) clips at 1.2 → row 0 sum −2.8940511 → bnpo −1.0897899/5.
+        let out = grpo(json!({"loss_type": "bnpo"})).loss(&minibatch().0).unwrap();
+        assert!((out.loss.double_value(&[]) + 0.2179580).abs() < 1e-6);
+    }
+
+    /// d loss/d logp for loss_type grpo (row weights 1/(3·2) and 1/(2·2)):
+    ///   pg part: −ρ·A where unclipped, 0 where clipped; k3 part: β·(1 − e^d), d = ref − logp.
+    ///   (0,0): −1/6 = −0.1666667          (0,1): clipped; 0.04·(1 − e^0.5)/6 = −0.0043248
+    ///   (0,2): −0.7/6 = −0.1166667        (1,0): clipped; 0.04·(1 − e^−0.5)/4 = 0.0039347
+    ///   (1,1): +1/4 = 0.25                (1,2): padding, 0
+    #[test]
+    fn gradients_flow_to_logprobs() {
+        let (mb, logp) = minibatch();
+        let out = grpo(json!({"beta": 0.04, "epsilon": 0.2, "epsilon_high": 0.28})).loss(&mb).unwrap();
+        out.loss.backward();
+        let expected = [-0.1666667, -0.0043248, -0.1166667, 0.0039347, 0.25, 0.0];
+        assert_close(&values_of(&logp.grad()), &expected, 1e-6);
+    }
+
+    /// β = 0: no reference needed (and none asked for); the loss is the policy part alone.
+    #[test]
+    fn beta_zero_needs_no_reference() {
+        let mut algo = grpo(json!({"beta": 0.0, "epsilon_high": 0.28}));
+        assert!(!algo.requirements().reference);
+        let (mut mb, _) = minibatch();
+        mb.ref_logprobs = None;
+        let out = algo.loss(&mb).unwrap();
+        assert!((out.loss.double_value(&[]) + 0.0466667).abs() < 1e-6);
+        assert!(out.metrics.iter().all(|(n, _)| n != "kl"));
+    }
+
+    #[test]
+    fn requirements_and_defaults() {
+        let g = grpo(json!({}));
+        assert_eq!(g.requirements(), Requirements { reference: true, critic: false, entropy: false });
+        let c = &g.cfg;
+        assert_eq!((c.beta, c.epsilon, c.epsilon_high, c.max_completion_length), (0.04, 0.2, None, None));
+        assert_eq!(
+            (c.loss_type, c.scale_rewards, c.std),
+            (LossType::Grpo, ScaleRewards::Group, StdEstimator::Population)
+        );
+        assert!(grpo(json!({"log_entropy": true})).requirements().entropy);
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let err = |cfg: serde_json::Value| Grpo::new(&cfg.to_string(), &ctx()).unwrap_err().to_string();
+        let e = err(json!({"kl_coef": 0.1}));
+        assert!(e.starts_with("kl_coef: unknown field"), "{e}");
+        let e = err(json!({"beta": "high"}));
+        assert!(e.starts_with("beta: invalid type"), "{e}");
+        let e = err(json!({"loss_type": "foo"}));
+        assert!(e.starts_with("loss_type: unknown variant `foo`"), "{e}");
+        let e = err(json!({"scale_rewards": true}));
+        assert!(e.starts_with("scale_rewards: "), "{e}");
+        let e = err(json!({"max_completion_length": -1}));
+        assert!(e.starts_with("max_completion_length: invalid value"), "{e}");
+    }
+}

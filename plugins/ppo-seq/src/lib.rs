@@ -1,0 +1,407 @@
+//! Simplified sequence-level PPO of `seeds/ppo-explained.md` §11 (its `train_ppo.py`): one action per
+//! response — log-probs summed over the response, one advantage per sample (final reward minus final
+//! value), no GAE and no per-token loss. The ratio clipping of PPO is kept.
+//!
+//! Per minibatch ([`PpoSeq::loss`]), `mean` over the `b` samples, `Σ_t` over valid response tokens:
+//!
+//! ```text
+//! actor_logp = Σ_t logp_t        old_logp = Σ_t logp_old_t        ref_logp = Σ_t logp_ref_t
+//! A          = R − V.detach()                       R: the sample's reward, V: its final value
+//! ratio      = exp(actor_logp − old_logp)
+//! policy_loss = −mean(min(ratio·A, clamp(ratio, 1−ε, 1+ε)·A))
+//! value_loss  = mean((V − R)²)
+//! kl_ref      = mean(actor_logp − ref_logp)         penalty: the policy's drift from the SFT model
+//! kl          = mean(actor_logp − old_logp)         monitoring only (`ppo_seq/kl_old`)
+//! loss        = policy_loss + vf_coef·value_loss + kl_coef·kl_ref
+//! ```
+//!
+//! **Final value.** `V` is the current critic at each row's last valid response token, i.e. the value
+//! of the state just *before* the final token (the host's `values[:, t]` is V(s) for the state before
+//! token t; the state after the final token has no slot). The seed's `values` is a per-sample critic
+//! output; this is the last one the host provides, and it is the one trained towards R.
+//!
+//! [`PpoSeq::prepare`] needs nothing from the batch beyond `R − V_old`: it returns it broadcast over
+//! each row's valid tokens as `advantages` (for logging and the host's bookkeeping; the loss recomputes
+//! A from the current critic, as the seed does) and `R` broadcast as `returns`.
+//!
+//! This is a teaching simplification, not what TRL or OpenRLHF implement (they do token-level PPO with
+//! GAE — see the `ppo` plugin); every hyperparameter default here is the seed's.
+//!
+//! # Config
+//!
+//! ```toml
+//! [algorithm.config]
+//! cliprange = 0.2   # sequence ratio clip
+//! vf_coef = 0.5     # weight of the value loss
+//! kl_coef = 0.02    # weight of the KL-to-reference penalty
+//! ```
+
+use rlhf_plugin_api::prelude::*;
+use serde::Deserialize;
+
+type Result<T> = std::result::Result<T, PluginError>;
+
+/// The `[algorithm]` section; defaults are the seed's.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PpoSeqConfig {
+    /// Policy ratio clip ε: the sequence ratio is clamped to `[1 − ε, 1 + ε]`.
+    pub cliprange: f64,
+    /// Weight of the value loss `mean((V − R)²)`.
+    pub vf_coef: f64,
+    /// Weight of the KL-to-reference penalty `mean(actor_logp − ref_logp)` in the loss.
+    pub kl_coef: f64,
+}
+
+impl Default for PpoSeqConfig {
+    fn default() -> Self {
+        PpoSeqConfig { cliprange: 0.2, vf_coef: 0.5, kl_coef: 0.02 }
+    }
+}
+
+impl PpoSeqConfig {
+    /// Range checks that serde cannot express; errors name the key.
+    fn validate(&self) -> Result<()> {
+        if self.cliprange.is_nan() || self.cliprange <= 0.0 {
+            return Err(PluginError::config("cliprange", format!("must be > 0, got {}", self.cliprange)));
+        }
+        for (key, v) in [("vf_coef", self.vf_coef), ("kl_coef", self.kl_coef)] {
+            if v.is_nan() || v < 0.0 {
+                return Err(PluginError::config(key, format!("must be >= 0, got {v}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sequence-level PPO; stateless between batches.
+#[derive(Debug)]
+pub struct PpoSeq {
+    cfg: PpoSeqConfig,
+}
+
+impl Algorithm for PpoSeq {
+    fn new(config: &str, _ctx: &Context) -> Result<Self> {
+        let cfg: PpoSeqConfig = parse_config(config)?;
+        cfg.validate()?;
+        Ok(PpoSeq { cfg })
+    }
+
+    fn requirements(&self) -> Requirements {
+        Requirements { reference: true, critic: true, entropy: false }
+    }
+
+    /// # Shapes
+    /// `exp.rewards [B]`, `exp.values`, `action_mask [B, R]`; returns `advantages`, `returns [B, R]`,
+    /// each row's value on its valid tokens and 0 on padding.
+    fn prepare(&mut self, exp: &Experience) -> Result<Prepared> {
+        let mask = &exp.action_mask; // [B, R]
+        let (b, r) = mask.size2()?;
+        expect_shape("rewards", &exp.rewards, &[b])?;
+        let valid = mask.f_gt(0.0)?; // [B, R] bool
+        let old_values = masked(need(&exp.values, "values", &[b, r])?, &valid)?; // [B, R]
+        let rewards = exp.rewards.f_to_kind(mask.kind())?; // [B]
+        let v_old = last_token(&old_values, &valid)?; // [B]
+        let advantages = rewards.f_sub(&v_old)?; // [B]
+        let metrics = vec![
+            ("ppo_seq/advantages_mean".to_string(), scalar(&advantages.f_mean(Kind::Float)?)?),
+            ("ppo_seq/values_mean".to_string(), scalar(&v_old.f_mean(Kind::Float)?)?),
+        ];
+        Ok(Prepared {
+            advantages: per_token(&advantages, &valid)?,
+            returns: Some(per_token(&rewards, &valid)?),
+            metrics,
+        })
+    }
+
+    /// # Shapes
+    /// `mb.rewards [b]`, every other `mb` tensor `[b, R]`; the loss is a scalar.
+    fn loss(&mut self, mb: &Minibatch) -> Result<LossOutput> {
+        let cfg = &self.cfg;
+        let mask = &mb.action_mask; // [b, R]
+        let (b, r) = mask.size2()?;
+        let valid = mask.f_gt(0.0)?; // [b, R] bool
+        expect_shape("logprobs", &mb.logprobs, &[b, r])?;
+        expect_shape("old_logprobs", &mb.old_logprobs, &[b, r])?;
+        expect_shape("rewards", &mb.rewards, &[b])?;
+
+        // Step 1: sequence log-probs.
+        let actor_logp = seq_sum(&mb.logprobs, &valid)?; // [b], grad
+        let old_logp = seq_sum(&mb.old_logprobs, &valid)?; // [b]
+        let ref_logp = seq_sum(need(&mb.ref_logprobs, "ref_logprobs", &[b, r])?, &valid)?; // [b]
+
+        // Step 2: KL to the old policy (monitoring) and to the reference (penalty).
+        let kl = actor_logp.f_sub(&old_logp)?.f_mean(Kind::Float)?; // []
+        let kl_ref = actor_logp.f_sub(&ref_logp)?.f_mean(Kind::Float)?; // [], grad
+
+        // Step 3: advantage from the final value.
+        let values = last_token(&masked(need(&mb.values, "values", &[b, r])?, &valid)?, &valid)?; // [b], grad
+        let rewards = mb.rewards.f_to_kind(values.kind())?; // [b]
+        let advantages = rewards.f_sub(&values.f_detach()?)?; // [b]
+
+        // Step 4: ratio and clipped surrogate.
+        let ratio = actor_logp.f_sub(&old_logp)?.f_exp()?; // [b]
+        let surr1 = ratio.f_mul(&advantages)?;
+        let surr2 = ratio.f_clamp(1.0 - cfg.cliprange, 1.0 + cfg.cliprange)?.f_mul(&advantages)?;
+        let policy_loss = surr1.f_minimum(&surr2)?.f_mean(Kind::Float)?.f_neg()?; // []
+
+        // Step 5: value loss (MSE to the reward).
+        let value_loss = values.f_sub(&rewards)?.f_square()?.f_mean(Kind::Float)?; // []
+
+        // Step 6: total.
+        let loss =
+            policy_loss.f_add(&value_loss.f_mul_scalar(cfg.vf_coef)?)?.f_add(&kl_ref.f_mul_scalar(cfg.kl_coef)?)?;
+
+        let metrics = tch::no_grad(|| -> Result<Vec<(String, f64)>> {
+            let clipped = surr2.f_lt_tensor(&surr1)?.f_to_kind(Kind::Float)?; // [b]
+            let log_ratio = masked(&mb.logprobs, &valid)?.f_sub(&masked(&mb.old_logprobs, &valid)?)?; // [b, R]
+            let approx_kl = masked_mean(&log_ratio.f_square()?, mask)?.f_mul_scalar(0.5)?;
+            let mut m = vec![
+                ("loss/policy".to_string(), scalar(&policy_loss)?),
+                ("loss/value".to_string(), scalar(&value_loss)?),
+                ("kl".to_string(), scalar(&kl_ref)?),
+                ("ppo_seq/kl_old".to_string(), scalar(&kl)?),
+                ("clip_ratio".to_string(), scalar(&clipped.f_mean(Kind::Float)?)?),
+                ("approx_kl".to_string(), scalar(&approx_kl)?),
+                ("ppo_seq/ratio_mean".to_string(), scalar(&ratio.f_mean(Kind::Float)?)?),
+                ("ppo_seq/advantages_mean".to_string(), scalar(&advantages.f_mean(Kind::Float)?)?),
+            ];
+            if let Some(ev) = explained_variance(&values, &rewards)? {
+                m.push(("explained_var".into(), ev));
+            }
+            Ok(m)
+        })?;
+        Ok(LossOutput { loss, metrics })
+    }
+}
+
+/// `Σ_t x_t` over each row's valid tokens (the seed's `(logp_tokens * final_mask).sum(dim=1)`, with
+/// padding dropped by `where` so garbage there cannot leak in).
+///
+/// # Shapes
+/// `x`, `valid`: `[b, R]`; returns `[b]`.
+fn seq_sum(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
+    Ok(masked(x, valid)?.f_sum_dim_intlist(1, false, x.kind())?)
+}
+
+/// Each row's entry at its last valid token (index `Σ mask − 1`; index 0 for an empty row).
+///
+/// # Shapes
+/// `x`, `valid`: `[b, R]`; returns `[b]`.
+fn last_token(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
+    let ends = valid.f_sum_dim_intlist(1, true, Kind::Int64)?.f_sub_scalar(1)?.f_clamp_min(0)?; // [b, 1]
+    Ok(x.f_gather(1, &ends, false)?.f_squeeze_dim(1)?)
+}
+
+/// A per-sample value broadcast over the row's valid tokens, 0 on padding.
+///
+/// # Shapes
+/// `x [B]`, `valid [B, R]`; returns `[B, R]`.
+fn per_token(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
+    masked(&x.f_unsqueeze(1)?, valid) // [B, 1] → [B, R]
+}
+
+/// `1 − Var(R − V) / Var(R)` over the samples; `None` when the rewards have no variance.
+///
+/// # Shapes
+/// `values`, `rewards`: `[b]`.
+fn explained_variance(values: &Tensor, rewards: &Tensor) -> Result<Option<f64>> {
+    let var = |x: &Tensor| -> Result<f64> { scalar(&x.f_var_dim(0i64, false, false)?) };
+    let var_rewards = var(rewards)?;
+    if var_rewards > 0.0 {
+        Ok(Some(1.0 - var(&rewards.f_sub(values)?)? / var_rewards))
+    } else {
+        Ok(None)
+    }
+}
+
+/// `x` on valid slots, 0 elsewhere (`where`, not `x·mask`: padding may hold NaN).
+///
+/// # Shapes
+/// `x [B, R]` (or broadcastable), `valid [B, R]` bool; returns `[B, R]`.
+fn masked(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
+    Ok(x.f_where_scalarother(valid, 0.0)?)
+}
+
+/// `Σ x·mask / max(Σ mask, 1)`.
+///
+/// # Shapes
+/// `x`, `mask`: `[b, R]`; returns a scalar.
+fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let n = mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?;
+    Ok(x.f_mul(mask)?.f_sum(Kind::Float)?.f_div(&n)?)
+}
+
+/// A scalar tensor's value.
+fn scalar(t: &Tensor) -> Result<f64> {
+    Ok(t.f_double_value(&[])?)
+}
+
+/// An optional input the requirements ask the host for, shape-checked.
+fn need<'a>(t: &'a Option<Tensor>, name: &str, shape: &[i64]) -> Result<&'a Tensor> {
+    let t = t.as_ref().ok_or_else(|| {
+        PluginError::compute(format!("ppo-seq: the host passed no `{name}` although the requirements ask for it"))
+    })?;
+    expect_shape(name, t, shape)?;
+    Ok(t)
+}
+
+/// The host's contract on shapes; a mismatch is a host bug worth naming.
+fn expect_shape(name: &str, t: &Tensor, shape: &[i64]) -> Result<()> {
+    if t.size() == shape {
+        Ok(())
+    } else {
+        Err(PluginError::compute(format!("{name}: expected shape {shape:?}, got {:?}", t.size())))
+    }
+}
+
+rlhf_plugin_api::export_algorithm!(
+    PpoSeq,
+    name: "ppo-seq",
+    description: "Sequence-level PPO: summed response log-probs, A = R - V_final, clipped ratio, KL penalty in the loss"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NAN: f32 = f32::NAN;
+
+    fn ctx() -> Context {
+        Context { device: "cpu".into(), seed: 0, samples_per_prompt: 1 }
+    }
+
+    fn algo(cfg: serde_json::Value) -> PpoSeq {
+        PpoSeq::new(&cfg.to_string(), &ctx()).unwrap()
+    }
+
+    fn t2(rows: &[&[f32]]) -> Tensor {
+        Tensor::from_slice2(rows)
+    }
+
+    fn values_of(t: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
+    }
+
+    fn assert_close(actual: &[f32], expected: &[f32], tol: f32) {
+        assert_eq!(actual.len(), expected.len(), "{actual:?} vs {expected:?}");
+        for (a, e) in actual.iter().zip(expected) {
+            assert!((a - e).abs() <= tol, "{actual:?} vs {expected:?}");
+        }
+    }
+
+    fn metric(m: &[(String, f64)], name: &str) -> f64 {
+        m.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no metric {name} in {m:?}")).1
+    }
+
+    /// ε = 0.2, vf_coef = 0.5, kl_coef = 0.02; R = [2, −2].
+    ///
+    /// Row 0 (3 tokens): actor_logp = −0.5 − 1 − 0.5 = −2.0, old_logp = −0.6 − 1.2 − 0.6 = −2.4,
+    ///   ref_logp = −3.0; V = values[0, 2] = 0.5; A = 2 − 0.5 = 1.5;
+    ///   ratio = exp(0.4) = 1.4918247 → clamp 1.2: surr1 = 2.2377371, surr2 = 1.8 → min 1.8 (clipped)
+    /// Row 1 (2 tokens, slot 2 garbage): actor_logp = −0.3 − 0.2 = −0.5, old_logp = −0.4, ref_logp = −0.8;
+    ///   V = values[1, 1] = −1; A = −2 − (−1) = −1; ratio = exp(−0.1) = 0.9048374 (inside):
+    ///   surr1 = surr2 = −0.9048374
+    /// policy_loss = −(1.8 − 0.9048374)/2 = −0.4475813
+    /// value_loss  = ((0.5 − 2)² + (−1 + 2)²)/2 = (2.25 + 1)/2 = 1.625
+    /// kl_ref      = ((−2 + 3) + (−0.5 + 0.8))/2 = 0.65;  kl_old = (0.4 − 0.1)/2 = 0.15
+    /// loss        = −0.4475813 + 0.5·1.625 + 0.02·0.65 = 0.3779187
+    #[test]
+    fn loss_by_hand_batch_of_two() {
+        let mut a = algo(json!({}));
+        let logp = t2(&[&[-0.5, -1.0, -0.5], &[-0.3, -0.2, NAN]]).set_requires_grad(true);
+        let values = t2(&[&[9.0, 9.0, 0.5], &[7.0, -1.0, NAN]]).set_requires_grad(true);
+        let mb = Minibatch {
+            logprobs: logp.shallow_clone(),
+            old_logprobs: t2(&[&[-0.6, -1.2, -0.6], &[-0.3, -0.1, 4.0]]),
+            ref_logprobs: Some(t2(&[&[-1.0, -1.0, -1.0], &[-0.4, -0.4, NAN]])),
+            values: Some(values.shallow_clone()),
+            old_values: Some(t2(&[&[0.0, 0.0, 0.0], &[0.0, 0.0, 0.0]])),
+            advantages: t2(&[&[0.0, 0.0, 0.0], &[0.0, 0.0, 0.0]]),
+            returns: Some(t2(&[&[2.0, 2.0, 2.0], &[-2.0, -2.0, 0.0]])),
+            action_mask: t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]),
+            entropy: None,
+            rewards: Tensor::from_slice(&[2.0f32, -2.0]),
+            step: 0,
+        };
+        let out = a.loss(&mb).unwrap();
+        let m = &out.metrics;
+        assert!((metric(m, "loss/policy") + 0.4475813).abs() < 1e-6, "{m:?}");
+        assert!((metric(m, "loss/value") - 1.625).abs() < 1e-6);
+        assert!((metric(m, "kl") - 0.65).abs() < 1e-6);
+        assert!((metric(m, "ppo_seq/kl_old") - 0.15).abs() < 1e-6);
+        assert!((metric(m, "clip_ratio") - 0.5).abs() < 1e-9);
+        assert!((out.loss.double_value(&[]) - 0.3779187).abs() < 1e-6);
+        // explained_var: Var(R) = 4, R − V = [1.5, −1] → Var = 1.5625 → 1 − 1.5625/4 = 0.609375.
+        assert!((metric(m, "explained_var") - 0.609375).abs() < 1e-6);
+
+        out.loss.backward();
+        // Values: only value_loss reaches the critic (A is detached): vf_coef·2(V − R)/b = 0.5·(V − R)
+        // → row 0: 0.5·(0.5 − 2) = −0.75, row 1: 0.5·(−1 + 2) = 0.5, at the last valid slot; others 0.
+        assert_close(&values_of(&values.grad()), &[0.0, 0.0, -0.75, 0.0, 0.5, 0.0], 1e-6);
+        // Log-probs: row 0 is clipped → only kl_coef/b = 0.01 per token; row 1:
+        // −ratio·A/b + 0.01 = 0.9048374/2 + 0.01 = 0.4624187 per valid token; padding 0.
+        assert_close(&values_of(&logp.grad()), &[0.01, 0.01, 0.01, 0.4624187, 0.4624187, 0.0], 1e-6);
+    }
+
+    /// Advantages R − V_old(last) and returns R, broadcast over valid tokens.
+    /// Row 0: V_old(last) = values[0, 1] = 0.25, R = 1 → A = 0.75; row 1 (1 token): V = −0.5, R = 0 → 0.5.
+    #[test]
+    fn prepare_broadcasts_sequence_advantage() {
+        let mut a = algo(json!({}));
+        let exp = Experience {
+            rewards: Tensor::from_slice(&[1.0f32, 0.0]),
+            logprobs: t2(&[&[-1.0, -1.0], &[-1.0, NAN]]),
+            ref_logprobs: Some(t2(&[&[-1.0, -1.0], &[-1.0, NAN]])),
+            values: Some(t2(&[&[3.0, 0.25], &[-0.5, NAN]])),
+            action_mask: t2(&[&[1.0, 1.0], &[1.0, 0.0]]),
+            group_ids: Tensor::from_slice(&[0i64, 1]),
+            step: 0,
+        };
+        let p = a.prepare(&exp).unwrap();
+        assert_close(&values_of(&p.advantages), &[0.75, 0.75, 0.5, 0.0], 1e-6);
+        assert_close(&values_of(&p.returns.unwrap()), &[1.0, 1.0, 0.0, 0.0], 1e-6);
+        assert!((metric(&p.metrics, "ppo_seq/advantages_mean") - 0.625).abs() < 1e-6);
+    }
+
+    #[test]
+    fn empty_row_is_finite() {
+        let mut a = algo(json!({}));
+        let nan_row = || t2(&[&[NAN, NAN]]);
+        let mb = Minibatch {
+            logprobs: nan_row(),
+            old_logprobs: nan_row(),
+            ref_logprobs: Some(nan_row()),
+            values: Some(nan_row()),
+            old_values: Some(nan_row()),
+            advantages: nan_row(),
+            returns: Some(nan_row()),
+            action_mask: t2(&[&[0.0, 0.0]]),
+            entropy: None,
+            rewards: Tensor::from_slice(&[1.0f32]),
+            step: 0,
+        };
+        let out = a.loss(&mb).unwrap();
+        assert!(out.loss.double_value(&[]).is_finite());
+        assert!(out.metrics.iter().all(|(_, v)| v.is_finite()), "{:?}", out.metrics);
+    }
+
+    #[test]
+    fn requirements_and_defaults() {
+        let a = algo(json!({}));
+        assert_eq!(a.requirements(), Requirements { reference: true, critic: true, entropy: false });
+        assert_eq!((a.cfg.cliprange, a.cfg.vf_coef, a.cfg.kl_coef), (0.2, 0.5, 0.02));
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let err = |cfg: serde_json::Value| PpoSeq::new(&cfg.to_string(), &ctx()).unwrap_err().to_string();
+        let e = err(json!({"gamma": 1.0}));
+        assert!(e.starts_with("gamma: unknown field"), "{e}");
+        let e = err(json!({"kl_coef": [0.1]}));
+        assert!(e.starts_with("kl_coef: invalid type"), "{e}");
+        let e = err(json!({"cliprange": -0.2}));
+        assert!(e.starts_with("cliprange: must be > 0"), "{e}");
+    }
+}

@@ -1,0 +1,118 @@
+//! `cargo xtask test [ARGS...]`: build everything, then `cargo test --workspace ARGS...`.
+
+use std::{env, fs, path::Path};
+
+use anyhow::{Context, Result};
+
+use crate::{
+    cmd::{self, is_truthy},
+    project_root,
+    setup::{self, Torch},
+};
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let torch = setup::setup()?;
+    if torch.python.is_none() {
+        eprintln!("warning: no Python for the fixture tests (LIBTORCH is set, RLHF_PYTHON is not, no venv)");
+    } else {
+        // CI always lets pip confirm the packages; elsewhere the marker is enough.
+        setup::ensure_test_deps(&torch, is_truthy(env::var_os("CI").as_deref()))?;
+    }
+    cmd::run(cmd::cargo(&torch).args(["build", "--workspace", "--all-targets"]))?;
+    build_plugins(&torch)?;
+    // --no-fail-fast: one run reports the failures of every crate.
+    cmd::run(cmd::cargo(&torch).args(["test", "--workspace", "--no-fail-fast"]).args(args))
+}
+
+/// Builds every workspace package under `plugins/` (their cdylibs are loaded by the tests).
+fn build_plugins(torch: &Torch) -> Result<()> {
+    let packages = plugin_packages(&project_root().join("plugins"))?;
+    if packages.is_empty() {
+        return Ok(());
+    }
+    let mut command = cmd::cargo(torch);
+    command.arg("build");
+    for package in &packages {
+        command.args(["-p", package]);
+    }
+    cmd::run(&mut command)
+}
+
+/// Package names of `plugins/*/Cargo.toml`, sorted; none if there is no `plugins/`.
+pub(crate) fn plugin_packages(dir: &Path) -> Result<Vec<String>> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut packages = Vec::new();
+    for entry in entries {
+        let manifest = entry?.path().join("Cargo.toml");
+        if !manifest.is_file() {
+            continue;
+        }
+        let text = fs::read_to_string(&manifest).with_context(|| format!("could not read {}", manifest.display()))?;
+        let name = package_name(&text).with_context(|| format!("no [package] name in {}", manifest.display()))?;
+        packages.push(name);
+    }
+    packages.sort();
+    Ok(packages)
+}
+
+/// `name` in the `[package]` table of a Cargo.toml; enough TOML for our manifests.
+fn package_name(manifest: &str) -> Option<String> {
+    let mut in_package = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+            continue;
+        }
+        if !in_package {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if key.trim() == "name" {
+            let value = value.trim();
+            let value = value.split('#').next().unwrap_or(value).trim();
+            return Some(value.trim_matches(|c| c == '"' || c == '\'').to_owned());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_package_name() {
+        let manifest = r#"
+[lib]
+name = "not_this"
+crate-type = ["cdylib"]
+
+[package]
+version.workspace = true
+name = "rlhf-plugin-grpo" # the GRPO algorithm
+
+[dependencies]
+name = "nor-this"
+"#;
+        assert_eq!(package_name(manifest).as_deref(), Some("rlhf-plugin-grpo"));
+        assert_eq!(package_name("[workspace]\nmembers = []\n"), None);
+    }
+
+    #[test]
+    fn finds_plugin_packages() {
+        let dir = env::temp_dir().join(format!("xtask-test-{}-plugins", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for (sub, name) in [("grpo", "plugin-grpo"), ("ppo", "plugin-ppo")] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+            fs::write(dir.join(sub).join("Cargo.toml"), format!("[package]\nname = \"{name}\"\n")).unwrap();
+        }
+        fs::create_dir_all(dir.join("README-only")).unwrap();
+        assert_eq!(plugin_packages(&dir).unwrap(), ["plugin-grpo", "plugin-ppo"]);
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(plugin_packages(&dir).unwrap().is_empty(), "missing dir is no plugins");
+    }
+}
