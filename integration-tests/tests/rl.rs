@@ -132,6 +132,19 @@ fn panicking_and_unknown_plugins_are_clear_errors() {
     let e = error_line(&o);
     assert!(e.contains("plugin `test-bad-info`") && e.contains("panicked"), "{e}");
 
+    // A NaN loss skips the optimizer step, is logged, and the run goes on.
+    let o = train(
+        &["--algo", "test-bad-info", "--set", "train.steps=2", "--set", "warmup.steps=0", "--set", "train.minibatch_size=32", "--run-dir", s(&rd)],
+        &[("RLHF_TEST_BAD_INFO", "nan-loss")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("non-finite loss"), "{}", stderr(&o));
+    let lines = metrics(&rd);
+    assert_eq!(lines.len(), 2);
+    for l in &lines {
+        assert_eq!(l["skipped_steps"], 2.0, "4 minibatches per step, every other one NaN: {l}");
+    }
+
     let o = train(&[&["--algo", "nope"], &common[..]].concat(), &[]);
     let e = error_line(&o);
     assert!(e.contains("unknown --algo `nope`") && e.contains("grpo") && e.contains("ppo-seq"), "{e}");
@@ -179,21 +192,14 @@ fn every_algorithm_runs_a_few_steps_and_scores_every_sample() {
     for algo in ["grpo", "ppo", "ppo-seq", "template-reinforce"] {
         let run = tempfile::tempdir().unwrap();
         let rd = run.path().join("r");
-        let o = train(
-            &[
-                "--algo",
-                algo,
-                "--set",
-                "train.steps=3",
-                "--set",
-                "warmup.steps=5",
-                "--set",
-                "data.max_prompt_len=3",
-                "--run-dir",
-                s(&rd),
-            ],
-            &[],
-        );
+        let ptx = format!("train.ptx_data={:?}", rlhf_integration_tests::fixtures().join("ppl.jsonl").display().to_string());
+        let mut args = vec!["--algo", algo, "--set", "train.steps=3", "--set", "warmup.steps=5", "--set", "data.max_prompt_len=3"];
+        if algo == "ppo" {
+            // The EMA actor and the ptx (unsupervised LM) loss ride along on one algorithm.
+            args.extend(["--set", "train.ema_decay=0.9", "--set", "train.ptx_coef=0.1", "--set", &ptx]);
+        }
+        args.extend(["--run-dir", s(&rd)]);
+        let o = train(&args, &[]);
         assert!(o.status.success(), "{algo}: {}", stderr(&o));
         assert!(stderr(&o).contains("truncated from the left"), "{algo}: long prompts are truncated with a warning");
         assert!(stdout(&o).contains(&format!("metrics: {}", rd.join("metrics.jsonl").display())), "{}", stdout(&o));
@@ -229,6 +235,10 @@ fn every_algorithm_runs_a_few_steps_and_scores_every_sample() {
             }
         }
         assert!(rd.join("actor").join("model.safetensors").exists(), "{algo}: final actor exported");
+        if algo == "ppo" {
+            assert!(rd.join("actor-ema").join("model.safetensors").exists(), "EMA actor exported");
+            assert!(lines.iter().all(|l| l["loss/ptx"].as_f64().is_some_and(f64::is_finite)), "ptx loss logged");
+        }
         assert!(rd.join("config.toml").exists());
     }
 }

@@ -48,7 +48,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         sets.push(format!("run.run_dir={}", toml_string(&dir.display().to_string())));
     }
     let cfg = RlConfig::load(&source, args.algo.as_deref(), &sets)?;
-    let reg = registry(&cfg.plugins.dirs)?;
+    let reg = registry(&cfg.plugin_dirs)?;
     if let Some(algo) = &args.algo {
         if reg.get(algo, PluginKind::Algorithm).is_err() {
             let presets: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();

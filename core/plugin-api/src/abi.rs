@@ -13,7 +13,7 @@ use crate::error::PluginError;
 use crate::tensor::{TensorBox, TensorRef};
 
 /// Version of this interface; the host refuses plugins built against another.
-pub const API_VERSION: u32 = 1;
+pub const API_VERSION: u32 = 2;
 /// The tch version plugin-api is built with (the workspace pins it; a tidy test checks).
 pub const TCH_VERSION: &str = "0.24.0";
 /// The libtorch version plugin-api was compiled against.
@@ -203,6 +203,10 @@ pub struct SampleAbi {
     pub label: ROption<RString>,
     /// The dataset line's other fields as a JSON object.
     pub metadata_json: RString,
+    /// The prompt as chat messages before any template, a JSON array of `{"role", "content"}`
+    /// (a plain-text prompt is one user message), so a reward model can render the conversation
+    /// with its own chat template.
+    pub messages_json: RString,
 }
 
 /// Scores for a batch, one per sample, plus metrics.

@@ -24,7 +24,7 @@ pub mod tensor;
 pub use abi::{Metric, PluginInfo, PluginKind, Requirements, API_VERSION, TCH_VERSION, TORCH_VERSION};
 pub use algorithm::{Algorithm, Context, Experience, LossOutput, Minibatch, Prepared};
 pub use error::{parse_config, ErrorKind, PluginError};
-pub use reward::{RewardSource, Sample, Scores};
+pub use reward::{ChatMessage, RewardSource, Sample, Scores};
 
 #[doc(hidden)]
 pub use abi_stable;

@@ -19,6 +19,15 @@ pub struct Sample {
     pub label: Option<String>,
     /// The dataset line's other fields.
     pub metadata: serde_json::Value,
+    /// The prompt as chat messages before any template (a plain prompt is one user message).
+    pub messages: Vec<ChatMessage>,
+}
+
+/// One chat message of a prompt.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
 }
 
 impl From<SampleAbi> for Sample {
@@ -30,6 +39,7 @@ impl From<SampleAbi> for Sample {
             response_ids: s.response_ids.into(),
             label: s.label.map(|l| l.into()).into_option(),
             metadata: serde_json::from_str(&s.metadata_json).unwrap_or(serde_json::Value::Null),
+            messages: serde_json::from_str(&s.messages_json).unwrap_or_default(),
         }
     }
 }

@@ -213,14 +213,6 @@ fn one() -> f64 {
     1.0
 }
 
-/// Where plugins are looked for.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PluginsConfig {
-    /// Directories scanned for plugin libraries; empty = the directory of the `rlhf` executable.
-    pub dirs: Vec<PathBuf>,
-}
-
 /// The whole RL configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -240,8 +232,10 @@ pub struct RlConfig {
     pub algorithm: AlgorithmConfig,
     #[serde(default)]
     pub rewards: Vec<RewardConfig>,
+    /// Directories scanned for plugin libraries; empty = the directory of the `rlhf` executable
+    /// (where cargo puts the workspace's plugins).
     #[serde(default)]
-    pub plugins: PluginsConfig,
+    pub plugin_dirs: Vec<PathBuf>,
 }
 
 /// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.

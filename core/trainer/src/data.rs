@@ -21,6 +21,8 @@ pub struct PromptRecord {
     pub label: Option<String>,
     /// The line's other fields.
     pub metadata: Value,
+    /// The prompt as chat messages before templating (a plain prompt is one user message).
+    pub messages: Vec<ChatMessage>,
 }
 
 /// A raw prompt line before tokenization.
@@ -122,13 +124,17 @@ impl PromptDataset {
         let mut records = Vec::with_capacity(raw.len());
         let mut truncated = 0;
         for r in raw {
-            let (text, label, metadata, templated) = match r {
-                RawPrompt::Text { prompt, label, metadata } if use_template => {
-                    (tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)?, label, metadata, true)
+            let (text, label, metadata, templated, messages) = match r {
+                RawPrompt::Text { prompt, label, metadata } => {
+                    let messages = vec![ChatMessage::new("user", prompt.as_str())];
+                    if use_template {
+                        (tok.apply_chat_template(&messages, true)?, label, metadata, true, messages)
+                    } else {
+                        (prompt, label, metadata, false, messages)
+                    }
                 }
-                RawPrompt::Text { prompt, label, metadata } => (prompt, label, metadata, false),
                 RawPrompt::Chat { messages, label, metadata } => {
-                    (tok.apply_chat_template(&messages, true)?, label, metadata, true)
+                    (tok.apply_chat_template(&messages, true)?, label, metadata, true, messages)
                 }
             };
             // A rendered template already contains its special tokens.
@@ -140,7 +146,7 @@ impl PromptDataset {
                 truncated += 1;
                 ids.drain(..ids.len() - cfg.max_prompt_len);
             }
-            records.push(PromptRecord { text, ids, label, metadata });
+            records.push(PromptRecord { text, ids, label, metadata, messages });
         }
         if truncated > 0 {
             tracing::warn!(

@@ -424,16 +424,10 @@ impl Trainer {
             m.set("step_time", t0.elapsed().as_secs_f64());
             return Ok(m);
         }
-        let keep_t = Tensor::f_from_slice(&keep)?.f_to_device(self.device)?;
-        let seq = gen.sequences.f_index_select(0, &keep_t)?; // [B, P + R]
-        let attn = gen.attention_mask.f_index_select(0, &keep_t)?; // [B, P + R]
-        let action_mask = gen.response_mask.f_index_select(0, &keep_t)?.f_to_kind(Kind::Float)?; // [B, R]
-        let (p_len, r_len) = (gen.prompt_len, action_mask.size()[1]);
-        let b = keep.len();
-
-        // 2. Score.
+        // 2. Score. A NaN score means the source could not score that sample (e.g. an HTTP reward
+        // with `on_error = "skip"`): the sample is dropped and counted; ±inf is an error.
         let t1 = Instant::now();
-        let mut samples = Vec::with_capacity(b);
+        let mut samples = Vec::with_capacity(keep.len());
         for (k, &r) in keep.iter().enumerate() {
             let (i, _) = group_of_row[r as usize];
             let rec = &self.data.records[i];
@@ -444,31 +438,47 @@ impl Trainer {
                 response_ids: texts[k].1.clone().into(),
                 label: rec.label.clone().map(RString::from).into(),
                 metadata_json: rec.metadata.to_string().into(),
+                messages_json: serde_json::to_string(&rec.messages).unwrap_or_else(|_| "[]".into()).into(),
             });
         }
-        let mut total = vec![0f64; b];
-        let mut scored = usize::MAX;
+        let mut total = vec![0f64; keep.len()];
+        let mut unscored = vec![false; keep.len()];
         for src in &mut self.rewards {
             let out = src.handle.score(samples.clone())?;
-            if let Some(bad) = out.scores.iter().position(|s| !s.is_finite()) {
+            if let Some(bad) = out.scores.iter().position(|s| s.is_infinite()) {
                 return Err(TrainerError::PluginCall {
                     name: src.handle.meta.name.clone(),
                     path: src.handle.meta.path.clone(),
                     message: format!("returned a non-finite score ({}) for sample {bad}", out.scores[bad]),
                 });
             }
-            let (mean, std) = mean_std(&out.scores);
+            let valid: Vec<f64> = out.scores.iter().copied().filter(|s| s.is_finite()).collect();
+            let (mean, std) = mean_std(&valid);
             m.set(&format!("rewards/{}/mean", src.name), mean);
             m.set(&format!("rewards/{}/std", src.name), std);
+            m.set(&format!("rewards/{}/skipped", src.name), (out.scores.len() - valid.len()) as f64);
             for metric in out.metrics.iter() {
                 m.add(metric.name.as_str(), metric.value);
             }
-            scored = scored.min(out.scores.len());
-            for (t, s) in total.iter_mut().zip(out.scores.iter()) {
-                *t += src.weight * s;
+            for ((t, u), s) in total.iter_mut().zip(unscored.iter_mut()).zip(out.scores.iter()) {
+                if s.is_nan() {
+                    *u = true;
+                } else {
+                    *t += src.weight * s;
+                }
             }
         }
-        m.set("completions/scored", scored as f64);
+        let kept: Vec<usize> = (0..keep.len()).filter(|&k| !unscored[k]).collect();
+        m.set("completions/scored", kept.len() as f64);
+        m.set("completions/unscored", (keep.len() - kept.len()) as f64);
+        let total: Vec<f64> = kept.iter().map(|&k| total[k]).collect();
+        let keep: Vec<i64> = kept.iter().map(|&k| keep[k]).collect();
+        if keep.is_empty() {
+            tracing::warn!("step {}: no sample could be scored; nothing to train on", self.step + 1);
+            self.step += 1;
+            m.set("step_time", t0.elapsed().as_secs_f64());
+            return Ok(m);
+        }
         let (reward_mean, reward_std) = mean_std(&total);
         m.set("reward", reward_mean);
         m.set("reward_std", reward_std);
@@ -478,6 +488,13 @@ impl Trainer {
         let group_ids: Vec<i64> = keep.iter().map(|&r| group_of_row[r as usize].1).collect();
         let group_ids = Tensor::f_from_slice(&group_ids)?.f_to_device(self.device)?;
         let t_score = t1.elapsed().as_secs_f64();
+
+        let keep_t = Tensor::f_from_slice(&keep)?.f_to_device(self.device)?;
+        let seq = gen.sequences.f_index_select(0, &keep_t)?; // [B, P + R]
+        let attn = gen.attention_mask.f_index_select(0, &keep_t)?; // [B, P + R]
+        let action_mask = gen.response_mask.f_index_select(0, &keep_t)?.f_to_kind(Kind::Float)?; // [B, R]
+        let (p_len, r_len) = (gen.prompt_len, action_mask.size()[1]);
+        let b = keep.len();
 
         // 3. Experience (no gradients).
         let opts = LogProbOptions { max_chunk_elements: cfg.train.logprob_chunk_elements, entropy: true };

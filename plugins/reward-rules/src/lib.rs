@@ -173,6 +173,7 @@ mod tests {
             response_ids: vec![7; tokens],
             label: label.map(String::from),
             metadata: serde_json::Value::Null,
+            messages: vec![],
         }
     }
 

@@ -10,6 +10,7 @@
 //! | `tch`       | `tch_version` = `0.1.0`                                        |
 //! | `panic`     | the constructor panics (the export guard returns `Panic`)      |
 //! | `loss-panic`| constructs fine; `prepare` and `loss` panic                    |
+//! | `nan-loss`  | every other `loss` is NaN (the host must skip those steps)     |
 //!
 //! `export_algorithm!` takes the info from `export::info`, so the header is written out here by
 //! hand, mirroring `__export_plugin!` in `rlhf-plugin-api`'s `export.rs`.
@@ -37,7 +38,7 @@ pub fn declared_info() -> PluginInfo {
         NAME,
         PluginKind::Algorithm,
         env!("CARGO_PKG_VERSION"),
-        "loader test fixture; RLHF_TEST_BAD_INFO=api|torch|tch|panic|loss-panic",
+        "loader test fixture; RLHF_TEST_BAD_INFO=api|torch|tch|panic|loss-panic|nan-loss",
     );
     match mode().as_str() {
         "api" => info.api_version = API_VERSION + 1,
@@ -52,13 +53,15 @@ pub fn declared_info() -> PluginInfo {
 #[derive(Debug)]
 pub struct Tiny {
     panic_in_calls: bool,
+    nan_loss: bool,
+    calls: u64,
 }
 
 impl Algorithm for Tiny {
     fn new(_config: &str, _ctx: &Context) -> Result<Self, PluginError> {
         match mode().as_str() {
             "panic" => panic!("{NAME}: constructor panicked on purpose ({ENV}=panic)"),
-            m => Ok(Tiny { panic_in_calls: m == "loss-panic" }),
+            m => Ok(Tiny { panic_in_calls: m == "loss-panic", nan_loss: m == "nan-loss", calls: 0 }),
         }
     }
 
@@ -77,7 +80,9 @@ impl Algorithm for Tiny {
         if self.panic_in_calls {
             panic!("{NAME}: loss panicked on purpose ({ENV}=loss-panic)");
         }
-        let loss = mb.logprobs.f_sum(Kind::Float)?.f_mul_scalar(0.0)?;
+        self.calls += 1;
+        let scale = if self.nan_loss && self.calls % 2 == 1 { f64::NAN } else { 0.0 };
+        let loss = mb.logprobs.f_sum(Kind::Float)?.f_mul_scalar(scale)?;
         Ok(LossOutput { loss, metrics: Vec::new() })
     }
 }
