@@ -134,7 +134,18 @@ fn panicking_and_unknown_plugins_are_clear_errors() {
 
     // A NaN loss skips the optimizer step, is logged, and the run goes on.
     let o = train(
-        &["--algo", "test-bad-info", "--set", "train.steps=2", "--set", "warmup.steps=0", "--set", "train.minibatch_size=32", "--run-dir", s(&rd)],
+        &[
+            "--algo",
+            "test-bad-info",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "warmup.steps=0",
+            "--set",
+            "train.minibatch_size=32",
+            "--run-dir",
+            s(&rd),
+        ],
         &[("RLHF_TEST_BAD_INFO", "nan-loss")],
     );
     assert!(o.status.success(), "{}", stderr(&o));
@@ -192,8 +203,10 @@ fn every_algorithm_runs_a_few_steps_and_scores_every_sample() {
     for algo in ["grpo", "ppo", "ppo-seq", "template-reinforce"] {
         let run = tempfile::tempdir().unwrap();
         let rd = run.path().join("r");
-        let ptx = format!("train.ptx_data={:?}", rlhf_integration_tests::fixtures().join("ppl.jsonl").display().to_string());
-        let mut args = vec!["--algo", algo, "--set", "train.steps=3", "--set", "warmup.steps=5", "--set", "data.max_prompt_len=3"];
+        let ptx =
+            format!("train.ptx_data={:?}", rlhf_integration_tests::fixtures().join("ppl.jsonl").display().to_string());
+        let mut args =
+            vec!["--algo", algo, "--set", "train.steps=3", "--set", "warmup.steps=5", "--set", "data.max_prompt_len=3"];
         if algo == "ppo" {
             // The EMA actor and the ptx (unsupervised LM) loss ride along on one algorithm.
             args.extend(["--set", "train.ema_decay=0.9", "--set", "train.ptx_coef=0.1", "--set", &ptx]);

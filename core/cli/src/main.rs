@@ -4,6 +4,7 @@
 mod bench;
 mod cmd_generate;
 mod cmd_ppl;
+mod cmd_serve;
 mod cmd_train;
 mod common;
 
@@ -35,6 +36,8 @@ enum Command {
     Train(cmd_train::TrainArgs),
     /// List the plugins found in the plugin directories.
     Plugins(cmd_train::PluginsArgs),
+    /// Serve a reward model over HTTP (OpenRLHF `/get_reward`, LLaMA-Factory `/v1/score/evaluation`).
+    ServeReward(cmd_serve::Args),
 }
 
 fn init_logging(level: &str) {
@@ -50,6 +53,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Train(args) => cmd_train::train(args),
         Command::Plugins(args) => cmd_train::plugins(args),
+        Command::ServeReward(args) => cmd_serve::run(args),
     }
 }
 
