@@ -156,6 +156,16 @@ fn panicking_and_unknown_plugins_are_clear_errors() {
         assert_eq!(l["skipped_steps"], 2.0, "4 minibatches per step, every other one NaN: {l}");
     }
 
+    // A reward plugin returning the wrong number of scores is an error naming the plugin.
+    let cfg = run.path().join("wrong-count.toml");
+    std::fs::write(&cfg, "[algorithm]\nname = \"grpo\"\n[[rewards]]\nplugin = \"test-bad-info\"\n").unwrap();
+    let o = train(
+        &["--config", s(&cfg), "--set", "train.steps=1", "--set", "warmup.steps=0", "--run-dir", s(&rd)],
+        &[("RLHF_TEST_BAD_INFO", "wrong-count")],
+    );
+    let e = error_line(&o);
+    assert!(e.contains("plugin `test-bad-info`") && e.contains("returned 33 scores for 32 samples"), "{e}");
+
     let o = train(&[&["--algo", "nope"], &common[..]].concat(), &[]);
     let e = error_line(&o);
     assert!(e.contains("unknown --algo `nope`") && e.contains("grpo") && e.contains("ppo-seq"), "{e}");

@@ -11,6 +11,7 @@
 //! | `panic`     | the constructor panics (the export guard returns `Panic`)      |
 //! | `loss-panic`| constructs fine; `prepare` and `loss` panic                    |
 //! | `nan-loss`  | every other `loss` is NaN (the host must skip those steps)     |
+//! | `wrong-count` | declares itself a reward source that returns one score too many |
 //!
 //! `export_algorithm!` takes the info from `export::info`, so the header is written out here by
 //! hand, mirroring `__export_plugin!` in `rlhf-plugin-api`'s `export.rs`.
@@ -38,12 +39,13 @@ pub fn declared_info() -> PluginInfo {
         NAME,
         PluginKind::Algorithm,
         env!("CARGO_PKG_VERSION"),
-        "loader test fixture; RLHF_TEST_BAD_INFO=api|torch|tch|panic|loss-panic|nan-loss",
+        "loader test fixture; RLHF_TEST_BAD_INFO=api|torch|tch|panic|loss-panic|nan-loss|wrong-count",
     );
     match mode().as_str() {
         "api" => info.api_version = API_VERSION + 1,
         "torch" => info.torch_version = "1.0.0".into(),
         "tch" => info.tch_version = "0.1.0".into(),
+        "wrong-count" => info.kind = PluginKind::Reward,
         _ => {}
     }
     info
@@ -98,8 +100,26 @@ extern "C" fn rlhf_new_algorithm(config: RStr<'_>, ctx: HostContext) -> RResult<
     export::new_algorithm::<Tiny>(config, ctx, NAME)
 }
 
-extern "C" fn rlhf_new_reward(_config: RStr<'_>, _ctx: HostContext) -> RResult<RewardBox, PluginError> {
-    export::unsupported_reward(NAME)
+extern "C" fn rlhf_new_reward(config: RStr<'_>, ctx: HostContext) -> RResult<RewardBox, PluginError> {
+    if mode() == "wrong-count" {
+        export::new_reward::<OneTooMany>(config, ctx, NAME)
+    } else {
+        export::unsupported_reward(NAME)
+    }
+}
+
+/// A broken reward source: one score more than samples (the host must refuse it).
+#[derive(Debug)]
+pub struct OneTooMany;
+
+impl RewardSource for OneTooMany {
+    fn new(_config: &str, _ctx: &Context) -> Result<Self, PluginError> {
+        Ok(OneTooMany)
+    }
+
+    fn score(&mut self, samples: &[Sample]) -> Result<Scores, PluginError> {
+        Ok(Scores { scores: vec![0.0; samples.len() + 1], metrics: Vec::new() })
+    }
 }
 
 extern "C" fn rlhf_root() -> RootModuleResult {
