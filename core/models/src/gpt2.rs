@@ -40,6 +40,38 @@ pub struct Gpt2Model {
 }
 
 impl Gpt2Model {
+    /// Every linear layer with its weight path below the backbone scope (`h.0.attn.c_attn`).
+    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            for (name, l) in [
+                ("attn.c_attn", &mut b.c_attn),
+                ("attn.c_proj", &mut b.attn_c_proj),
+                ("mlp.c_fc", &mut b.c_fc),
+                ("mlp.c_proj", &mut b.mlp_c_proj),
+            ] {
+                out.push((format!("h.{i}.{name}"), l));
+            }
+        }
+        out
+    }
+
+    /// [`Gpt2Model::linears_mut`], shared.
+    pub(crate) fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            for (name, l) in [
+                ("attn.c_attn", &b.c_attn),
+                ("attn.c_proj", &b.attn_c_proj),
+                ("mlp.c_fc", &b.c_fc),
+                ("mlp.c_proj", &b.mlp_c_proj),
+            ] {
+                out.push((format!("h.{i}.{name}"), l));
+            }
+        }
+        out
+    }
+
     /// Loads the backbone from the `transformer.` scope.
     pub fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
         let (h, eps) = (cfg.hidden_size, cfg.norm_eps);

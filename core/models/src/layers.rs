@@ -14,6 +14,8 @@ pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     transposed: bool,
+    /// A LoRA update added to the output, when applied.
+    pub lora: Option<crate::lora::LoraAdapter>,
 }
 
 impl Linear {
@@ -21,27 +23,46 @@ impl Linear {
     pub fn load(w: &WeightLoader, in_dim: i64, out_dim: i64, bias: bool) -> Result<Self> {
         let weight = w.get("weight", &[out_dim, in_dim])?;
         let bias = if bias { Some(w.get("bias", &[out_dim])?) } else { None };
-        Ok(Linear { weight, bias, transposed: false })
+        Ok(Linear { weight, bias, transposed: false, lora: None })
     }
 
     /// Loads a GPT-2 `Conv1D`: `weight: [in, out]`, `bias: [out]`.
     pub fn load_conv1d(w: &WeightLoader, in_dim: i64, out_dim: i64) -> Result<Self> {
         let weight = w.get("weight", &[in_dim, out_dim])?;
         let bias = Some(w.get("bias", &[out_dim])?);
-        Ok(Linear { weight, bias, transposed: true })
+        Ok(Linear { weight, bias, transposed: true, lora: None })
+    }
+
+    /// `(in, out)` feature sizes.
+    pub fn dims(&self) -> (i64, i64) {
+        let s = self.weight.size();
+        if self.transposed {
+            (s[0], s[1])
+        } else {
+            (s[1], s[0])
+        }
+    }
+
+    /// Whether the weight is stored `[in, out]` (GPT-2's `Conv1D`).
+    pub fn transposed(&self) -> bool {
+        self.transposed
     }
 
     /// # Shapes
     /// - `x`: `[..., in]` → `[..., out]`
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.transposed {
+        let y = if self.transposed {
             let y = x.f_matmul(&self.weight)?;
-            Ok(match &self.bias {
+            match &self.bias {
                 Some(b) => y.f_add(b)?,
                 None => y,
-            })
+            }
         } else {
-            Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+            x.f_linear(&self.weight, self.bias.as_ref())?
+        };
+        match &self.lora {
+            Some(l) => l.forward(x)?.f_add(&y).map_err(Into::into),
+            None => Ok(y),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! - [`weights`]: safetensors in and out (single or sharded), scoped shape-checked loading.
 //! - [`layers`]: linear/norm/rotary/attention-mask/KV-cache building blocks.
 //! - [`llama`] (Llama, Mistral, SmolLM, Qwen2) and [`gpt2`]: the families.
+//! - [`lora`]: LoRA adapters on the linear layers, merged on save.
 //! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
 //! - [`device`]: `cpu` / `cuda:N` and dtype parsing, loading libtorch's CUDA library on demand.
 //!
@@ -16,6 +17,7 @@ pub mod error;
 pub mod gpt2;
 pub mod layers;
 pub mod llama;
+pub mod lora;
 pub mod model;
 pub mod weights;
 
@@ -23,4 +25,5 @@ pub use config::{ArchConfig, Family, ModelConfig};
 pub use device::{parse_device, parse_dtype};
 pub use error::{ModelError, Result};
 pub use layers::{position_ids_from_mask, KvCache};
+pub use lora::LoraConfig;
 pub use model::{last_token_index, CausalLm, ScalarHeadModel};

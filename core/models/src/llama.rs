@@ -141,6 +141,47 @@ impl LlamaModel {
         Ok(LlamaModel { embed_tokens, layers, norm, rotary })
     }
 
+    /// Every linear layer with its weight path below the backbone scope (`layers.0.self_attn.q_proj`).
+    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.layers.iter_mut().enumerate() {
+            let a = &mut b.self_attn;
+            let m = &mut b.mlp;
+            for (name, l) in [
+                ("self_attn.q_proj", &mut a.q_proj),
+                ("self_attn.k_proj", &mut a.k_proj),
+                ("self_attn.v_proj", &mut a.v_proj),
+                ("self_attn.o_proj", &mut a.o_proj),
+                ("mlp.gate_proj", &mut m.gate_proj),
+                ("mlp.up_proj", &mut m.up_proj),
+                ("mlp.down_proj", &mut m.down_proj),
+            ] {
+                out.push((format!("layers.{i}.{name}"), l));
+            }
+        }
+        out
+    }
+
+    /// [`LlamaModel::linears_mut`], shared.
+    pub(crate) fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.layers.iter().enumerate() {
+            let (a, m) = (&b.self_attn, &b.mlp);
+            for (name, l) in [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &m.gate_proj),
+                ("mlp.up_proj", &m.up_proj),
+                ("mlp.down_proj", &m.down_proj),
+            ] {
+                out.push((format!("layers.{i}.{name}"), l));
+            }
+        }
+        out
+    }
+
     /// Final hidden states (after the last norm).
     ///
     /// # Shapes

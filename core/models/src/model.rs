@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde_json::Value;
 use tch::{nn, Device, Kind, Tensor};
@@ -12,8 +14,9 @@ use crate::config::{ArchConfig, Family, ModelConfig};
 use crate::device::dtype_name;
 use crate::error::{ModelError, Result};
 use crate::gpt2::Gpt2Model;
-use crate::layers::{position_ids_from_mask, KvCache};
+use crate::layers::{position_ids_from_mask, KvCache, Linear};
 use crate::llama::LlamaModel;
+use crate::lora::{self, LoraConfig};
 use crate::weights::{save_safetensors, write_json, Checkpoint, WeightLoader};
 
 /// transformers' default `max_shard_size` is far above anything we shard by default.
@@ -55,6 +58,23 @@ impl Backbone {
         }
     }
 
+    /// Every linear layer with its full weight path (`model.layers.0.self_attn.q_proj`).
+    fn linears_mut(&mut self, prefix: &str) -> Vec<(String, &mut Linear)> {
+        let layers = match self {
+            Backbone::Llama(m) => m.linears_mut(),
+            Backbone::Gpt2(m) => m.linears_mut(),
+        };
+        layers.into_iter().map(|(n, l)| (format!("{prefix}.{n}"), l)).collect()
+    }
+
+    fn linears(&self, prefix: &str) -> Vec<(String, &Linear)> {
+        let layers = match self {
+            Backbone::Llama(m) => m.linears(),
+            Backbone::Gpt2(m) => m.linears(),
+        };
+        layers.into_iter().map(|(n, l)| (format!("{prefix}.{n}"), l)).collect()
+    }
+
     fn embeddings(&self) -> &Tensor {
         match self {
             Backbone::Llama(m) => &m.embed_tokens,
@@ -88,6 +108,7 @@ fn save_dir(
     kind: Kind,
     overrides: &[(&str, Value)],
     vs: &nn::VarStore,
+    merged: Vec<(String, Tensor)>,
     max_shard_bytes: usize,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
@@ -108,7 +129,10 @@ fn save_dir(
         }
     }
     write_json(&dir.join("config.json"), &config)?;
-    let tensors: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+    // LoRA adapters are folded into their base weights: the output is a plain checkpoint.
+    let mut tensors: BTreeMap<String, Tensor> =
+        vs.variables().into_iter().filter(|(n, _)| !lora::is_adapter_var(n)).collect();
+    tensors.extend(merged);
     save_safetensors(dir, &tensors, max_shard_bytes)?;
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -133,6 +157,8 @@ pub struct CausalLm {
     backbone: Backbone,
     lm_head: Option<Tensor>, // [vocab, hidden]; None when tied
     source_dir: PathBuf,
+    /// Turns LoRA dropout on (training) or off (generation, evaluation).
+    training: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for CausalLm {
@@ -155,7 +181,7 @@ impl CausalLm {
         } else {
             Some(w.pp("lm_head").get("weight", &[cfg.vocab_size, cfg.hidden_size])?)
         };
-        Ok(CausalLm { vs, config, backbone, lm_head, source_dir: dir.to_path_buf() })
+        Ok(CausalLm { vs, config, backbone, lm_head, source_dir: dir.to_path_buf(), training: Arc::default() })
     }
 
     /// The resolved architecture.
@@ -228,14 +254,34 @@ impl CausalLm {
         KvCache::new(a.num_layers, batch, a.num_kv_heads, max_len, a.head_dim, self.kind(), self.device())
     }
 
-    /// Saves config, weights (same names and layout as loaded) and tokenizer files into `dir`.
+    /// Adds LoRA adapters to the targeted layers and freezes every other weight (see [`lora`]);
+    /// a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
+    pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
+        let prefix = self.config.arch.family.backbone_prefix();
+        lora::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training)
+    }
+
+    /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
+    pub fn merge_lora(&mut self) -> Result<()> {
+        let prefix = self.config.arch.family.backbone_prefix();
+        lora::merge_in_place(self.backbone.linears_mut(prefix))
+    }
+
+    /// Training mode turns LoRA dropout on; the default is off.
+    pub fn set_training(&self, on: bool) {
+        self.training.store(on, Ordering::Relaxed);
+    }
+
+    /// Saves config, weights (same names and layout as loaded; LoRA merged) and tokenizer files
+    /// into `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
         self.save_sharded(dir, DEFAULT_MAX_SHARD_BYTES)
     }
 
     /// [`CausalLm::save`] with an explicit shard size.
     pub fn save_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<()> {
-        save_dir(dir, &self.source_dir, &self.config.raw, self.kind(), &[], &self.vs, max_shard_bytes)
+        let merged = lora::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
+        save_dir(dir, &self.source_dir, &self.config.raw, self.kind(), &[], &self.vs, merged, max_shard_bytes)
     }
 }
 
@@ -247,6 +293,7 @@ pub struct ScalarHeadModel {
     backbone: Backbone,
     score: Tensor, // [1, hidden]
     source_dir: PathBuf,
+    training: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for ScalarHeadModel {
@@ -271,7 +318,7 @@ impl ScalarHeadModel {
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let backbone = Backbone::load(&w, &config.arch)?;
         let score = w.pp("score").get("weight", &[1, config.arch.hidden_size])?;
-        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf() })
+        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf(), training: Arc::default() })
     }
 
     /// Builds a scalar-head model from a causal-LM checkpoint: the backbone is copied, the LM head
@@ -284,7 +331,7 @@ impl ScalarHeadModel {
         let backbone = Backbone::load(&w, &config.arch)?;
         let hidden = config.arch.hidden_size;
         let score = w.pp("score").new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0))?;
-        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf() })
+        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf(), training: Arc::default() })
     }
 
     /// Device of the parameters.
@@ -328,7 +375,26 @@ impl ScalarHeadModel {
         Ok(values.f_gather(1, &last.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?)
     }
 
-    /// Saves in the `*ForSequenceClassification` layout (`num_labels = 1`, `score.weight`).
+    /// Adds LoRA adapters to the targeted backbone layers and freezes every other weight except
+    /// the `score` head; a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
+    pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
+        let prefix = self.config.arch.family.backbone_prefix();
+        lora::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training)
+    }
+
+    /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
+    pub fn merge_lora(&mut self) -> Result<()> {
+        let prefix = self.config.arch.family.backbone_prefix();
+        lora::merge_in_place(self.backbone.linears_mut(prefix))
+    }
+
+    /// Training mode turns LoRA dropout on; the default is off.
+    pub fn set_training(&self, on: bool) {
+        self.training.store(on, Ordering::Relaxed);
+    }
+
+    /// Saves in the `*ForSequenceClassification` layout (`num_labels = 1`, `score.weight`), LoRA
+    /// merged.
     pub fn save(&self, dir: &Path) -> Result<()> {
         let arch = match self.config.arch.family {
             Family::Llama => "LlamaForSequenceClassification",
@@ -350,7 +416,17 @@ impl ScalarHeadModel {
             ("label2id", serde_json::json!({"LABEL_0": 0})),
             ("pad_token_id", pad),
         ];
-        save_dir(dir, &self.source_dir, &self.config.raw, self.kind(), &overrides, &self.vs, DEFAULT_MAX_SHARD_BYTES)
+        let merged = lora::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
+        save_dir(
+            dir,
+            &self.source_dir,
+            &self.config.raw,
+            self.kind(),
+            &overrides,
+            &self.vs,
+            merged,
+            DEFAULT_MAX_SHARD_BYTES,
+        )
     }
 }
 

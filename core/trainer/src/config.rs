@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use figment::providers::{Format, Toml};
 use figment::Figment;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainerError};
@@ -181,7 +182,7 @@ impl Default for WarmupConfig {
 }
 
 /// The algorithm plugin and its own config section.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AlgorithmConfig {
     /// Declared plugin name (`grpo`, `ppo`, `ppo-seq`, ...).
@@ -214,7 +215,7 @@ fn one() -> f64 {
 }
 
 /// The whole RL configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RlConfig {
     #[serde(default)]
@@ -254,73 +255,239 @@ pub enum ConfigSource {
     Preset(String),
 }
 
-/// Parses a `--set key=value` override: the value is read as TOML (number, bool, array, inline
+/// `--set key=value` as a figment provider named `--set key=value` (so `rlhf config show` and
+/// errors say where a value came from). The value is read as TOML (number, bool, array, inline
 /// table) and falls back to a plain string.
-fn set_override(fig: Figment, spec: &str) -> Result<Figment> {
-    let (key, value) =
-        spec.split_once('=').ok_or_else(|| TrainerError::Config(format!("--set {spec}: expected key=value")))?;
-    let key = key.trim();
-    if key.is_empty() {
-        return Err(TrainerError::Config(format!("--set {spec}: empty key")));
+struct SetOverride {
+    spec: String,
+    key: String,
+    value: toml::Value,
+}
+
+impl SetOverride {
+    fn parse(spec: &str) -> Result<Self> {
+        let (key, value) =
+            spec.split_once('=').ok_or_else(|| TrainerError::Config(format!("--set {spec}: expected key=value")))?;
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(TrainerError::Config(format!("--set {spec}: empty key")));
+        }
+        let doc = format!("v = {}", value.trim());
+        let value = match doc.parse::<toml::Table>() {
+            Ok(t) => t.get("v").cloned().unwrap_or(toml::Value::String(value.to_string())),
+            Err(_) => toml::Value::String(value.trim().to_string()),
+        };
+        Ok(SetOverride { spec: spec.to_string(), key: key.to_string(), value })
     }
-    let doc = format!("v = {}", value.trim());
-    let parsed: toml::Value = match doc.parse::<toml::Table>() {
-        Ok(t) => t.get("v").cloned().unwrap_or(toml::Value::String(value.to_string())),
-        Err(_) => toml::Value::String(value.trim().to_string()),
-    };
-    Ok(fig.merge(figment::providers::Serialized::default(key, parsed)))
+}
+
+impl figment::Provider for SetOverride {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(format!("--set {}", self.spec))
+    }
+
+    fn data(&self) -> std::result::Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        figment::providers::Serialized::default(&self.key, &self.value).data()
+    }
+}
+
+/// The environment prefix: `RLHF_TRAIN__ACTOR_LR=1e-6` sets `train.actor_lr`.
+pub const ENV_PREFIX: &str = "RLHF_";
+
+/// The top-level keys of `T` (from its serialised default).
+fn sections<T: Serialize + Default>() -> Vec<String> {
+    match serde_json::to_value(T::default()) {
+        Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Environment layer: variables `RLHF_<SECTION>__<KEY>` (`__` nests; names are case-insensitive).
+/// Only names containing `__` whose first segment is a section of this config are read, so
+/// `RLHF_PYTHON` or another command's sections are left alone (the latter with a warning); an
+/// unknown key inside a known section is an error like any other.
+fn env_layer(sections: &[String]) -> figment::providers::Env {
+    let sections = sections.to_vec();
+    figment::providers::Env::prefixed(ENV_PREFIX).split("__").filter(move |key| {
+        let key = key.as_str();
+        let Some((first, _)) = key.split_once('.') else { return false };
+        if sections.iter().any(|s| s.eq_ignore_ascii_case(first)) {
+            true
+        } else {
+            tracing::warn!(
+                "{ENV_PREFIX}{}: ignored (no section `{first}` in this config)",
+                key.replace('.', "__").to_uppercase()
+            );
+            false
+        }
+    })
+}
+
+/// The env layer and the `--set` overrides over `base`, in that order (CLI last).
+fn layer(base: Figment, sections: &[String], sets: &[String]) -> Result<Figment> {
+    let mut fig = base.merge(env_layer(sections));
+    for s in sets {
+        fig = fig.merge(SetOverride::parse(s)?);
+    }
+    Ok(fig)
+}
+
+/// The base layer: a TOML file (which must exist) or an embedded preset by name.
+fn base_layer(source: &ConfigSource, presets: &[(&str, &str)]) -> Result<(Figment, String)> {
+    match source {
+        ConfigSource::File(path) => {
+            if !path.is_file() {
+                return Err(TrainerError::Config(format!("{}: config file not found", path.display())));
+            }
+            Ok((Figment::from(Toml::file(path)), path.display().to_string()))
+        }
+        ConfigSource::Preset(name) => match presets.iter().find(|(n, _)| n == name) {
+            Some((_, text)) => Ok((Figment::from(Named(format!("preset {name}"), text)), format!("preset {name}"))),
+            None => Err(TrainerError::Config(format!(
+                "no embedded preset `{name}` (available: {})",
+                presets.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ))),
+        },
+    }
+}
+
+/// A TOML string provider with a readable name (figment names string sources "TOML source string").
+struct Named<'a>(String, &'a str);
+
+impl figment::Provider for Named<'_> {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(self.0.clone())
+    }
+
+    fn data(&self) -> std::result::Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Toml::string(self.1).data()
+    }
 }
 
 fn describe_figment(e: figment::Error, default_source: &str) -> TrainerError {
     let mut lines = Vec::new();
     for err in e {
-        let source = err
-            .metadata
-            .as_ref()
-            .and_then(|m| m.source.as_ref().map(|s| s.to_string()))
-            .unwrap_or_else(|| default_source.to_string());
         let key = err.path.join(".");
+        let source = match &err.metadata {
+            Some(m) => match &m.source {
+                Some(figment::Source::File(p)) => p.display().to_string(),
+                Some(s) => s.to_string(),
+                // The env provider interpolates the variable's name; others are named providers.
+                None if m.name.contains("environment") && !err.path.is_empty() => {
+                    m.interpolate(&err.profile.clone().unwrap_or_default(), &err.path)
+                }
+                None => m.name.to_string(),
+            },
+            None => default_source.to_string(),
+        };
         let kind = err.kind.to_string();
         lines.push(if key.is_empty() { format!("{source}: {kind}") } else { format!("{source}: {key}: {kind}") });
     }
     TrainerError::Config(lines.join("; "))
 }
 
+/// Loads a `deny_unknown_fields` config struct from its layers — base (file or embedded preset),
+/// then `RLHF_SECTION__KEY` environment variables, then `--set a.b=c` — with errors that name the
+/// source and the key (`configs/sft.toml: train.lr: invalid type: found string "x", expected f64`).
+pub fn load_layered<T: DeserializeOwned + Serialize + Default>(
+    source: &ConfigSource,
+    presets: &[(&str, &str)],
+    sets: &[String],
+) -> Result<T> {
+    Ok(load_layered_figment::<T>(source, presets, sets)?.0)
+}
+
+/// [`load_layered`], also returning the merged figment (for provenance).
+pub fn load_layered_figment<T: DeserializeOwned + Serialize + Default>(
+    source: &ConfigSource,
+    presets: &[(&str, &str)],
+    sets: &[String],
+) -> Result<(T, Figment)> {
+    let (base, label) = base_layer(source, presets)?;
+    let fig = layer(base, &sections::<T>(), sets)?;
+    let cfg = fig.extract().map_err(|e| describe_figment(e, &label))?;
+    Ok((cfg, fig))
+}
+
+/// Every leaf of `value` as `(dotted key, TOML value, source)`, the source being where `fig` found
+/// it (a file, a preset, an `RLHF_` variable, a `--set`) or `default`.
+pub fn provenance<T: Serialize>(value: &T, fig: &Figment) -> Result<Vec<(String, String, String)>> {
+    let v = serde_json::to_value(value).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
+    let mut out = Vec::new();
+    fn walk(v: &serde_json::Value, path: &mut Vec<String>, fig: &Figment, out: &mut Vec<(String, String, String)>) {
+        match v {
+            serde_json::Value::Object(m) if !m.is_empty() => {
+                for (k, x) in m {
+                    path.push(k.clone());
+                    walk(x, path, fig, out);
+                    path.pop();
+                }
+            }
+            _ => {
+                let key = path.join(".");
+                // Array elements are found through their array's key.
+                let lookup: Vec<&str> = path.iter().map(|s| s.as_str()).collect();
+                let mut source = "default".to_string();
+                for n in (1..=lookup.len()).rev() {
+                    if let Some(m) = fig.find_metadata(&lookup[..n].join(".")) {
+                        source = match &m.source {
+                            Some(figment::Source::File(p)) => p.display().to_string(),
+                            Some(s) => s.to_string(),
+                            None if m.name.contains("environment") => m.interpolate(
+                                &figment::Profile::Default,
+                                &lookup[..n].iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                            ),
+                            None => m.name.to_string(),
+                        };
+                        break;
+                    }
+                }
+                let shown = match v {
+                    serde_json::Value::Null => "(unset)".to_string(),
+                    other => other.to_string(),
+                };
+                out.push((key, shown, source));
+            }
+        }
+    }
+    walk(&v, &mut Vec::new(), fig, &mut out);
+    Ok(out)
+}
+
 impl RlConfig {
     /// Loads the base (file or preset), applies `--set` overrides, forces `algorithm.name` to
     /// `algo` when given, and validates.
     pub fn load(source: &ConfigSource, algo: Option<&str>, sets: &[String]) -> Result<Self> {
+        Ok(Self::load_figment(source, algo, sets)?.0)
+    }
+
+    /// [`RlConfig::load`], also returning the merged figment (for `rlhf config show`).
+    pub fn load_figment(source: &ConfigSource, algo: Option<&str>, sets: &[String]) -> Result<(Self, Figment)> {
         let (mut fig, label) = match source {
-            ConfigSource::File(path) => {
-                if !path.is_file() {
-                    return Err(TrainerError::Config(format!("{}: config file not found", path.display())));
-                }
-                (Figment::from(Toml::file(path)), path.display().to_string())
+            ConfigSource::Preset(name) if !PRESETS.iter().any(|(n, _)| n == name) => {
+                // A plugin without a preset runs the grpo preset's task with its own defaults.
+                let mut table: toml::Table =
+                    PRESETS[0].1.parse().map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
+                let mut algo_table = toml::Table::new();
+                algo_table.insert("name".into(), toml::Value::String(name.clone()));
+                table.insert("algorithm".into(), toml::Value::Table(algo_table));
+                let text = toml::to_string(&table).map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
+                let label = format!("preset grpo (for {name})");
+                (Figment::from(Named(label.clone(), &text)), label)
             }
-            ConfigSource::Preset(name) => match PRESETS.iter().find(|(n, _)| n == name) {
-                Some((_, text)) => (Figment::from(Toml::string(text)), format!("preset {name}")),
-                None => {
-                    // A plugin without a preset runs the grpo preset's task with its own defaults.
-                    let mut table: toml::Table =
-                        PRESETS[0].1.parse().map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
-                    let mut algo_table = toml::Table::new();
-                    algo_table.insert("name".into(), toml::Value::String(name.clone()));
-                    table.insert("algorithm".into(), toml::Value::Table(algo_table));
-                    let text =
-                        toml::to_string(&table).map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
-                    (Figment::from(Toml::string(&text)), format!("preset grpo (for {name})"))
-                }
-            },
+            _ => base_layer(source, PRESETS)?,
         };
         if let Some(algo) = algo {
-            fig = fig.merge(figment::providers::Serialized::default("algorithm.name", algo));
+            fig = fig.merge(SetOverride {
+                spec: format!("--algo {algo}"),
+                key: "algorithm.name".into(),
+                value: toml::Value::String(algo.into()),
+            });
         }
-        for s in sets {
-            fig = set_override(fig, s)?;
-        }
+        let fig = layer(fig, &sections::<RlConfig>(), sets)?;
         let cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
         cfg.validate(&label)?;
-        Ok(cfg)
+        Ok((cfg, fig))
     }
 
     fn validate(&self, label: &str) -> Result<()> {

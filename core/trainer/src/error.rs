@@ -5,6 +5,9 @@ use std::path::PathBuf;
 /// Errors of the RL host.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainerError {
+    /// A checkpoint cannot be written, read or used (message names the directory).
+    #[error("{0}")]
+    Checkpoint(String),
     /// The merged configuration is invalid (message names source and key).
     #[error("{0}")]
     Config(String),

@@ -1,0 +1,124 @@
+//! LoRA: adapters on every family, merged (in place and on save) vs unmerged logits within 1e-5,
+//! only adapters (and a scalar model's head) train, and bad settings are refused by key.
+
+use rlhf_integration_tests::model_dir;
+use rlhf_models::{CausalLm, LoraConfig, ScalarHeadModel};
+use tch::{Device, Kind, Tensor};
+
+fn lora(targets: &[&str]) -> LoraConfig {
+    LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: targets.iter().map(|s| s.to_string()).collect() }
+}
+
+/// Gives every `lora_B` a random value (it starts at zero) so the update is visible.
+fn randomise_b(vs: &tch::nn::VarStore) -> usize {
+    let mut n = 0;
+    tch::no_grad(|| {
+        for (name, mut t) in vs.variables() {
+            if name.contains(".lora_B.") {
+                t.copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.1));
+                n += 1;
+            }
+        }
+    });
+    n
+}
+
+fn batch() -> (Tensor, Tensor) {
+    let ids = Tensor::from_slice(&[0i64, 5, 9, 12, 3, 7, 1, 2, 8, 4, 6, 10]).view([2, 6]);
+    let mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).view([2, 6]);
+    (ids, mask)
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn merged_and_unmerged_logits_agree() {
+    tch::manual_seed(0);
+    let (ids, mask) = batch();
+    for (name, targets) in
+        [("llama", vec!["all-linear"]), ("qwen2", vec!["q_proj", "v_proj"]), ("gpt2", vec!["c_attn", "mlp.c_proj"])]
+    {
+        let base = CausalLm::from_dir(&model_dir(name), Device::Cpu, Kind::Float).unwrap();
+        let base_logits = tch::no_grad(|| base.forward(&ids, &mask)).unwrap();
+        let mut m = CausalLm::from_dir(&model_dir(name), Device::Cpu, Kind::Float).unwrap();
+        let n = m.apply_lora(&lora(&targets)).unwrap();
+        assert!(n > 0);
+        // B = 0: adapters start as the identity update.
+        let fresh = tch::no_grad(|| m.forward(&ids, &mask)).unwrap();
+        assert_eq!(max_diff(&fresh, &base_logits), 0.0, "{name}: fresh adapters changed the output");
+        assert_eq!(randomise_b(&m.vs), n);
+        let unmerged = tch::no_grad(|| m.forward(&ids, &mask)).unwrap();
+        assert!(max_diff(&unmerged, &base_logits) > 1e-2, "{name}: adapters have no effect");
+
+        // Saved (merged) checkpoint, reloaded as a plain model.
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path()).unwrap();
+        let names: Vec<String> = Tensor::read_safetensors(dir.path().join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert!(names.iter().all(|n| !n.contains("lora")), "{name}: adapter tensors saved: {names:?}");
+        let plain = CausalLm::from_dir(dir.path(), Device::Cpu, Kind::Float).unwrap();
+        let reloaded = tch::no_grad(|| plain.forward(&ids, &mask)).unwrap();
+        let d = max_diff(&reloaded, &unmerged);
+        assert!(d < 1e-5, "{name}: merged checkpoint differs by {d}");
+
+        // In-place merge.
+        m.merge_lora().unwrap();
+        let merged = tch::no_grad(|| m.forward(&ids, &mask)).unwrap();
+        let d = max_diff(&merged, &unmerged);
+        assert!(d < 1e-5, "{name}: in-place merge differs by {d}");
+    }
+}
+
+#[test]
+fn scalar_head_lora_merges_and_keeps_head_trainable() {
+    tch::manual_seed(1);
+    let (ids, mask) = batch();
+    let mut m = ScalarHeadModel::from_dir(&model_dir("llama-rm"), Device::Cpu, Kind::Float).unwrap();
+    m.apply_lora(&lora(&["q_proj", "v_proj"])).unwrap();
+    randomise_b(&m.vs);
+    for (name, t) in m.vs.variables() {
+        let expect = name.contains(".lora_") || name.starts_with("score.");
+        assert_eq!(t.requires_grad(), expect, "{name}");
+    }
+    let scores = tch::no_grad(|| m.scores(&ids, &mask)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    m.save(dir.path()).unwrap();
+    let plain = ScalarHeadModel::from_dir(dir.path(), Device::Cpu, Kind::Float).unwrap();
+    let d = max_diff(&tch::no_grad(|| plain.scores(&ids, &mask)).unwrap(), &scores);
+    assert!(d < 1e-5, "scores differ by {d}");
+}
+
+#[test]
+fn only_adapters_receive_gradients() {
+    let (ids, mask) = batch();
+    let mut m = CausalLm::from_dir(&model_dir("llama"), Device::Cpu, Kind::Float).unwrap();
+    m.apply_lora(&lora(&["q_proj", "v_proj"])).unwrap();
+    let (trainable, total) = rlhf_models::lora::parameter_counts(&m.vs);
+    assert!(trainable > 0 && trainable < total / 4, "{trainable} of {total}");
+    m.forward(&ids, &mask).unwrap().sum(Kind::Float).backward();
+    for (name, t) in m.vs.variables() {
+        let g = t.grad();
+        if name.contains(".lora_") {
+            assert!(g.defined(), "{name} got no gradient");
+        } else {
+            assert!(!g.defined(), "{name} is frozen but got a gradient");
+        }
+    }
+}
+
+#[test]
+fn bad_settings_name_the_key() {
+    let mut m = CausalLm::from_dir(&model_dir("gpt2"), Device::Cpu, Kind::Float).unwrap();
+    let e = m.apply_lora(&lora(&["q_proj"])).unwrap_err().to_string();
+    assert!(e.contains("lora.target_modules") && e.contains("c_attn"), "{e}");
+    let e = m.apply_lora(&LoraConfig { dropout: 1.5, ..lora(&["c_attn"]) }).unwrap_err().to_string();
+    assert!(e.contains("lora.dropout"), "{e}");
+    let e = m.apply_lora(&LoraConfig { rank: -1, ..lora(&["c_attn"]) }).unwrap_err().to_string();
+    assert!(e.contains("lora.rank"), "{e}");
+    assert_eq!(m.apply_lora(&LoraConfig::default()).unwrap(), 0, "rank 0 is off");
+}
