@@ -1,0 +1,479 @@
+//! GGUF → Hugging Face directory for Llama-architecture models: `model.safetensors` (dequantised),
+//! `config.json` (`LlamaForCausalLM`), `generation_config.json`, `tokenizer.json`,
+//! `tokenizer_config.json`.
+//!
+//! Two things differ between llama.cpp's layout and transformers' besides names:
+//!
+//! - Dimensions are stored innermost first, so a GGUF `[in, out]` is the HF `[out, in]` weight;
+//!   the data is already row-major for that shape and only the dims are reversed.
+//! - llama.cpp's HF→GGUF converter permutes the rows of `q_proj` and `k_proj` (per head, it
+//!   interleaves the two halves that transformers' `rotate_half` pairs up, because ggml's rope
+//!   pairs neighbours). Viewing a head's rows as `[2, head_dim/2]` in HF and `[head_dim/2, 2]` in
+//!   GGUF, HF row `(h, i, r)` was stored at GGUF row `(h, r, i)`; [`unpermute_rows`] undoes it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::{json, Value};
+
+use crate::error::{GgufError, Result};
+use crate::reader::{GgufFile, TensorInfo};
+use crate::tokenizer::{self, SpecialIds};
+
+/// The dtype of the written safetensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutDtype {
+    F32,
+    Bf16,
+}
+
+impl OutDtype {
+    /// `f32` or `bf16`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" | "float32" => Some(OutDtype::F32),
+            "bf16" | "bfloat16" => Some(OutDtype::Bf16),
+            _ => None,
+        }
+    }
+
+    /// `f32` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutDtype::F32 => "f32",
+            OutDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// transformers' name (`config.json`'s `dtype`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            OutDtype::F32 => "float32",
+            OutDtype::Bf16 => "bfloat16",
+        }
+    }
+}
+
+/// The files an import writes, all of which must exist for an import to be complete.
+pub const OUTPUT_FILES: [&str; 5] =
+    ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"];
+
+/// Llama hyper-parameters from `llama.*` metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaParams {
+    pub hidden_size: u64,
+    pub intermediate_size: u64,
+    pub num_hidden_layers: u64,
+    pub num_attention_heads: u64,
+    pub num_key_value_heads: u64,
+    pub head_dim: u64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    /// `{"rope_type": "linear", "factor": f}` or none.
+    pub rope_scaling: Option<Value>,
+    pub max_position_embeddings: Option<u64>,
+    pub vocab_size: u64,
+    pub tie_word_embeddings: bool,
+}
+
+/// What an import did.
+#[derive(Debug, Clone)]
+pub struct ImportSummary {
+    pub architecture: String,
+    pub params: LlamaParams,
+    pub dtype: OutDtype,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Elements written.
+    pub parameters: u64,
+    /// GGUF tensor types and how many tensors had each.
+    pub source_types: Vec<(String, usize)>,
+    pub special: SpecialIds,
+    pub duplicate_tokens: usize,
+    pub files: Vec<PathBuf>,
+}
+
+/// Which rows to un-permute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rope {
+    None,
+    /// Un-permute with this many heads.
+    Heads(u64),
+}
+
+struct Planned<'a> {
+    info: &'a TensorInfo,
+    hf_name: String,
+    shape: Vec<usize>,
+    rope: Rope,
+}
+
+impl LlamaParams {
+    /// Reads the hyper-parameters of a `general.architecture = "llama"` file.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let path = g.path();
+        let arch = architecture(g)?;
+        let k = |name: &str| format!("{arch}.{name}");
+        if g.opt_u64(&k("expert_count"))?.unwrap_or(0) > 0 {
+            return Err(GgufError::unsupported(path, "mixture-of-experts models are not supported"));
+        }
+        let hidden = g.req_u64(&k("embedding_length"))?;
+        let heads = g.req_u64(&k("attention.head_count"))?;
+        let kv_heads = g.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(GgufError::metadata(
+                path,
+                &k("attention.head_count_kv"),
+                format!("{kv_heads} key/value heads do not divide {heads} heads"),
+            ));
+        }
+        let head_dim = match g.opt_u64(&k("attention.key_length"))? {
+            Some(d) => d,
+            None if hidden % heads == 0 => hidden / heads,
+            None => {
+                return Err(GgufError::metadata(
+                    path,
+                    &k("attention.head_count"),
+                    format!("{heads} heads do not divide the embedding length {hidden}"),
+                ))
+            }
+        };
+        if let Some(v) = g.opt_u64(&k("attention.value_length"))? {
+            if v != head_dim {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("value length {v} differs from key length {head_dim}"),
+                ));
+            }
+        }
+        if head_dim % 2 != 0 {
+            return Err(GgufError::unsupported(path, format!("odd head dimension {head_dim}")));
+        }
+        if let Some(rot) = g.opt_u64(&k("rope.dimension_count"))? {
+            if rot != head_dim {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("partial rotary embeddings ({rot} of {head_dim} dimensions) are not supported"),
+                ));
+            }
+        }
+        let rope_scaling = match g.opt_str(&k("rope.scaling.type"))? {
+            None | Some("none") => None,
+            Some("linear") => {
+                let factor = g.opt_f64(&k("rope.scaling.factor"))?.ok_or_else(|| {
+                    GgufError::metadata(path, &k("rope.scaling.factor"), "missing for linear scaling")
+                })?;
+                (factor != 1.0).then(|| json!({"rope_type": "linear", "factor": factor}))
+            }
+            Some(other) => {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("rope scaling `{other}` is not supported (none, linear)"),
+                ))
+            }
+        };
+        if g.tensor("rope_freqs.weight").is_some() {
+            return Err(GgufError::unsupported(
+                path,
+                "the file has `rope_freqs.weight` (Llama 3.1-style rope scaling), which is not supported",
+            ));
+        }
+        let embed =
+            g.tensor("token_embd.weight").ok_or_else(|| GgufError::invalid(path, "no `token_embd.weight` tensor"))?;
+        if embed.dims.len() != 2 || embed.dims[0] != hidden {
+            return Err(GgufError::invalid(
+                path,
+                format!("`token_embd.weight` has dims {:?}, expected [{hidden}, vocab]", embed.dims),
+            ));
+        }
+        let vocab_size = embed.dims[1];
+        if let Some(v) = g.opt_u64(&k("vocab_size"))? {
+            if v != vocab_size {
+                return Err(GgufError::metadata(
+                    path,
+                    &k("vocab_size"),
+                    format!("{v}, but `token_embd.weight` has {vocab_size} rows"),
+                ));
+            }
+        }
+        Ok(LlamaParams {
+            hidden_size: hidden,
+            intermediate_size: g.req_u64(&k("feed_forward_length"))?,
+            num_hidden_layers: g.req_u64(&k("block_count"))?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            rms_norm_eps: g.opt_f64(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+            rope_theta: g.opt_f64(&k("rope.freq_base"))?.unwrap_or(10000.0),
+            rope_scaling,
+            max_position_embeddings: g.opt_u64(&k("context_length"))?,
+            vocab_size,
+            tie_word_embeddings: g.tensor("output.weight").is_none(),
+        })
+    }
+
+    /// `config.json` for `LlamaForCausalLM`.
+    pub fn hf_config(&self, special: &SpecialIds, dtype: OutDtype) -> Value {
+        let eos = eos_value(special);
+        json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings.unwrap_or(2048),
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "mlp_bias": false,
+            "initializer_range": 0.02,
+            "pretraining_tp": 1,
+            "use_cache": true,
+            "bos_token_id": special.bos,
+            "eos_token_id": eos,
+            "pad_token_id": special.pad,
+            "dtype": dtype.torch_name(),
+        })
+    }
+}
+
+/// `eos_token_id`: one id, or `[eos, eot]` when the file names a separate end-of-turn token.
+fn eos_value(special: &SpecialIds) -> Value {
+    match (special.eos, special.eot) {
+        (Some(e), Some(t)) => json!([e, t]),
+        (e, t) => json!(e.or(t)),
+    }
+}
+
+fn architecture(g: &GgufFile) -> Result<&str> {
+    let arch = g
+        .opt_str("general.architecture")?
+        .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
+    if arch != "llama" {
+        return Err(GgufError::unsupported(
+            g.path(),
+            format!(
+                "architecture `{arch}` is not supported (only `llama`: Llama, SmolLM, Mistral without sliding window)"
+            ),
+        ));
+    }
+    Ok(arch)
+}
+
+/// Restores transformers' row order of a `q_proj`/`k_proj` weight stored by llama.cpp (see the
+/// module docs): `data` is row-major `[rows, cols]` with `rows = n_head · head_dim`.
+pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
+    let head_dim = rows / n_head;
+    let half = head_dim / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..n_head {
+        for i in 0..2 {
+            for r in 0..half {
+                let hf = h * head_dim + i * half + r;
+                let gguf = h * head_dim + 2 * r + i;
+                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gguf * cols..(gguf + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of [`unpermute_rows`]: what llama.cpp's converter does to an HF weight.
+pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
+    let head_dim = rows / n_head;
+    let half = head_dim / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..n_head {
+        for i in 0..2 {
+            for r in 0..half {
+                let hf = h * head_dim + i * half + r;
+                let gguf = h * head_dim + 2 * r + i;
+                out[gguf * cols..(gguf + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The HF name of a llama GGUF tensor, and whether its rows need un-permuting.
+fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
+    let (h, inter) = (p.hidden_size, p.intermediate_size);
+    let (q_rows, kv_rows) = (p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim);
+    let top = match name {
+        "token_embd.weight" => Some(("model.embed_tokens.weight".to_owned(), vec![p.vocab_size, h])),
+        "output_norm.weight" => Some(("model.norm.weight".to_owned(), vec![h])),
+        "output.weight" => Some(("lm_head.weight".to_owned(), vec![p.vocab_size, h])),
+        _ => None,
+    };
+    if let Some((n, shape)) = top {
+        return Some((n, Rope::None, shape));
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: u64 = layer.parse().ok()?;
+    if layer >= p.num_hidden_layers {
+        return None;
+    }
+    let (suffix, rope, shape) = match rest {
+        "attn_norm.weight" => ("input_layernorm.weight", Rope::None, vec![h]),
+        "ffn_norm.weight" => ("post_attention_layernorm.weight", Rope::None, vec![h]),
+        "attn_q.weight" => ("self_attn.q_proj.weight", Rope::Heads(p.num_attention_heads), vec![q_rows, h]),
+        "attn_k.weight" => ("self_attn.k_proj.weight", Rope::Heads(p.num_key_value_heads), vec![kv_rows, h]),
+        "attn_v.weight" => ("self_attn.v_proj.weight", Rope::None, vec![kv_rows, h]),
+        "attn_output.weight" => ("self_attn.o_proj.weight", Rope::None, vec![h, q_rows]),
+        "ffn_gate.weight" => ("mlp.gate_proj.weight", Rope::None, vec![inter, h]),
+        "ffn_up.weight" => ("mlp.up_proj.weight", Rope::None, vec![inter, h]),
+        "ffn_down.weight" => ("mlp.down_proj.weight", Rope::None, vec![h, inter]),
+        _ => return None,
+    };
+    Some((format!("model.layers.{layer}.{suffix}"), rope, shape))
+}
+
+/// Imports a llama GGUF into `out` (created if needed; existing files of the same names are
+/// overwritten). Everything is checked — architecture, tensor names, shapes, types, tokenizer —
+/// before the first file is written.
+pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportSummary> {
+    let path = g.path();
+    let arch = architecture(g)?.to_owned();
+    let params = LlamaParams::from_gguf(g)?;
+
+    // Plan: every tensor must be known, of the right shape and dequantisable.
+    let mut planned = Vec::with_capacity(g.tensors.len());
+    let mut unknown = Vec::new();
+    let mut types: Vec<(String, usize)> = Vec::new();
+    for info in &g.tensors {
+        let Some((hf, rope, expected)) = hf_name(&info.name, &params) else {
+            unknown.push(info.name.clone());
+            continue;
+        };
+        let shape: Vec<u64> = info.dims.iter().rev().copied().collect();
+        if shape != expected {
+            return Err(GgufError::invalid(
+                path,
+                format!("tensor `{}` has shape {shape:?} (dims reversed), expected {expected:?} for `{hf}`", info.name),
+            ));
+        }
+        if !info.ggml_type.can_dequantize() {
+            return Err(GgufError::unsupported(
+                path,
+                format!(
+                    "tensor `{}` is {}, which this importer cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                    info.name, info.ggml_type
+                ),
+            ));
+        }
+        match types.iter_mut().find(|(t, _)| t == info.ggml_type.name()) {
+            Some((_, n)) => *n += 1,
+            None => types.push((info.ggml_type.name().to_owned(), 1)),
+        }
+        planned.push(Planned { info, hf_name: hf, shape: shape.iter().map(|&d| d as usize).collect(), rope });
+    }
+    if !unknown.is_empty() {
+        unknown.truncate(10);
+        return Err(GgufError::unsupported(path, format!("tensors with no Llama counterpart: {}", unknown.join(", "))));
+    }
+    let have: HashMap<&str, ()> = planned.iter().map(|p| (p.hf_name.as_str(), ())).collect();
+    let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
+    for l in 0..params.num_hidden_layers {
+        for s in [
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ] {
+            required.push(format!("model.layers.{l}.{s}"));
+        }
+    }
+    if let Some(missing) = required.iter().find(|n| !have.contains_key(n.as_str())) {
+        return Err(GgufError::invalid(path, format!("no tensor for `{missing}`")));
+    }
+
+    let tok = tokenizer::build(g, params.max_position_embeddings)?;
+    if tok.n_tokens as u64 > params.vocab_size {
+        return Err(GgufError::invalid(
+            path,
+            format!("{} tokens but the embedding has only {} rows", tok.n_tokens, params.vocab_size),
+        ));
+    }
+
+    // Convert.
+    let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(planned.len());
+    let mut parameters = 0u64;
+    for p in &planned {
+        let mut values = g.dequantize(p.info)?;
+        if let Rope::Heads(n_head) = p.rope {
+            values = unpermute_rows(&values, p.shape[0], p.shape[1], n_head as usize);
+        }
+        parameters += values.len() as u64;
+        let bytes = match dtype {
+            OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        };
+        buffers.push((p.hf_name.clone(), p.shape.clone(), bytes));
+    }
+
+    std::fs::create_dir_all(out).map_err(|e| GgufError::io(out, e))?;
+    let st_dtype = match dtype {
+        OutDtype::F32 => Dtype::F32,
+        OutDtype::Bf16 => Dtype::BF16,
+    };
+    let mut views = Vec::with_capacity(buffers.len());
+    for (name, shape, bytes) in &buffers {
+        let view = TensorView::new(st_dtype, shape.clone(), bytes)
+            .map_err(|e| GgufError::invalid(path, format!("tensor `{name}`: {e:?}")))?;
+        views.push((name.as_str(), view));
+    }
+    let weights = out.join("model.safetensors");
+    let info = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
+    safetensors::tensor::serialize_to_file(views, &info, &weights)
+        .map_err(|e| GgufError::io(&weights, std::io::Error::other(format!("{e:?}"))))?;
+    drop(buffers);
+
+    let mut generation = serde_json::Map::new();
+    if let Some(b) = tok.special.bos {
+        generation.insert("bos_token_id".into(), json!(b));
+    }
+    generation.insert("eos_token_id".into(), eos_value(&tok.special));
+    if let Some(p) = tok.special.pad {
+        generation.insert("pad_token_id".into(), json!(p));
+    }
+    let mut files = vec![weights];
+    for (name, value) in [
+        ("config.json", params.hf_config(&tok.special, dtype)),
+        ("generation_config.json", Value::Object(generation)),
+        ("tokenizer.json", tok.tokenizer_json),
+        ("tokenizer_config.json", tok.tokenizer_config),
+    ] {
+        let file = out.join(name);
+        let text = serde_json::to_string_pretty(&value).expect("JSON values serialise");
+        std::fs::write(&file, text + "\n").map_err(|e| GgufError::io(&file, e))?;
+        files.push(file);
+    }
+    Ok(ImportSummary {
+        architecture: arch,
+        params,
+        dtype,
+        tensors: planned.len(),
+        parameters,
+        source_types: types,
+        special: tok.special,
+        duplicate_tokens: tok.duplicate_tokens,
+        files,
+    })
+}

@@ -1,0 +1,36 @@
+//! GGUF files (llama.cpp's checkpoint format): reading, dequantisation, and import of Llama
+//! models into Hugging Face checkpoint directories that `rlhf-models` and transformers load.
+//!
+//! ```no_run
+//! use rlhf_gguf::{import_llama, GgufFile, OutDtype};
+//!
+//! let gguf = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! println!("{:?}", gguf.get("general.name"));
+//! import_llama(&gguf, "models/smollm2-135m-instruct".as_ref(), OutDtype::F32)?;
+//! # Ok::<(), rlhf_gguf::GgufError>(())
+//! ```
+//!
+//! The reader is written here rather than taken from crates.io: of the GGUF crates there,
+//! `gguf`, `gguf-rs` and `gguf-rs-lib` (~20k lines) parse but do not dequantise, `candle-core`
+//! brings a whole tensor framework, and `ggus` + `ggml-quants` (0.x) dequantise but pull rayon,
+//! regex, indexmap and num_enum's proc-macro stack — for a format that takes a few hundred lines.
+//! The crate has no tch dependency, so `cargo xtask` can use it.
+//!
+//! Dequantisation covers F32, F16, BF16, Q8_0, Q4_0 and Q4_1; files with other types (K-quants,
+//! IQ) can be read, and their tensors are refused with the type named.
+
+mod dequant;
+mod error;
+mod import;
+mod meta;
+mod reader;
+pub mod tokenizer;
+mod types;
+mod writer;
+
+pub use dequant::dequantize;
+pub use error::{GgufError, Result};
+pub use import::{import_llama, permute_rows, unpermute_rows, ImportSummary, LlamaParams, OutDtype, OUTPUT_FILES};
+pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+pub use types::{GgmlType, Value, ValueType};
+pub use writer::GgufWriter;
