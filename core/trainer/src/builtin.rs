@@ -6,6 +6,8 @@
 //!
 //! Task `builtin:addition`: prompts `a + b =` over single digits with `a + b <= 9`, label `a + b`;
 //! a response is correct when its number equals the label (scored by `reward-rules`).
+//! Datasets `builtin:addition-sft` and `builtin:addition-pairs` ([`dataset`]) feed `rlhf sft` and
+//! `rlhf rm` (the `cargo xtask pipeline` default), each with a held-out eval split.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -57,6 +59,85 @@ pub fn task_demonstrations(name: &str) -> Result<Vec<(String, String)>> {
         .collect())
 }
 
+/// Prompts of `builtin:addition` held out of the supervised built-in datasets (every fifth, from the
+/// third): 11 of 55.
+fn held_out(index: usize) -> bool {
+    index % 5 == 2
+}
+
+/// Malformed answers to a prompt whose sum is `c`: every non-digit word alone, the answer repeated
+/// or followed by a symbol, and six seeded random strings of 1–4 vocabulary words (never the bare
+/// correct answer), so a reward model trained on them covers what a policy may say instead of a
+/// number and does not reward rambling.
+fn malformed(c: u32, seed: u64) -> Vec<String> {
+    let mut out: Vec<String> = WORDS[10..].iter().map(|w| format!(" {w}")).collect();
+    out.extend([format!(" {c} {c}"), format!(" {c} =")]);
+    let mut rng = crate::data::SplitMix(seed.wrapping_mul(0x51_7CC1_B727_220A) ^ 0xADD);
+    while out.len() < 13 {
+        let len = 1 + (rng.next_u64() % 4) as usize;
+        let words: Vec<&str> = (0..len).map(|_| WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]).collect();
+        let s = format!(" {}", words.join(" "));
+        if s != format!(" {c}") && !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// A built-in supervised or preference dataset as JSON lines, `(train, eval)`, generated
+/// deterministically:
+///
+/// - `addition-sft`: `{"prompt": "3 + 4 =", "response": "7"}` for every `builtin:addition` prompt;
+///   eval = 11 held-out prompts.
+/// - `addition-pairs`: DeepSpeed-Chat's format, `{"prompt": "3 + 4 =", "chosen": " 7", "rejected":
+///   " 5"}` (responses with a leading space, as DSC writes them): per prompt, every wrong digit and
+///   13 malformed answers (every non-digit word alone, `" 7 7"`, `" 7 ="`, random word strings) are
+///   rejected against the correct sum; eval = one wrong-digit pair of every prompt (55), train =
+///   the other 1155.
+pub fn dataset(name: &str) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
+    let prompts = addition_prompts();
+    let sums = prompts.iter().map(|p| match p {
+        RawPrompt::Text { prompt, label: Some(l), .. } => (prompt.clone(), l.clone()),
+        _ => (String::new(), String::new()),
+    });
+    let (mut train, mut eval) = (Vec::new(), Vec::new());
+    match name {
+        "addition-sft" => {
+            for (i, (prompt, sum)) in sums.enumerate() {
+                let line = json!({"prompt": prompt, "response": sum});
+                if held_out(i) {
+                    eval.push(line)
+                } else {
+                    train.push(line)
+                }
+            }
+        }
+        "addition-pairs" => {
+            for (i, (prompt, sum)) in sums.enumerate() {
+                let c: u32 = sum.parse().unwrap_or(0);
+                let eval_wrong = (c + 1 + (i as u32 % 9)) % 10;
+                for w in (0..10u32).filter(|&w| w != c) {
+                    let line = json!({"prompt": prompt, "chosen": format!(" {c}"), "rejected": format!(" {w}")});
+                    if w == eval_wrong {
+                        eval.push(line)
+                    } else {
+                        train.push(line)
+                    }
+                }
+                for bad in malformed(c, i as u64) {
+                    train.push(json!({"prompt": prompt, "chosen": format!(" {c}"), "rejected": bad}));
+                }
+            }
+        }
+        other => {
+            return Err(TrainerError::Config(format!(
+                "unknown built-in dataset `builtin:{other}` (available: builtin:addition-sft, builtin:addition-pairs)"
+            )))
+        }
+    }
+    Ok((train, eval))
+}
+
 fn tokenizer_json() -> serde_json::Value {
     let specials = ["<pad>", "<eos>", "<unk>"];
     let mut vocab = serde_json::Map::new();
@@ -73,7 +154,7 @@ fn tokenizer_json() -> serde_json::Value {
         .collect();
     json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
         "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
     })
 }
@@ -143,5 +224,19 @@ mod tests {
         let m = rlhf_models::CausalLm::from_dir(dir.path(), Device::Cpu, Kind::Float).unwrap();
         assert_eq!(m.arch().vocab_size, 18);
         assert_eq!(addition_prompts().len(), 55);
+        // `prompt + response` without a space still splits the answer off (the reward model reads it).
+        assert_eq!(tok.encode("3 + 4 =7", true).unwrap(), tok.encode("3 + 4 = 7", true).unwrap());
+    }
+
+    #[test]
+    fn builtin_datasets_split_deterministically() {
+        let (train, eval) = dataset("addition-sft").unwrap();
+        assert_eq!((train.len(), eval.len()), (44, 11));
+        assert_eq!(train[0], json!({"prompt": "0 + 0 =", "response": "0"}));
+        let (train, eval) = dataset("addition-pairs").unwrap();
+        assert_eq!((train.len(), eval.len()), (1155, 55));
+        assert!(eval.iter().all(|l| l["chosen"] != l["rejected"]));
+        assert_eq!(dataset("addition-pairs").unwrap().1, eval);
+        assert!(dataset("nope").unwrap_err().to_string().contains("builtin:addition-sft"));
     }
 }

@@ -1,0 +1,25 @@
+//! `rlhf rm`: reward-model training (DeepSpeed-Chat phase 2).
+
+use rlhf_trainer::rm::{run_rm, RmConfig};
+
+use crate::cmd_sft::{show, PhaseArgs};
+
+/// `rlhf rm`.
+pub fn rm(args: PhaseArgs) -> anyhow::Result<()> {
+    let (source, sets) = args.source_and_sets("rm");
+    let cfg = RmConfig::load(&source, &sets)?;
+    let s = run_rm(cfg)?;
+    println!(
+        "eval accuracy: before {}, after {} ({} eval pairs; {} train pairs, {} steps)",
+        show(s.eval_accuracy_before),
+        show(s.eval_accuracy_after),
+        s.eval_pairs,
+        s.train_pairs,
+        s.steps
+    );
+    println!("eval scores: chosen {}, rejected {}", show(s.eval_chosen_score), show(s.eval_rejected_score));
+    println!("reward model (*ForSequenceClassification): {}", s.model_dir.display());
+    println!("run dir: {}", s.run_dir.display());
+    println!("metrics: {}", s.metrics_path.display());
+    Ok(())
+}

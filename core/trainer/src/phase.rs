@@ -1,0 +1,608 @@
+//! What the supervised phases (`rlhf sft`, `rlhf rm`) share: the `run`, `model` and `train` config
+//! sections, the data sources (a JSONL file or a `builtin:` dataset, with a held-out eval split),
+//! the per-kind report of bad input lines, and the epoch / gradient-accumulation plan.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::Schedule;
+use crate::data::SplitMix;
+use crate::error::{Result, TrainerError};
+use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::optim::Optim;
+
+/// `[run]`: seed, run directory, device and dtype.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PhaseRunConfig {
+    /// Seeds libtorch (the fresh score head) and the data order.
+    pub seed: u64,
+    /// Run directory (metrics.jsonl, config.toml, checkpoints, the final model); default
+    /// `runs/<phase>-<unix time>`.
+    pub run_dir: Option<PathBuf>,
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// `f32` or `bf16`.
+    pub dtype: String,
+}
+
+impl Default for PhaseRunConfig {
+    fn default() -> Self {
+        PhaseRunConfig { seed: 42, run_dir: None, device: "cpu".into(), dtype: "f32".into() }
+    }
+}
+
+/// `[model]`: the starting checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PhaseModelConfig {
+    /// Hugging Face causal-LM directory, or `builtin:tiny` (the embedded tiny Llama, random weights).
+    pub path: String,
+}
+
+impl Default for PhaseModelConfig {
+    fn default() -> Self {
+        PhaseModelConfig { path: "builtin:tiny".into() }
+    }
+}
+
+/// What happens to an example longer than `data.max_len` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlong {
+    /// Keep the first `max_len` tokens (DeepSpeed-Chat's `truncation=True`); counted and reported.
+    #[default]
+    Truncate,
+    /// Skip the example; counted and reported.
+    Drop,
+}
+
+/// `[train]`: the optimisation loop.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PhaseTrainConfig {
+    /// Passes over the training data.
+    pub epochs: usize,
+    /// Sequences (SFT) or pairs (RM) per forward pass.
+    pub batch_size: usize,
+    /// Forward passes per optimizer step (the effective batch is `batch_size × grad_accum`).
+    pub grad_accum: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub adam_betas: (f64, f64),
+    pub adam_eps: f64,
+    /// Optimizer steps of linear warm-up.
+    pub warmup_steps: usize,
+    /// After warm-up: `constant`, `linear` or `cosine` decay to 0 at the last step.
+    pub schedule: Schedule,
+    /// Gradient-norm clip (0 disables).
+    pub max_grad_norm: f64,
+    /// Stop after this many optimizer steps (0 = run every epoch).
+    pub max_steps: usize,
+    /// Evaluate every N optimizer steps (0 = only before training and at the end).
+    pub eval_every: usize,
+    /// Save a checkpoint under `<run_dir>/checkpoints/step-N` every N steps (0 = only the final model).
+    pub save_every: usize,
+    /// Sequences (SFT) or pairs (RM) per forward pass during evaluation.
+    pub eval_batch_size: usize,
+}
+
+impl Default for PhaseTrainConfig {
+    fn default() -> Self {
+        PhaseTrainConfig {
+            epochs: 1,
+            batch_size: 8,
+            grad_accum: 1,
+            lr: 1e-5,
+            weight_decay: 0.0,
+            adam_betas: (0.9, 0.95),
+            adam_eps: 1e-8,
+            warmup_steps: 0,
+            schedule: Schedule::Cosine,
+            max_grad_norm: 1.0,
+            max_steps: 0,
+            eval_every: 0,
+            save_every: 0,
+            eval_batch_size: 16,
+        }
+    }
+}
+
+impl PhaseTrainConfig {
+    /// Range checks; errors name `label` (the config source) and the key.
+    pub fn validate(&self, label: &str) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(TrainerError::Config(format!("{label}: train.{key}: {msg}")));
+        if self.epochs == 0 {
+            return bad("epochs", "must be >= 1");
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be >= 1");
+        }
+        if self.grad_accum == 0 {
+            return bad("grad_accum", "must be >= 1");
+        }
+        if self.eval_batch_size == 0 {
+            return bad("eval_batch_size", "must be >= 1");
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("lr", "must be a finite number > 0");
+        }
+        if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
+            return bad("max_grad_norm", "must be >= 0");
+        }
+        Ok(())
+    }
+}
+
+/// Where the supervised data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataSpec {
+    File(PathBuf),
+    /// A `builtin:NAME` dataset of [`crate::builtin::dataset`].
+    Builtin(String),
+}
+
+impl DataSpec {
+    /// `builtin:NAME` or a path.
+    pub fn parse(s: &str) -> Self {
+        match s.strip_prefix("builtin:") {
+            Some(name) => DataSpec::Builtin(name.to_string()),
+            None => DataSpec::File(PathBuf::from(s)),
+        }
+    }
+}
+
+/// Non-blank lines of one data source: `(1-based line number, raw text or built-in value)`.
+#[derive(Debug, Clone)]
+pub struct SourceLines {
+    /// The file's path or `builtin:NAME` (what messages name).
+    pub label: String,
+    pub lines: Vec<(usize, RawLine)>,
+}
+
+/// One line before parsing.
+#[derive(Debug, Clone)]
+pub enum RawLine {
+    Text(String),
+    Json(Value),
+}
+
+impl SourceLines {
+    /// Reads a JSONL file (blank lines skipped, numbers kept).
+    pub fn read_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
+        let lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| (i + 1, RawLine::Text(l.to_string())))
+            .collect();
+        Ok(SourceLines { label: path.display().to_string(), lines })
+    }
+
+    fn from_values(label: String, values: Vec<Value>) -> Self {
+        SourceLines { label, lines: values.into_iter().enumerate().map(|(i, v)| (i + 1, RawLine::Json(v))).collect() }
+    }
+
+    /// Parses every line into a JSON object; the others are counted in `report`.
+    pub fn objects(&self, report: &mut DataReport) -> Vec<(usize, serde_json::Map<String, Value>)> {
+        let mut out = Vec::with_capacity(self.lines.len());
+        for (n, line) in &self.lines {
+            let value = match line {
+                RawLine::Json(v) => v.clone(),
+                RawLine::Text(t) => match serde_json::from_str::<Value>(t) {
+                    Ok(v) => v,
+                    Err(_) => {
+                        report.skip(*n, "not valid JSON");
+                        continue;
+                    }
+                },
+            };
+            match value {
+                Value::Object(o) => out.push((*n, o)),
+                _ => report.skip(*n, "not a JSON object"),
+            }
+        }
+        out
+    }
+}
+
+/// The training lines and the eval lines of a phase.
+#[derive(Debug, Clone)]
+pub struct Splits {
+    pub train: SourceLines,
+    /// None when there is no eval data.
+    pub eval: Option<SourceLines>,
+}
+
+/// Resolves `data.train`, `data.eval` and `data.eval_fraction`: an explicit eval file wins; then
+/// `eval_fraction > 0` holds out that fraction of the train lines (a seeded random subset, at least
+/// one line); otherwise a built-in train set brings its own held-out split, and a file none.
+pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u64) -> Result<Splits> {
+    if !(0.0..1.0).contains(&eval_fraction) {
+        return Err(TrainerError::Config(format!("data.eval_fraction: must be in [0, 1), got {eval_fraction}")));
+    }
+    let load = |spec: &str, key: &str| -> Result<(SourceLines, Option<SourceLines>)> {
+        match DataSpec::parse(spec) {
+            DataSpec::File(p) => {
+                if !p.is_file() {
+                    return Err(TrainerError::Config(format!("data.{key}: {}: file not found", p.display())));
+                }
+                Ok((SourceLines::read_file(&p)?, None))
+            }
+            DataSpec::Builtin(name) => {
+                let (t, e) =
+                    crate::builtin::dataset(&name).map_err(|e| TrainerError::Config(format!("data.{key}: {e}")))?;
+                let label = format!("builtin:{name}");
+                Ok((
+                    SourceLines::from_values(label.clone(), t),
+                    Some(SourceLines::from_values(format!("{label} (eval)"), e)),
+                ))
+            }
+        }
+    };
+    let (mut train, builtin_eval) = load(train, "train")?;
+    if let Some(e) = eval.filter(|e| !e.is_empty()) {
+        // A built-in named as eval data gives its held-out split.
+        let (lines, builtin_held_out) = load(e, "eval")?;
+        return Ok(Splits { train, eval: Some(builtin_held_out.unwrap_or(lines)) });
+    }
+    if eval_fraction > 0.0 && train.lines.len() < 2 {
+        tracing::warn!("{}: too few lines to hold out data.eval_fraction; no evaluation", train.label);
+    } else if eval_fraction > 0.0 {
+        let n = train.lines.len();
+        let k = ((n as f64 * eval_fraction).round() as usize).clamp(1, n - 1);
+        let mut order: Vec<usize> = (0..n).collect();
+        SplitMix(seed ^ 0xE7A1).shuffle(&mut order);
+        let mut held = vec![false; n];
+        for &i in order.iter().take(k) {
+            held[i] = true;
+        }
+        let (mut t, mut e) = (Vec::new(), Vec::new());
+        for (i, l) in train.lines.into_iter().enumerate() {
+            if held[i] {
+                e.push(l)
+            } else {
+                t.push(l)
+            }
+        }
+        let label = train.label.clone();
+        train.lines = t;
+        return Ok(Splits { train, eval: Some(SourceLines { label, lines: e }) });
+    }
+    Ok(Splits { train, eval: builtin_eval })
+}
+
+/// Counts of bad or altered input lines per reason, each with its first line number. Printed as
+/// one warning per reason: `data/pairs.jsonl: skipped 3 lines (chosen == rejected), first at line 17`.
+#[derive(Debug, Clone, Default)]
+pub struct DataReport {
+    /// `(skipped?, reason, count, first line)` in order of first appearance.
+    kinds: Vec<(bool, String, usize, usize)>,
+}
+
+impl DataReport {
+    fn add(&mut self, skipped: bool, line: usize, reason: &str) {
+        match self.kinds.iter_mut().find(|k| k.0 == skipped && k.1 == reason) {
+            Some(k) => {
+                k.2 += 1;
+                k.3 = k.3.min(line);
+            }
+            None => self.kinds.push((skipped, reason.to_string(), 1, line)),
+        }
+    }
+
+    /// The line is not used, for `reason`.
+    pub fn skip(&mut self, line: usize, reason: &str) {
+        self.add(true, line, reason);
+    }
+
+    /// The line is used but was truncated (or otherwise altered), for `reason`.
+    pub fn truncate(&mut self, line: usize, reason: &str) {
+        self.add(false, line, reason);
+    }
+
+    /// Lines skipped, all reasons together.
+    pub fn skipped(&self) -> usize {
+        self.kinds.iter().filter(|k| k.0).map(|k| k.2).sum()
+    }
+
+    /// Lines skipped for exactly `reason`.
+    pub fn count(&self, reason: &str) -> usize {
+        self.kinds.iter().filter(|k| k.1 == reason).map(|k| k.2).sum()
+    }
+
+    /// One message per reason, naming `label` (the file) and the first offending line.
+    pub fn messages(&self, label: &str) -> Vec<String> {
+        let mut kinds = self.kinds.clone();
+        kinds.sort_by_key(|k| k.3);
+        kinds
+            .iter()
+            .map(|(skipped, reason, n, first)| {
+                let what = if *skipped { "skipped" } else { "truncated" };
+                let lines = if *n == 1 { "line" } else { "lines" };
+                format!("{label}: {what} {n} {lines} ({reason}), first at line {first}")
+            })
+            .collect()
+    }
+
+    /// Logs [`DataReport::messages`] as warnings.
+    pub fn warn(&self, label: &str) {
+        for m in self.messages(label) {
+            tracing::warn!("{m}");
+        }
+    }
+
+    /// The error for a source without a single usable line.
+    pub fn all_bad(&self, label: &str, total: usize) -> TrainerError {
+        let why = if total == 0 { "the file has no lines".to_string() } else { self.messages(label).join("; ") };
+        TrainerError::Data { path: PathBuf::from(label), message: format!("no usable examples ({why})") }
+    }
+}
+
+/// The starting model directory: a path as is, or `builtin:tiny` written into `<run_dir>/builtin-model`.
+pub fn resolve_model_dir(spec: &str, run_dir: &Path, seed: u64) -> Result<PathBuf> {
+    match spec.strip_prefix("builtin:") {
+        Some("tiny") => {
+            let dir = run_dir.join("builtin-model");
+            crate::builtin::write_tiny_model(&dir, seed)?;
+            Ok(dir)
+        }
+        Some(other) => Err(TrainerError::Config(format!(
+            "model.path: unknown built-in model `builtin:{other}` (available: builtin:tiny)"
+        ))),
+        None => {
+            let p = PathBuf::from(spec);
+            if !p.is_dir() {
+                return Err(TrainerError::Config(format!("model.path: {spec}: model directory not found")));
+            }
+            Ok(p)
+        }
+    }
+}
+
+/// A LoRA config or application error as a config error (`{label}: lora.rank: must be >= 0`).
+pub fn lora_error(label: &str, e: rlhf_models::ModelError) -> TrainerError {
+    match e {
+        rlhf_models::ModelError::Input(m) => TrainerError::Config(format!("{label}: {m}")),
+        other => TrainerError::Config(format!("{label}: lora: {other}")),
+    }
+}
+
+/// Creates the run directory (default `runs/<phase>-<unix time>`) and writes the resolved config.
+pub fn prepare_run_dir<T: Serialize>(run_dir: &Option<PathBuf>, phase: &str, cfg: &T) -> Result<PathBuf> {
+    let dir = run_dir.clone().unwrap_or_else(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        PathBuf::from("runs").join(format!("{phase}-{t}"))
+    });
+    std::fs::create_dir_all(&dir).map_err(|e| TrainerError::io(&dir, e))?;
+    let text = toml::to_string(cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).map_err(|e| TrainerError::io(&path, e))?;
+    Ok(dir)
+}
+
+/// Optimizer steps of a run over `n` items: `epochs × ⌈⌈n / batch⌉ / accum⌉`, capped by `max_steps`.
+pub fn total_steps(n: usize, t: &PhaseTrainConfig) -> usize {
+    let per_epoch = n.div_ceil(t.batch_size).div_ceil(t.grad_accum);
+    let all = per_epoch * t.epochs;
+    if t.max_steps > 0 {
+        all.min(t.max_steps)
+    } else {
+        all
+    }
+}
+
+/// The item indices of every optimizer step of one epoch: a seeded shuffle of `0..n`, cut into
+/// micro-batches of `batch_size`, grouped `grad_accum` at a time (the last group may be shorter).
+pub fn epoch_plan(n: usize, t: &PhaseTrainConfig, seed: u64, epoch: usize) -> Vec<Vec<Vec<usize>>> {
+    let mut order: Vec<usize> = (0..n).collect();
+    SplitMix(seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)).shuffle(&mut order);
+    let micro: Vec<Vec<usize>> = order.chunks(t.batch_size).map(<[usize]>::to_vec).collect();
+    micro.chunks(t.grad_accum).map(<[Vec<usize>]>::to_vec).collect()
+}
+
+/// Where checkpoint `step` goes.
+pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {
+    run_dir.join("checkpoints").join(format!("step-{step}"))
+}
+
+/// One micro-batch's forward and backward.
+#[derive(Debug, Clone, Copy)]
+pub struct MicroOut {
+    /// The micro-batch's loss summed over its items (tokens for SFT, pairs for RM), before scaling.
+    pub loss_sum: f64,
+    /// Real tokens processed.
+    pub tokens: usize,
+}
+
+/// A supervised phase as the shared loop drives it.
+pub trait PhaseTask {
+    /// Loss weight of a micro-batch (target tokens for SFT, pairs for RM). A step's loss is the sum
+    /// of its micro-batches' losses divided by the total weight, so gradient accumulation equals
+    /// one large batch.
+    fn weight(&self, items: &[usize]) -> f64;
+    /// Forward, loss scaled by `1 / total_weight`, backward. Returns `None` without a backward pass
+    /// when the loss is not finite (the step is then skipped).
+    fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>>;
+    /// Metrics on the eval split (`eval/...`), or `None` without one.
+    fn evaluate(&mut self) -> Result<Option<StepMetrics>>;
+    /// Saves the model in Hugging Face format.
+    fn save(&self, dir: &Path) -> Result<()>;
+}
+
+/// What [`run_phase`] did.
+#[derive(Debug, Clone)]
+pub struct LoopSummary {
+    pub steps: usize,
+    /// Eval metrics before the first step and after the last.
+    pub eval_before: Option<StepMetrics>,
+    pub eval_after: Option<StepMetrics>,
+    /// Training loss of the first and last step.
+    pub loss_first: f64,
+    pub loss_last: f64,
+    /// The final model.
+    pub model_dir: PathBuf,
+}
+
+/// The loop shared by the supervised phases: evaluate (step 0) → per optimizer step, the
+/// micro-batches of [`epoch_plan`] with gradient accumulation → optimizer and schedule step →
+/// `metrics.jsonl` line (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `epoch`, and `eval/...` every
+/// `eval_every` steps and at the end) → checkpoint every `save_every` steps → the final model in
+/// `<run_dir>/model`.
+pub fn run_phase<T: PhaseTask>(
+    task: &mut T,
+    n: usize,
+    t: &PhaseTrainConfig,
+    seed: u64,
+    opt: &mut Optim,
+    run_dir: &Path,
+    metrics: &mut MetricsWriter,
+) -> Result<LoopSummary> {
+    let total = total_steps(n, t);
+    let eval_before = task.evaluate()?;
+    if let Some(m) = &eval_before {
+        metrics.write(0, m)?;
+        tracing::info!("step 0/{total}  {}", show(m));
+    }
+    let mut eval_after = eval_before.clone();
+    let (mut step, mut loss_first, mut loss_last) = (0usize, f64::NAN, f64::NAN);
+    let log_every = (total / 20).max(1);
+    'epochs: for epoch in 0..t.epochs {
+        let plan = epoch_plan(n, t, seed, epoch);
+        let per_epoch = plan.len();
+        for (k, group) in plan.into_iter().enumerate() {
+            if step >= total {
+                break 'epochs;
+            }
+            let t0 = Instant::now();
+            let mut m = StepMetrics::default();
+            let weight: f64 = group.iter().map(|g| task.weight(g)).sum();
+            let (mut loss_sum, mut tokens, mut finite) = (0f64, 0usize, true);
+            for micro in &group {
+                match task.micro_step(micro, weight.max(1e-12), &mut m)? {
+                    Some(o) => {
+                        loss_sum += o.loss_sum;
+                        tokens += o.tokens;
+                    }
+                    None => {
+                        finite = false;
+                        break;
+                    }
+                }
+            }
+            step += 1;
+            if finite {
+                let info = opt.step()?;
+                m.set("lr", info.lr);
+                m.set("grad_norm", info.grad_norm);
+                if info.skipped {
+                    tracing::warn!("step {step}: non-finite gradient; optimizer step skipped");
+                    m.set("skipped_steps", 1.0);
+                }
+                let loss = loss_sum / weight.max(1e-12);
+                m.set("loss", loss);
+                if loss_first.is_nan() {
+                    loss_first = loss;
+                }
+                loss_last = loss;
+            } else {
+                opt.zero_grad();
+                tracing::warn!("step {step}: non-finite loss; optimizer step skipped");
+                m.set("skipped_steps", 1.0);
+            }
+            m.set("epoch", epoch as f64 + (k + 1) as f64 / per_epoch as f64);
+            let elapsed = t0.elapsed().as_secs_f64();
+            m.set("tokens_per_s", tokens as f64 / elapsed.max(1e-9));
+            m.set("step_time", elapsed);
+            let last = step == total;
+            if (t.eval_every > 0 && step % t.eval_every == 0) || last {
+                if let Some(e) = task.evaluate()? {
+                    for (key, v) in e.means() {
+                        m.set(&key, v);
+                    }
+                    eval_after = Some(e);
+                }
+            }
+            if t.save_every > 0 && step % t.save_every == 0 && !last {
+                let dir = checkpoint_dir(run_dir, step);
+                task.save(&dir)?;
+                tracing::info!("checkpoint: {}", dir.display());
+            }
+            metrics.write(step, &m)?;
+            if step % log_every == 0 || last || m.get("eval/loss").is_some() {
+                tracing::info!("step {step}/{total}  {}", show(&m));
+            }
+        }
+    }
+    let model_dir = run_dir.join("model");
+    task.save(&model_dir)?;
+    Ok(LoopSummary { steps: step, eval_before, eval_after, loss_first, loss_last, model_dir })
+}
+
+/// `key value` pairs of the interesting metrics of a step, for the log.
+fn show(m: &StepMetrics) -> String {
+    let mut parts = Vec::new();
+    for (k, v) in m.means() {
+        if k == "lr" {
+            parts.push(format!("lr {v:.3e}"));
+        } else if k == "loss" || k.starts_with("eval/") || k == "train/accuracy" {
+            parts.push(format!("{k} {v:.4}"));
+        }
+    }
+    parts.join("  ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_counts_per_reason_with_first_line() {
+        let mut r = DataReport::default();
+        r.skip(17, "chosen == rejected");
+        r.skip(3, "not valid JSON");
+        r.skip(20, "chosen == rejected");
+        r.truncate(5, "longer than max_len = 8 tokens");
+        assert_eq!(r.skipped(), 3);
+        assert_eq!(
+            r.messages("data/pairs.jsonl"),
+            vec![
+                "data/pairs.jsonl: skipped 1 line (not valid JSON), first at line 3",
+                "data/pairs.jsonl: truncated 1 line (longer than max_len = 8 tokens), first at line 5",
+                "data/pairs.jsonl: skipped 2 lines (chosen == rejected), first at line 17",
+            ]
+        );
+    }
+
+    #[test]
+    fn plan_covers_every_item_once_per_epoch() {
+        let t = PhaseTrainConfig { batch_size: 3, grad_accum: 2, epochs: 2, ..Default::default() };
+        assert_eq!(total_steps(10, &t), 4);
+        let plan = epoch_plan(10, &t, 1, 0);
+        assert_eq!(plan.len(), 2);
+        let mut all: Vec<usize> = plan.iter().flatten().flatten().copied().collect();
+        all.sort();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        assert_ne!(epoch_plan(10, &t, 1, 1), plan, "reshuffled every epoch");
+        assert_eq!(total_steps(10, &PhaseTrainConfig { max_steps: 3, ..t }), 3);
+    }
+
+    #[test]
+    fn eval_fraction_holds_out_disjoint_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.jsonl");
+        std::fs::write(&p, (0..10).map(|i| format!("{{\"i\": {i}}}\n")).collect::<String>()).unwrap();
+        let s = load_splits(p.to_str().unwrap(), None, 0.2, 7).unwrap();
+        let e = s.eval.unwrap();
+        assert_eq!((s.train.lines.len(), e.lines.len()), (8, 2));
+        assert!(e.lines.iter().all(|(n, _)| !s.train.lines.iter().any(|(m, _)| m == n)));
+        let s = load_splits("builtin:addition-sft", None, 0.0, 7).unwrap();
+        assert_eq!(s.eval.unwrap().lines.len(), 11);
+        let e = load_splits(dir.path().join("nope.jsonl").to_str().unwrap(), None, 0.0, 0).unwrap_err();
+        assert!(e.to_string().contains("data.train") && e.to_string().contains("nope.jsonl"), "{e}");
+    }
+}

@@ -1,0 +1,315 @@
+//! Supervised fine-tuning (DeepSpeed-Chat phase 1): next-token cross-entropy on the response tokens
+//! (or every token, `loss_on_prompt`) of prompt/response or chat examples ([`crate::sft_data`]),
+//! optionally packed, with AdamW, warm-up + schedule, gradient accumulation and clipping. The loss of
+//! a step is the mean NLL over every target token of its micro-batches. Evaluation is perplexity,
+//! `exp(mean NLL)` over the target tokens of the eval split (DSC evaluates `exp(loss)` the same
+//! way), before training, every `eval_every` steps and at the end. The model is saved in Hugging
+//! Face format (checkpoints every `save_every` steps, the final one in `<run_dir>/model`).
+
+use std::path::{Path, PathBuf};
+
+use rlhf_generation::{token_logprobs, LogProbOptions};
+use rlhf_models::{parse_device, parse_dtype, CausalLm, LoraConfig};
+use rlhf_tokenizer::HfTokenizer;
+use serde::{Deserialize, Serialize};
+use tch::Device;
+
+use crate::config::{load_layered, ConfigSource};
+use crate::error::{Result, TrainerError};
+use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::optim::Optim;
+use crate::phase::{
+    load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps, DataReport, MicroOut,
+    Overlong, PhaseModelConfig, PhaseRunConfig, PhaseTask, PhaseTrainConfig,
+};
+use crate::sft_data::{
+    build_sft_examples, collate, masked_nll_sum, pack, AssistantTurns, SftExample, SftTokenizeOptions,
+};
+
+/// `[data]` of `rlhf sft`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftDataConfig {
+    /// JSONL with `prompt`/`response` or chat `messages`; or `builtin:addition-sft`.
+    pub train: String,
+    /// A separate eval JSONL (or a built-in: its held-out split); unset: `eval_fraction` when > 0,
+    /// else a built-in train set's held-out split.
+    pub eval: Option<String>,
+    /// Fraction of the train lines held out for evaluation when `eval` is unset (0 = none).
+    pub eval_fraction: f64,
+    /// Tokens per example (and per packed row).
+    pub max_len: usize,
+    /// `truncate` (keep the first `max_len` tokens) or `drop`.
+    pub overlong: Overlong,
+    /// Render prompt/response through the chat template when the tokenizer has one (else raw text).
+    pub apply_chat_template: bool,
+    /// Train on the prompt tokens too.
+    pub loss_on_prompt: bool,
+    /// `all` assistant turns of a conversation, or the `last`.
+    pub assistant_turns: AssistantTurns,
+    /// Concatenate examples into rows of up to `max_len` tokens (see `sft_data`).
+    pub packing: bool,
+}
+
+impl Default for SftDataConfig {
+    fn default() -> Self {
+        SftDataConfig {
+            train: "builtin:addition-sft".into(),
+            eval: None,
+            eval_fraction: 0.0,
+            max_len: 512,
+            overlong: Overlong::Truncate,
+            apply_chat_template: true,
+            loss_on_prompt: false,
+            assistant_turns: AssistantTurns::All,
+            packing: false,
+        }
+    }
+}
+
+/// The whole `rlhf sft` configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftConfig {
+    pub run: PhaseRunConfig,
+    pub model: PhaseModelConfig,
+    pub data: SftDataConfig,
+    pub train: PhaseTrainConfig,
+    /// LoRA adapters (`rank = 0`: full fine-tuning); the saved model has them merged.
+    pub lora: LoraConfig,
+}
+
+/// The embedded presets of the supervised phases (`configs/sft.toml`, `configs/rm.toml`).
+pub const PHASE_PRESETS: &[(&str, &str)] =
+    &[("sft", include_str!("../../../configs/sft.toml")), ("rm", include_str!("../../../configs/rm.toml"))];
+
+impl SftConfig {
+    /// Loads base (file or the embedded `sft` preset), `RLHF_*` variables and `--set` overrides, and
+    /// validates.
+    pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
+        let cfg: SftConfig = load_layered(source, PHASE_PRESETS, sets)?;
+        let label = match source {
+            ConfigSource::File(p) => p.display().to_string(),
+            ConfigSource::Preset(n) => format!("preset {n}"),
+        };
+        cfg.train.validate(&label)?;
+        cfg.lora.validate().map_err(|e| lora_error(&label, e))?;
+        if cfg.data.max_len < 2 {
+            return Err(TrainerError::Config(format!("{label}: data.max_len: must be >= 2")));
+        }
+        Ok(cfg)
+    }
+}
+
+/// Where a finished SFT run left its outputs.
+#[derive(Debug, Clone)]
+pub struct SftSummary {
+    pub run_dir: PathBuf,
+    pub metrics_path: PathBuf,
+    /// The final model (Hugging Face format).
+    pub model_dir: PathBuf,
+    pub steps: usize,
+    pub train_examples: usize,
+    pub eval_examples: usize,
+    /// Eval perplexity before the first and after the last step.
+    pub eval_ppl_before: Option<f64>,
+    pub eval_ppl_after: Option<f64>,
+    pub loss_first: f64,
+    pub loss_last: f64,
+}
+
+/// Perplexity over the target tokens of `examples`: `(ppl, mean nll, tokens)`.
+pub fn perplexity(model: &CausalLm, examples: &[SftExample], batch_size: usize, pad: i64) -> Result<(f64, f64, usize)> {
+    let mut order: Vec<usize> = (0..examples.len()).collect();
+    order.sort_by_key(|&i| examples[i].ids.len());
+    let (mut nll, mut tokens) = (0f64, 0usize);
+    tch::no_grad(|| -> Result<()> {
+        for chunk in order.chunks(batch_size.max(1)) {
+            let batch: Vec<&SftExample> = chunk.iter().map(|&i| &examples[i]).collect();
+            let b = collate(&batch, pad, model.device())?;
+            let lp = token_logprobs(model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?;
+            nll += masked_nll_sum(&lp.logprobs, &b.target_mask)?.double_value(&[]);
+            tokens += b.targets;
+        }
+        Ok(())
+    })?;
+    let mean = nll / tokens.max(1) as f64;
+    Ok((mean.exp(), mean, tokens))
+}
+
+struct SftTask {
+    model: CausalLm,
+    train: Vec<SftExample>,
+    eval: Vec<SftExample>,
+    pad: i64,
+    eval_batch_size: usize,
+}
+
+impl PhaseTask for SftTask {
+    fn weight(&self, items: &[usize]) -> f64 {
+        items.iter().map(|&i| self.train[i].target_count()).sum::<usize>() as f64
+    }
+
+    fn micro_step(&mut self, items: &[usize], total_weight: f64, _m: &mut StepMetrics) -> Result<Option<MicroOut>> {
+        self.model.set_training(true);
+        let batch: Vec<&SftExample> = items.iter().map(|&i| &self.train[i]).collect();
+        let b = collate(&batch, self.pad, self.model.device())?;
+        let lp = token_logprobs(&self.model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?;
+        let nll = masked_nll_sum(&lp.logprobs, &b.target_mask)?; // scalar
+        let value = nll.double_value(&[]);
+        if !value.is_finite() {
+            return Ok(None);
+        }
+        nll.f_div_scalar(total_weight)?.f_backward()?;
+        Ok(Some(MicroOut { loss_sum: value, tokens: b.tokens }))
+    }
+
+    fn evaluate(&mut self) -> Result<Option<StepMetrics>> {
+        self.model.set_training(false);
+        if self.eval.is_empty() {
+            return Ok(None);
+        }
+        let (ppl, nll, tokens) = perplexity(&self.model, &self.eval, self.eval_batch_size, self.pad)?;
+        let mut m = StepMetrics::default();
+        m.set("eval/ppl", ppl);
+        m.set("eval/loss", nll);
+        m.set("eval/tokens", tokens as f64);
+        Ok(Some(m))
+    }
+
+    fn save(&self, dir: &Path) -> Result<()> {
+        Ok(self.model.save(dir)?)
+    }
+}
+
+/// Tokenizes a split, warns once per kind of bad line, and fails when nothing is usable.
+fn examples_of(
+    src: &crate::phase::SourceLines,
+    tok: &HfTokenizer,
+    opts: &SftTokenizeOptions,
+) -> Result<Vec<SftExample>> {
+    let mut report = DataReport::default();
+    let ex = build_sft_examples(src, tok, opts, &mut report);
+    report.warn(&src.label);
+    if ex.is_empty() {
+        return Err(report.all_bad(&src.label, src.lines.len()));
+    }
+    Ok(ex)
+}
+
+/// Runs SFT as configured.
+pub fn run_sft(cfg: SftConfig) -> Result<SftSummary> {
+    let device: Device = parse_device(&cfg.run.device)?;
+    let kind = parse_dtype(&cfg.run.dtype)?;
+    tch::manual_seed(cfg.run.seed as i64);
+    let run_dir = prepare_run_dir(&cfg.run.run_dir, "sft", &cfg)?;
+    let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
+    let tok = HfTokenizer::from_dir(&model_dir)?;
+    let d = &cfg.data;
+    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed)?;
+    let opts = SftTokenizeOptions {
+        max_len: d.max_len,
+        apply_chat_template: d.apply_chat_template,
+        loss_on_prompt: d.loss_on_prompt,
+        assistant_turns: d.assistant_turns,
+        overlong: d.overlong,
+    };
+    let mut train = examples_of(&splits.train, &tok, &opts)?;
+    let eval = match &splits.eval {
+        Some(e) => examples_of(e, &tok, &opts)?,
+        None => Vec::new(),
+    };
+    let train_examples = train.len();
+    if d.packing {
+        train = pack(&train, d.max_len, cfg.run.seed);
+        tracing::info!("packing: {train_examples} examples into {} rows of up to {} tokens", train.len(), d.max_len);
+    }
+    let mut model = CausalLm::from_dir(&model_dir, device, kind)?;
+    if model.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
+        let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);
+        tracing::info!("LoRA: {t} of {n} parameters train");
+    }
+    let t = &cfg.train;
+    let total = total_steps(train.len(), t);
+    let mut opt = Optim::new(
+        &model.vs,
+        t.lr,
+        t.adam_betas,
+        t.adam_eps,
+        t.weight_decay,
+        t.schedule,
+        t.warmup_steps,
+        total,
+        t.max_grad_norm,
+    )?;
+    tracing::info!(
+        "sft: {} train examples, {} eval examples, {total} optimizer steps, run dir {}",
+        train_examples,
+        eval.len(),
+        run_dir.display()
+    );
+    let mut metrics = MetricsWriter::create(&run_dir)?;
+    let n = train.len();
+    let eval_examples = eval.len();
+    let mut task =
+        SftTask { model, train, eval, pad: i64::from(tok.pad_token_id()), eval_batch_size: t.eval_batch_size };
+    let s = run_phase(&mut task, n, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics)?;
+    let ppl = |m: &Option<StepMetrics>| m.as_ref().and_then(|m| m.get("eval/ppl"));
+    let summary = SftSummary {
+        metrics_path: metrics.path().to_path_buf(),
+        run_dir: run_dir.clone(),
+        model_dir: s.model_dir,
+        steps: s.steps,
+        train_examples,
+        eval_examples,
+        eval_ppl_before: ppl(&s.eval_before),
+        eval_ppl_after: ppl(&s.eval_after),
+        loss_first: s.loss_first,
+        loss_last: s.loss_last,
+    };
+    write_summary(
+        &run_dir,
+        &serde_json::json!({
+            "phase": "sft",
+            "steps": summary.steps,
+            "train_examples": train_examples,
+            "eval_examples": eval_examples,
+            "eval_ppl_before": summary.eval_ppl_before,
+            "eval_ppl_after": summary.eval_ppl_after,
+            "loss_first": finite(summary.loss_first),
+            "loss_last": finite(summary.loss_last),
+            "model_dir": summary.model_dir,
+        }),
+    )?;
+    Ok(summary)
+}
+
+pub(crate) fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+/// Writes `<run_dir>/summary.json`.
+pub(crate) fn write_summary(run_dir: &Path, v: &serde_json::Value) -> Result<()> {
+    let path = run_dir.join("summary.json");
+    let text = serde_json::to_string_pretty(v).map_err(|e| TrainerError::Run(format!("summary: {e}")))?;
+    std::fs::write(&path, text + "\n").map_err(|e| TrainerError::io(&path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rm::RmConfig;
+
+    #[test]
+    fn presets_load_and_overrides_apply() {
+        let sft = SftConfig::load(&ConfigSource::Preset("sft".into()), &[]).unwrap();
+        assert_eq!((sft.model.path.as_str(), sft.data.train.as_str()), ("builtin:tiny", "builtin:addition-sft"));
+        let rm = RmConfig::load(&ConfigSource::Preset("rm".into()), &["train.loss=\"last_token\"".into()]).unwrap();
+        assert_eq!(rm.train.loss, crate::pairs::RmLoss::LastToken);
+        assert_eq!(rm.data.train, "builtin:addition-pairs");
+        let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["lora.rank=-1".into()]).unwrap_err();
+        assert!(e.to_string().contains("preset sft: lora.rank: must be >= 0"), "{e}");
+        let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["data.max_len=1".into()]).unwrap_err();
+        assert!(e.to_string().contains("data.max_len"), "{e}");
+    }
+}

@@ -1,0 +1,152 @@
+//! `cargo xtask pipeline [--run-dir DIR]`: the three RLHF phases end to end on built-in data, on a
+//! CPU, as child processes of the debug `rlhf` (built with the plugins, as `cargo xtask train` does):
+//!
+//! 1. `rlhf sft --run-dir sft` — the embedded `configs/sft.toml`: the tiny built-in Llama
+//!    fine-tuned on `builtin:addition-sft`; figure: held-out perplexity before → after.
+//! 2. `rlhf rm --run-dir rm --set model.path=sft/model` — `configs/rm.toml`: a reward model on the
+//!    SFT backbone trained on `builtin:addition-pairs`; figure: held-out pairwise accuracy.
+//! 3. `rlhf train --config ppo.toml` — `configs/pipeline-ppo.toml` (compiled into this binary and
+//!    written to the run directory): PPO from the SFT actor, the reward model as reward and critic;
+//!    figure: mean reward of the first vs the last 10 % of steps.
+//!
+//! Everything runs in the run directory (default `runs/pipeline-<unix time>` under the workspace),
+//! so the relative paths of the presets resolve there. Exit status 0 only when every phase improved
+//! its figure: perplexity down, accuracy above [`MIN_RM_ACCURACY`], reward up.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    cmd::{self, Profile},
+    project_root, setup,
+};
+
+/// The PPO preset of phase 3.
+const PPO_PRESET: &str = include_str!("../../configs/pipeline-ppo.toml");
+
+/// Held-out reward-model accuracy that counts as clearly above chance (0.5).
+const MIN_RM_ACCURACY: f64 = 0.6;
+
+pub(crate) fn run(run_dir: Option<&Path>) -> Result<()> {
+    let torch = setup::setup()?;
+    let binary = crate::rlhf::build(&torch, Profile::Debug)?;
+    let dir = match run_dir {
+        Some(d) => std::path::absolute(d).with_context(|| format!("{}: not a usable path", d.display()))?,
+        None => {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs())?;
+            project_root().join("runs").join(format!("pipeline-{t}"))
+        }
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let ppo_config = dir.join("ppo.toml");
+    std::fs::write(&ppo_config, PPO_PRESET).with_context(|| format!("cannot write {}", ppo_config.display()))?;
+    eprintln!("pipeline run directory: {}", dir.display());
+    let start = Instant::now();
+
+    let phase = |name: &str, args: &[&str]| -> Result<f64> {
+        let t = Instant::now();
+        eprintln!("\n=== {name} ===");
+        let mut command = Command::new(&binary);
+        command.args(args).current_dir(&dir);
+        torch.apply(&mut command);
+        cmd::run(&mut command)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let t_sft = phase("phase 1: supervised fine-tuning", &["sft", "--run-dir", "sft"])?;
+    let sft = read_json(&dir.join("sft/summary.json"))?;
+    let t_rm = phase("phase 2: reward model", &["rm", "--run-dir", "rm", "--set", "model.path=\"sft/model\""])?;
+    let rm = read_json(&dir.join("rm/summary.json"))?;
+    let t_ppo = phase("phase 3: PPO with the reward model", &["train", "--config", "ppo.toml"])?;
+    let (reward_first, reward_last, acc_first, acc_last, steps) = rl_figures(&dir.join("ppo/metrics.jsonl"))?;
+
+    let num = |v: &serde_json::Value, key: &str| v.get(key).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+    let (ppl_before, ppl_after) = (num(&sft, "eval_ppl_before"), num(&sft, "eval_ppl_after"));
+    let (acc_before, acc_after) = (num(&rm, "eval_accuracy_before"), num(&rm, "eval_accuracy_after"));
+    let checks = [ppl_after < ppl_before, acc_after > MIN_RM_ACCURACY, reward_last > reward_first];
+    let mark = |ok: bool| if ok { "ok" } else { "FAILED" };
+    println!("\npipeline summary ({})", dir.display());
+    println!("  SFT  held-out perplexity    {ppl_before:.3} -> {ppl_after:.3}   {} ({t_sft:.0} s)", mark(checks[0]));
+    println!(
+        "  RM   held-out accuracy      {acc_before:.3} -> {acc_after:.3}   {} (needs > {MIN_RM_ACCURACY}; chosen {:.3}, rejected {:.3}; {t_rm:.0} s)",
+        mark(checks[1]),
+        num(&rm, "eval_chosen_score"),
+        num(&rm, "eval_rejected_score"),
+    );
+    println!(
+        "  PPO  reward, first vs last 10 % of {steps} steps   {reward_first:.3} -> {reward_last:.3}   {} ({t_ppo:.0} s)",
+        mark(checks[2])
+    );
+    if let (Some(a), Some(b)) = (acc_first, acc_last) {
+        println!("       exact-answer rate (logged, not optimised)    {a:.3} -> {b:.3}");
+    }
+    println!("  total {:.0} s", start.elapsed().as_secs_f64());
+    if checks.iter().any(|ok| !ok) {
+        bail!("a phase did not improve its figure (see the summary above)");
+    }
+    Ok(())
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
+}
+
+/// Mean `reward` (and `rewards/accuracy/mean`, when logged) of the first and last 10 % of the
+/// steps in a `metrics.jsonl`, and the step count.
+#[allow(clippy::type_complexity)]
+fn rl_figures(path: &PathBuf) -> Result<(f64, f64, Option<f64>, Option<f64>, usize)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut rewards = Vec::new();
+    let mut accuracy = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+        if let Some(r) = v.get("reward").and_then(serde_json::Value::as_f64) {
+            rewards.push(r);
+            accuracy.push(v.get("rewards/accuracy/mean").and_then(serde_json::Value::as_f64));
+        }
+    }
+    if rewards.is_empty() {
+        bail!("{}: no step logged a reward", path.display());
+    }
+    let (first, last) = first_last_tenth(&rewards);
+    let acc: Option<Vec<f64>> = accuracy.into_iter().collect();
+    let (af, al) = match acc {
+        Some(a) => {
+            let (f, l) = first_last_tenth(&a);
+            (Some(f), Some(l))
+        }
+        None => (None, None),
+    };
+    Ok((first, last, af, al, rewards.len()))
+}
+
+/// Means of the first and the last `max(1, n / 10)` values.
+fn first_last_tenth(xs: &[f64]) -> (f64, f64) {
+    let k = (xs.len() / 10).max(1);
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    (mean(&xs[..k]), mean(&xs[xs.len() - k..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenths() {
+        let xs: Vec<f64> = (0..20).map(f64::from).collect();
+        assert_eq!(first_last_tenth(&xs), (0.5, 18.5));
+        assert_eq!(first_last_tenth(&[3.0]), (3.0, 3.0));
+    }
+
+    #[test]
+    fn the_embedded_ppo_preset_points_at_the_phase_outputs() {
+        assert!(PPO_PRESET.contains("actor = \"sft/model\""));
+        assert!(PPO_PRESET.contains("model = \"rm/model\""));
+    }
+}
