@@ -1,12 +1,67 @@
-//! `cargo xtask bench NAME ARGS...`: the `rlhf` CLI measures; this only builds
-//! it with `--release` and forwards to `rlhf bench NAME ARGS...`.
+//! `cargo xtask bench [ARGS...]`: the `rlhf` CLI measures; this builds it with `--release`
+//! together with the plugins its RL section loads (they land next to the release binary, where
+//! `rlhf` looks for them), then runs `rlhf bench ARGS... --record <root>/BENCHMARKS.md`.
 
-use anyhow::Result;
+use std::{path::Path, process::Command};
 
-use crate::{cmd::Profile, rlhf, setup};
+use anyhow::{ensure, Result};
 
-pub(crate) fn run(bench: &str, args: &[String]) -> Result<()> {
+use crate::{
+    cmd::{self, Profile},
+    setup,
+};
+
+/// The plugins the RL section of `rlhf bench` needs.
+const PLUGINS: &[&str] = &["rlhf-plugin-grpo", "rlhf-plugin-reward-rules"];
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
     let torch = setup::setup()?;
-    let args: Vec<String> = ["bench".to_owned(), bench.to_owned()].into_iter().chain(args.iter().cloned()).collect();
-    rlhf::exec_rlhf(&torch, Profile::Release, &args)
+    let binary = cmd::rlhf_binary(Profile::Release);
+    let mut build = cmd::cargo(&torch);
+    build.args(["build", "--release", "-p", "rlhf-cli"]);
+    for p in PLUGINS {
+        build.args(["-p", p]);
+    }
+    cmd::run(&mut build)?;
+    ensure!(binary.is_file(), "built rlhf-cli but found no binary at {}", binary.display());
+    let mut command = Command::new(binary);
+    command.args(rlhf_args(args, &crate::project_root()));
+    torch.apply(&mut command);
+    cmd::exec(command)
+}
+
+/// `bench ARGS...`, plus `--record <root>/BENCHMARKS.md` unless the arguments already say where
+/// (or whether) to record, or only ask for help.
+fn rlhf_args(args: &[String], root: &Path) -> Vec<String> {
+    let mut out = vec!["bench".to_owned()];
+    out.extend(args.iter().cloned());
+    let decided = args
+        .iter()
+        .any(|a| a == "--no-record" || a == "--record" || a.starts_with("--record=") || a == "--help" || a == "-h");
+    if !decided {
+        out.push("--record".to_owned());
+        out.push(root.join("BENCHMARKS.md").display().to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn records_in_benchmarks_md_by_default() {
+        let root = Path::new("/repo");
+        assert_eq!(
+            rlhf_args(&v(&["--batch", "2"]), root),
+            v(&["bench", "--batch", "2", "--record", "/repo/BENCHMARKS.md"])
+        );
+        assert_eq!(rlhf_args(&v(&["gen", "--no-record"]), root), v(&["bench", "gen", "--no-record"]));
+        assert_eq!(rlhf_args(&v(&["--record=x.md"]), root), v(&["bench", "--record=x.md"]));
+        assert_eq!(rlhf_args(&v(&["--help"]), root), v(&["bench", "--help"]));
+    }
 }

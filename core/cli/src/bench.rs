@@ -1,47 +1,135 @@
-//! `rlhf bench gen`: generation and training throughput of a model, medians over several runs.
-//! On CUDA it also reports decode as a fraction of the HBM-bandwidth bound: every decode step must
-//! read all parameters plus the KV cache so far, so `bytes_per_step / bandwidth` is its floor.
+//! `rlhf bench`: throughput of a model in three sections, each the median of `--repeats` timed
+//! runs after one untimed warm-up run:
+//!
+//! - **gen**: batched sampling with the KV cache, B·G sequences of `--prompt-len` random tokens,
+//!   `--new-tokens` new tokens each (temperature 1, no EOS, so every run decodes all of them);
+//!   tokens/s = B·G·new / seconds, prefill included. On CUDA also the fraction of the HBM-bandwidth
+//!   bound: every decode step reads all parameters plus the KV cache so far.
+//! - **train**: forward + backward + AdamW step (with grad-norm clipping, the trainer's optimizer)
+//!   over B·G × (prompt + new) random tokens; tokens/s and MFU ([`report`] has the formula).
+//! - **rl**: the real GRPO `Trainer` ([`rl`]) with a per-phase split.
+//!
+//! `--vs-trl` runs TRL's `GRPOTrainer` on the same weights, prompts, B, G and lengths ([`trl`])
+//! and prints TRL step / our step. `--record FILE` appends a row to a Markdown table.
 
+mod report;
+mod rl;
+mod trl;
+
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use tch::{Device, Kind, Tensor};
 
-use rlhf_generation::{generate, token_logprobs, GenerateConfig, LogProbOptions};
+use rlhf_generation::{generate, token_logprobs, GenerateConfig, LogProbOptions, Sampling};
 use rlhf_models::CausalLm;
+use rlhf_trainer::config::Schedule;
+use rlhf_trainer::optim::Optim;
 
-use crate::common::ModelArgs;
+use report::{fmt_count, fmt_rate, fmt_secs, median, Row};
 
-#[derive(clap::Subcommand, Debug)]
-pub enum BenchCommand {
-    /// Generation tokens/s and forward+backward tokens/s.
-    Gen(GenArgs),
+/// A part of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    Gen,
+    Train,
+    Rl,
+    All,
 }
 
 #[derive(clap::Args, Debug)]
-pub struct GenArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    #[arg(long, default_value_t = 8)]
+pub struct BenchArgs {
+    /// Run only this section (`rlhf bench gen` = `--only gen`); default: all of them.
+    #[arg(value_enum)]
+    section: Option<Section>,
+    /// Hugging Face model directory (Llama, Qwen2, GPT-2) or `builtin:tiny`.
+    #[arg(long, default_value = "builtin:tiny")]
+    model: String,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    dtype: String,
+    /// Prompts per batch (B).
+    #[arg(long, default_value_t = 4)]
     batch: i64,
-    #[arg(long, default_value_t = 64)]
+    /// Samples per prompt (G); the gen and train sections run B·G sequences too.
+    #[arg(long, short = 'g', default_value_t = 4)]
+    group: i64,
+    /// Prompt tokens of the gen and train sections; the RL section truncates longer prompts to it.
+    #[arg(long, default_value_t = 32)]
     prompt_len: i64,
-    #[arg(long, default_value_t = 64)]
+    /// New tokens per sequence (the RL section's max_new_tokens).
+    #[arg(long, default_value_t = 32)]
     new_tokens: i64,
-    /// Timed runs per measurement (the median is reported); one untimed warm-up run precedes them.
-    #[arg(long, default_value_t = 5)]
-    runs: usize,
-    /// HBM bandwidth in GB/s for the bound (default: detected from the GPU model name).
+    /// Timed runs per figure (the median is reported), after one untimed warm-up run.
+    #[arg(long, visible_alias = "runs", default_value_t = 3)]
+    repeats: usize,
+    /// Sections to run, comma-separated: gen, train, rl, all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Section>,
+    /// Prompts JSONL for the RL section (`prompt` or `messages`, and `label`); default: the built-in
+    /// addition task.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Peak TFLOP/s of the device for MFU (default: by CUDA device name; on CPU MFU is n/a without it).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    /// HBM bandwidth in GB/s for the decode bound on CUDA (default: by device name).
     #[arg(long)]
     hbm_gbps: Option<f64>,
-    /// Print one JSON line with every figure.
+    /// Also time TRL's GRPOTrainer on the same model, prompts, B, G and lengths; prints TRL/ours.
+    #[arg(long)]
+    vs_trl: bool,
+    /// Python for --vs-trl (default: $RLHF_PYTHON, else python3).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// TRL driver (default: the built-in copy of xtask/scripts/trl_grpo_bench.py).
+    #[arg(long)]
+    trl_script: Option<PathBuf>,
+    /// Append the result as a row to this Markdown file (created with a header if missing).
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Do not append to the --record file.
+    #[arg(long)]
+    no_record: bool,
+    /// Also print every figure as one JSON line.
     #[arg(long)]
     json: bool,
+    /// Seed of the random prompts, the built-in model and the RL run.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
 }
 
-pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {
-        BenchCommand::Gen(args) => bench_gen(args),
+impl BenchArgs {
+    /// Which sections run, in order.
+    fn sections(&self) -> [bool; 3] {
+        let mut picked: Vec<Section> = self.only.clone();
+        picked.extend(self.section);
+        if picked.is_empty() || picked.contains(&Section::All) {
+            return [true; 3];
+        }
+        [Section::Gen, Section::Train, Section::Rl].map(|s| picked.contains(&s))
+    }
+}
+
+/// A directory for this run's files, removed at the end.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new() -> anyhow::Result<Self> {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!("rlhf-bench-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(WorkDir(dir))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -51,131 +139,487 @@ fn sync(device: Device) {
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
-/// Median seconds of `f` over `runs` timed calls after one warm-up.
-fn time_it(device: Device, runs: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+/// Seconds of each of `repeats` timed calls of `f`, after one untimed call.
+fn time_runs(device: Device, repeats: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<Vec<f64>> {
     f()?;
     sync(device);
-    let mut times = Vec::with_capacity(runs);
-    for _ in 0..runs.max(1) {
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
         let t = Instant::now();
         f()?;
         sync(device);
         times.push(t.elapsed().as_secs_f64());
     }
-    Ok(median(times))
+    Ok(times)
 }
 
-/// Bandwidth of known GPUs, read from the driver's description of device 0.
-fn detect_hbm_gbps() -> Option<(String, f64)> {
-    // The first GPU listed by the driver is the one we run on by default.
-    let entry = std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.flatten().next()?;
-    let info = std::fs::read_to_string(entry.path().join("information")).ok()?;
-    let model = info.lines().find_map(|l| l.strip_prefix("Model:"))?.trim().to_string();
-    let gbps = [("H200", 4800.0), ("H100", 3350.0), ("A100", 2039.0), ("L40S", 864.0), ("A10", 600.0)]
+/// Parameters stored in the checkpoint (read from the safetensors headers; tied weights once).
+fn stored_params(dir: &Path) -> anyhow::Result<u64> {
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if index.is_file() {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)
+            .with_context(|| format!("{}: not valid JSON", index.display()))?;
+        let mut shards: Vec<String> = v["weight_map"]
+            .as_object()
+            .map(|m| m.values().filter_map(|s| s.as_str().map(String::from)).collect())
+            .unwrap_or_default();
+        shards.sort();
+        shards.dedup();
+        shards.iter().map(|s| dir.join(s)).collect()
+    } else {
+        vec![dir.join("model.safetensors")]
+    };
+    let mut total = 0u64;
+    for file in files {
+        use std::io::Read;
+        let mut f = std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).with_context(|| format!("{}: no safetensors header", file.display()))?;
+        let mut header = vec![0u8; u64::from_le_bytes(len).min(100 << 20) as usize];
+        f.read_exact(&mut header).with_context(|| format!("{}: truncated safetensors header", file.display()))?;
+        let v: serde_json::Value = serde_json::from_slice(&header)
+            .with_context(|| format!("{}: safetensors header is not JSON", file.display()))?;
+        for (name, t) in v.as_object().into_iter().flatten() {
+            if name != "__metadata__" {
+                total += t["shape"].as_array().map(|s| s.iter().filter_map(|d| d.as_u64()).product()).unwrap_or(0);
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// The CUDA device's name from the driver (`nvidia-smi`, else `/proc/driver/nvidia`).
+fn cuda_name(index: usize) -> Option<String> {
+    // nvidia-smi numbers devices physically; CUDA_VISIBLE_DEVICES maps ours onto them.
+    let physical = std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .and_then(|v| v.split(',').nth(index).map(|s| s.trim().to_string()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| index.to_string());
+    let smi = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader", "-i", &physical])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty());
+    smi.or_else(|| {
+        let mut gpus: Vec<PathBuf> =
+            std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.flatten().map(|e| e.path()).collect();
+        gpus.sort();
+        let info = std::fs::read_to_string(gpus.get(index)?.join("information")).ok()?;
+        Some(info.lines().find_map(|l| l.strip_prefix("Model:"))?.trim().to_string())
+    })
+}
+
+/// CUDA device name, or the CPU model with the libtorch thread count.
+fn device_name(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => cuda_name(i).unwrap_or_else(|| format!("CUDA device {i}")),
+        _ => {
+            let cpu = std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|s| report::cpu_model_name(&s))
+                .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+            format!("{cpu} ({} threads)", tch::get_num_threads())
+        }
+    }
+}
+
+/// HBM bandwidth (GB/s) of known GPUs.
+fn hbm_gbps(name: &str) -> Option<f64> {
+    [("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100", 3350.0), ("A100", 2039.0), ("L40S", 864.0), ("A10", 600.0)]
         .iter()
-        .find(|(k, _)| model.contains(k))
-        .map(|(_, v)| *v)?;
-    Some((model, gbps))
+        .find(|(k, _)| name.contains(k))
+        .map(|(_, v)| *v)
 }
 
-fn param_bytes(model: &CausalLm) -> i64 {
-    model.vs.variables().values().map(|t| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64).sum()
+#[derive(Debug, serde::Serialize)]
+struct GenResult {
+    tokens_per_s: f64,
+    /// Median seconds per run (prefill + decode).
+    run_s: f64,
+    prefill_s: f64,
+    /// Decode time over its HBM-bandwidth floor (CUDA, known GPU).
+    hbm_fraction: Option<f64>,
 }
 
-fn bench_gen(args: GenArgs) -> anyhow::Result<()> {
-    let model = args.model.load_lm()?;
+/// Generation: `rows` random prompts `[rows, prompt_len]`, `new_tokens` sampled tokens each.
+fn bench_gen(
+    model: &CausalLm,
+    rows: i64,
+    prompt_len: i64,
+    new_tokens: i64,
+    repeats: usize,
+    hbm: Option<f64>,
+) -> anyhow::Result<GenResult> {
     let device = model.device();
     let a = model.arch().clone();
-    if args.batch < 1 || args.prompt_len < 1 || args.new_tokens < 1 {
-        anyhow::bail!("--batch, --prompt-len and --new-tokens must be >= 1");
-    }
-    tch::manual_seed(0);
-    // Random prompts avoid tokenizer effects; no EOS so every run decodes exactly new_tokens.
-    let ids = Tensor::f_randint_low(1, a.vocab_size, [args.batch, args.prompt_len], (Kind::Int64, device))?;
-    let mask = Tensor::f_ones([args.batch, args.prompt_len], (Kind::Int64, device))?;
-    let cfg = GenerateConfig::greedy(args.new_tokens, vec![], 0);
-
-    let prefill_s = time_it(device, args.runs, || {
+    // Random prompts avoid tokenizer effects; no EOS, so every run decodes exactly new_tokens.
+    let ids = Tensor::f_randint_low(1, a.vocab_size, [rows, prompt_len], (Kind::Int64, device))?; // [rows, P]
+    let mask = Tensor::f_ones([rows, prompt_len], (Kind::Int64, device))?; // [rows, P]
+    let cfg = GenerateConfig {
+        max_new_tokens: new_tokens,
+        sampling: Sampling::Sample { temperature: 1.0, top_k: None, top_p: None },
+        eos_token_ids: vec![],
+        pad_token_id: 0,
+        seed: None,
+        sync_every: 0,
+    };
+    let prefill = time_runs(device, repeats, || {
         tch::no_grad(|| -> anyhow::Result<()> {
             let pos = rlhf_models::position_ids_from_mask(&mask)?;
-            let mut cache = model.new_cache(args.batch, args.prompt_len)?;
+            let mut cache = model.new_cache(rows, prompt_len + new_tokens)?;
             let _ = model.hidden_states(&ids, &mask, &pos, Some(&mut cache))?;
             Ok(())
         })
     })?;
-    let gen_s = time_it(device, args.runs, || {
-        let out = generate(&model, &ids, &mask, &cfg)?;
-        anyhow::ensure!(out.response_mask.size()[1] == args.new_tokens, "generation stopped early");
+    let runs = time_runs(device, repeats, || {
+        let out = generate(model, &ids, &mask, &cfg)?;
+        anyhow::ensure!(out.response_mask.size()[1] == new_tokens, "generation stopped early");
         Ok(())
     })?;
+    let (run_s, prefill_s) = (median(&runs).unwrap_or(f64::NAN), median(&prefill).unwrap_or(f64::NAN));
+    let hbm_fraction = hbm.map(|gbps| {
+        let param_bytes: f64 =
+            model.vs.variables().values().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64).sum();
+        let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
+        let elt = model.kind().elt_size_in_bytes() as f64;
+        let kv_bytes = 2.0 * (a.num_layers * a.num_kv_heads * a.head_dim) as f64 * avg_ctx * rows as f64 * elt;
+        let bound_s = (param_bytes + kv_bytes) * new_tokens as f64 / (gbps * 1e9);
+        bound_s / (run_s - prefill_s).max(1e-9)
+    });
+    Ok(GenResult { tokens_per_s: (rows * new_tokens) as f64 / run_s, run_s, prefill_s, hbm_fraction })
+}
 
-    let seq = args.prompt_len + args.new_tokens;
-    let train_ids = Tensor::f_randint_low(1, a.vocab_size, [args.batch, seq], (Kind::Int64, device))?;
-    let train_mask = Tensor::f_ones([args.batch, seq], (Kind::Int64, device))?;
-    let train_s = time_it(device, args.runs, || {
-        let lp = token_logprobs(&model, &train_ids, &train_mask, 1, LogProbOptions::default())?;
-        let loss = lp.logprobs.f_mean(Kind::Float)?.f_neg()?;
-        loss.f_backward()?;
-        for v in model.vs.trainable_variables() {
-            let mut g = v.grad();
-            if g.defined() {
-                let _ = g.f_zero_()?;
-            }
-        }
+#[derive(Debug, serde::Serialize)]
+struct TrainResult {
+    tokens_per_s: f64,
+    /// Median seconds per forward + backward + optimizer step.
+    step_s: f64,
+    flops_per_token: f64,
+    mfu: Option<f64>,
+    peak_tflops: Option<f64>,
+}
+
+/// Training: forward + backward + AdamW over `rows` random sequences `[rows, seq]`; the loss is
+/// the mean token log-likelihood, as in SFT.
+fn bench_train(model: &CausalLm, rows: i64, seq: i64, repeats: usize) -> anyhow::Result<(f64, f64)> {
+    let device = model.device();
+    let vocab = model.arch().vocab_size;
+    let ids = Tensor::f_randint_low(1, vocab, [rows, seq], (Kind::Int64, device))?; // [rows, T]
+    let mask = Tensor::f_ones([rows, seq], (Kind::Int64, device))?; // [rows, T]
+    let mut opt = Optim::new(&model.vs, 1e-6, (0.9, 0.95), 1e-8, 0.0, Schedule::Constant, 0, repeats + 1, 1.0)?;
+    model.set_training(true);
+    let times = time_runs(device, repeats, || {
+        let lp = token_logprobs(model, &ids, &mask, 1, LogProbOptions::default())?; // [rows, T - 1]
+        lp.logprobs.f_mean(Kind::Float)?.f_neg()?.f_backward()?;
+        opt.step()?;
         Ok(())
     })
     .context("forward+backward")?;
+    model.set_training(false);
+    let step_s = median(&times).unwrap_or(f64::NAN);
+    Ok(((rows * seq) as f64 / step_s, step_s))
+}
 
-    let gen_tps = (args.batch * args.new_tokens) as f64 / gen_s;
-    let train_tps = (args.batch * seq) as f64 / train_s;
-    let decode_s = (gen_s - prefill_s).max(1e-9);
-    let elt = model.kind().elt_size_in_bytes() as f64;
-    let avg_ctx = args.prompt_len as f64 + args.new_tokens as f64 / 2.0;
-    let kv_bytes = 2.0 * (a.num_layers * a.num_kv_heads * a.head_dim) as f64 * avg_ctx * args.batch as f64 * elt;
-    let bytes_per_step = param_bytes(&model) as f64 + kv_bytes;
-    let hbm =
-        if device.is_cuda() { args.hbm_gbps.map(|g| ("given".to_string(), g)).or_else(detect_hbm_gbps) } else { None };
-    let hbm_fraction = hbm.as_ref().map(|(_, gbps)| {
-        let bound_s = bytes_per_step * args.new_tokens as f64 / (gbps * 1e9);
-        bound_s / decode_s
-    });
-
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let [do_gen, do_train, do_rl] = args.sections();
+    if args.batch < 1 || args.group < 1 || args.prompt_len < 1 || args.new_tokens < 1 || args.repeats < 1 {
+        bail!("--batch, --group, --prompt-len, --new-tokens and --repeats must be >= 1");
+    }
+    if args.vs_trl && !do_rl {
+        bail!("--vs-trl compares RL steps: include the rl section (--only ...,rl)");
+    }
+    let (device, kind) = (rlhf_models::parse_device(&args.device)?, rlhf_models::parse_dtype(&args.dtype)?);
+    if device.is_cuda() && !tch::Cuda::is_available() {
+        bail!("--device {}: libtorch sees no CUDA device", args.device);
+    }
+    let work = WorkDir::new()?;
+    let (model_dir, model_name) = match args.model.strip_prefix("builtin:") {
+        Some("tiny") => {
+            let dir = work.0.join("builtin-tiny");
+            rlhf_trainer::builtin::write_tiny_model(&dir, args.seed)?;
+            (dir, "builtin-tiny".to_string())
+        }
+        Some(other) => bail!("--model builtin:{other}: unknown built-in model (available: builtin:tiny)"),
+        None => {
+            let dir = PathBuf::from(&args.model);
+            if !dir.is_dir() {
+                bail!("--model {}: model directory not found", dir.display());
+            }
+            let name = std::fs::canonicalize(&dir)
+                .ok()
+                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().to_string()))
+                .unwrap_or_else(|| args.model.clone());
+            (dir, name)
+        }
+    };
+    let arch = rlhf_models::ModelConfig::from_dir(&model_dir)?.arch;
+    let seq = args.prompt_len + args.new_tokens;
+    if (do_gen || do_train) && seq > arch.max_position_embeddings {
+        bail!(
+            "--prompt-len + --new-tokens = {seq} exceeds the model's max_position_embeddings ({})",
+            arch.max_position_embeddings
+        );
+    }
+    let params = stored_params(&model_dir)?;
+    let dev_name = device_name(device);
+    let rows = args.batch * args.group;
     println!(
-        "model {} | device {:?} {:?} | batch {} prompt {} new {} | runs {}",
-        args.model.model.display(),
-        device,
-        model.kind(),
+        "model {model_name} ({} params, {:?}) | {} {} ({dev_name}) | B={} G={} ({rows} sequences), prompt {}, new {} \
+         | medians of {} timed runs after 1 warm-up",
+        fmt_count(params),
+        arch.family,
+        args.device,
+        args.dtype,
         args.batch,
+        args.group,
         args.prompt_len,
         args.new_tokens,
-        args.runs
+        args.repeats
     );
-    println!("generation: {gen_tps:.1} tokens/s (median {gen_s:.4} s per run, prefill {prefill_s:.4} s)");
-    println!("forward+backward: {train_tps:.1} tokens/s (median {train_s:.4} s per step)");
-    match (&hbm, hbm_fraction) {
-        (Some((name, gbps)), Some(f)) => {
-            println!("decode vs HBM bound ({name}, {gbps:.0} GB/s): {:.1} %", 100.0 * f)
+
+    // The RL config and prompts come first: --vs-trl runs TRL before anything of ours touches the
+    // device, so it has the GPU to itself.
+    let rl_setup = rl::RlSetup {
+        model_dir: &model_dir,
+        device: &args.device,
+        dtype: &args.dtype,
+        batch: args.batch,
+        group: args.group,
+        prompt_len: args.prompt_len,
+        new_tokens: args.new_tokens,
+        repeats: args.repeats,
+        prompts: args.prompts.as_deref(),
+        run_dir: work.0.join("rl-run"),
+    };
+    let rl_cfg = if do_rl { Some(rl::config(&rl_setup)?) } else { None };
+    let rl_prompts = match &rl_cfg {
+        Some(cfg) => Some(rl::prompts(cfg, &model_dir)?),
+        None => None,
+    };
+    let prompt_source = args.prompts.as_ref().map_or("builtin:addition".to_string(), |p| p.display().to_string());
+
+    let trl = match (&rl_cfg, &rl_prompts) {
+        (Some(cfg), Some((prompts, _))) if args.vs_trl => {
+            let python = trl::python(args.python.as_deref());
+            let versions = trl::check(&python, args.trl_script.as_deref(), &work.0)?;
+            let file = work.0.join("trl-prompts.jsonl");
+            let lines: Vec<String> =
+                prompts.iter().map(|(p, l)| serde_json::json!({"prompt": p, "label": l}).to_string()).collect();
+            std::fs::write(&file, lines.join("\n") + "\n")?;
+            let algo = &cfg.algorithm.config;
+            println!("trl:   running {} steps with {} ({versions}) ...", args.repeats + 1, python.display());
+            let r = trl::run(&trl::TrlSetup {
+                python: &python,
+                script: args.trl_script.as_deref(),
+                work_dir: &work.0,
+                model_dir: &model_dir,
+                prompts: &file,
+                device: &args.device,
+                dtype: &args.dtype,
+                batch: args.batch,
+                group: args.group,
+                new_tokens: args.new_tokens,
+                repeats: args.repeats,
+                lr: cfg.train.actor_lr,
+                beta: algo.get("beta").and_then(|v| v.as_f64()).unwrap_or(0.04),
+                epsilon: algo.get("epsilon").and_then(|v| v.as_f64()).unwrap_or(0.2),
+                adam_beta2: cfg.train.adam_betas.1,
+                max_grad_norm: cfg.train.max_grad_norm,
+                seed: cfg.run.seed,
+            })?;
+            println!(
+                "trl:   {} s/step (median of {} steps after 1 warm-up; mean completion {} tokens)",
+                fmt_secs(r.step_s),
+                r.step_times.len().saturating_sub(1),
+                r.mean_completion_length.map_or("?".into(), |x| format!("{x:.1}"))
+            );
+            Some(r)
         }
-        _ if device.is_cuda() => println!("decode vs HBM bound: unknown GPU, pass --hbm-gbps"),
-        _ => {}
+        _ => None,
+    };
+
+    let (mut gen, mut train) = (None, None);
+    if do_gen || do_train {
+        let model = CausalLm::from_dir(&model_dir, device, kind)?;
+        tch::manual_seed(args.seed as i64);
+        if do_gen {
+            let hbm = if device.is_cuda() { args.hbm_gbps.or_else(|| hbm_gbps(&dev_name)) } else { None };
+            let g = bench_gen(&model, rows, args.prompt_len, args.new_tokens, args.repeats, hbm)?;
+            println!(
+                "gen:   {} tokens/s (median {} s per run of {rows}×{} new tokens, prefill {} s)",
+                fmt_rate(g.tokens_per_s),
+                fmt_secs(g.run_s),
+                args.new_tokens,
+                fmt_secs(g.prefill_s)
+            );
+            match g.hbm_fraction {
+                Some(f) => println!("       decode at {:.1} % of the HBM-bandwidth bound", 100.0 * f),
+                None if device.is_cuda() => println!("       decode vs HBM bound: unknown GPU, pass --hbm-gbps"),
+                None => {}
+            }
+            gen = Some(g);
+        }
+        if do_train {
+            let (tokens_per_s, step_s) = bench_train(&model, rows, seq, args.repeats)?;
+            let n = report::matmul_params(&arch);
+            let flops_per_token =
+                report::train_flops_per_token(n, arch.num_layers, arch.num_heads * arch.head_dim, seq);
+            let peak = args.peak_tflops.or_else(|| {
+                if device.is_cuda() {
+                    report::peak_tflops(&dev_name, kind == Kind::BFloat16)
+                } else {
+                    None
+                }
+            });
+            let mfu = peak.map(|p| report::mfu(flops_per_token, tokens_per_s, p));
+            println!(
+                "train: {} tokens/s (median {} s per forward+backward+AdamW step over {rows}×{seq} tokens)",
+                fmt_rate(tokens_per_s),
+                fmt_secs(step_s)
+            );
+            let mfu_text = match (mfu, peak) {
+                (Some(m), Some(p)) => format!("{:.2} % of {p} TFLOP/s", 100.0 * m),
+                _ if device.is_cuda() => "n/a (unknown GPU: pass --peak-tflops)".into(),
+                _ => "n/a (CPU: pass --peak-tflops)".into(),
+            };
+            println!(
+                "       MFU {mfu_text}; model FLOPs/token = 6·N + 12·L·H·T = {:.4e} (N = {} matmul params, L = {}, \
+                 H = {}, T = {seq})",
+                flops_per_token,
+                fmt_count(n as u64),
+                arch.num_layers,
+                arch.num_heads * arch.head_dim
+            );
+            train = Some(TrainResult { tokens_per_s, step_s, flops_per_token, mfu, peak_tflops: peak });
+        }
     }
+
+    let rl = match rl_cfg {
+        Some(cfg) => {
+            let r = rl::run(cfg, args.repeats)?;
+            let f = &r.figures;
+            println!(
+                "rl:    {} s/step (generate {} | score {} | old_logprobs {} | reference {} | values {} | train {})",
+                fmt_secs(f.step_s),
+                fmt_secs(f.generate),
+                fmt_secs(f.score),
+                fmt_secs(f.old_logprobs),
+                fmt_secs(f.reference),
+                fmt_secs(f.values),
+                fmt_secs(f.train)
+            );
+            println!(
+                "       mean completion {:.1} tokens, reward {:.3}; prompts {prompt_source} (mean {:.1} tokens)",
+                r.mean_completion_length,
+                r.reward,
+                rl_prompts.as_ref().map_or(0.0, |p| p.1)
+            );
+            Some(r)
+        }
+        None => None,
+    };
+    let vs_trl = match (&trl, &rl) {
+        (Some(t), Some(r)) if r.figures.step_s > 0.0 => Some(t.step_s / r.figures.step_s),
+        _ => None,
+    };
+    if let Some(x) = vs_trl {
+        println!("vs TRL: {} (TRL step time / ours; > 1 means ours is faster)", report::fmt_ratio(x));
+    }
+
+    let mut settings = format!(
+        "{}, B={} G={}, prompt {} new {}",
+        args.dtype, args.batch, args.group, args.prompt_len, args.new_tokens
+    );
+    if let Some((_, mean)) = &rl_prompts {
+        settings.push_str(&format!(", RL prompts {prompt_source} ({mean:.1} tok)"));
+    }
+    settings.push_str(&format!(", {} reps", args.repeats));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let row = Row {
+        date: report::utc_date(now),
+        device: dev_name.clone(),
+        model: format!("{model_name} ({})", fmt_count(params)),
+        settings,
+        gen_tokens_per_s: gen.as_ref().map(|g| g.tokens_per_s),
+        train_tokens_per_s: train.as_ref().map(|t| t.tokens_per_s),
+        mfu: train.as_ref().and_then(|t| t.mfu),
+        rl: rl.as_ref().map(|r| r.figures.clone()),
+        vs_trl,
+    };
     if args.json {
         let line = serde_json::json!({
-            "gen_tokens_per_s": gen_tps, "train_tokens_per_s": train_tps, "gen_s": gen_s,
-            "prefill_s": prefill_s, "train_step_s": train_s, "hbm_fraction": hbm_fraction,
-            "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+            "model": model_name, "params": params, "device": dev_name, "dtype": args.dtype,
+            "batch": args.batch, "group": args.group, "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens, "repeats": args.repeats,
+            "gen": gen, "train": train, "rl": rl,
+            "trl": trl,
+            "vs_trl": vs_trl,
         });
         println!("{line}");
     }
+    match &args.record {
+        Some(path) if !args.no_record => {
+            report::append_row(path, &row)?;
+            println!("recorded in {}", path.display());
+        }
+        _ => {}
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> BenchArgs {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).unwrap().bench
+    }
+
+    #[test]
+    fn sections_and_defaults() {
+        let all = parse(&[]);
+        assert_eq!(all.sections(), [true, true, true]);
+        assert_eq!((all.model.as_str(), all.batch, all.group, all.repeats), ("builtin:tiny", 4, 4, 3));
+        assert_eq!(parse(&["gen"]).sections(), [true, false, false]);
+        assert_eq!(parse(&["--only", "gen,rl"]).sections(), [true, false, true]);
+        assert_eq!(parse(&["--only", "train", "--only", "all"]).sections(), [true, true, true]);
+        let a = parse(&["rl", "-g", "8", "--batch", "2", "--runs", "5", "--vs-trl", "--dtype", "bf16"]);
+        assert_eq!((a.group, a.batch, a.repeats, a.vs_trl, a.dtype.as_str()), (8, 2, 5, true, "bf16"));
+        assert!(Cli::try_parse_from(["bench", "--only", "decode"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--dtype", "f16"]).is_err());
+    }
+
+    #[test]
+    fn rl_config_overrides_the_grpo_preset() {
+        let setup = rl::RlSetup {
+            model_dir: Path::new("/m"),
+            device: "cpu",
+            dtype: "bf16",
+            batch: 3,
+            group: 5,
+            prompt_len: 16,
+            new_tokens: 7,
+            repeats: 2,
+            prompts: None,
+            run_dir: PathBuf::from("/tmp/run"),
+        };
+        let cfg = rl::config(&setup).unwrap();
+        assert_eq!(cfg.algorithm.name, "grpo");
+        assert_eq!(cfg.model.actor, "/m");
+        assert_eq!((cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt), (3, 5));
+        assert_eq!((cfg.rollout.max_new_tokens, cfg.data.max_prompt_len), (7, 16));
+        assert_eq!((cfg.train.minibatch_size, cfg.train.ppo_epochs, cfg.warmup.steps), (15, 1, 0));
+        assert_eq!((cfg.run.dtype.as_str(), cfg.data.prompts.as_str()), ("bf16", "builtin:addition"));
+        assert_eq!(cfg.rewards[0].plugin, "reward-rules");
+    }
 }

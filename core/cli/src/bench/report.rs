@@ -1,0 +1,376 @@
+//! The pure parts of `rlhf bench`: medians, the FLOPs model and MFU, peak throughput of known
+//! GPUs, the device name, and the `BENCHMARKS.md` row.
+//!
+//! FLOPs per trained token (forward + backward), PaLM's model-FLOPs formula (Chowdhery et al. 2022,
+//! appendix B):
+//!
+//! ```text
+//! flops/token = 6·N + 12·L·H·T
+//! N = parameters that multiply activations: per layer q, k, v, o and the MLP (3·d·I gated, 2·d·I
+//!     for GPT-2), plus the LM head d·V (embedding look-ups, norms and biases are not counted)
+//! L = layers, H = heads × head_dim, T = sequence length (full T×T attention, no causal discount)
+//! MFU = flops/token × tokens/s / peak FLOP/s
+//! ```
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use rlhf_models::{ArchConfig, Family};
+
+/// Median of `xs` (the mean of the two middle values for an even count); `None` when empty.
+pub fn median(xs: &[f64]) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+/// Parameters that take part in a matrix multiplication per token (`N` of the module docs).
+pub fn matmul_params(a: &ArchConfig) -> i64 {
+    let (d, attn, kv) = (a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
+    let attention = d * attn + 2 * d * kv + attn * d;
+    let mlp = match a.family {
+        Family::Gpt2 => 2 * d * a.intermediate_size,
+        Family::Llama | Family::Qwen2 => 3 * d * a.intermediate_size,
+    };
+    a.num_layers * (attention + mlp) + d * a.vocab_size
+}
+
+/// Forward + backward FLOPs per token of a sequence of `seq` tokens: `6·N + 12·L·H·T`.
+pub fn train_flops_per_token(matmul_params: i64, layers: i64, attn_dim: i64, seq: i64) -> f64 {
+    6.0 * matmul_params as f64 + 12.0 * layers as f64 * attn_dim as f64 * seq as f64
+}
+
+/// Model FLOPs utilisation in `[0, 1]`: achieved FLOP/s over `peak_tflops` × 10¹².
+pub fn mfu(flops_per_token: f64, tokens_per_s: f64, peak_tflops: f64) -> f64 {
+    flops_per_token * tokens_per_s / (peak_tflops * 1e12)
+}
+
+/// Dense peak TFLOP/s (no sparsity) of known GPUs for `bf16` (tensor cores) or f32 (plain FP32:
+/// libtorch does not use TF32 for matmuls unless asked). Matched on the CUDA device name; the
+/// more specific names come first.
+const PEAKS: &[(&str, f64, f64)] = &[
+    ("H200", 989.4, 66.9),
+    ("H100 PCIe", 756.0, 51.2),
+    ("H100 NVL", 835.0, 60.0),
+    ("H100", 989.4, 66.9),
+    ("A100", 312.0, 19.5),
+    ("L40S", 362.1, 91.6),
+    ("L4", 121.0, 30.3),
+    ("A10G", 70.0, 31.2),
+    ("A10", 125.0, 31.2),
+];
+
+/// Peak TFLOP/s of the GPU called `name` at this dtype, when known.
+pub fn peak_tflops(name: &str, bf16: bool) -> Option<f64> {
+    PEAKS.iter().find(|(k, _, _)| name.contains(k)).map(|&(_, b, f)| if bf16 { b } else { f })
+}
+
+/// The `model name` line of `/proc/cpuinfo`.
+pub fn cpu_model_name(cpuinfo: &str) -> Option<String> {
+    cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|s| !s.is_empty())
+}
+
+/// `YYYY-MM-DD` (UTC) of a Unix time (Howard Hinnant's `civil_from_days`).
+pub fn utc_date(unix_secs: u64) -> String {
+    let z = (unix_secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// `1.23B`, `494.0M`, `61.2K`, `812`.
+pub fn fmt_count(n: u64) -> String {
+    let x = n as f64;
+    if x >= 1e9 {
+        format!("{:.2}B", x / 1e9)
+    } else if x >= 1e6 {
+        format!("{:.1}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}K", x / 1e3)
+    } else {
+        n.to_string()
+    }
+}
+
+/// A throughput with about four significant figures: `123456`, `1234`, `123.4`, `1.234`.
+pub fn fmt_rate(x: f64) -> String {
+    if x >= 1000.0 {
+        format!("{x:.0}")
+    } else if x >= 100.0 {
+        format!("{x:.1}")
+    } else if x >= 10.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// Seconds with three significant figures at least: `12.3`, `1.23`, `0.123`, `0.0123`.
+pub fn fmt_secs(x: f64) -> String {
+    if x >= 10.0 {
+        format!("{x:.1}")
+    } else if x >= 1.0 {
+        format!("{x:.2}")
+    } else if x >= 0.1 {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+/// The speed-up of ours over TRL, `N.NNx`.
+pub fn fmt_ratio(ratio: f64) -> String {
+    format!("{ratio:.2}x")
+}
+
+/// Medians of one RL step and of each of its phases, in seconds.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RlFigures {
+    pub step_s: f64,
+    pub generate: f64,
+    pub score: f64,
+    pub old_logprobs: f64,
+    pub reference: f64,
+    pub values: f64,
+    pub train: f64,
+}
+
+/// One line of `BENCHMARKS.md`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Row {
+    pub date: String,
+    pub device: String,
+    /// Directory name and parameter count.
+    pub model: String,
+    pub settings: String,
+    pub gen_tokens_per_s: Option<f64>,
+    pub train_tokens_per_s: Option<f64>,
+    /// In `[0, 1]`; `None` prints `n/a` when training ran, `—` when it did not.
+    pub mfu: Option<f64>,
+    pub rl: Option<RlFigures>,
+    /// TRL step time over ours.
+    pub vs_trl: Option<f64>,
+}
+
+/// The header `BENCHMARKS.md` starts with: what the columns mean, then the table head.
+pub const HEADER: &str = "\
+# Benchmarks
+
+Rows are appended by `cargo xtask bench` (`rlhf bench --record BENCHMARKS.md`); `--no-record` skips it.
+Every figure is the median of `--repeats` timed runs after one untimed warm-up run.
+
+| column | meaning |
+| --- | --- |
+| date | UTC day of the run |
+| device | CPU model name (`/proc/cpuinfo`, with the libtorch thread count) or CUDA device name |
+| model | model directory name and its stored parameter count |
+| settings | dtype; B = prompts per batch, G = samples per prompt (B·G sequences in every section); prompt/new = prompt and generated tokens of the gen and train sections; the RL prompts and their mean token length; repeats |
+| gen tok/s | generated tokens/s: B·G sequences of `prompt` random tokens, `new` tokens each sampled (temperature 1, no EOS) with the KV cache, prefill included |
+| train tok/s | trained tokens/s: forward + backward + AdamW step (with grad-norm clipping) over B·G × (prompt + new) tokens |
+| MFU | model FLOPs utilisation of the train section: (6·N + 12·L·H·T) × train tok/s / peak FLOP/s; N = matmul parameters (q, k, v, o, MLP, LM head), L layers, H = heads × head dim, T = sequence length; peak from `--peak-tflops` or the GPU table (dense bf16 / FP32); n/a on CPU without `--peak-tflops` |
+| RL step s | one GRPO step of the real `Trainer` (B prompts × G samples, up to `new` tokens, one optimizer step), then its phases: generate / score / old log-probs / reference / values / train (medians each, so they need not add up to the step) |
+| vs TRL | TRL `GRPOTrainer` step time / our RL step (`--vs-trl`, `xtask/scripts/trl_grpo_bench.py`): same weights, prompts, B, G, max new tokens, lr, beta, epsilon, loss_type `grpo`, one optimizer step per generation batch; TRL without gradient checkpointing and with the weights in the same dtype (no autocast); its steps timed between `on_step_end` callbacks; `2.00x` = ours twice as fast; — when not run |
+
+Timings on a shared machine vary with its load; compare rows of the same device and settings.
+
+| date | device | model | settings | gen tok/s | train tok/s | MFU | RL step s (gen / score / old / ref / val / train) | vs TRL |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+";
+
+/// A table cell: `|` escaped, no line breaks.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+/// The row as one Markdown table line (no trailing newline).
+pub fn markdown_row(r: &Row) -> String {
+    let dash = || "—".to_string();
+    let mfu = match (r.mfu, r.train_tokens_per_s) {
+        (Some(m), _) => format!("{:.1}%", 100.0 * m),
+        (None, Some(_)) => "n/a".into(),
+        (None, None) => dash(),
+    };
+    let rl = r.rl.as_ref().map_or_else(dash, |f| {
+        let parts = [f.generate, f.score, f.old_logprobs, f.reference, f.values, f.train].map(fmt_secs);
+        format!("{} ({})", fmt_secs(f.step_s), parts.join(" / "))
+    });
+    let mut line = String::new();
+    let cells = [
+        cell(&r.date),
+        cell(&r.device),
+        cell(&r.model),
+        cell(&r.settings),
+        r.gen_tokens_per_s.map_or_else(dash, fmt_rate),
+        r.train_tokens_per_s.map_or_else(dash, fmt_rate),
+        mfu,
+        rl,
+        r.vs_trl.map_or_else(dash, fmt_ratio),
+    ];
+    for c in cells {
+        let _ = write!(line, "| {c} ");
+    }
+    line.push('|');
+    line
+}
+
+/// Appends `row` to `path`, writing [`HEADER`] first when the file is new or empty.
+pub fn append_row(path: &Path, row: &Row) -> anyhow::Result<()> {
+    use std::io::Write;
+    let fresh = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
+    let mut text = String::new();
+    if fresh {
+        text.push_str(HEADER);
+    } else {
+        let old = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        if !old.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    text.push_str(&markdown_row(row));
+    text.push('\n');
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    f.write_all(text.as_bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        // An outlier does not move it.
+        assert_eq!(median(&[1.0, 1.0, 100.0]), Some(1.0));
+    }
+
+    fn fixture_arch(name: &str) -> ArchConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integration-tests/fixtures/models").join(name);
+        rlhf_models::ModelConfig::from_dir(&dir).unwrap().arch
+    }
+
+    #[test]
+    fn flops_formula_by_hand() {
+        // Llama fixture, d 32, 4 heads of 8, 2 KV heads, I 64, V 400, 2 layers. Per layer:
+        // q 32·32 + k, v 2·32·16 + o 32·32 = 3072; gated MLP 3·32·64 = 6144. LM head 32·400 = 12800.
+        assert_eq!(matmul_params(&fixture_arch("llama")), 2 * (3072 + 6144) + 12800);
+        // GPT-2 fixture, d 32, I 4·32: c_attn 32·96 + c_proj 32·32 = 4096; MLP 2·32·128 = 8192.
+        assert_eq!(matmul_params(&fixture_arch("gpt2")), 2 * (4096 + 8192) + 12800);
+        // 6·1000 + 12·2·8·10 = 7920.
+        assert_eq!(train_flops_per_token(1000, 2, 8, 10), 7920.0);
+        // 1e12 FLOP/s of a 2 TFLOP/s peak is half.
+        assert!((mfu(1e9, 1000.0, 2.0) - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn peaks_by_device_name() {
+        assert_eq!(peak_tflops("NVIDIA H100 80GB HBM3", true), Some(989.4));
+        assert_eq!(peak_tflops("NVIDIA H100 PCIe", true), Some(756.0));
+        assert_eq!(peak_tflops("NVIDIA H200", false), Some(66.9));
+        assert_eq!(peak_tflops("NVIDIA A10G", true), Some(70.0));
+        assert_eq!(peak_tflops("NVIDIA GeForce GTX 1080", true), None);
+    }
+
+    #[test]
+    fn cpu_name_and_date() {
+        let info = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13 64-Core Processor\n";
+        assert_eq!(cpu_model_name(info).as_deref(), Some("AMD EPYC 7B13 64-Core Processor"));
+        assert_eq!(cpu_model_name("processor: 0\n"), None);
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(951_782_400), "2000-02-29");
+        assert_eq!(utc_date(1_763_769_600), "2025-11-22");
+    }
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(fmt_count(494_032_768), "494.0M");
+        assert_eq!(fmt_count(1_543_714_304), "1.54B");
+        assert_eq!(fmt_count(61_248), "61.2K");
+        assert_eq!(fmt_count(12), "12");
+        assert_eq!(fmt_rate(123_456.7), "123457");
+        assert_eq!(fmt_rate(12.345), "12.35");
+        assert_eq!(fmt_secs(0.01234), "0.0123");
+        assert_eq!(fmt_ratio(2.0), "2.00x");
+        assert_eq!(fmt_ratio(0.456), "0.46x");
+    }
+
+    #[test]
+    fn markdown_rows() {
+        let full = Row {
+            date: "2025-11-22".into(),
+            device: "AMD EPYC (2 threads)".into(),
+            model: "llama (180.5K)".into(),
+            settings: "f32, B=2, G=4".into(),
+            gen_tokens_per_s: Some(1234.5),
+            train_tokens_per_s: Some(98.76),
+            mfu: Some(0.1234),
+            rl: Some(RlFigures {
+                step_s: 1.5,
+                generate: 0.5,
+                score: 0.001,
+                old_logprobs: 0.1,
+                reference: 0.1,
+                values: 0.0,
+                train: 0.75,
+            }),
+            vs_trl: Some(2.456),
+        };
+        assert_eq!(
+            markdown_row(&full),
+            "| 2025-11-22 | AMD EPYC (2 threads) | llama (180.5K) | f32, B=2, G=4 | 1234 | 98.76 | 12.3% \
+             | 1.50 (0.500 / 0.0010 / 0.100 / 0.100 / 0.0000 / 0.750) | 2.46x |"
+        );
+        let gen_only = Row {
+            date: "d".into(),
+            device: "a|b".into(),
+            model: "m".into(),
+            settings: "s".into(),
+            gen_tokens_per_s: Some(5.0),
+            ..Row::default()
+        };
+        assert_eq!(markdown_row(&gen_only), "| d | a\\|b | m | s | 5.000 | — | — | — | — |");
+        let cpu_train = Row { train_tokens_per_s: Some(10.0), ..gen_only };
+        assert!(markdown_row(&cpu_train).contains("| 10.00 | n/a | — | — |"), "{}", markdown_row(&cpu_train));
+        // The header's table has as many columns as a row.
+        let head = HEADER.lines().rev().nth(1).unwrap();
+        assert_eq!(head.matches(" | ").count(), markdown_row(&full).matches(" | ").count());
+    }
+
+    #[test]
+    fn append_writes_header_once() {
+        let dir = std::env::temp_dir().join(format!("rlhf-bench-report-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("BENCHMARKS.md");
+        let _ = std::fs::remove_file(&path);
+        let row = Row { date: "d".into(), ..Row::default() };
+        append_row(&path, &row).unwrap();
+        append_row(&path, &row).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# Benchmarks"));
+        assert_eq!(text.matches("# Benchmarks").count(), 1);
+        assert_eq!(text.matches("| d |").count(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,143 @@
+//! The RL section of `rlhf bench`: the real GRPO [`Trainer`] on the embedded `grpo` preset with
+//! the benchmark's model, batch, G and lengths, timed per phase from the `time/*` metrics that
+//! [`Trainer::train_step`] returns.
+
+use std::path::{Path, PathBuf};
+
+use rlhf_plugin_api::PluginKind;
+use rlhf_trainer::config::ConfigSource;
+use rlhf_trainer::data::PromptDataset;
+use rlhf_trainer::metrics::StepMetrics;
+use rlhf_trainer::{PluginRegistry, RlConfig, Trainer};
+
+use super::report::{median, RlFigures};
+
+/// What the RL section runs.
+pub struct RlSetup<'a> {
+    pub model_dir: &'a Path,
+    pub device: &'a str,
+    pub dtype: &'a str,
+    /// Prompts per step (B).
+    pub batch: i64,
+    /// Samples per prompt (G).
+    pub group: i64,
+    /// `data.max_prompt_len`: longer prompts are truncated from the left.
+    pub prompt_len: i64,
+    pub new_tokens: i64,
+    pub repeats: usize,
+    /// A prompts JSONL; `None`: the built-in addition task.
+    pub prompts: Option<&'a Path>,
+    pub run_dir: PathBuf,
+}
+
+/// Medians over the timed steps.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RlResult {
+    pub figures: RlFigures,
+    pub mean_completion_length: f64,
+    pub reward: f64,
+}
+
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The grpo preset with the benchmark's overrides: no supervised warm-up, one optimizer step per
+/// generation batch (`minibatch_size = B·G`, one epoch), nothing saved, no W&B.
+pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
+    let prompts = match s.prompts {
+        Some(p) => toml_string(&p.display().to_string()),
+        None => toml_string("builtin:addition"),
+    };
+    let sets = [
+        format!("model.actor={}", toml_string(&s.model_dir.display().to_string())),
+        format!("run.device={}", toml_string(s.device)),
+        format!("run.dtype={}", toml_string(s.dtype)),
+        format!("run.run_dir={}", toml_string(&s.run_dir.display().to_string())),
+        "run.save_actor=false".into(),
+        format!("data.prompts={prompts}"),
+        format!("data.max_prompt_len={}", s.prompt_len),
+        "warmup.steps=0".into(),
+        format!("rollout.prompts_per_batch={}", s.batch),
+        format!("rollout.samples_per_prompt={}", s.group),
+        format!("rollout.max_new_tokens={}", s.new_tokens),
+        format!("train.steps={}", s.repeats + 1),
+        "train.ppo_epochs=1".into(),
+        format!("train.minibatch_size={}", s.batch * s.group),
+        "checkpoint.every=0".into(),
+        "checkpoint.at_end=false".into(),
+        "wandb.enabled=false".into(),
+    ];
+    Ok(RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets)?)
+}
+
+/// `(prompt text, label)` pairs.
+pub type LabelledPrompts = Vec<(String, Option<String>)>;
+
+/// The prompts as the model sees them (template applied, truncated like the trainer does) with
+/// their labels, and their mean length in tokens.
+pub fn prompts(cfg: &RlConfig, model_dir: &Path) -> anyhow::Result<(LabelledPrompts, f64)> {
+    let tok = rlhf_tokenizer::HfTokenizer::from_dir(model_dir)?;
+    let raw = match cfg.data.prompts.strip_prefix("builtin:") {
+        Some(task) => rlhf_trainer::builtin::task_prompts(task)?,
+        None => rlhf_trainer::data::read_prompts(Path::new(&cfg.data.prompts))?,
+    };
+    let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
+    let mut out = Vec::with_capacity(data.records.len());
+    for r in &data.records {
+        // A truncated prompt is given as the text of the tokens that are left.
+        let text = if data.truncated > 0 && r.ids.len() == cfg.data.max_prompt_len {
+            tok.decode(&r.ids, false)?
+        } else {
+            r.text.clone()
+        };
+        out.push((text, r.label.clone()));
+    }
+    let mean = data.records.iter().map(|r| r.ids.len() as f64).sum::<f64>() / data.records.len().max(1) as f64;
+    Ok((out, mean))
+}
+
+fn median_of(steps: &[StepMetrics], key: &str) -> f64 {
+    median(&steps.iter().filter_map(|m| m.get(key)).collect::<Vec<_>>()).unwrap_or(0.0)
+}
+
+/// Runs one untimed step and `repeats` timed ones of the real trainer.
+pub fn run(cfg: RlConfig, repeats: usize) -> anyhow::Result<RlResult> {
+    let dirs =
+        if cfg.plugin_dirs.is_empty() { rlhf_trainer::plugins::default_plugin_dirs() } else { cfg.plugin_dirs.clone() };
+    let reg = PluginRegistry::scan(&dirs)?;
+    for (name, kind) in [("grpo", PluginKind::Algorithm), ("reward-rules", PluginKind::Reward)] {
+        if reg.get(name, kind).is_err() {
+            anyhow::bail!(
+                "the RL section needs the `{name}` plugin next to rlhf ({}); build it with `cargo build --release -p \
+                 rlhf-plugin-grpo -p rlhf-plugin-reward-rules` (`cargo xtask bench` does)",
+                dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+    let mut trainer = Trainer::new(cfg, &reg, None)?;
+    let mut steps = Vec::with_capacity(repeats);
+    for i in 0..=repeats {
+        let m = trainer.train_step()?;
+        if i > 0 {
+            steps.push(m);
+        }
+    }
+    if steps.iter().any(|m| m.get("time/train").is_none()) {
+        tracing::warn!("some RL steps had no response to train on; their phases are missing from the medians");
+    }
+    let figures = RlFigures {
+        step_s: median_of(&steps, "step_time"),
+        generate: median_of(&steps, "time/generate"),
+        score: median_of(&steps, "time/score"),
+        old_logprobs: median_of(&steps, "time/old_logprobs"),
+        reference: median_of(&steps, "time/reference"),
+        values: median_of(&steps, "time/values"),
+        train: median_of(&steps, "time/train"),
+    };
+    Ok(RlResult {
+        figures,
+        mean_completion_length: median_of(&steps, "completions/mean_length"),
+        reward: median_of(&steps, "reward"),
+    })
+}

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Step time of TRL's GRPOTrainer, for `rlhf bench --vs-trl` (which runs this script).
+
+Trains on the model directory and prompts it is given with the same shape of step as the `rlhf`
+GRPO `Trainer` in the benchmark: B prompts x G samples generated per step (one generation batch),
+up to `--new-tokens` new tokens, sampling at temperature 1 (no top-k/top-p), one AdamW step over
+the whole batch, beta (k3 KL to a reference model) and epsilon clip as given, reward 1/0 from an
+exact match of the completion against the prompt's label (the reward-rules `exact_match` with
+`extract = "full"`).
+
+Deliberate departures from TRL's defaults, so both sides do the same work:
+  - gradient_checkpointing=False (TRL's configs default to True; `rlhf` does not checkpoint);
+  - bf16=False with the weights loaded in the benchmark dtype (pure f32 or pure bf16, as `rlhf`),
+    instead of TRL's default bf16 autocast;
+  - loss_type="grpo" and scale_rewards="group" (the `rlhf` grpo plugin's defaults).
+
+Step time is measured between consecutive `on_step_end` callbacks (after a CUDA synchronize), so
+it covers everything a step does (generation, reward, reference log-probs, forward, backward,
+optimizer); the first `--warmup` steps are excluded and the median of the rest is reported.
+
+Output: progress on stderr, then one JSON line on stdout:
+  {"step_s": median, "step_times": [...], "mean_completion_length": x, "trl": "1.x", ...}
+`--check` only checks that trl, transformers and datasets import (exit 3 with a one-line error
+naming the install command when they do not).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def fail(message, code=3):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def import_stack():
+    install = f"install it with: {sys.executable} -m pip install trl"
+    try:
+        import trl
+    except ImportError as e:
+        fail(f"trl is not importable ({e}); {install}")
+    try:
+        import datasets  # noqa: F401
+        import torch
+        import transformers
+    except ImportError as e:
+        fail(f"a package trl needs is missing ({e}); {install}")
+    return torch, transformers, trl
+
+
+def parse_number(s):
+    """A number written like `1,000`, `$3.50`, `-2`, `42.0`; None for anything else (no exponents)."""
+    s = s.strip()
+    sign = ""
+    if s.startswith("-"):
+        sign, s = "-", s[1:]
+    elif s.startswith("+"):
+        s = s[1:]
+    if s.startswith("$"):
+        s = s[1:]
+    s = s.replace(",", "")
+    whole, _, frac = s.partition(".")
+    if (not whole and not frac) or not (whole.isdigit() or not whole) or not (frac.isdigit() or not frac):
+        return None
+    if not (whole.isascii() and frac.isascii()):
+        return None
+    return float(f"{sign}{whole or '0'}.{frac or '0'}")
+
+
+def normalize(s):
+    return s.strip().rstrip(".").rstrip()
+
+
+def matches(answer, label):
+    a, b = normalize(answer), normalize(label)
+    x, y = parse_number(a), parse_number(b)
+    if x is not None and y is not None:
+        return abs(x - y) <= 1e-9 * max(abs(y), 1.0)
+    return a == b
+
+
+def accuracy(completions, label, **kwargs):
+    """1.0 when the whole completion equals the label (numbers compared as numbers), else 0.0."""
+    out = []
+    for completion, lab in zip(completions, label):
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        out.append(1.0 if lab is not None and matches(text, str(lab)) else 0.0)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="only check that trl imports")
+    ap.add_argument("--model", help="Hugging Face model directory")
+    ap.add_argument("--prompts", help="JSONL of {prompt, label}: the prompt text exactly as the model sees it")
+    ap.add_argument("--batch", type=int, default=4, help="prompts per step (B)")
+    ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
+    ap.add_argument("--new-tokens", type=int, default=32, help="max new tokens")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps")
+    ap.add_argument("--repeats", type=int, default=3, help="timed steps")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--epsilon", type=float, default=0.2)
+    ap.add_argument("--adam-beta2", type=float, default=0.95)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--output-dir", default=None, help="TRL's output_dir (nothing is saved there)")
+    args = ap.parse_args()
+
+    torch, transformers, trl = import_stack()
+    versions = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}
+    if args.check:
+        print(json.dumps(versions))
+        return
+    if not args.model or not args.prompts:
+        fail("--model and --prompts are required", 2)
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        fail("--device cuda but torch sees no CUDA device", 2)
+    rows = []
+    with open(args.prompts, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                rows.append({"prompt": r["prompt"], "label": r.get("label")})
+    if not rows:
+        fail(f"{args.prompts}: no prompts", 2)
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    # tokenizer.json as it is, like `rlhf` (AutoTokenizer in transformers 5 may rebuild it from the
+    # model type, e.g. as a Qwen2 BPE tokenizer, which need not match the file).
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.marks = []
+            self.lengths = []
+
+        def _mark(self):
+            if cuda:
+                torch.cuda.synchronize()
+            self.marks.append(time.perf_counter())
+
+        def on_train_begin(self, *a, **kw):
+            self._mark()
+
+        def on_step_end(self, *a, **kw):
+            self._mark()
+
+        def on_log(self, args_, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.lengths.append(float(logs["completions/mean_length"]))
+
+    timer = StepTimer()
+    steps = args.warmup + args.repeats
+    output_dir = args.output_dir or os.path.join(os.path.dirname(os.path.abspath(args.prompts)), "trl-out")
+    config = GRPOConfig(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=args.batch * args.group,
+        gradient_accumulation_steps=1,
+        num_generations=args.group,
+        max_completion_length=args.new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=args.beta,
+        epsilon=args.epsilon,
+        loss_type="grpo",
+        scale_rewards="group",
+        num_iterations=1,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=args.adam_beta2,
+        adam_epsilon=1e-8,
+        max_grad_norm=args.max_grad_norm,
+        gradient_checkpointing=False,
+        bf16=False,
+        fp16=False,
+        use_cpu=not cuda,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=args.seed,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[accuracy],
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    trainer.train()
+
+    times = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
+    timed = times[args.warmup :]
+    if not timed:
+        fail(f"TRL ran {len(times)} steps, none timed after {args.warmup} warm-up", 4)
+    lengths = timer.lengths[args.warmup :] or timer.lengths
+    result = {
+        "step_s": statistics.median(timed),
+        "step_times": times,
+        "warmup": args.warmup,
+        "mean_completion_length": statistics.mean(lengths) if lengths else None,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        **versions,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
