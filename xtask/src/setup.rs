@@ -179,6 +179,12 @@ pub(crate) fn ensure_test_deps(torch: &Torch, force: bool) -> Result<()> {
     Ok(())
 }
 
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/rlhf-rs`: everything xtask caches lies below it.
+pub(crate) fn cache_root() -> Result<PathBuf> {
+    let dir = cache_dir()?;
+    Ok(dir.parent().map_or(dir.clone(), Path::to_path_buf))
+}
+
 /// `${XDG_CACHE_HOME:-$HOME/.cache}/rlhf-rs/torch-<version>`.
 fn cache_dir() -> Result<PathBuf> {
     cache_dir_from(env::var_os("XDG_CACHE_HOME"), env::var_os("HOME"))

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use rlhf_plugin_api::PluginKind;
+use rlhf_trainer::checkpoint;
 use rlhf_trainer::config::{ConfigSource, PRESETS};
 use rlhf_trainer::{PluginRegistry, RlConfig, Trainer};
 
@@ -20,6 +21,12 @@ pub struct TrainArgs {
     /// Run directory (shorthand for --set run.run_dir=DIR).
     #[arg(long)]
     run_dir: Option<PathBuf>,
+    /// Continue from a checkpoint: its directory, a run directory (its newest checkpoint), or
+    /// `latest` (the newest in the configured run dir). Without --config/--algo the checkpoint's
+    /// own config is used; with them, they must match it (train.steps, checkpoint.*, wandb.* may
+    /// differ).
+    #[arg(long, value_name = "DIR|latest")]
+    resume: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -37,17 +44,44 @@ fn registry(cfg_dirs: &[PathBuf]) -> anyhow::Result<PluginRegistry> {
     Ok(PluginRegistry::scan(&dirs)?)
 }
 
-pub fn train(args: TrainArgs) -> anyhow::Result<()> {
-    let source = match (&args.config, &args.algo) {
+/// The config source named by --config / --algo (default: the grpo preset).
+fn source_of(config: &Option<PathBuf>, algo: &Option<String>) -> ConfigSource {
+    match (config, algo) {
         (Some(path), _) => ConfigSource::File(path.clone()),
         (None, Some(algo)) => ConfigSource::Preset(algo.clone()),
         (None, None) => ConfigSource::Preset("grpo".into()),
-    };
+    }
+}
+
+pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     let mut sets = args.sets.clone();
     if let Some(dir) = &args.run_dir {
         sets.push(format!("run.run_dir={}", toml_string(&dir.display().to_string())));
     }
-    let cfg = RlConfig::load(&source, args.algo.as_deref(), &sets)?;
+    let (cfg, resume) = match &args.resume {
+        None => (RlConfig::load(&source_of(&args.config, &args.algo), args.algo.as_deref(), &sets)?, None),
+        Some(spec) => {
+            let configured = args.config.is_some() || args.algo.is_some();
+            // `latest` looks in the configured run dir (from the config, --run-dir or --set).
+            let run_dir = if spec.as_os_str() == "latest" {
+                RlConfig::load(&source_of(&args.config, &args.algo), args.algo.as_deref(), &sets)?.run.run_dir
+            } else {
+                None
+            };
+            let dir = checkpoint::resolve(spec, run_dir.as_deref())?;
+            let ckpt = checkpoint::load(&dir)?;
+            let ckpt_run_dir = dir.parent().and_then(|p| p.parent()).map(|p| p.to_path_buf()).unwrap_or_default();
+            let cfg = if configured {
+                RlConfig::load(&source_of(&args.config, &args.algo), args.algo.as_deref(), &sets)?
+            } else {
+                RlConfig::load(&ConfigSource::File(dir.join("config.toml")), None, &sets)?
+            };
+            let mut cfg = cfg;
+            check_same_config(&dir, &ckpt.config_toml, &cfg)?;
+            cfg.run.run_dir = Some(ckpt_run_dir);
+            (cfg, Some(ckpt))
+        }
+    };
     let reg = registry(&cfg.plugin_dirs)?;
     if let Some(algo) = &args.algo {
         if reg.get(algo, PluginKind::Algorithm).is_err() {
@@ -59,7 +93,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let trainer = Trainer::new(cfg, &reg)?;
+    let trainer = Trainer::new(cfg, &reg, resume.as_ref())?;
     tracing::info!("run dir: {}", trainer.run_dir().display());
     let summary = trainer.run()?;
     println!(
@@ -72,6 +106,55 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     println!("run dir: {}", summary.run_dir.display());
     println!("metrics: {}", summary.metrics_path.display());
     Ok(())
+}
+
+/// Keys that may differ between a checkpoint's config and the resuming one.
+const MAY_DIFFER: &[&str] = &["train.steps", "checkpoint.", "wandb.", "run.run_dir", "run.device", "plugin_dirs"];
+
+/// Refuses to resume a checkpoint written under a different configuration, naming the keys.
+fn check_same_config(dir: &std::path::Path, saved: &str, cfg: &RlConfig) -> anyhow::Result<()> {
+    let saved: toml::Value =
+        toml::from_str(saved).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint config.toml: {e}", dir.display()))?;
+    let now = toml::Value::try_from(cfg)?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    flatten(&saved, "", &mut a);
+    flatten(&now, "", &mut b);
+    let a: std::collections::BTreeMap<_, _> = a.into_iter().collect();
+    let b: std::collections::BTreeMap<_, _> = b.into_iter().collect();
+    let mut diffs = Vec::new();
+    for key in a.keys().chain(b.keys()).collect::<std::collections::BTreeSet<_>>() {
+        if MAY_DIFFER.iter().any(|p| key == p.trim_end_matches('.') || key.starts_with(p)) {
+            continue;
+        }
+        let (x, y) = (a.get(key), b.get(key));
+        if x != y {
+            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
+            diffs.push(format!("{key} ({} there, {} here)", show(x), show(y)));
+        }
+    }
+    if !diffs.is_empty() {
+        let n = diffs.len();
+        diffs.truncate(3);
+        anyhow::bail!(
+            "{}: checkpoint written by another config: {}{}",
+            dir.display(),
+            diffs.join(", "),
+            if n > 3 { format!(" and {} more", n - 3) } else { String::new() }
+        );
+    }
+    Ok(())
+}
+
+fn flatten(v: &toml::Value, prefix: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        toml::Value::Table(t) => {
+            for (k, x) in t {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flatten(x, &key, out);
+            }
+        }
+        other => out.push((prefix.to_string(), other.to_string())),
+    }
 }
 
 fn toml_string(s: &str) -> String {

@@ -101,6 +101,7 @@ fn new_var_store(device: Device, kind: Kind) -> nn::VarStore {
 
 /// Writes `config.json` (the source's, with dtype and the given overrides), the weights and the
 /// tokenizer files of `source_dir` into `dir`.
+#[allow(clippy::too_many_arguments)]
 fn save_dir(
     dir: &Path,
     source_dir: &Path,

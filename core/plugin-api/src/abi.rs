@@ -13,7 +13,7 @@ use crate::error::PluginError;
 use crate::tensor::{TensorBox, TensorRef};
 
 /// Version of this interface; the host refuses plugins built against another.
-pub const API_VERSION: u32 = 2;
+pub const API_VERSION: u32 = 3;
 /// The tch version plugin-api is built with (the workspace pins it; a tidy test checks).
 pub const TCH_VERSION: &str = "0.24.0";
 /// The libtorch version plugin-api was compiled against.
@@ -185,6 +185,12 @@ pub trait AlgorithmObj: Send {
     /// The loss of one minibatch.
     #[sabi(last_prefix_field)]
     fn loss(&mut self, mb: MinibatchAbi<'_>) -> RResult<LossAbi, PluginError>;
+
+    /// State that must survive a checkpoint (e.g. an adaptive KL coefficient), as JSON. API 3.
+    fn state(&self) -> RResult<RString, PluginError>;
+
+    /// Restores [`AlgorithmObj::state`] on resume. API 3.
+    fn load_state(&mut self, state: RStr<'_>) -> RResult<(), PluginError>;
 }
 
 /// Owned algorithm object.
@@ -222,6 +228,12 @@ pub struct ScoresAbi {
 pub trait RewardObj: Send {
     #[sabi(last_prefix_field)]
     fn score(&mut self, samples: RVec<SampleAbi>) -> RResult<ScoresAbi, PluginError>;
+
+    /// State that must survive a checkpoint (e.g. running reward statistics), as JSON. API 3.
+    fn state(&self) -> RResult<RString, PluginError>;
+
+    /// Restores [`RewardObj::state`] on resume. API 3.
+    fn load_state(&mut self, state: RStr<'_>) -> RResult<(), PluginError>;
 }
 
 /// Owned reward object.

@@ -4,7 +4,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use abi_stable::std_types::{ROption, RResult, RVec};
+use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 use tch::Tensor;
 
 use crate::abi::{AlgorithmObj, ExperienceAbi, HostContext, LossAbi, Metric, MinibatchAbi, PreparedAbi, Requirements};
@@ -92,6 +92,15 @@ pub trait Algorithm: Send + Sized + 'static {
     fn prepare(&mut self, exp: &Experience) -> Result<Prepared, PluginError>;
     /// The loss of a minibatch.
     fn loss(&mut self, mb: &Minibatch) -> Result<LossOutput, PluginError>;
+    /// State to checkpoint, as a JSON value (default: none). Anything [`Algorithm::prepare`] or
+    /// [`Algorithm::loss`] changes across steps belongs here, or a resumed run diverges.
+    fn state(&self) -> Result<serde_json::Value, PluginError> {
+        Ok(serde_json::Value::Null)
+    }
+    /// Restores [`Algorithm::state`] (called on resume, after [`Algorithm::new`]).
+    fn load_state(&mut self, _state: serde_json::Value) -> Result<(), PluginError> {
+        Ok(())
+    }
 }
 
 pub(crate) fn metrics_abi(m: Vec<(String, f64)>) -> RVec<Metric> {
@@ -168,6 +177,18 @@ impl<A: Algorithm> AlgorithmObj for AlgorithmAdapter<A> {
             };
             let out = self.0.loss(&mb)?;
             Ok(LossAbi { loss: TensorBox::new(out.loss), metrics: metrics_abi(out.metrics) })
+        })
+    }
+
+    fn state(&self) -> RResult<RString, PluginError> {
+        guard(|| Ok(self.0.state()?.to_string().into()))
+    }
+
+    fn load_state(&mut self, state: RStr<'_>) -> RResult<(), PluginError> {
+        guard(|| {
+            let v = serde_json::from_str(state.as_str())
+                .map_err(|e| PluginError::config("state", format!("not JSON: {e}")))?;
+            self.0.load_state(v)
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The reward side of the ABI as plain Rust: implement [`RewardSource`] and export it with
 //! [`export_reward!`](crate::export_reward).
 
-use abi_stable::std_types::{RResult, RVec};
+use abi_stable::std_types::{RResult, RStr, RString, RVec};
 
 use crate::abi::{RewardObj, SampleAbi, ScoresAbi};
 use crate::algorithm::{guard, metrics_abi, Context};
@@ -57,6 +57,14 @@ pub trait RewardSource: Send + Sized + 'static {
     fn new(config: &str, ctx: &Context) -> Result<Self, PluginError>;
     /// One score per sample.
     fn score(&mut self, samples: &[Sample]) -> Result<Scores, PluginError>;
+    /// State to checkpoint, as a JSON value (default: none), e.g. running normalisation statistics.
+    fn state(&self) -> Result<serde_json::Value, PluginError> {
+        Ok(serde_json::Value::Null)
+    }
+    /// Restores [`RewardSource::state`] (called on resume, after [`RewardSource::new`]).
+    fn load_state(&mut self, _state: serde_json::Value) -> Result<(), PluginError> {
+        Ok(())
+    }
 }
 
 /// Adapts a [`RewardSource`] to the ABI object.
@@ -69,6 +77,18 @@ impl<R: RewardSource> RewardObj for RewardAdapter<R> {
             let samples: Vec<Sample> = samples.into_iter().map(Sample::from).collect();
             let out = self.0.score(&samples)?;
             Ok(ScoresAbi { scores: out.scores.into(), metrics: metrics_abi(out.metrics) })
+        })
+    }
+
+    fn state(&self) -> RResult<RString, PluginError> {
+        guard(|| Ok(self.0.state()?.to_string().into()))
+    }
+
+    fn load_state(&mut self, state: RStr<'_>) -> RResult<(), PluginError> {
+        guard(|| {
+            let v = serde_json::from_str(state.as_str())
+                .map_err(|e| PluginError::config("state", format!("not JSON: {e}")))?;
+            self.0.load_state(v)
         })
     }
 }

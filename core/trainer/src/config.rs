@@ -11,6 +11,9 @@ use figment::Figment;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use rlhf_models::LoraConfig;
+use rlhf_wandb::WandbConfig;
+
 use crate::error::{Result, TrainerError};
 
 /// Seeds, devices and where outputs go.
@@ -46,11 +49,21 @@ pub struct ModelConfig {
     /// Critic: `actor` (backbone copied from the actor, fresh value head) or a directory holding a
     /// reward model / critic in `*ForSequenceClassification` layout.
     pub critic: String,
+    /// LoRA on the actor (`rank = 0`: full fine-tuning). The exported actor is merged.
+    pub lora: LoraConfig,
+    /// LoRA on the critic (its value head always trains).
+    pub critic_lora: LoraConfig,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { actor: "builtin:tiny".into(), reference: None, critic: "actor".into() }
+        ModelConfig {
+            actor: "builtin:tiny".into(),
+            reference: None,
+            critic: "actor".into(),
+            lora: LoraConfig::default(),
+            critic_lora: LoraConfig::default(),
+        }
     }
 }
 
@@ -181,6 +194,24 @@ impl Default for WarmupConfig {
     }
 }
 
+/// Checkpoints: `<run_dir>/checkpoints/step-NNNNNN`, written atomically.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Write one every this many steps (0: only at the end).
+    pub every: usize,
+    /// Keep the last this many (older ones are deleted once a new one is complete; >= 1).
+    pub keep: usize,
+    /// Also write one when the run ends.
+    pub at_end: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig { every: 100, keep: 2, at_end: true }
+    }
+}
+
 /// The algorithm plugin and its own config section.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -237,6 +268,14 @@ pub struct RlConfig {
     /// (where cargo puts the workspace's plugins).
     #[serde(default)]
     pub plugin_dirs: Vec<PathBuf>,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    /// Weights & Biases sink (on when `WANDB_API_KEY` is set, unless `enabled = false`).
+    #[serde(default)]
+    pub wandb: WandbConfig,
+    /// Where the base config came from (the file, or `preset NAME`), for error messages.
+    #[serde(skip)]
+    pub source: String,
 }
 
 /// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
@@ -259,7 +298,8 @@ pub enum ConfigSource {
 /// errors say where a value came from). The value is read as TOML (number, bool, array, inline
 /// table) and falls back to a plain string.
 struct SetOverride {
-    spec: String,
+    /// Where it came from: `--set key=value`, `--algo NAME` or `RLHF_SECTION__KEY`.
+    label: String,
     key: String,
     value: toml::Value,
 }
@@ -272,18 +312,22 @@ impl SetOverride {
         if key.is_empty() {
             return Err(TrainerError::Config(format!("--set {spec}: empty key")));
         }
-        let doc = format!("v = {}", value.trim());
-        let value = match doc.parse::<toml::Table>() {
-            Ok(t) => t.get("v").cloned().unwrap_or(toml::Value::String(value.to_string())),
-            Err(_) => toml::Value::String(value.trim().to_string()),
-        };
-        Ok(SetOverride { spec: spec.to_string(), key: key.to_string(), value })
+        Ok(SetOverride { label: format!("--set {spec}"), key: key.to_string(), value: toml_value(value) })
+    }
+}
+
+/// A command-line or environment value read as TOML (number, bool, array, inline table), else a
+/// plain string.
+fn toml_value(text: &str) -> toml::Value {
+    match format!("v = {}", text.trim()).parse::<toml::Table>() {
+        Ok(t) => t.get("v").cloned().unwrap_or(toml::Value::String(text.to_string())),
+        Err(_) => toml::Value::String(text.trim().to_string()),
     }
 }
 
 impl figment::Provider for SetOverride {
     fn metadata(&self) -> figment::Metadata {
-        figment::Metadata::named(format!("--set {}", self.spec))
+        figment::Metadata::named(self.label.clone())
     }
 
     fn data(&self) -> std::result::Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
@@ -302,30 +346,33 @@ fn sections<T: Serialize + Default>() -> Vec<String> {
     }
 }
 
-/// Environment layer: variables `RLHF_<SECTION>__<KEY>` (`__` nests; names are case-insensitive).
-/// Only names containing `__` whose first segment is a section of this config are read, so
-/// `RLHF_PYTHON` or another command's sections are left alone (the latter with a warning); an
-/// unknown key inside a known section is an error like any other.
-fn env_layer(sections: &[String]) -> figment::providers::Env {
-    let sections = sections.to_vec();
-    figment::providers::Env::prefixed(ENV_PREFIX).split("__").filter(move |key| {
-        let key = key.as_str();
-        let Some((first, _)) = key.split_once('.') else { return false };
-        if sections.iter().any(|s| s.eq_ignore_ascii_case(first)) {
-            true
+/// Environment layer: variables `RLHF_<SECTION>__<KEY>` (`__` nests; names are case-insensitive;
+/// values read as TOML like `--set`). Only names containing `__` whose first segment is a section of
+/// this config are read, so `RLHF_PYTHON` or another command's sections are left alone (the latter
+/// with a warning); an unknown key inside a known section is an error like any other.
+fn env_layer(sections: &[String]) -> Vec<SetOverride> {
+    let mut vars: Vec<(String, String)> =
+        std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX) && k.contains("__")).collect();
+    vars.sort();
+    let mut out = Vec::new();
+    for (name, value) in vars {
+        let key = name[ENV_PREFIX.len()..].to_lowercase().replace("__", ".");
+        let first = key.split('.').next().unwrap_or("");
+        if sections.iter().any(|s| s == first) {
+            out.push(SetOverride { label: name, key, value: toml_value(&value) });
         } else {
-            tracing::warn!(
-                "{ENV_PREFIX}{}: ignored (no section `{first}` in this config)",
-                key.replace('.', "__").to_uppercase()
-            );
-            false
+            tracing::warn!("{name}: ignored (no section `{first}` in this config)");
         }
-    })
+    }
+    out
 }
 
 /// The env layer and the `--set` overrides over `base`, in that order (CLI last).
 fn layer(base: Figment, sections: &[String], sets: &[String]) -> Result<Figment> {
-    let mut fig = base.merge(env_layer(sections));
+    let mut fig = base;
+    for var in env_layer(sections) {
+        fig = fig.merge(var);
+    }
     for s in sets {
         fig = fig.merge(SetOverride::parse(s)?);
     }
@@ -373,10 +420,7 @@ fn describe_figment(e: figment::Error, default_source: &str) -> TrainerError {
                 Some(figment::Source::File(p)) => p.display().to_string(),
                 Some(s) => s.to_string(),
                 // The env provider interpolates the variable's name; others are named providers.
-                None if m.name.contains("environment") && !err.path.is_empty() => {
-                    m.interpolate(&err.profile.clone().unwrap_or_default(), &err.path)
-                }
-                None => m.name.to_string(),
+                None => source_name(m),
             },
             None => default_source.to_string(),
         };
@@ -409,6 +453,16 @@ pub fn load_layered_figment<T: DeserializeOwned + Serialize + Default>(
     Ok((cfg, fig))
 }
 
+/// A provider's name for messages: the file, `RLHF_TRAIN__STEPS` for the env layer, the preset or
+/// the `--set`.
+fn source_name(m: &figment::Metadata) -> String {
+    match &m.source {
+        Some(figment::Source::File(p)) => p.display().to_string(),
+        Some(s) => s.to_string(),
+        None => m.name.to_string(),
+    }
+}
+
 /// Every leaf of `value` as `(dotted key, TOML value, source)`, the source being where `fig` found
 /// it (a file, a preset, an `RLHF_` variable, a `--set`) or `default`.
 pub fn provenance<T: Serialize>(value: &T, fig: &Figment) -> Result<Vec<(String, String, String)>> {
@@ -425,23 +479,10 @@ pub fn provenance<T: Serialize>(value: &T, fig: &Figment) -> Result<Vec<(String,
             }
             _ => {
                 let key = path.join(".");
-                // Array elements are found through their array's key.
-                let lookup: Vec<&str> = path.iter().map(|s| s.as_str()).collect();
-                let mut source = "default".to_string();
-                for n in (1..=lookup.len()).rev() {
-                    if let Some(m) = fig.find_metadata(&lookup[..n].join(".")) {
-                        source = match &m.source {
-                            Some(figment::Source::File(p)) => p.display().to_string(),
-                            Some(s) => s.to_string(),
-                            None if m.name.contains("environment") => m.interpolate(
-                                &figment::Profile::Default,
-                                &lookup[..n].iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-                            ),
-                            None => m.name.to_string(),
-                        };
-                        break;
-                    }
-                }
+                let source = match fig.find_metadata(&key) {
+                    Some(m) => source_name(m),
+                    None => "default".to_string(),
+                };
                 let shown = match v {
                     serde_json::Value::Null => "(unset)".to_string(),
                     other => other.to_string(),
@@ -479,14 +520,15 @@ impl RlConfig {
         };
         if let Some(algo) = algo {
             fig = fig.merge(SetOverride {
-                spec: format!("--algo {algo}"),
+                label: format!("--algo {algo}"),
                 key: "algorithm.name".into(),
                 value: toml::Value::String(algo.into()),
             });
         }
         let fig = layer(fig, &sections::<RlConfig>(), sets)?;
-        let cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
+        let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
         cfg.validate(&label)?;
+        cfg.source = label;
         Ok((cfg, fig))
     }
 
@@ -524,6 +566,16 @@ impl RlConfig {
         if let Some(d) = self.train.ema_decay {
             if !(0.0..1.0).contains(&d) {
                 return bad("train.ema_decay", "must be in [0, 1)");
+            }
+        }
+        if self.checkpoint.keep == 0 {
+            return bad("checkpoint.keep", "must be >= 1");
+        }
+        for (key, l) in [("model.lora", &self.model.lora), ("model.critic_lora", &self.model.critic_lora)] {
+            if let Err(e) = l.validate() {
+                let msg = e.to_string();
+                let msg = msg.trim_start_matches("invalid input: lora");
+                return Err(TrainerError::Config(format!("{label}: {key}{msg}")));
             }
         }
         if self.train.ptx_coef != 0.0 && self.train.ptx_data.is_none() {

@@ -189,6 +189,17 @@ impl PromptDataset {
         out
     }
 
+    /// Moves to pass `epoch`, index `pos` (a checkpoint's [`PromptDataset::position`]).
+    pub fn set_position(&mut self, epoch: u64, pos: usize) -> std::result::Result<(), String> {
+        if pos > self.records.len() {
+            return Err(format!("data position {pos} is beyond the {} prompts of this dataset", self.records.len()));
+        }
+        self.epoch = epoch;
+        self.reshuffle();
+        self.pos = pos;
+        Ok(())
+    }
+
     /// Passes completed and position within the current one.
     pub fn position(&self) -> (u64, usize) {
         (self.epoch, self.pos)

@@ -74,3 +74,25 @@ impl MetricsWriter {
         writeln!(self.file, "{line}").map_err(|e| TrainerError::io(&self.path, e))
     }
 }
+
+/// Keeps the lines of `path` whose `step` is at most `step` (a resumed run rewrites what followed
+/// its checkpoint); the file is replaced atomically. A missing file is fine.
+pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(TrainerError::io(path, e)),
+    };
+    let mut kept = String::new();
+    for line in text.lines() {
+        let s =
+            serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+        if matches!(s, Some(s) if s as usize <= step) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    std::fs::write(&tmp, kept).map_err(|e| TrainerError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| TrainerError::io(path, e))
+}

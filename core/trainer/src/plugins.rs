@@ -42,14 +42,14 @@ pub struct PluginRegistry {
 }
 
 extern "C" fn host_log(level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
-    let (plugin, message) = (plugin.as_str(), message.as_str());
-    match level {
-        LogLevel::Error => tracing::error!(target: "rlhf::plugin", plugin, "{message}"),
-        LogLevel::Warn => tracing::warn!(target: "rlhf::plugin", plugin, "{message}"),
-        LogLevel::Info => tracing::info!(target: "rlhf::plugin", plugin, "{message}"),
-        LogLevel::Debug => tracing::debug!(target: "rlhf::plugin", plugin, "{message}"),
-        LogLevel::Trace => tracing::trace!(target: "rlhf::plugin", plugin, "{message}"),
-    }
+    let level = match level {
+        LogLevel::Error => tracing::Level::ERROR,
+        LogLevel::Warn => tracing::Level::WARN,
+        LogLevel::Info => tracing::Level::INFO,
+        LogLevel::Debug => tracing::Level::DEBUG,
+        LogLevel::Trace => tracing::Level::TRACE,
+    };
+    crate::plugin_log::emit(plugin.as_str(), level, message.as_str());
 }
 
 /// The context every plugin constructor receives.
@@ -247,6 +247,26 @@ impl AlgorithmHandle {
     pub fn loss(&mut self, mb: MinibatchAbi<'_>) -> Result<LossAbi> {
         self.obj.loss(mb).into_result().map_err(|e| call_err(&self.meta, e, "algorithm.config"))
     }
+
+    /// The plugin's checkpoint state (JSON).
+    pub fn state(&self) -> Result<serde_json::Value> {
+        let text = self.obj.state().into_result().map_err(|e| call_err(&self.meta, e, "algorithm state"))?;
+        plugin_state_json(&self.meta, text.as_str())
+    }
+
+    /// Restores the plugin's checkpoint state.
+    pub fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
+        let text = state.to_string();
+        self.obj.load_state(RStr::from_str(&text)).into_result().map_err(|e| call_err(&self.meta, e, "algorithm state"))
+    }
+}
+
+fn plugin_state_json(meta: &PluginMeta, text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| TrainerError::PluginCall {
+        name: meta.name.clone(),
+        path: meta.path.clone(),
+        message: format!("state() returned invalid JSON: {e}"),
+    })
 }
 
 /// A reward source instance.
@@ -276,5 +296,17 @@ impl RewardHandle {
             });
         }
         Ok(out)
+    }
+
+    /// The plugin's checkpoint state (JSON).
+    pub fn state(&self) -> Result<serde_json::Value> {
+        let text = self.obj.state().into_result().map_err(|e| call_err(&self.meta, e, "reward state"))?;
+        plugin_state_json(&self.meta, text.as_str())
+    }
+
+    /// Restores the plugin's checkpoint state.
+    pub fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
+        let text = state.to_string();
+        self.obj.load_state(RStr::from_str(&text)).into_result().map_err(|e| call_err(&self.meta, e, "reward state"))
     }
 }

@@ -22,12 +22,15 @@ use rlhf_plugin_api::{PluginKind, Requirements};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
+use crate::checkpoint::{var_store_tensors, CheckpointData, Loaded};
 use crate::config::{RlConfig, Schedule};
 use crate::data::{read_prompts, PromptDataset, SplitMix};
 use crate::error::{Result, TrainerError};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::{ema_update, Optim};
 use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry, RewardHandle};
+use crate::progress::RunProgress;
+use serde_json::json;
 
 /// Where a finished run left its outputs.
 #[derive(Debug, Clone)]
@@ -65,10 +68,22 @@ pub struct Trainer {
     actor_opt: Optim,
     critic_opt: Option<Optim>,
     ptx: Vec<Vec<i64>>,
-    metrics: MetricsWriter,
+    metrics: Option<MetricsWriter>,
     step: usize,
     prompts_seen: usize,
     reward_history: Vec<f64>,
+    wandb: Option<rlhf_wandb::WandbSink>,
+    progress: Option<RunProgress>,
+}
+
+/// A plugin's refusal of its config section, reported against the config file that holds it.
+fn config_error(cfg: &RlConfig, e: TrainerError) -> TrainerError {
+    match e {
+        TrainerError::PluginCall { name, path, message } if message.contains(".config.") && !cfg.source.is_empty() => {
+            TrainerError::Config(format!("{}: {message} (plugin `{name}`, {})", cfg.source, path.display()))
+        }
+        e => e,
+    }
 }
 
 fn ids_i64(ids: &[u32]) -> Vec<i64> {
@@ -130,8 +145,9 @@ fn sft_warmup(actor: &CausalLm, pairs: &[(Vec<i64>, Vec<i64>)], eos: i64, pad: i
 }
 
 impl Trainer {
-    /// Prepares models, plugins, data and optimizers.
-    pub fn new(cfg: RlConfig, registry: &PluginRegistry) -> Result<Self> {
+    /// Prepares models, plugins, data and optimizers; with `resume`, restores a checkpoint of this
+    /// run (see [`crate::checkpoint`]) so the following steps equal those of an uninterrupted run.
+    pub fn new(cfg: RlConfig, registry: &PluginRegistry, resume: Option<&Loaded>) -> Result<Self> {
         let device = parse_device(&cfg.run.device)?;
         let kind = parse_dtype(&cfg.run.dtype)?;
         tch::manual_seed(cfg.run.seed as i64);
@@ -140,6 +156,15 @@ impl Trainer {
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
             PathBuf::from("runs").join(format!("{}-{t}", cfg.algorithm.name))
         });
+        // A fresh run never appends to, or overwrites, another run's outputs.
+        let previous = run_dir.join("metrics.jsonl");
+        if resume.is_none() && std::fs::metadata(&previous).map(|m| m.len() > 0).unwrap_or(false) {
+            return Err(TrainerError::Config(format!(
+                "{}: the run directory already holds a run (metrics.jsonl); continue it with --resume {} or choose another --run-dir",
+                run_dir.display(),
+                run_dir.display()
+            )));
+        }
         std::fs::create_dir_all(&run_dir).map_err(|e| TrainerError::io(&run_dir, e))?;
         let resolved =
             toml::to_string(&cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
@@ -154,7 +179,8 @@ impl Trainer {
             &cfg.algorithm.config.to_string(),
             host_context(&cfg.run.device, cfg.run.seed, g),
             "algorithm.config",
-        )?;
+        )
+        .map_err(|e| config_error(&cfg, e))?;
         let req = algo.requirements();
         let mut rewards = Vec::new();
         for (i, r) in cfg.rewards.iter().enumerate() {
@@ -164,7 +190,8 @@ impl Trainer {
                 &r.config.to_string(),
                 host_context(&cfg.run.device, cfg.run.seed, g),
                 &format!("rewards[{i}].config"),
-            )?;
+            )
+            .map_err(|e| config_error(&cfg, e))?;
             rewards.push(RewardSource {
                 name: r.name.clone().unwrap_or_else(|| r.plugin.clone()),
                 weight: r.weight,
@@ -195,7 +222,16 @@ impl Trainer {
         let pad = i64::from(tok.pad_token_id());
 
         let mut actor = CausalLm::from_dir(&actor_dir, device, kind)?;
-        if cfg.warmup.steps > 0 {
+        if cfg.warmup.steps > 0 && resume.is_some() {
+            // The warm-up ran before the checkpoint: its output is the reference and the base.
+            actor_dir = run_dir.join("warmup-model");
+            actor = CausalLm::from_dir(&actor_dir, device, kind).map_err(|e| {
+                TrainerError::Checkpoint(format!(
+                    "{}: cannot resume: the warm-up model is unreadable: {e}",
+                    run_dir.display()
+                ))
+            })?;
+        } else if cfg.warmup.steps > 0 {
             let pairs: Vec<(Vec<i64>, Vec<i64>)> = data
                 .records
                 .iter()
@@ -221,16 +257,28 @@ impl Trainer {
             None
         };
         let critic = if req.critic {
-            Some(match cfg.model.critic.as_str() {
+            let mut c = match cfg.model.critic.as_str() {
                 "actor" => ScalarHeadModel::from_causal_lm_dir(&actor_dir, device, kind)?,
                 dir => ScalarHeadModel::from_dir(Path::new(dir), device, kind)?,
-            })
+            };
+            if c.apply_lora(&cfg.model.critic_lora).map_err(|e| TrainerError::Config(format!("model.critic_{e}")))? > 0
+            {
+                let (t, n) = rlhf_models::lora::parameter_counts(&c.vs);
+                tracing::info!("critic LoRA: {t} of {n} parameters train");
+            }
+            Some(c)
         } else {
             None
         };
+        if actor.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))? > 0 {
+            let (t, n) = rlhf_models::lora::parameter_counts(&actor.vs);
+            tracing::info!("actor LoRA: {t} of {n} parameters train");
+        }
         let ema = match cfg.train.ema_decay {
             Some(_) => {
                 let mut e = CausalLm::from_dir(&actor_dir, device, kind)?;
+                // The same adapters, so the average tracks them by name.
+                e.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))?;
                 e.freeze();
                 Some(e)
             }
@@ -295,8 +343,7 @@ impl Trainer {
             }
             _ => Vec::new(),
         };
-        let metrics = MetricsWriter::create(&run_dir)?;
-        Ok(Trainer {
+        let mut trainer = Trainer {
             cfg,
             run_dir,
             device,
@@ -312,11 +359,131 @@ impl Trainer {
             actor_opt,
             critic_opt,
             ptx,
-            metrics,
+            metrics: None,
             step: 0,
             prompts_seen: 0,
             reward_history: Vec::new(),
-        })
+            wandb: None,
+            progress: None,
+        };
+        if let Some(ckpt) = resume {
+            trainer.restore(ckpt)?;
+        }
+        trainer.metrics = Some(MetricsWriter::create(&trainer.run_dir)?);
+        trainer.start_wandb(resume)?;
+        Ok(trainer)
+    }
+
+    /// Everything a checkpoint holds (see [`crate::checkpoint`]).
+    fn checkpoint_data(&self) -> Result<CheckpointData> {
+        let mut tensors = vec![("actor", var_store_tensors(&self.actor.vs))];
+        tensors.push(("optimizer-actor", self.actor_opt.state_tensors()?));
+        if let (Some(c), Some(o)) = (&self.critic, &self.critic_opt) {
+            tensors.push(("critic", var_store_tensors(&c.vs)));
+            tensors.push(("optimizer-critic", o.state_tensors()?));
+        }
+        if let Some(e) = &self.ema {
+            tensors.push(("ema", var_store_tensors(&e.vs)));
+        }
+        let mut rewards = Vec::new();
+        for r in &self.rewards {
+            rewards.push(json!({"name": r.name, "state": r.handle.state()?}));
+        }
+        let (epoch, pos) = self.data.position();
+        let state = json!({
+            "step": self.step,
+            "prompts_seen": self.prompts_seen,
+            "data": {"epoch": epoch, "pos": pos},
+            "optimizer_steps": {"actor": self.actor_opt.steps, "critic": self.critic_opt.as_ref().map(|o| o.steps)},
+            "algorithm": {"name": self.algo.meta.name, "state": self.algo.state()?},
+            "rewards": rewards,
+            "reward_history": self.reward_history,
+            "seed": self.cfg.run.seed,
+            "wandb_run_id": self.wandb.as_ref().map(|w| w.run_id().to_string()),
+        });
+        let config_toml =
+            toml::to_string(&self.cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
+        Ok(CheckpointData { step: self.step, config_toml, state, tensors })
+    }
+
+    /// Writes a checkpoint of the current step.
+    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        let t = Instant::now();
+        let dir = crate::checkpoint::write(&self.run_dir, &self.checkpoint_data()?, self.cfg.checkpoint.keep)?;
+        tracing::info!("checkpoint: {} ({:.1}s)", dir.display(), t.elapsed().as_secs_f64());
+        Ok(dir)
+    }
+
+    /// Restores a checkpoint: weights, optimizer moments and schedule positions, data position,
+    /// plugin states, reward history; truncates `metrics.jsonl` to the checkpoint's step.
+    fn restore(&mut self, ckpt: &Loaded) -> Result<()> {
+        let bad = |what: &str| TrainerError::Checkpoint(format!("{}: state.json: {what}", ckpt.dir.display()));
+        let st = &ckpt.state;
+        let get_usize = |v: Option<&serde_json::Value>, what: &str| {
+            v.and_then(serde_json::Value::as_u64).map(|x| x as usize).ok_or_else(|| bad(&format!("missing {what}")))
+        };
+        ckpt.restore_vars("actor", &self.actor.vs)?;
+        self.actor_opt.load_state(
+            ckpt.tensors("optimizer-actor")?,
+            get_usize(st.pointer("/optimizer_steps/actor"), "optimizer_steps.actor")?,
+        )?;
+        if let (Some(c), Some(o)) = (&self.critic, &mut self.critic_opt) {
+            ckpt.restore_vars("critic", &c.vs)?;
+            o.load_state(
+                ckpt.tensors("optimizer-critic")?,
+                get_usize(st.pointer("/optimizer_steps/critic"), "optimizer_steps.critic")?,
+            )?;
+        }
+        if let Some(e) = &self.ema {
+            ckpt.restore_vars("ema", &e.vs)?;
+        }
+        let algo_name = st.pointer("/algorithm/name").and_then(|v| v.as_str()).unwrap_or("");
+        if algo_name != self.algo.meta.name {
+            return Err(bad(&format!("written by algorithm `{algo_name}`, this run uses `{}`", self.algo.meta.name)));
+        }
+        self.algo.load_state(st.pointer("/algorithm/state").unwrap_or(&serde_json::Value::Null))?;
+        let saved_rewards = st.get("rewards").and_then(|v| v.as_array()).cloned().unwrap_or_default();
+        if saved_rewards.len() != self.rewards.len() {
+            return Err(bad(&format!("{} reward sources, this run has {}", saved_rewards.len(), self.rewards.len())));
+        }
+        for (r, saved) in self.rewards.iter_mut().zip(&saved_rewards) {
+            r.handle.load_state(saved.get("state").unwrap_or(&serde_json::Value::Null))?;
+        }
+        self.step = get_usize(st.get("step"), "step")?;
+        self.prompts_seen = get_usize(st.get("prompts_seen"), "prompts_seen")?;
+        let epoch = st.pointer("/data/epoch").and_then(|v| v.as_u64()).ok_or_else(|| bad("missing data.epoch"))?;
+        let pos = get_usize(st.pointer("/data/pos"), "data.pos")?;
+        self.data.set_position(epoch, pos).map_err(|m| bad(&m))?;
+        self.reward_history = st
+            .get("reward_history")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        crate::metrics::truncate_after(&self.run_dir.join("metrics.jsonl"), self.step)?;
+        tracing::info!("resumed from {} at step {}", ckpt.dir.display(), self.step);
+        Ok(())
+    }
+
+    /// Starts the W&B sink when configured (`[wandb]` or `WANDB_API_KEY`); never fails the run.
+    fn start_wandb(&mut self, resume: Option<&Loaded>) -> Result<()> {
+        let mut wcfg = self.cfg.wandb.clone();
+        if wcfg.run_id.is_none() {
+            wcfg.run_id = resume.and_then(|c| c.state.get("wandb_run_id").and_then(|v| v.as_str()).map(String::from));
+        }
+        if wcfg.run_name.is_none() {
+            wcfg.run_name = self.run_dir.file_name().map(|n| n.to_string_lossy().to_string());
+        }
+        match rlhf_wandb::WandbSettings::from_env(&wcfg) {
+            Ok(Some(settings)) => {
+                let config = serde_json::to_value(&self.cfg).unwrap_or_default();
+                let sink = rlhf_wandb::WandbSink::start(settings, config);
+                tracing::info!("wandb: logging to run {}", sink.run_id());
+                self.wandb = Some(sink);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(TrainerError::Config(format!("wandb: {e}"))),
+        }
+        Ok(())
     }
 
     /// The run directory.
@@ -324,22 +491,20 @@ impl Trainer {
         &self.run_dir
     }
 
-    /// Runs every configured step, saves the actor and returns where things are.
+    /// Runs every remaining step (checkpointing every `checkpoint.every`), then writes the final
+    /// checkpoint, the HF-format actor and the plots, and returns where things are.
     pub fn run(mut self) -> Result<RunSummary> {
-        while self.step < self.cfg.train.steps {
-            let m = self.train_step()?;
-            self.metrics.write(self.step, &m)?;
-            let show = |k: &str| m.get(k).map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
-            tracing::info!(
-                "step {}/{}  reward {}  kl {}  loss/policy {}  len {}  {}s",
-                self.step,
-                self.cfg.train.steps,
-                show("reward"),
-                show("kl"),
-                show("loss/policy"),
-                show("completions/mean_length"),
-                show("step_time"),
-            );
+        let total = self.cfg.train.steps;
+        self.progress = Some(RunProgress::new(total as u64, self.step as u64, "step"));
+        let result = self.run_steps();
+        self.progress = None;
+        let exit_code = i32::from(result.is_err());
+        if let Err(e) = result {
+            self.finish_wandb(exit_code);
+            return Err(e);
+        }
+        if self.cfg.checkpoint.at_end && self.step > 0 {
+            self.save_checkpoint()?;
         }
         let actor_dir = if self.cfg.run.save_actor {
             let dir = self.run_dir.join("actor");
@@ -351,11 +516,17 @@ impl Trainer {
         } else {
             None
         };
+        match rlhf_plot::plot_run(&self.run_dir, &self.run_dir.join("plots")) {
+            Ok(files) => tracing::info!("plots: {} charts in {}", files.len(), self.run_dir.join("plots").display()),
+            Err(e) => tracing::warn!("plots not written: {e}"),
+        }
+        self.finish_wandb(0);
         let n = self.reward_history.len();
         let k = (n / 10).max(1).min(n.max(1));
         let mean = |xs: &[f64]| if xs.is_empty() { f64::NAN } else { xs.iter().sum::<f64>() / xs.len() as f64 };
+        let metrics_path = self.run_dir.join("metrics.jsonl");
         Ok(RunSummary {
-            metrics_path: self.metrics.path().to_path_buf(),
+            metrics_path,
             run_dir: self.run_dir.clone(),
             steps: self.step,
             actor_dir,
@@ -364,11 +535,67 @@ impl Trainer {
         })
     }
 
+    fn run_steps(&mut self) -> Result<()> {
+        while self.step < self.cfg.train.steps {
+            let m = self.train_step()?;
+            if let Some(w) = &mut self.metrics {
+                w.write(self.step, &m)?;
+            }
+            if let Some(sink) = &self.wandb {
+                let map = m.means().into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
+                sink.log(self.step as u64, map);
+            }
+            let show = |k: &str| m.get(k).map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
+            if let Some(p) = &self.progress {
+                p.step_done(format!("reward {} kl {}", show("reward"), show("kl")));
+            }
+            tracing::info!(
+                "step {}/{}  reward {}  kl {}  loss/policy {}  len {}  {}s",
+                self.step,
+                self.cfg.train.steps,
+                show("reward"),
+                show("kl"),
+                show("loss/policy"),
+                show("completions/mean_length"),
+                show("step_time"),
+            );
+            let every = self.cfg.checkpoint.every;
+            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.train.steps {
+                self.save_checkpoint()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_wandb(&mut self, exit_code: i32) {
+        if let Some(sink) = self.wandb.take() {
+            let mut summary = serde_json::Map::new();
+            summary.insert("steps".into(), json!(self.step));
+            if let Some(r) = self.reward_history.last() {
+                summary.insert("reward".into(), json!(r));
+            }
+            let stats = sink.finish(summary, exit_code);
+            if stats.lines_dropped > 0 {
+                tracing::warn!(
+                    "wandb: {} of {} history lines were not delivered",
+                    stats.lines_dropped,
+                    stats.lines_logged
+                );
+            }
+        }
+    }
+
     /// One generation batch: rollout, scoring, experience, optimisation. Returns its metrics.
     pub fn train_step(&mut self) -> Result<StepMetrics> {
         let t0 = Instant::now();
         let mut m = StepMetrics::default();
         let cfg = self.cfg.clone();
+        // Every random draw of a step (sampling, dropout, shuffles) follows from (seed, step), so
+        // a run resumed at step k repeats the uninterrupted run's steps bit for bit on CPU.
+        tch::manual_seed((cfg.run.seed ^ (self.step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) as i64 & i64::MAX);
+        if let Some(p) = &self.progress {
+            p.phase("rollout", 1);
+        }
         let (p_count, g) = (cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt);
 
         // 1. Rollout.
@@ -399,6 +626,10 @@ impl Trainer {
         };
         let gen = generate(&self.actor, &prompts.input_ids, &prompts.attention_mask, &gen_cfg)?;
         let t_gen = t0.elapsed().as_secs_f64();
+        if let Some(p) = &self.progress {
+            p.advance(1);
+            p.phase("scoring", self.rewards.len() as u64);
+        }
 
         // Drop responses shorter than one token (DeepSpeed-Chat drops answers below a minimum length).
         // A response that is only EOS has one token: it is kept and scored, so a policy cannot escape
@@ -445,6 +676,9 @@ impl Trainer {
         let mut unscored = vec![false; keep.len()];
         for src in &mut self.rewards {
             let out = src.handle.score(samples.clone())?;
+            if let Some(p) = &self.progress {
+                p.advance(1);
+            }
             if let Some(bad) = out.scores.iter().position(|s| s.is_infinite()) {
                 return Err(TrainerError::PluginCall {
                     name: src.handle.meta.name.clone(),
@@ -565,6 +799,13 @@ impl Trainer {
         // name (its `kl`/`entropy` definitions win over the host's rollout estimates).
         let mut plugin_metrics = StepMetrics::default();
         let mut rng = SplitMix(cfg.run.seed ^ (self.step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        if let Some(p) = &self.progress {
+            p.phase("optimise", (cfg.train.ppo_epochs * b.div_ceil(cfg.train.minibatch_size)) as u64);
+        }
+        self.actor.set_training(true);
+        if let Some(c) = &self.critic {
+            c.set_training(true);
+        }
         for _epoch in 0..cfg.train.ppo_epochs {
             let mut order: Vec<i64> = (0..b as i64).collect();
             rng.shuffle(&mut order);
@@ -640,7 +881,14 @@ impl Trainer {
                 if let (Some(e), Some(d)) = (&self.ema, cfg.train.ema_decay) {
                     ema_update(&e.vs, &self.actor.vs, d)?;
                 }
+                if let Some(p) = &self.progress {
+                    p.advance(1);
+                }
             }
+        }
+        self.actor.set_training(false);
+        if let Some(c) = &self.critic {
+            c.set_training(false);
         }
         let t_train = t5.elapsed().as_secs_f64();
         for (k, v) in plugin_metrics.means() {

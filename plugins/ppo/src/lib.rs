@@ -238,6 +238,19 @@ impl Algorithm for Ppo {
         Ok(Prepared { advantages, returns: Some(returns), metrics })
     }
 
+    /// The adaptive KL coefficient survives checkpoints.
+    fn state(&self) -> Result<serde_json::Value> {
+        Ok(serde_json::json!({ "kl_ctl": self.kl_ctl }))
+    }
+
+    fn load_state(&mut self, state: serde_json::Value) -> Result<()> {
+        self.kl_ctl = state
+            .get("kl_ctl")
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| PluginError::config("state.kl_ctl", "missing from the checkpoint"))?;
+        Ok(())
+    }
+
     /// # Shapes
     /// Every `mb` tensor `[b, R]` (`rewards [b]`, unused); the loss is a scalar.
     fn loss(&mut self, mb: &Minibatch) -> Result<LossOutput> {

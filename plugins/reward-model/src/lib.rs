@@ -145,6 +145,22 @@ impl RewardSource for RewardModel {
         RewardModel::from_config(config, &ctx.device)
     }
 
+    /// The running normalisation statistics survive checkpoints.
+    fn state(&self) -> Result<serde_json::Value, PluginError> {
+        let r = &self.running;
+        Ok(serde_json::json!({ "count": r.count, "mean": r.mean, "m2": r.m2 }))
+    }
+
+    fn load_state(&mut self, state: serde_json::Value) -> Result<(), PluginError> {
+        let bad = || PluginError::config("state", "running statistics missing from the checkpoint");
+        self.running = Running {
+            count: state.get("count").and_then(serde_json::Value::as_u64).ok_or_else(bad)?,
+            mean: state.get("mean").and_then(serde_json::Value::as_f64).ok_or_else(bad)?,
+            m2: state.get("m2").and_then(serde_json::Value::as_f64).ok_or_else(bad)?,
+        };
+        Ok(())
+    }
+
     fn score(&mut self, samples: &[Sample]) -> Result<Scores, PluginError> {
         if samples.is_empty() {
             return Ok(Scores::default());

@@ -69,7 +69,8 @@ impl Algorithm for TemplateReinforce {
         if !(config.eps > 0.0 && config.eps.is_finite()) {
             return Err(PluginError::config("eps", format!("must be a positive number, got {}", config.eps)));
         }
-        // `tracing` events reach the host's log, tagged `plugin="template-reinforce"`.
+        // `tracing` events reach the host's log with the plugin's name as target
+        // (`RUST_LOG=template-reinforce=debug` filters them).
         tracing::info!(
             normalize = config.normalize,
             eps = config.eps,

@@ -1,0 +1,348 @@
+//! Checkpoints of an RL run: `<run_dir>/checkpoints/step-NNNNNN/` holding the models' variables
+//! (actor, critic, EMA; LoRA adapters unmerged), the optimizers' moments, `state.json` (step, data
+//! position, schedule positions, plugin states, reward history, seed) and the resolved
+//! `config.toml`, sealed by `manifest.json` (sizes and FNV-1a checksums of every file).
+//!
+//! Writing is atomic: everything goes into `checkpoints/.tmp-step-NNNNNN-<pid>/`, each file and the
+//! directory are fsynced, `manifest.json` is written last, then the directory is renamed into place
+//! and the parent fsynced. A crash (even `kill -9`) mid-write leaves at most a `.tmp-*` directory,
+//! which [`latest`] ignores; older checkpoints are pruned only after a new one is complete.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use tch::{nn, Tensor};
+
+use crate::error::{Result, TrainerError};
+
+/// Format version of the layout above.
+pub const FORMAT: u64 = 1;
+
+fn err(msg: String) -> TrainerError {
+    TrainerError::Checkpoint(msg)
+}
+
+fn io(path: &Path, e: std::io::Error) -> TrainerError {
+    err(format!("{}: {e}", path.display()))
+}
+
+/// The directory holding a run's checkpoints.
+pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}
+
+fn step_dir_name(step: usize) -> String {
+    format!("step-{step:06}")
+}
+
+fn parse_step(name: &str) -> Option<usize> {
+    name.strip_prefix("step-").and_then(|s| s.parse().ok())
+}
+
+/// 64-bit FNV-1a of a file's bytes (detects truncation and corruption; not cryptographic).
+fn fnv1a(path: &Path) -> Result<(u64, u64)> {
+    let mut f = File::open(path).map_err(|e| io(path, e))?;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut len = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        len += n as u64;
+        for &b in &buf[..n] {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok((len, hash))
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(|e| io(dir, e))
+}
+
+/// Test hook: a pause after each file so a test can kill the process mid-write.
+fn test_delay() {
+    if let Some(ms) = std::env::var("RLHFRS_TEST_CHECKPOINT_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// What goes into one checkpoint.
+pub struct CheckpointData {
+    pub step: usize,
+    /// Resolved configuration (TOML).
+    pub config_toml: String,
+    /// `state.json`.
+    pub state: Value,
+    /// Tensor files: (`actor`, named tensors) → `actor.safetensors`.
+    pub tensors: Vec<(&'static str, Vec<(String, Tensor)>)>,
+}
+
+/// The variables of `vs` by name, for [`CheckpointData::tensors`].
+pub fn var_store_tensors(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// Writes a checkpoint atomically and prunes to the last `keep`; returns its directory.
+pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathBuf> {
+    let parent = checkpoints_dir(run_dir);
+    std::fs::create_dir_all(&parent).map_err(|e| io(&parent, e))?;
+    let name = step_dir_name(data.step);
+    // Leftovers of an interrupted write (one writer per run dir) are incomplete by construction.
+    for entry in std::fs::read_dir(&parent).map_err(|e| io(&parent, e))?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let tmp = parent.join(format!(".tmp-{name}-{}", std::process::id()));
+    std::fs::create_dir(&tmp).map_err(|e| io(&tmp, e))?;
+
+    let mut files = serde_json::Map::new();
+    let mut seal = |file: &str| -> Result<()> {
+        let path = tmp.join(file);
+        File::open(&path).and_then(|f| f.sync_all()).map_err(|e| io(&path, e))?;
+        let (bytes, fnv) = fnv1a(&path)?;
+        files.insert(file.to_string(), json!({"bytes": bytes, "fnv1a64": format!("{fnv:016x}")}));
+        test_delay();
+        Ok(())
+    };
+    for (what, tensors) in &data.tensors {
+        let file = format!("{what}.safetensors");
+        let path = tmp.join(&file);
+        let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        Tensor::write_safetensors(&named, &path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+        seal(&file)?;
+    }
+    let write_text = |file: &str, text: &str| -> Result<()> {
+        let path = tmp.join(file);
+        let mut f = File::create(&path).map_err(|e| io(&path, e))?;
+        f.write_all(text.as_bytes()).map_err(|e| io(&path, e))
+    };
+    write_text("state.json", &serde_json::to_string_pretty(&data.state).unwrap_or_default())?;
+    seal("state.json")?;
+    write_text("config.toml", &data.config_toml)?;
+    seal("config.toml")?;
+    let manifest = json!({"format": FORMAT, "step": data.step, "files": files});
+    write_text("manifest.json", &serde_json::to_string_pretty(&manifest).unwrap_or_default())?;
+    let mpath = tmp.join("manifest.json");
+    File::open(&mpath).and_then(|f| f.sync_all()).map_err(|e| io(&mpath, e))?;
+    fsync_dir(&tmp)?;
+
+    let dest = parent.join(&name);
+    if dest.exists() {
+        // The same step written again (e.g. a resumed run's final step): replace it.
+        std::fs::remove_dir_all(&dest).map_err(|e| io(&dest, e))?;
+    }
+    std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;
+    fsync_dir(&parent)?;
+    prune(&parent, keep)?;
+    Ok(dest)
+}
+
+/// Deletes all but the newest `keep` complete checkpoints, and stale temp dirs of this process.
+fn prune(parent: &Path, keep: usize) -> Result<()> {
+    let mut steps = list(parent)?;
+    steps.sort();
+    let n = steps.len();
+    for (_, dir) in steps.into_iter().take(n.saturating_sub(keep.max(1))) {
+        std::fs::remove_dir_all(&dir).map_err(|e| io(&dir, e))?;
+    }
+    Ok(())
+}
+
+/// Complete checkpoints (with a manifest) under `parent`, as (step, dir).
+fn list(parent: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let mut out = Vec::new();
+    let rd = match std::fs::read_dir(parent) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io(parent, e)),
+    };
+    for entry in rd {
+        let entry = entry.map_err(|e| io(parent, e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(step) = parse_step(&name) {
+            if entry.path().join("manifest.json").is_file() {
+                out.push((step, entry.path()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The newest complete checkpoint of a run, if any.
+pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
+    if !run_dir.is_dir() {
+        return Err(err(format!("{}: run directory not found", run_dir.display())));
+    }
+    let mut steps = list(&checkpoints_dir(run_dir))?;
+    steps.sort();
+    Ok(steps.pop().map(|(_, d)| d))
+}
+
+/// Resolves `--resume` (a checkpoint dir, a run dir, or `latest` = the newest in `run_dir`) to a
+/// checkpoint directory.
+pub fn resolve(spec: &Path, run_dir: Option<&Path>) -> Result<PathBuf> {
+    let run = if spec == Path::new("latest") {
+        run_dir.ok_or_else(|| err("--resume latest: the config sets no run.run_dir to look in".into()))?.to_path_buf()
+    } else if spec.join("manifest.json").is_file()
+        || parse_step(&spec.file_name().unwrap_or_default().to_string_lossy()).is_some()
+    {
+        return Ok(spec.to_path_buf());
+    } else {
+        spec.to_path_buf()
+    };
+    latest(&run)?
+        .ok_or_else(|| err(format!("{}: no complete checkpoint in {}", run.display(), checkpoints_dir(&run).display())))
+}
+
+/// A verified checkpoint, loaded.
+pub struct Loaded {
+    pub dir: PathBuf,
+    pub step: usize,
+    pub state: Value,
+    pub config_toml: String,
+    tensors: HashMap<String, HashMap<String, Tensor>>,
+}
+
+/// Reads and verifies a checkpoint: manifest present, every file with its size and checksum.
+pub fn load(dir: &Path) -> Result<Loaded> {
+    let mpath = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&mpath)
+        .map_err(|e| err(format!("{}: not a complete checkpoint (manifest.json: {e})", dir.display())))?;
+    let manifest: Value = serde_json::from_str(&text)
+        .map_err(|e| err(format!("{}: corrupt checkpoint manifest: {e}", mpath.display())))?;
+    if manifest.get("format").and_then(Value::as_u64) != Some(FORMAT) {
+        return Err(err(format!("{}: unsupported checkpoint format {:?}", mpath.display(), manifest.get("format"))));
+    }
+    let step =
+        manifest.get("step").and_then(Value::as_u64).ok_or_else(|| err(format!("{}: no step", mpath.display())))?
+            as usize;
+    let files = manifest.get("files").and_then(Value::as_object).cloned().unwrap_or_default();
+    let mut tensors = HashMap::new();
+    for (file, meta) in &files {
+        let path = dir.join(file);
+        if !path.is_file() {
+            return Err(err(format!("{}: corrupt checkpoint: {file} is missing", dir.display())));
+        }
+        let (bytes, fnv) = fnv1a(&path)?;
+        let want_bytes = meta.get("bytes").and_then(Value::as_u64).unwrap_or(u64::MAX);
+        let want_fnv = meta.get("fnv1a64").and_then(Value::as_str).unwrap_or("");
+        if bytes != want_bytes || format!("{fnv:016x}") != want_fnv {
+            return Err(err(format!(
+                "{}: corrupt checkpoint: {file} has {bytes} bytes / checksum {fnv:016x}, the manifest says {want_bytes} / {want_fnv}",
+                dir.display()
+            )));
+        }
+        if let Some(what) = file.strip_suffix(".safetensors") {
+            let list = Tensor::read_safetensors(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+            tensors.insert(what.to_string(), list.into_iter().collect());
+        }
+    }
+    let read = |file: &str| -> Result<String> {
+        if !files.contains_key(file) {
+            return Err(err(format!("{}: corrupt checkpoint: {file} is not in the manifest", dir.display())));
+        }
+        std::fs::read_to_string(dir.join(file)).map_err(|e| io(&dir.join(file), e))
+    };
+    let state: Value = serde_json::from_str(&read("state.json")?)
+        .map_err(|e| err(format!("{}: corrupt state.json: {e}", dir.display())))?;
+    let config_toml = read("config.toml")?;
+    Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, tensors })
+}
+
+impl Loaded {
+    /// The named tensors of `<what>.safetensors`.
+    pub fn tensors(&self, what: &str) -> Result<&HashMap<String, Tensor>> {
+        self.tensors.get(what).ok_or_else(|| err(format!("{}: checkpoint holds no {what}", self.dir.display())))
+    }
+
+    /// Copies `<what>.safetensors` into the variables of `vs` (every variable must be there, with its shape).
+    pub fn restore_vars(&self, what: &str, vs: &nn::VarStore) -> Result<()> {
+        let saved = self.tensors(what)?;
+        tch::no_grad(|| -> Result<()> {
+            for (name, mut var) in vs.variables() {
+                let t = saved.get(&name).ok_or_else(|| {
+                    err(format!("{}: {what} has no `{name}` (a checkpoint of another model?)", self.dir.display()))
+                })?;
+                if t.size() != var.size() {
+                    return Err(err(format!(
+                        "{}: {what}.{name} has shape {:?}, the model {:?}",
+                        self.dir.display(),
+                        t.size(),
+                        var.size()
+                    )));
+                }
+                var.f_copy_(t).map_err(|e| err(format!("{}: {what}.{name}: {e}", self.dir.display())))?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(step: usize) -> CheckpointData {
+        CheckpointData {
+            step,
+            config_toml: "x = 1\n".into(),
+            state: json!({"step": step}),
+            tensors: vec![("actor", vec![("w".into(), Tensor::from_slice(&[1f32, 2., 3.]) * step as f64)])],
+        }
+    }
+
+    #[test]
+    fn writes_prunes_and_finds_latest() {
+        let run = tempfile::tempdir().unwrap();
+        for s in [2, 4, 6] {
+            write(run.path(), &data(s), 2).unwrap();
+        }
+        let names: Vec<usize> = list(&checkpoints_dir(run.path())).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(
+            {
+                let mut n = names;
+                n.sort();
+                n
+            },
+            vec![4, 6]
+        );
+        // An incomplete temp dir and a dir without manifest are ignored.
+        std::fs::create_dir_all(checkpoints_dir(run.path()).join(".tmp-step-000008-1")).unwrap();
+        std::fs::create_dir_all(checkpoints_dir(run.path()).join("step-000010")).unwrap();
+        let latest = latest(run.path()).unwrap().unwrap();
+        assert!(latest.ends_with("step-000006"));
+        let l = load(&latest).unwrap();
+        assert_eq!(l.step, 6);
+        assert_eq!(Vec::<f32>::try_from(&l.tensors("actor").unwrap()["w"]).unwrap(), vec![6., 12., 18.]);
+        assert_eq!(resolve(Path::new("latest"), Some(run.path())).unwrap(), latest);
+        assert_eq!(resolve(run.path(), None).unwrap(), latest);
+    }
+
+    #[test]
+    fn corruption_is_detected() {
+        let run = tempfile::tempdir().unwrap();
+        let dir = write(run.path(), &data(3), 2).unwrap();
+        let f = dir.join("actor.safetensors");
+        let mut bytes = std::fs::read(&f).unwrap();
+        let n = bytes.len();
+        bytes[n - 1] ^= 0xff;
+        std::fs::write(&f, &bytes).unwrap();
+        let e = load(&dir).err().unwrap().to_string();
+        assert!(e.contains("corrupt checkpoint: actor.safetensors"), "{e}");
+        std::fs::remove_file(dir.join("manifest.json")).unwrap();
+        let e = load(&dir).err().unwrap().to_string();
+        assert!(e.contains("not a complete checkpoint"), "{e}");
+        let e = latest(&run.path().join("nope")).err().unwrap().to_string();
+        assert!(e.contains("run directory not found"), "{e}");
+    }
+}
