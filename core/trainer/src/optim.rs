@@ -105,16 +105,24 @@ impl Optim {
         }
     }
 
-    /// L2 norm of all gradients (0 when none exist yet).
+    /// L2 norm of all gradients (0 when none exist yet), as `clip_grad_norm_` computes it: each
+    /// parameter's norm on its device (accumulated in f32 without a full-size copy), then the norm
+    /// of those norms — one host synchronisation per step, not one per parameter.
     pub fn grad_norm(&self) -> Result<f64> {
-        let mut sq = 0f64;
+        let mut norms = Vec::with_capacity(self.params.len());
         for p in &self.params {
             let g = p.var.grad();
             if g.defined() {
-                sq += g.f_to_kind(Kind::Double)?.f_pow_tensor_scalar(2)?.f_sum(Kind::Double)?.double_value(&[]);
+                // flatten: a view for contiguous gradients; linalg_norm of a 1-D tensor is the L2 norm.
+                norms.push(g.f_flatten(0, -1)?.f_linalg_norm(2.0, None::<&[i64]>, false, Kind::Float)?);
+                // []
             }
         }
-        Ok(sq.sqrt())
+        if norms.is_empty() {
+            return Ok(0.0);
+        }
+        let total = Tensor::f_stack(&norms, 0)?.f_linalg_norm(2.0, None::<&[i64]>, false, Kind::Double)?;
+        Ok(total.f_double_value(&[])?)
     }
 
     /// Clips, steps and advances the schedule — or, when the gradient is not finite, skips the step
@@ -273,6 +281,12 @@ mod tests {
         loss.backward();
         let info = opt.step().unwrap();
         assert!((info.grad_norm - 5.0).abs() < 1e-6 && !info.skipped);
+        // Over several parameters, 2-D included: ‖(3, 4)‖ and ‖[[12]]‖ → √(9 + 16 + 144) = 13.
+        let m = vs.root().f_zeros("m", &[1, 1]).unwrap();
+        let mut opt2 = Optim::new(&vs, 0.1, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 10, 0.0).unwrap();
+        ((&w * Tensor::from_slice(&[3f32, 4.])).sum(Kind::Float) + (&m * 12.0).sum(Kind::Float)).backward();
+        assert!((opt2.grad_norm().unwrap() - 13.0).abs() < 1e-6);
+        opt2.zero_grad();
         let loss = (&w * Tensor::from_slice(&[f32::NAN, 1.])).sum(Kind::Float);
         loss.backward();
         let before = Vec::<f32>::try_from(&w).unwrap();
