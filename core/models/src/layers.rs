@@ -189,11 +189,15 @@ pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 /// Boolean attention mask for `scaled_dot_product_attention` (`true` = may attend): causal over
-/// absolute positions, padding keys excluded, and every query may see itself so rows of padding
-/// queries are never empty (they would turn into NaN).
+/// absolute positions, a query attends only to real keys of its own segment, and every query may
+/// see itself so rows of padding queries are never empty (they would turn into NaN).
+///
+/// `key_mask` holds segment ids: 0 = padding, any other value = a real token of that segment. A
+/// plain 0/1 mask is one segment per row (the usual padding mask); a packed row of several examples
+/// numbered 1, 2, 3... gets a block-diagonal causal mask, so no example attends to another.
 ///
 /// # Shapes
-/// - `key_mask`: `[batch, past + seq]` (1 = real token); returns `[batch, 1, seq, past + seq]`
+/// - `key_mask`: `[batch, past + seq]` (integer or bool); returns `[batch, 1, seq, past + seq]`
 pub fn attention_mask(key_mask: &Tensor, past: i64, seq: i64) -> Result<Tensor> {
     let device = key_mask.device();
     let total = past + seq;
@@ -201,17 +205,32 @@ pub fn attention_mask(key_mask: &Tensor, past: i64, seq: i64) -> Result<Tensor> 
     let k = Tensor::f_arange(total, (Kind::Int64, device))?.f_view([1, total])?;
     let causal = k.f_le_tensor(&q)?; // [seq, total]
     let diag = k.f_eq_tensor(&q)?; // [seq, total]
-    let keys = key_mask.f_to_kind(Kind::Bool)?.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
-    Ok(causal.f_logical_and(&keys.f_logical_or(&diag)?)?) // [b, 1, seq, total]
+    let segs = key_mask.f_to_kind(Kind::Int64)?; // [b, total]
+    let key_seg = segs.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
+    let query_seg = segs.f_narrow(1, past, seq)?.f_view([-1, 1, seq, 1])?; // [b, 1, seq, 1]
+    let same = key_seg.f_eq_tensor(&query_seg)?.f_logical_and(&key_seg.f_ne(0)?)?; // [b, 1, seq, total]
+    Ok(causal.f_logical_and(&same.f_logical_or(&diag)?)?) // [b, 1, seq, total]
 }
 
-/// Position ids for left- or right-padded batches: `cumsum(mask) - 1`, clamped at 0 on padding —
-/// what transformers' `generate` passes, so a sequence's positions do not depend on its padding.
+/// Position ids for left- or right-padded batches: `cumsum(mask != 0) - 1`, clamped at 0 on left
+/// padding — what transformers' `generate` passes, so a sequence's positions do not depend on its
+/// padding. With segment ids in `mask` (see [`attention_mask`]) positions restart at 0 where a
+/// new segment begins, as transformers' padding-free packing passes them.
 ///
 /// # Shapes
 /// - `mask`: `[batch, seq]` → `[batch, seq]` (int64)
 pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
-    Ok(mask.f_to_kind(Kind::Int64)?.f_cumsum(-1, Kind::Int64)?.f_sub_scalar(1)?.f_clamp_min(0)?)
+    let segs = mask.f_to_kind(Kind::Int64)?; // [b, s]
+    let valid = segs.f_ne(0)?.f_to_kind(Kind::Int64)?; // [b, s]
+    let count = valid.f_cumsum(-1, Kind::Int64)?; // [b, s]: real tokens up to and including t
+                                                  // A segment starts at a real token whose id differs from the previous real token's; since
+                                                  // padding sits only at the ends of a row, comparing with the previous slot suffices.
+    let first = Tensor::f_full([segs.size()[0], 1], -1, (Kind::Int64, segs.device()))?; // [b, 1]
+    let prev = Tensor::f_cat(&[&first, &segs.f_narrow(1, 0, segs.size()[1] - 1)?], 1)?; // [b, s]: segs[t − 1]
+    let start = segs.f_ne_tensor(&prev)?.f_logical_and(&valid.f_ne(0)?)?; // [b, s]
+                                                                          // Real tokens before the current segment: (count − 1) at its start, carried forward.
+    let before = count.f_sub_scalar(1)?.f_where_scalarother(&start, 0)?.f_cummax(-1)?.0; // [b, s]
+    Ok(count.f_sub(&before)?.f_sub_scalar(1)?.f_clamp_min(0)?)
 }
 
 /// Preallocated key/value buffers for incremental decoding.
@@ -300,6 +319,23 @@ mod tests {
         let key_mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1]).view([1, 5]);
         let m = attention_mask(&key_mask, 4, 1).unwrap().view([5]);
         assert_eq!(Vec::<bool>::try_from(m).unwrap(), vec![false, false, true, true, true]);
+    }
+
+    #[test]
+    fn packed_segments_attend_within_themselves_and_restart_positions() {
+        // Two examples packed in one row (ids 1 and 2), then right padding.
+        let key_mask = Tensor::from_slice(&[1i64, 1, 2, 2, 2, 0]).view([1, 6]);
+        let m = attention_mask(&key_mask, 0, 6).unwrap().view([6, 6]);
+        let rows: Vec<Vec<bool>> = (0..6).map(|i| Vec::<bool>::try_from(m.get(i)).unwrap()).collect();
+        assert_eq!(rows[1], vec![true, true, false, false, false, false]);
+        assert_eq!(rows[2], vec![false, false, true, false, false, false]); // not the first example
+        assert_eq!(rows[4], vec![false, false, true, true, true, false]);
+        assert_eq!(rows[5], vec![false, false, false, false, false, true]); // pad sees itself only
+        let p = position_ids_from_mask(&key_mask).unwrap().view([6]);
+        assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 0, 1, 2, 2]); // right pad: as before
+                                                                              // A plain 0/1 mask, right-padded: one segment, the same positions as `cumsum − 1`.
+        let p = position_ids_from_mask(&Tensor::from_slice(&[1i64, 1, 1, 0]).view([1, 4])).unwrap().view([4]);
+        assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 2, 2]);
     }
 
     #[test]

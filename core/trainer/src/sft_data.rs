@@ -23,10 +23,10 @@
 //! both are counted. Bad lines are counted per reason (see [`crate::phase::DataReport`]).
 //!
 //! Packing ([`pack`]): whole examples are concatenated, in a seeded order, into rows of at most
-//! `max_len` tokens, each example ending in its EOS. Attention is causal over the whole row (it
-//! crosses example boundaries: the models take a key-padding mask, not a block-diagonal one), but
-//! the first token of every example after the first is never a target, so no loss term predicts
-//! one example from another; position ids run on across the row.
+//! `max_len` tokens, each example ending in its EOS. The row's attention mask numbers the examples
+//! (1, 2, 3...; 0 = padding), which the models read as a block-diagonal causal mask with position
+//! ids restarting at every example — transformers' padding-free packing — so each example's logits
+//! are exactly those it gets alone. The first token of every example is never a target.
 
 use rlhf_tokenizer::{ChatMessage, HfTokenizer};
 use serde::{Deserialize, Serialize};
@@ -68,6 +68,8 @@ pub struct SftExample {
     pub targets: Vec<bool>,
     /// Source line (the first example's, for a packed row).
     pub line: usize,
+    /// Where each example of a packed row begins (`[0]` for a single example).
+    pub starts: Vec<usize>,
 }
 
 impl SftExample {
@@ -241,7 +243,7 @@ fn tokenize_line(
             "no token to train on".into()
         });
     }
-    Ok((SftExample { ids, targets, line }, truncated))
+    Ok((SftExample { ids, targets, line, starts: vec![0] }, truncated))
 }
 
 /// Tokenizes every line of `src`; bad lines are counted in `report` (never an error here).
@@ -278,6 +280,7 @@ pub fn pack(examples: &[SftExample], max_len: usize, seed: u64) -> Vec<SftExampl
         let ex = &examples[i];
         match &mut cur {
             Some(row) if row.ids.len() + ex.ids.len() <= max_len => {
+                row.starts.push(row.ids.len());
                 row.ids.extend_from_slice(&ex.ids);
                 row.targets.push(false);
                 row.targets.extend_from_slice(&ex.targets[1..]);
@@ -299,7 +302,8 @@ pub fn pack(examples: &[SftExample], max_len: usize, seed: u64) -> Vec<SftExampl
 pub struct SftBatch {
     /// `[B, T]` int64.
     pub input_ids: Tensor,
-    /// `[B, T]` int64, 1 on real tokens.
+    /// `[B, T]` int64: 0 on padding, else the token's example number within its row (1 for an
+    /// unpacked row; 1, 2, 3... along a packed one — see [`rlhf_models::position_ids_from_mask`]).
     pub attention_mask: Tensor,
     /// `[B, T - 1]` f32: 1 where token `t + 1` is a target (the frame of
     /// `token_logprobs(.., from = 1)`).
@@ -325,7 +329,7 @@ pub fn collate(examples: &[&SftExample], pad: i64, device: Device) -> Result<Sft
     for (i, e) in examples.iter().enumerate() {
         for (j, (&id, &target)) in e.ids.iter().zip(&e.targets).enumerate() {
             ids[i * t + j] = id;
-            mask[i * t + j] = 1;
+            mask[i * t + j] = e.starts.iter().filter(|&&s| s <= j).count().max(1) as i64;
             if target && j > 0 {
                 tm[i * (t - 1) + j - 1] = 1.0;
                 targets += 1;
@@ -408,8 +412,9 @@ mod tests {
         assert_eq!(r.count("longer than max_len = 5 tokens"), 1);
 
         // The batch's target mask is the targets shifted into the `from = 1` frame.
-        let a = SftExample { ids: vec![6, 13, 10, 1], targets: vec![false, false, true, true], line: 1 };
-        let b = SftExample { ids: vec![5, 1], targets: vec![false, true], line: 2 };
+        let a =
+            SftExample { ids: vec![6, 13, 10, 1], targets: vec![false, false, true, true], line: 1, starts: vec![0] };
+        let b = SftExample { ids: vec![5, 1], targets: vec![false, true], line: 2, starts: vec![0] };
         let batch = collate(&[&a, &b], 0, Device::Cpu).unwrap();
         assert_eq!(Vec::<f32>::try_from(batch.target_mask.view(-1)).unwrap(), vec![0., 1., 1., 1., 0., 0.]);
         assert_eq!(Vec::<i64>::try_from(batch.input_ids.view(-1)).unwrap(), vec![6, 13, 10, 1, 5, 1, 0, 0]);
@@ -493,6 +498,7 @@ mod tests {
             ids: (0..n as i64).map(|i| 10 + i).collect(),
             targets: (0..n).map(|i| i > 0).collect(),
             line,
+            starts: vec![0],
         };
         let examples = vec![ex(3, 1), ex(4, 2), ex(2, 3), ex(5, 4)];
         let rows = pack(&examples, 7, 0);
@@ -501,10 +507,17 @@ mod tests {
         for r in &rows {
             assert!(r.ids.len() <= 7);
             assert_eq!(r.ids.len(), r.targets.len());
-            // Every example starts with id 10, which is never a target.
+            // Every example starts with id 10, which is never a target, and is recorded as a start.
             for (i, &id) in r.ids.iter().enumerate() {
                 assert_eq!(r.targets[i], id != 10, "row {r:?}");
+                assert_eq!(r.starts.contains(&i), id == 10, "row {r:?}");
             }
         }
+        // The attention mask numbers the examples of each row.
+        let two = rows.iter().find(|r| r.starts.len() == 2).unwrap();
+        let batch = collate(&[two], 0, Device::Cpu).unwrap();
+        let s = two.starts[1];
+        let want: Vec<i64> = (0..two.ids.len()).map(|j| if j < s { 1 } else { 2 }).collect();
+        assert_eq!(Vec::<i64>::try_from(batch.attention_mask.view(-1)).unwrap(), want);
     }
 }
