@@ -1,5 +1,5 @@
-//! LoRA: adapters on every family, merged (in place and on save) vs unmerged logits within 1e-5,
-//! only adapters (and a scalar model's head) train, and bad settings are refused by key.
+//! LoRA: adapters on every family, merged (in place and on save) vs unmerged logits within 1e-5 of
+//! the largest logit, only adapters (and a scalar model's head) train, and bad settings are refused by key.
 
 use rlhf_integration_tests::model_dir;
 use rlhf_models::{CausalLm, LoraConfig, ScalarHeadModel};
@@ -9,14 +9,24 @@ fn lora(targets: &[&str]) -> LoraConfig {
     LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: targets.iter().map(|s| s.to_string()).collect() }
 }
 
-/// Gives every `lora_B` a random value (it starts at zero) so the update is visible.
+/// Gives every `lora_B` a non-zero value (it starts at zero) so the update is visible, and every
+/// `lora_A` a fixed one too. The values are fixed patterns (`0.02·sin(1.7·i + k)`, `0.1·cos(0.9·i +
+/// k)`: updates about as large as the weights), not draws from libtorch's global generator, which
+/// the other tests of this binary use concurrently: every run checks the same numbers. Returns the
+/// number of `lora_B` tensors.
 fn randomise_b(vs: &tch::nn::VarStore) -> usize {
     let mut n = 0;
+    let mut vars = vs.variables().into_iter().collect::<Vec<_>>();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
     tch::no_grad(|| {
-        for (name, mut t) in vs.variables() {
+        for (k, (name, mut t)) in vars.into_iter().enumerate() {
+            let i = Tensor::arange(t.numel() as i64, (Kind::Float, Device::Cpu));
+            let size = t.size();
             if name.contains(".lora_B.") {
-                t.copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.1));
+                t.copy_(&((i * 1.7 + k as f64).sin() * 0.02).view(size.as_slice()));
                 n += 1;
+            } else if name.contains(".lora_A.") {
+                t.copy_(&((i * 0.9 + k as f64).cos() * 0.1).view(size.as_slice()));
             }
         }
     });
@@ -35,7 +45,6 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 
 #[test]
 fn merged_and_unmerged_logits_agree() {
-    tch::manual_seed(0);
     let (ids, mask) = batch();
     for (name, targets) in
         [("llama", vec!["all-linear"]), ("qwen2", vec!["q_proj", "v_proj"]), ("gpt2", vec!["c_attn", "mlp.c_proj"])]
@@ -63,14 +72,18 @@ fn merged_and_unmerged_logits_agree() {
         assert!(names.iter().all(|n| !n.contains("lora")), "{name}: adapter tensors saved: {names:?}");
         let plain = CausalLm::from_dir(dir.path(), Device::Cpu, Kind::Float).unwrap();
         let reloaded = tch::no_grad(|| plain.forward(&ids, &mask)).unwrap();
+        // 1e-5 relative to the largest logit: W·x + B·(A·x) and (W + B·A)·x round differently, and
+        // on these logits (|z| ≈ 8) f32 rounding alone reaches ~9e-6 (ulp(8) = 9.5e-7).
+        let scale = unmerged.abs().max().double_value(&[]).max(1.0);
         let d = max_diff(&reloaded, &unmerged);
-        assert!(d < 1e-5, "{name}: merged checkpoint differs by {d}");
+        println!("{name}: max |logit| {scale:.3}, merged vs unmerged {d:e}");
+        assert!(d < 1e-5 * scale, "{name}: merged checkpoint differs by {d} (max |logit| {scale})");
 
         // In-place merge.
         m.merge_lora().unwrap();
         let merged = tch::no_grad(|| m.forward(&ids, &mask)).unwrap();
         let d = max_diff(&merged, &unmerged);
-        assert!(d < 1e-5, "{name}: in-place merge differs by {d}");
+        assert!(d < 1e-5 * scale, "{name}: in-place merge differs by {d} (max |logit| {scale})");
     }
 }
 
