@@ -179,8 +179,10 @@ fn rm_separates_a_separable_set_and_loads_in_transformers() {
     let (train, eval) = (tmp.path().join("train.jsonl"), tmp.path().join("eval.jsonl"));
     write_lines(&train, &separable_pairs(64, 0));
     write_lines(&eval, &separable_pairs(20, 64));
-    let rd = tmp.path().join("rm");
+    // One run dir per loss (a run dir that holds a run is refused); the last one's model is checked.
+    let rd_of = |loss: &str| tmp.path().join(format!("rm-{loss}"));
     for loss in ["dsc", "last_token"] {
+        let rd = rd_of(loss);
         let o = rlhf(&[
             "rm",
             "--run-dir",
@@ -208,6 +210,7 @@ fn rm_separates_a_separable_set_and_loads_in_transformers() {
     }
 
     // The saved reward model: *ForSequenceClassification, the same score in transformers.
+    let rd = rd_of("last_token");
     let saved = rd.join("model");
     let config = read_json(&saved.join("config.json"));
     assert_eq!(config["architectures"][0], "LlamaForSequenceClassification");
@@ -266,8 +269,11 @@ fn bad_lines_are_counted_per_kind_naming_the_first() {
             "{\"prompt\": ".into(),
         ],
     );
-    let rd = tmp.path().join("r");
+    // Each run gets its own run dir (a run dir that holds a run is refused).
+    let runs = std::cell::Cell::new(0);
     let base = |data: &Path| -> Vec<String> {
+        runs.set(runs.get() + 1);
+        let rd = tmp.path().join(format!("r{}", runs.get()));
         ["--run-dir", s(&rd), "--set", &format!("data.train={:?}", s(data)), "--set", "train.max_steps=1"]
             .iter()
             .map(|x| x.to_string())

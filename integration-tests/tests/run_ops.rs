@@ -82,14 +82,21 @@ fn resumed_run_repeats_the_uninterrupted_one_bit_for_bit() {
     assert!(a.join("checkpoints/step-000006/manifest.json").is_file(), "a checkpoint at the end");
     assert!(a.join("actor/model.safetensors").is_file() && a.join("plots/reward.png").is_file());
 
-    // The same run stopped after step 3: its directory as it was then, resumed.
+    // The same run killed during step 5, after its checkpoint at step 3: its directory as it was
+    // then (step 4 logged, no later checkpoint, no final actor), resumed.
     let b = tmp.path().join("b");
     copy_dir(&a, &b);
     std::fs::remove_dir_all(b.join("checkpoints/step-000006")).unwrap();
+    std::fs::remove_dir_all(b.join("actor")).unwrap();
+    let text = std::fs::read_to_string(a.join("metrics.jsonl")).unwrap();
+    let logged: Vec<&str> = text.lines().take(3).collect();
+    std::fs::write(b.join("metrics.jsonl"), format!("{}\n{{\"step\": 4, \"reward\": 999.0}}\n", logged.join("\n")))
+        .unwrap();
     let o = rlhf(&["train", "--resume", s(&b.join("checkpoints/step-000003"))], &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (ma, mb) = (metrics(&a), metrics(&b));
-    assert_eq!(mb.len(), 6, "steps 1-3 kept, 4-6 rewritten");
+    assert_eq!((ma.len(), mb.len()), (6, 6), "steps 1-3 kept, 4-6 rewritten");
+    assert!(mb.iter().all(|m| m["reward"] != serde_json::json!(999.0)), "the stale step-4 row is gone");
     for (x, y) in ma.iter().zip(&mb) {
         assert_eq!(x, y, "step {} differs", x["step"]);
     }
@@ -100,8 +107,25 @@ fn resumed_run_repeats_the_uninterrupted_one_bit_for_bit() {
     );
     assert!(wa == wb, "final actors differ");
 
-    // Refusals: a different config, a corrupt checkpoint, a missing run dir — one line each, nothing written.
+    // Refusals: a different config, a corrupt checkpoint, a missing run dir, a bad W&B setting
+    // (found only once the models are loaded), a checkpoint moved out of its run — one line
+    // each, nothing written.
     let before = std::fs::read(b.join("metrics.jsonl")).unwrap();
+    let config_before = std::fs::read(b.join("config.toml")).unwrap();
+    let o = rlhf(
+        &["train", "--resume", s(&b.join("checkpoints/step-000003"))],
+        &[("WANDB_API_KEY", "k"), ("WANDB_BASE_URL", "ftp://example")],
+    );
+    let e = last_line(&o);
+    assert!(!o.status.success() && e.contains("wandb") && e.contains("base_url"), "{e}");
+    assert_eq!(std::fs::read(b.join("metrics.jsonl")).unwrap(), before, "a refused resume kept every metrics row");
+    assert_eq!(std::fs::read(b.join("config.toml")).unwrap(), config_before, "and the run's config");
+    let moved = tmp.path().join("moved");
+    copy_dir(&b.join("checkpoints/step-000003"), &moved.join("step-000003"));
+    let o = rlhf(&["train", "--resume", s(&moved.join("step-000003"))], &[]);
+    let e = last_line(&o);
+    assert!(!o.status.success() && e.contains("not inside a run's checkpoints/") && e.contains("--run-dir"), "{e}");
+    assert!(!tmp.path().join("metrics.jsonl").exists() && !tmp.path().join("config.toml").exists());
     let o = rlhf(&[&["train"], SMALL, &["--set", "train.actor_lr=0.1", "--resume", s(&b)]].concat(), &[]);
     let e = last_line(&o);
     assert!(
@@ -198,6 +222,15 @@ fn config_layers_and_show_say_where_values_come_from() {
     assert!(line("rollout.top_k").contains("= 5") && line("rollout.top_k").contains("RLHF_ROLLOUT__TOP_K"), "{out}");
     assert!(line("algorithm.name").contains(&format!("# {}", s(&cfg))), "{out}");
     assert!(line("rollout.temperature").ends_with("# default"), "{out}");
+
+    // A variable for one command leaves the others alone: `train.actor_lr` is no key of `rlhf sft`,
+    // whose config has a `train` section too; one of its own keys still applies there.
+    let o =
+        rlhf(&["config", "show", "--command", "sft"], &[("RLHF_TRAIN__ACTOR_LR", "2e-5"), ("RLHF_TRAIN__EPOCHS", "3")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains("actor_lr"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("train.epochs = 3") && l.contains("RLHF_TRAIN__EPOCHS")), "{out}");
 
     // Errors: one line naming the source and the key; non-zero exit.
     let e = last_line(&rlhf(&["config", "show", "--config", s(&cfg)], &[("RLHF_TRAIN__ACTOR_LR", "fast")]));

@@ -70,7 +70,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             };
             let dir = checkpoint::resolve(spec, run_dir.as_deref())?;
             let ckpt = checkpoint::load(&dir)?;
-            let ckpt_run_dir = dir.parent().and_then(|p| p.parent()).map(|p| p.to_path_buf()).unwrap_or_default();
+            let ckpt_run_dir = resumed_run_dir(&dir, args.run_dir.as_deref())?;
             let cfg = if configured {
                 RlConfig::load(&source_of(&args.config, &args.algo), args.algo.as_deref(), &sets)?
             } else {
@@ -106,6 +106,23 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     println!("run dir: {}", summary.run_dir.display());
     println!("metrics: {}", summary.metrics_path.display());
     Ok(())
+}
+
+/// Where a resumed run writes: `--run-dir` when given, else the run that holds the checkpoint
+/// (`RUN/checkpoints/step-N`). A checkpoint moved elsewhere needs `--run-dir`, so a resume never
+/// writes metrics, models and checkpoints into whatever directory happens to be its grandparent.
+fn resumed_run_dir(ckpt: &std::path::Path, run_dir: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = run_dir {
+        return Ok(dir.to_path_buf());
+    }
+    let parent = ckpt.parent().filter(|p| p.file_name().is_some_and(|n| n == "checkpoints"));
+    match parent.and_then(|p| p.parent()) {
+        Some(run) => Ok(if run.as_os_str().is_empty() { PathBuf::from(".") } else { run.to_path_buf() }),
+        None => anyhow::bail!(
+            "{}: not inside a run's checkpoints/ directory; pass --run-dir DIR to say where the resumed run writes",
+            ckpt.display()
+        ),
+    }
 }
 
 /// Keys that may differ between a checkpoint's config and the resuming one.

@@ -96,9 +96,12 @@ pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathB
     let parent = checkpoints_dir(run_dir);
     std::fs::create_dir_all(&parent).map_err(|e| io(&parent, e))?;
     let name = step_dir_name(data.step);
-    // Leftovers of an interrupted write (one writer per run dir) are incomplete by construction.
+    // Leftovers of an interrupted write (one writer per run dir) are incomplete by construction; a
+    // replaced checkpoint set aside (`.old-step-N`) goes once its successor is in place.
     for entry in std::fs::read_dir(&parent).map_err(|e| io(&parent, e))?.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+        let file = entry.file_name().to_string_lossy().to_string();
+        let replaced = file.strip_prefix(OLD_PREFIX).is_some_and(|n| parent.join(n).join("manifest.json").is_file());
+        if file.starts_with(".tmp-") || replaced {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
@@ -137,15 +140,28 @@ pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathB
     fsync_dir(&tmp)?;
 
     let dest = parent.join(&name);
+    let old = parent.join(format!("{OLD_PREFIX}{name}"));
     if dest.exists() {
-        // The same step written again (e.g. a resumed run's final step): replace it.
-        std::fs::remove_dir_all(&dest).map_err(|e| io(&dest, e))?;
+        // The same step written again (e.g. a resumed run's final step): set the old one aside
+        // first, so a crash between the two renames still leaves a complete checkpoint of this
+        // step (`.old-step-N`, which `list` counts while `step-N` is missing).
+        let _ = std::fs::remove_dir_all(&old);
+        std::fs::rename(&dest, &old).map_err(|e| io(&dest, e))?;
     }
     std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;
     fsync_dir(&parent)?;
-    prune(&parent, keep)?;
+    if old.exists() {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    // The new checkpoint is published: failing to delete an old one must not fail the run.
+    if let Err(e) = prune(&parent, keep) {
+        tracing::warn!("old checkpoints not pruned: {e}");
+    }
     Ok(dest)
 }
+
+/// Prefix of a complete checkpoint set aside while its step is written again.
+const OLD_PREFIX: &str = ".old-";
 
 /// Deletes all but the newest `keep` complete checkpoints, and stale temp dirs of this process.
 fn prune(parent: &Path, keep: usize) -> Result<()> {
@@ -169,7 +185,13 @@ fn list(parent: &Path) -> Result<Vec<(usize, PathBuf)>> {
     for entry in rd {
         let entry = entry.map_err(|e| io(parent, e))?;
         let name = entry.file_name().to_string_lossy().to_string();
-        if let Some(step) = parse_step(&name) {
+        // A set-aside checkpoint counts only while the one that replaces it is not in place.
+        let step = match name.strip_prefix(OLD_PREFIX) {
+            Some(n) if parent.join(n).join("manifest.json").is_file() => None,
+            Some(n) => parse_step(n),
+            None => parse_step(&name),
+        };
+        if let Some(step) = step {
             if entry.path().join("manifest.json").is_file() {
                 out.push((step, entry.path()));
             }
@@ -326,6 +348,31 @@ mod tests {
         assert_eq!(Vec::<f32>::try_from(&l.tensors("actor").unwrap()["w"]).unwrap(), vec![6., 12., 18.]);
         assert_eq!(resolve(Path::new("latest"), Some(run.path())).unwrap(), latest);
         assert_eq!(resolve(run.path(), None).unwrap(), latest);
+    }
+
+    #[test]
+    fn the_same_step_is_replaced_without_a_moment_with_none() {
+        let run = tempfile::tempdir().unwrap();
+        let parent = checkpoints_dir(run.path());
+        write(run.path(), &data(6), 1).unwrap();
+        let mut again = data(6);
+        again.state = json!({"step": 6, "again": true});
+        let dir = write(run.path(), &again, 1).unwrap();
+        assert_eq!(load(&dir).unwrap().state["again"], json!(true), "the step was rewritten");
+        assert!(!parent.join(".old-step-000006").exists(), "the set-aside copy is gone");
+
+        // A crash between the two renames: the old copy is set aside, the new one not yet in place.
+        std::fs::rename(&dir, parent.join(".old-step-000006")).unwrap();
+        let found = latest(run.path()).unwrap().expect("the set-aside checkpoint still counts");
+        assert!(found.ends_with(".old-step-000006"), "{}", found.display());
+        assert_eq!(load(&found).unwrap().step, 6);
+        // The next write of that step replaces it and cleans up.
+        let dir = write(run.path(), &data(6), 1).unwrap();
+        assert_eq!(latest(run.path()).unwrap().unwrap(), dir);
+        assert!(!parent.join(".old-step-000006").exists());
+        let names: Vec<String> =
+            std::fs::read_dir(&parent).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        assert_eq!(names, ["step-000006"]);
     }
 
     #[test]

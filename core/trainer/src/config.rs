@@ -338,28 +338,54 @@ impl figment::Provider for SetOverride {
 /// The environment prefix: `RLHF_TRAIN__ACTOR_LR=1e-6` sets `train.actor_lr`.
 pub const ENV_PREFIX: &str = "RLHF_";
 
-/// The top-level keys of `T` (from its serialised default).
-fn sections<T: Serialize + Default>() -> Vec<String> {
-    match serde_json::to_value(T::default()) {
-        Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
-        _ => Vec::new(),
+/// The shape of a command's config: `T`'s serialised default (keys and nesting).
+fn schema<T: Serialize + Default>() -> serde_json::Value {
+    serde_json::to_value(T::default()).unwrap_or_default()
+}
+
+/// The configs of every command (`train`, `sft`, `rm`): an `RLHF_` variable meant for one of them
+/// is skipped by the others instead of failing them as an unknown key.
+fn command_schemas() -> [serde_json::Value; 3] {
+    [schema::<RlConfig>(), schema::<crate::sft::SftConfig>(), schema::<crate::rm::RmConfig>()]
+}
+
+/// Whether the dotted `key` names a field of `schema`: every segment is a key of the object it
+/// meets, until a value that is not an object (a leaf, an unset option, a free-form plugin
+/// section), below which serde decides.
+fn has_key(schema: &serde_json::Value, key: &str) -> bool {
+    let mut at = schema;
+    for seg in key.split('.') {
+        match at {
+            serde_json::Value::Object(m) => match m.get(seg) {
+                Some(v) => at = v,
+                None => return false,
+            },
+            _ => return true,
+        }
     }
+    true
 }
 
 /// Environment layer: variables `RLHF_<SECTION>__<KEY>` (`__` nests; names are case-insensitive;
-/// values read as TOML like `--set`). Only names containing `__` whose first segment is a section of
-/// this config are read, so `RLHF_PYTHON` or another command's sections are left alone (the latter
-/// with a warning); an unknown key inside a known section is an error like any other.
-fn env_layer(sections: &[String]) -> Vec<SetOverride> {
+/// values read as TOML like `--set`). Only names containing `__` are read, so `RLHF_PYTHON` is left
+/// alone. A variable naming a key of this command's config applies; one naming a key of another
+/// command's config only (`RLHF_TRAIN__ACTOR_LR` under `rlhf sft`) is skipped; any other variable
+/// whose section exists here applies too, so its unknown key is an error naming the variable, and
+/// one whose section exists nowhere is ignored with a warning.
+fn env_layer(this: &serde_json::Value) -> Vec<SetOverride> {
     let mut vars: Vec<(String, String)> =
         std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX) && k.contains("__")).collect();
     vars.sort();
+    let others = command_schemas();
     let mut out = Vec::new();
     for (name, value) in vars {
         let key = name[ENV_PREFIX.len()..].to_lowercase().replace("__", ".");
         let first = key.split('.').next().unwrap_or("");
-        if sections.iter().any(|s| s == first) {
+        let section_here = this.get(first).is_some();
+        if has_key(this, &key) || (section_here && !others.iter().any(|o| has_key(o, &key))) {
             out.push(SetOverride { label: name, key, value: toml_value(&value) });
+        } else if others.iter().any(|o| has_key(o, &key)) {
+            tracing::debug!("{name}: skipped (a key of another command's config)");
         } else {
             tracing::warn!("{name}: ignored (no section `{first}` in this config)");
         }
@@ -368,9 +394,9 @@ fn env_layer(sections: &[String]) -> Vec<SetOverride> {
 }
 
 /// The env layer and the `--set` overrides over `base`, in that order (CLI last).
-fn layer(base: Figment, sections: &[String], sets: &[String]) -> Result<Figment> {
+fn layer(base: Figment, this: &serde_json::Value, sets: &[String]) -> Result<Figment> {
     let mut fig = base;
-    for var in env_layer(sections) {
+    for var in env_layer(this) {
         fig = fig.merge(var);
     }
     for s in sets {
@@ -448,7 +474,7 @@ pub fn load_layered_figment<T: DeserializeOwned + Serialize + Default>(
     sets: &[String],
 ) -> Result<(T, Figment)> {
     let (base, label) = base_layer(source, presets)?;
-    let fig = layer(base, &sections::<T>(), sets)?;
+    let fig = layer(base, &schema::<T>(), sets)?;
     let cfg = fig.extract().map_err(|e| describe_figment(e, &label))?;
     Ok((cfg, fig))
 }
@@ -525,7 +551,7 @@ impl RlConfig {
                 value: toml::Value::String(algo.into()),
             });
         }
-        let fig = layer(fig, &sections::<RlConfig>(), sets)?;
+        let fig = layer(fig, &schema::<RlConfig>(), sets)?;
         let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
         cfg.validate(&label)?;
         cfg.source = label;

@@ -372,12 +372,20 @@ pub fn lora_error(label: &str, e: rlhf_models::ModelError) -> TrainerError {
     }
 }
 
-/// Creates the run directory (default `runs/<phase>-<unix time>`) and writes the resolved config.
+/// Creates the run directory (default `runs/<phase>-<unix time>`) and writes the resolved config;
+/// refuses a directory that already holds a run.
 pub fn prepare_run_dir<T: Serialize>(run_dir: &Option<PathBuf>, phase: &str, cfg: &T) -> Result<PathBuf> {
     let dir = run_dir.clone().unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from("runs").join(format!("{phase}-{t}"))
     });
+    // A new run never appends to, or overwrites, another run's metrics, config and model.
+    if std::fs::metadata(dir.join("metrics.jsonl")).map(|m| m.len() > 0).unwrap_or(false) {
+        return Err(TrainerError::Config(format!(
+            "{}: the run directory already holds a run (metrics.jsonl); choose another --run-dir",
+            dir.display()
+        )));
+    }
     std::fs::create_dir_all(&dir).map_err(|e| TrainerError::io(&dir, e))?;
     let text = toml::to_string(cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
     let path = dir.join("config.toml");

@@ -166,10 +166,10 @@ impl Trainer {
             )));
         }
         std::fs::create_dir_all(&run_dir).map_err(|e| TrainerError::io(&run_dir, e))?;
+        // The resolved config is written only once everything below has loaded (see the end), so a
+        // refused resume leaves the run's config.toml and metrics.jsonl as they were.
         let resolved =
             toml::to_string(&cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
-        std::fs::write(run_dir.join("config.toml"), resolved)
-            .map_err(|e| TrainerError::io(run_dir.join("config.toml"), e))?;
 
         // Plugins first: a wrong name or config fails before any model is loaded.
         let g = cfg.rollout.samples_per_prompt as u32;
@@ -369,8 +369,17 @@ impl Trainer {
         if let Some(ckpt) = resume {
             trainer.restore(ckpt)?;
         }
+        let wandb = trainer.wandb_settings(resume)?;
+        // Nothing can fail past this point but I/O: only now touch the run's files.
+        if resume.is_some() {
+            crate::metrics::truncate_after(&trainer.run_dir.join("metrics.jsonl"), trainer.step)?;
+        }
+        let config_path = trainer.run_dir.join("config.toml");
+        std::fs::write(&config_path, resolved).map_err(|e| TrainerError::io(&config_path, e))?;
         trainer.metrics = Some(MetricsWriter::create(&trainer.run_dir)?);
-        trainer.start_wandb(resume)?;
+        if let Some(settings) = wandb {
+            trainer.start_wandb(settings);
+        }
         Ok(trainer)
     }
 
@@ -415,7 +424,7 @@ impl Trainer {
     }
 
     /// Restores a checkpoint: weights, optimizer moments and schedule positions, data position,
-    /// plugin states, reward history; truncates `metrics.jsonl` to the checkpoint's step.
+    /// plugin states, reward history (the caller truncates `metrics.jsonl` to its step once nothing else can fail).
     fn restore(&mut self, ckpt: &Loaded) -> Result<()> {
         let bad = |what: &str| TrainerError::Checkpoint(format!("{}: state.json: {what}", ckpt.dir.display()));
         let st = &ckpt.state;
@@ -459,13 +468,13 @@ impl Trainer {
             .and_then(|v| v.as_array())
             .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
             .unwrap_or_default();
-        crate::metrics::truncate_after(&self.run_dir.join("metrics.jsonl"), self.step)?;
         tracing::info!("resumed from {} at step {}", ckpt.dir.display(), self.step);
         Ok(())
     }
 
-    /// Starts the W&B sink when configured (`[wandb]` or `WANDB_API_KEY`); never fails the run.
-    fn start_wandb(&mut self, resume: Option<&Loaded>) -> Result<()> {
+    /// The W&B settings when the sink is configured (`[wandb]` or `WANDB_API_KEY`); a bad setting
+    /// is an error before the run writes anything.
+    fn wandb_settings(&self, resume: Option<&Loaded>) -> Result<Option<rlhf_wandb::WandbSettings>> {
         let mut wcfg = self.cfg.wandb.clone();
         if wcfg.run_id.is_none() {
             wcfg.run_id = resume.and_then(|c| c.state.get("wandb_run_id").and_then(|v| v.as_str()).map(String::from));
@@ -473,17 +482,15 @@ impl Trainer {
         if wcfg.run_name.is_none() {
             wcfg.run_name = self.run_dir.file_name().map(|n| n.to_string_lossy().to_string());
         }
-        match rlhf_wandb::WandbSettings::from_env(&wcfg) {
-            Ok(Some(settings)) => {
-                let config = serde_json::to_value(&self.cfg).unwrap_or_default();
-                let sink = rlhf_wandb::WandbSink::start(settings, config);
-                tracing::info!("wandb: logging to run {}", sink.run_id());
-                self.wandb = Some(sink);
-            }
-            Ok(None) => {}
-            Err(e) => return Err(TrainerError::Config(format!("wandb: {e}"))),
-        }
-        Ok(())
+        rlhf_wandb::WandbSettings::from_env(&wcfg).map_err(|e| TrainerError::Config(format!("wandb: {e}")))
+    }
+
+    /// Starts the W&B sink in the background; from here on it never fails the run.
+    fn start_wandb(&mut self, settings: rlhf_wandb::WandbSettings) {
+        let config = serde_json::to_value(&self.cfg).unwrap_or_default();
+        let sink = rlhf_wandb::WandbSink::start(settings, config);
+        tracing::info!("wandb: logging to run {}", sink.run_id());
+        self.wandb = Some(sink);
     }
 
     /// The run directory.
