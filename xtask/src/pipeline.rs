@@ -4,14 +4,16 @@
 //! 1. `rlhf sft --run-dir sft` — the embedded `configs/sft.toml`: the tiny built-in Llama
 //!    fine-tuned on `builtin:addition-sft`; figure: held-out perplexity before → after.
 //! 2. `rlhf rm --run-dir rm --set model.path=sft/model` — `configs/rm.toml`: a reward model on the
-//!    SFT backbone trained on `builtin:addition-pairs`; figure: held-out pairwise accuracy.
+//!    SFT backbone trained on `builtin:addition-pairs`; figure: held-out pairwise accuracy before
+//!    (step 0, fresh score head) → after.
 //! 3. `rlhf train --config ppo.toml` — `configs/pipeline-ppo.toml` (compiled into this binary and
 //!    written to the run directory): PPO from the SFT actor, the reward model as reward and critic;
 //!    figure: mean reward of the first vs the last 10 % of steps.
 //!
 //! Everything runs in the run directory (default `runs/pipeline-<unix time>` under the workspace),
 //! so the relative paths of the presets resolve there. Exit status 0 only when every phase improved
-//! its figure: perplexity down, accuracy above [`MIN_RM_ACCURACY`], reward up.
+//! its figure: perplexity down, held-out accuracy up from step 0 (`rlhf rm` evaluates before the
+//! first step), reward up.
 
 use std::{
     path::{Path, PathBuf},
@@ -28,9 +30,6 @@ use crate::{
 
 /// The PPO preset of phase 3.
 const PPO_PRESET: &str = include_str!("../../configs/pipeline-ppo.toml");
-
-/// Held-out reward-model accuracy that counts as clearly above chance (0.5).
-const MIN_RM_ACCURACY: f64 = 0.6;
 
 pub(crate) fn run(run_dir: Option<&Path>) -> Result<()> {
     let torch = setup::setup()?;
@@ -67,12 +66,16 @@ pub(crate) fn run(run_dir: Option<&Path>) -> Result<()> {
     let num = |v: &serde_json::Value, key: &str| v.get(key).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
     let (ppl_before, ppl_after) = (num(&sft, "eval_ppl_before"), num(&sft, "eval_ppl_after"));
     let (acc_before, acc_after) = (num(&rm, "eval_accuracy_before"), num(&rm, "eval_accuracy_after"));
-    let checks = [ppl_after < ppl_before, acc_after > MIN_RM_ACCURACY, reward_last > reward_first];
+    let checks = [
+        improved_down(ppl_before, ppl_after),
+        improved_up(acc_before, acc_after),
+        improved_up(reward_first, reward_last),
+    ];
     let mark = |ok: bool| if ok { "ok" } else { "FAILED" };
     println!("\npipeline summary ({})", dir.display());
     println!("  SFT  held-out perplexity    {ppl_before:.3} -> {ppl_after:.3}   {} ({t_sft:.0} s)", mark(checks[0]));
     println!(
-        "  RM   held-out accuracy      {acc_before:.3} -> {acc_after:.3}   {} (needs > {MIN_RM_ACCURACY}; chosen {:.3}, rejected {:.3}; {t_rm:.0} s)",
+        "  RM   held-out accuracy      {acc_before:.3} -> {acc_after:.3}   {} (step 0 vs last; chosen {:.3}, rejected {:.3}; {t_rm:.0} s)",
         mark(checks[1]),
         num(&rm, "eval_chosen_score"),
         num(&rm, "eval_rejected_score"),
@@ -89,6 +92,17 @@ pub(crate) fn run(run_dir: Option<&Path>) -> Result<()> {
         bail!("a phase did not improve its figure (see the summary above)");
     }
     Ok(())
+}
+
+/// Whether a figure that should rise did: `after > before`, both finite (a missing figure is NaN and
+/// fails).
+fn improved_up(before: f64, after: f64) -> bool {
+    before.is_finite() && after.is_finite() && after > before
+}
+
+/// Whether a figure that should fall did: `after < before`, both finite.
+fn improved_down(before: f64, after: f64) -> bool {
+    improved_up(-before, -after)
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value> {
@@ -142,6 +156,16 @@ mod tests {
         let xs: Vec<f64> = (0..20).map(f64::from).collect();
         assert_eq!(first_last_tenth(&xs), (0.5, 18.5));
         assert_eq!(first_last_tenth(&[3.0]), (3.0, 3.0));
+    }
+
+    #[test]
+    fn improvement_needs_both_figures_and_a_strict_move() {
+        assert!(improved_up(0.51, 0.95));
+        assert!(!improved_up(0.95, 0.95), "no change is not an improvement");
+        assert!(!improved_up(0.7, 0.65), "above chance but worse than before");
+        assert!(!improved_up(f64::NAN, 0.9) && !improved_up(0.5, f64::NAN), "a missing figure fails");
+        assert!(improved_down(19.2, 2.5));
+        assert!(!improved_down(2.5, 19.2) && !improved_down(f64::NAN, 2.5));
     }
 
     #[test]
