@@ -189,8 +189,10 @@ pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 /// Boolean attention mask for `scaled_dot_product_attention` (`true` = may attend): causal over
-/// absolute positions, a query attends only to real keys of its own segment, and every query may
-/// see itself so rows of padding queries are never empty (they would turn into NaN).
+/// absolute positions; a real query attends to the real keys of its own segment; a padding query
+/// attends to every real key before it, as in transformers (so a right-padded row's values past
+/// its end, which DeepSpeed-Chat's pairwise loss reads, depend on its content); a padding query
+/// with no real key before it (left padding) sees itself, so no row is empty (it would be NaN).
 ///
 /// `key_mask` holds segment ids: 0 = padding, any other value = a real token of that segment. A
 /// plain 0/1 mask is one segment per row (the usual padding mask); a packed row of several examples
@@ -208,29 +210,35 @@ pub fn attention_mask(key_mask: &Tensor, past: i64, seq: i64) -> Result<Tensor> 
     let segs = key_mask.f_to_kind(Kind::Int64)?; // [b, total]
     let key_seg = segs.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
     let query_seg = segs.f_narrow(1, past, seq)?.f_view([-1, 1, seq, 1])?; // [b, 1, seq, 1]
-    let same = key_seg.f_eq_tensor(&query_seg)?.f_logical_and(&key_seg.f_ne(0)?)?; // [b, 1, seq, total]
-    Ok(causal.f_logical_and(&same.f_logical_or(&diag)?)?) // [b, 1, seq, total]
+    let key_real = key_seg.f_ne(0)?; // [b, 1, 1, total]
+    let same = key_seg.f_eq_tensor(&query_seg)?.f_logical_and(&key_real)?; // [b, 1, seq, total]
+    let pad_query = query_seg.f_eq(0)?.f_logical_and(&key_real)?; // [b, 1, seq, total]
+    let allowed = causal.f_logical_and(&same.f_logical_or(&pad_query)?)?; // [b, 1, seq, total]
+    let empty = allowed.f_any_dims(Some([-1i64].as_slice()), true)?.f_logical_not()?; // [b, 1, seq, 1]
+    Ok(allowed.f_logical_or(&diag.f_logical_and(&empty)?)?) // [b, 1, seq, total]
 }
 
-/// Position ids for left- or right-padded batches: `cumsum(mask != 0) - 1`, clamped at 0 on left
-/// padding — what transformers' `generate` passes, so a sequence's positions do not depend on its
-/// padding. With segment ids in `mask` (see [`attention_mask`]) positions restart at 0 where a
-/// new segment begins, as transformers' padding-free packing passes them.
+/// Position ids for left- or right-padded batches: `t − (start of t's segment)`, so real tokens
+/// get `cumsum(mask != 0) − 1` as transformers' `generate` passes them (a sequence's positions do
+/// not depend on its left padding), left padding gets 0, and right padding keeps counting as
+/// transformers' default `arange` does. With segment ids in `mask` (see [`attention_mask`])
+/// positions restart at 0 where a new segment begins, as transformers' padding-free packing
+/// passes them.
 ///
 /// # Shapes
 /// - `mask`: `[batch, seq]` → `[batch, seq]` (int64)
 pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
     let segs = mask.f_to_kind(Kind::Int64)?; // [b, s]
-    let valid = segs.f_ne(0)?.f_to_kind(Kind::Int64)?; // [b, s]
-    let count = valid.f_cumsum(-1, Kind::Int64)?; // [b, s]: real tokens up to and including t
-                                                  // A segment starts at a real token whose id differs from the previous real token's; since
-                                                  // padding sits only at the ends of a row, comparing with the previous slot suffices.
-    let first = Tensor::f_full([segs.size()[0], 1], -1, (Kind::Int64, segs.device()))?; // [b, 1]
-    let prev = Tensor::f_cat(&[&first, &segs.f_narrow(1, 0, segs.size()[1] - 1)?], 1)?; // [b, s]: segs[t − 1]
-    let start = segs.f_ne_tensor(&prev)?.f_logical_and(&valid.f_ne(0)?)?; // [b, s]
-                                                                          // Real tokens before the current segment: (count − 1) at its start, carried forward.
-    let before = count.f_sub_scalar(1)?.f_where_scalarother(&start, 0)?.f_cummax(-1)?.0; // [b, s]
-    Ok(count.f_sub(&before)?.f_sub_scalar(1)?.f_clamp_min(0)?)
+    let (b, s) = (segs.size()[0], segs.size()[1]);
+    let t = Tensor::f_arange(s, (Kind::Int64, segs.device()))?.f_view([1, s])?.f_expand([b, s], false)?; // [b, s]
+                                                                                                         // A segment starts at a real token whose id differs from the previous slot's (padding sits only
+                                                                                                         // at the ends of a row, so the previous slot is the previous real token or padding).
+    let first = Tensor::f_full([b, 1], -1, (Kind::Int64, segs.device()))?; // [b, 1]
+    let prev = Tensor::f_cat(&[&first, &segs.f_narrow(1, 0, s - 1)?], 1)?; // [b, s]: segs[t − 1]
+    let start = segs.f_ne_tensor(&prev)?.f_logical_and(&segs.f_ne(0)?)?; // [b, s]
+    let seg_start = t.f_where_scalarother(&start, -1)?.f_cummax(-1)?.0; // [b, s]: −1 before any
+    let pos = t.f_sub(&seg_start)?; // [b, s]
+    Ok(pos.f_where_scalarother(&seg_start.f_ge(0)?, 0)?)
 }
 
 /// Preallocated key/value buffers for incremental decoding.
@@ -330,12 +338,15 @@ mod tests {
         assert_eq!(rows[1], vec![true, true, false, false, false, false]);
         assert_eq!(rows[2], vec![false, false, true, false, false, false]); // not the first example
         assert_eq!(rows[4], vec![false, false, true, true, true, false]);
-        assert_eq!(rows[5], vec![false, false, false, false, false, true]); // pad sees itself only
+        // Trailing padding sees the real keys before it (not itself), as in transformers.
+        assert_eq!(rows[5], vec![true, true, true, true, true, false]);
         let p = position_ids_from_mask(&key_mask).unwrap().view([6]);
-        assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 0, 1, 2, 2]); // right pad: as before
-                                                                              // A plain 0/1 mask, right-padded: one segment, the same positions as `cumsum − 1`.
-        let p = position_ids_from_mask(&Tensor::from_slice(&[1i64, 1, 1, 0]).view([1, 4])).unwrap().view([4]);
-        assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 2, 2]);
+        assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 0, 1, 2, 3]); // right pad keeps counting
+                                                                              // A plain 0/1 mask, right-padded: transformers' `arange`.
+        let p = position_ids_from_mask(&Tensor::from_slice(&[1i64, 1, 1, 0, 0]).view([1, 5])).unwrap().view([5]);
+        assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 2, 3, 4]);
+        let m = attention_mask(&Tensor::from_slice(&[1i64, 1, 0]).view([1, 3]), 0, 3).unwrap().view([3, 3]);
+        assert_eq!(Vec::<bool>::try_from(m.get(2)).unwrap(), vec![true, true, false]);
     }
 
     #[test]

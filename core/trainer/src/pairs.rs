@@ -205,7 +205,9 @@ pub fn build_pairs(
 
 /// DeepSpeed-Chat's divergent segment of one pair: `(divergence, end)` with `end` the length of
 /// the longer side and `divergence` the first position where the sides differ (a token, or one side
-/// already padded). Identical sides give `(end − 1, end)`, as in DSC.
+/// already padded). Identical sides give `(end − 1, end)`, the last token of the pair, where DSC
+/// takes the last slot of the padded row (`T − 1, T`); such pairs are skipped when read, so
+/// neither reaches the loss.
 pub fn dsc_segment(chosen: &[i64], rejected: &[i64]) -> (usize, usize) {
     let end = chosen.len().max(rejected.len());
     let div = (0..end).find(|&t| chosen.get(t) != rejected.get(t)).unwrap_or(end.saturating_sub(1));
