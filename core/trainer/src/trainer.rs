@@ -493,6 +493,16 @@ impl Trainer {
         self.wandb = Some(sink);
     }
 
+    /// Seconds since `start`, once the device has finished the work queued so far: CUDA runs
+    /// asynchronously, so without the sync a phase's kernels would be charged to whichever later
+    /// phase first waits on them (a no-op on CPU).
+    fn phase_secs(&self, start: Instant) -> f64 {
+        if let tch::Device::Cuda(i) = self.device {
+            tch::Cuda::synchronize(i as i64);
+        }
+        start.elapsed().as_secs_f64()
+    }
+
     /// The run directory.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
@@ -632,7 +642,7 @@ impl Trainer {
             sync_every: 0,
         };
         let gen = generate(&self.actor, &prompts.input_ids, &prompts.attention_mask, &gen_cfg)?;
-        let t_gen = t0.elapsed().as_secs_f64();
+        let t_gen = self.phase_secs(t0);
         if let Some(p) = &self.progress {
             p.advance(1);
             p.phase("scoring", self.rewards.len() as u64);
@@ -728,7 +738,7 @@ impl Trainer {
             Tensor::f_from_slice(&total.iter().map(|&x| x as f32).collect::<Vec<_>>())?.f_to_device(self.device)?;
         let group_ids: Vec<i64> = keep.iter().map(|&r| group_of_row[r as usize].1).collect();
         let group_ids = Tensor::f_from_slice(&group_ids)?.f_to_device(self.device)?;
-        let t_score = t1.elapsed().as_secs_f64();
+        let t_score = self.phase_secs(t1);
 
         let keep_t = Tensor::f_from_slice(&keep)?.f_to_device(self.device)?;
         let seq = gen.sequences.f_index_select(0, &keep_t)?; // [B, P + R]
@@ -742,7 +752,7 @@ impl Trainer {
         let t2 = Instant::now();
         let old = tch::no_grad(|| token_logprobs(&self.actor, &seq, &attn, p_len, opts))?;
         let old_logprobs = old.logprobs; // [B, R]
-        let t_old = t2.elapsed().as_secs_f64();
+        let t_old = self.phase_secs(t2);
         let t3 = Instant::now();
         let ref_logprobs = match &self.reference {
             Some(r) => Some(
@@ -751,13 +761,13 @@ impl Trainer {
             ),
             None => None,
         };
-        let t_ref = t3.elapsed().as_secs_f64();
+        let t_ref = self.phase_secs(t3);
         let t4 = Instant::now();
         let values = match &self.critic {
             Some(c) => Some(tch::no_grad(|| c.values(&seq, &attn))?.f_narrow(1, p_len - 1, r_len)?), // [B, R]
             None => None,
         };
-        let t_values = t4.elapsed().as_secs_f64();
+        let t_values = self.phase_secs(t4);
         if let Some(e) = &old.entropy {
             let ent = masked_mean(e, &action_mask)?;
             m.set("rollout/entropy", ent);
@@ -897,7 +907,7 @@ impl Trainer {
         if let Some(c) = &self.critic {
             c.set_training(false);
         }
-        let t_train = t5.elapsed().as_secs_f64();
+        let t_train = self.phase_secs(t5);
         for (k, v) in plugin_metrics.means() {
             m.set(&k, v);
         }
