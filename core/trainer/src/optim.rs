@@ -1,10 +1,21 @@
 //! AdamW with warm-up + constant/linear/cosine schedules, gradient-norm clipping, skipping of
 //! non-finite steps, and the EMA copy of the actor.
+//!
+//! Mixed precision: a bf16 (or f16) parameter gets an f32 master copy and f32 moments. Its gradient
+//! is cast to f32, the update is applied to the master and the master is rounded back into the
+//! parameter, so updates far below bf16's resolution (lr 1e-6 on weights near 1) accumulate
+//! instead of being lost. f32 parameters are updated in place exactly as without this.
 
 use tch::{nn, Kind, Tensor};
 
 use crate::config::Schedule;
-use crate::error::Result;
+use crate::error::{Result, TrainerError};
+
+/// Whether a parameter of this dtype trains through an f32 master copy: the reduced-precision
+/// float dtypes, whose resolution swallows small updates.
+fn needs_master(kind: Kind) -> bool {
+    matches!(kind, Kind::BFloat16 | Kind::Half)
+}
 
 /// Learning-rate multiplier at optimizer step `step` (0-based) of `total`.
 pub fn lr_factor(schedule: Schedule, step: usize, warmup: usize, total: usize) -> f64 {
@@ -35,9 +46,13 @@ pub struct StepInfo {
 struct ParamState {
     name: String,
     var: Tensor,
-    /// First moment (`exp_avg`), same shape and dtype as the parameter.
+    /// f32 master copy of a reduced-precision (bf16/f16) parameter, same shape; `None` for f32
+    /// (and f64) parameters, which are updated in place.
+    master: Option<Tensor>,
+    /// First moment (`exp_avg`), same shape as the parameter; f32 for reduced-precision
+    /// parameters, else the parameter's dtype.
     m: Tensor,
-    /// Second moment (`exp_avg_sq`).
+    /// Second moment (`exp_avg_sq`), same shape and dtype as `m`.
     v: Tensor,
     /// Updates this parameter received (torch keeps a per-parameter step for bias correction).
     t: i64,
@@ -48,6 +63,10 @@ struct ParamState {
 /// var store, with its schedule. Written here rather than taken from libtorch so its state can be
 /// checkpointed and restored bit-exactly. Weight decay skips 1-D parameters (biases and norm
 /// weights), as Hugging Face's Trainer does.
+///
+/// Reduced-precision parameters train through f32 masters (see the module docs). The masters are
+/// taken when the optimizer is built and restored by [`Optim::load_state`]: a parameter changed
+/// by anything else afterwards would be overwritten by the next step.
 pub struct Optim {
     params: Vec<ParamState>,
     betas: (f64, f64),
@@ -64,7 +83,8 @@ pub struct Optim {
 
 impl Optim {
     /// Builds AdamW over the variables of `vs` that require gradients (all of them, or only the
-    /// LoRA adapters and heads after `apply_lora`), in name order.
+    /// LoRA adapters and heads after `apply_lora`), in name order; bf16/f16 ones get f32 masters
+    /// and moments.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         vs: &nn::VarStore,
@@ -81,10 +101,15 @@ impl Optim {
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let mut params = Vec::with_capacity(vars.len());
         for (name, var) in vars {
-            let m = var.f_zeros_like()?;
-            let v = var.f_zeros_like()?;
+            let master = match needs_master(var.kind()) {
+                true => Some(tch::no_grad(|| var.f_detach()?.f_to_kind(Kind::Float)?.f_contiguous())?),
+                false => None,
+            };
+            let moments_of = master.as_ref().unwrap_or(&var);
+            let m = moments_of.f_zeros_like()?;
+            let v = moments_of.f_zeros_like()?;
             let decay = var.dim() >= 2;
-            params.push(ParamState { name, var, m, v, t: 0, decay });
+            params.push(ParamState { name, var, master, m, v, t: 0, decay });
         }
         Ok(Optim { params, betas, eps, weight_decay, base_lr: lr, schedule, warmup, total, max_grad_norm, steps: 0 })
     }
@@ -106,8 +131,9 @@ impl Optim {
     }
 
     /// L2 norm of all gradients (0 when none exist yet), as `clip_grad_norm_` computes it: each
-    /// parameter's norm on its device (accumulated in f32 without a full-size copy), then the norm
-    /// of those norms — one host synchronisation per step, not one per parameter.
+    /// parameter's norm on its device (in f32 for bf16 gradients too, without a full-size copy),
+    /// then the norm of those norms in f64 — one host synchronisation per step, not one per
+    /// parameter.
     pub fn grad_norm(&self) -> Result<f64> {
         let mut norms = Vec::with_capacity(self.params.len());
         for p in &self.params {
@@ -147,10 +173,17 @@ impl Optim {
                 if !g.defined() {
                     continue;
                 }
+                // The gradient in the moments' dtype (f32 for a bf16 parameter), then clipped.
+                let g = if g.kind() != p.m.kind() { g.f_to_kind(p.m.kind())? } else { g };
                 let g = if clip != 1.0 { g.f_mul_scalar(clip)? } else { g };
                 p.t += 1;
+                // θ: the f32 master when there is one, else the parameter itself.
+                let theta = match &mut p.master {
+                    Some(master) => master,
+                    None => &mut p.var,
+                };
                 if p.decay && wd != 0.0 {
-                    let _ = p.var.f_mul_(&Tensor::from(1.0 - lr * wd))?;
+                    let _ = theta.f_mul_(&Tensor::from(1.0 - lr * wd))?;
                 }
                 // m ← β1 m + (1 − β1) g;  v ← β2 v + (1 − β2) g²
                 let _ = p.m.f_lerp_(&g, 1.0 - b1)?;
@@ -159,7 +192,11 @@ impl Optim {
                 let bc2 = 1.0 - b2.powi(p.t as i32);
                 // θ ← θ − lr/bc1 · m / (√v / √bc2 + ε)
                 let denom = p.v.f_sqrt()?.f_div_scalar(bc2.sqrt())?.f_add_scalar(eps)?;
-                let _ = p.var.f_addcdiv_(&p.m.f_mul_scalar(-lr / bc1)?, &denom)?;
+                let _ = theta.f_addcdiv_(&p.m.f_mul_scalar(-lr / bc1)?, &denom)?;
+                if let Some(master) = &p.master {
+                    // Round the master back into the bf16 parameter.
+                    p.var.f_copy_(master)?;
+                }
             }
             Ok(())
         })?;
@@ -169,21 +206,34 @@ impl Optim {
     }
 
     /// The optimizer state as named tensors (`<param>.exp_avg`, `<param>.exp_avg_sq`,
-    /// `<param>.step`) for a checkpoint; `steps` (the schedule position) is kept by the caller.
+    /// `<param>.step`, and `<param>.master` — the f32 master — for bf16/f16 parameters) for a
+    /// checkpoint; `steps` (the schedule position) is kept by the caller. The tensors share storage
+    /// with the live state: copy them to keep a snapshot across later steps.
     pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::with_capacity(self.params.len() * 3);
         for p in &self.params {
             out.push((format!("{}.exp_avg", p.name), p.m.shallow_clone()));
             out.push((format!("{}.exp_avg_sq", p.name), p.v.shallow_clone()));
             out.push((format!("{}.step", p.name), Tensor::f_from_slice(&[p.t])?));
+            if let Some(master) = &p.master {
+                out.push((format!("{}.master", p.name), master.shallow_clone()));
+            }
         }
         Ok(out)
     }
 
     /// Restores [`Optim::state_tensors`] and the schedule position; every parameter must be present
-    /// with its shape.
+    /// with its shape. Moments are cast to this optimizer's dtypes; a bf16/f16 parameter without a
+    /// saved master (a checkpoint from before masters existed) takes its master from the
+    /// parameter's current value, so restore the weights first. A saved master is also copied
+    /// into the parameter, which keeps the two consistent.
     pub fn load_state(&mut self, state: &std::collections::HashMap<String, Tensor>, steps: usize) -> Result<()> {
-        let missing = |k: &str| crate::error::TrainerError::Checkpoint(format!("optimizer state: missing `{k}`"));
+        let missing = |k: &str| TrainerError::Checkpoint(format!("optimizer state: missing `{k}`"));
+        let bad_shape = |name: &str, what: &str, saved: &[i64], model: &[i64]| {
+            TrainerError::Checkpoint(format!(
+                "optimizer state: `{name}{what}` has shape {saved:?}, the model {model:?}"
+            ))
+        };
         tch::no_grad(|| -> Result<()> {
             for p in &mut self.params {
                 let (km, kv, kt) =
@@ -192,16 +242,27 @@ impl Optim {
                 let v = state.get(&kv).ok_or_else(|| missing(&kv))?;
                 let t = state.get(&kt).ok_or_else(|| missing(&kt))?;
                 if m.size() != p.m.size() || v.size() != p.v.size() {
-                    return Err(crate::error::TrainerError::Checkpoint(format!(
-                        "optimizer state: `{}` has shape {:?}, the model {:?}",
-                        p.name,
-                        m.size(),
-                        p.m.size()
-                    )));
+                    let saved = if m.size() != p.m.size() { m.size() } else { v.size() };
+                    return Err(bad_shape(&p.name, "", &saved, &p.m.size()));
+                }
+                let t = t.f_int64_value(&[0])?;
+                if let Some(master) = &mut p.master {
+                    match state.get(&format!("{}.master", p.name)) {
+                        Some(saved) if saved.size() != master.size() => {
+                            return Err(bad_shape(&p.name, ".master", &saved.size(), &master.size()));
+                        }
+                        Some(saved) => {
+                            master.f_copy_(saved)?;
+                            p.var.f_copy_(master)?;
+                        }
+                        None => {
+                            master.f_copy_(&p.var)?;
+                        }
+                    }
                 }
                 p.m.f_copy_(m)?;
                 p.v.f_copy_(v)?;
-                p.t = t.int64_value(&[0]);
+                p.t = t;
             }
             Ok(())
         })?;
@@ -294,5 +355,144 @@ mod tests {
         assert!(info.skipped);
         assert_eq!(Vec::<f32>::try_from(&w).unwrap(), before);
         assert_eq!(opt.steps, 1);
+    }
+
+    /// Values and gradients exactly representable in bf16, so a bf16 run and an f32 run start
+    /// from the same numbers. Weights sit in [2⁻⁷, 2⁻⁶), where bf16's spacing is 2⁻¹⁴ ≈ 6e-5: an
+    /// lr of 1e-6 is far below half of it.
+    fn bf16_case() -> (Tensor, Tensor, Vec<Tensor>) {
+        tch::manual_seed(11);
+        let cpu = (Kind::Float, tch::Device::Cpu);
+        let bf16 = |t: Tensor| t.to_kind(Kind::BFloat16).to_kind(Kind::Float);
+        let w = bf16(Tensor::rand([3, 4], cpu) * (1.0 / 256.0) + 1.0 / 128.0); // [3, 4]
+        let b = bf16(Tensor::rand([4], cpu) * (1.0 / 256.0) + 1.0 / 128.0); // [4]
+                                                                            // The same signs every step (Adam then moves each weight by about lr a step), varying sizes.
+        let sign = Tensor::randn([3, 4], cpu).sign();
+        let grads = (0..4).map(|_| bf16(&sign * (Tensor::rand([3, 4], cpu) + 0.5))).collect(); // [3, 4] each
+        (w, b, grads)
+    }
+
+    /// A var store with `w` [3, 4] and `b` [4] in `kind` and AdamW (lr 1e-6, weight decay) over it.
+    fn bf16_setup(w0: &Tensor, b0: &Tensor, kind: Kind) -> (nn::VarStore, Tensor, Tensor, Optim) {
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let w = vs.root().var_copy("w", w0);
+        let b = vs.root().var_copy("b", b0);
+        vs.set_kind(kind); // as models load in bf16
+        let opt = Optim::new(&vs, 1e-6, (0.9, 0.999), 1e-8, 0.1, Schedule::Constant, 0, 1000, 1.0).unwrap();
+        (vs, w, b, opt)
+    }
+
+    /// One step with loss Σ w·g + Σ b·gb, gb = colsum(g) rounded to bf16: gradients `g` [3, 4] and
+    /// `gb` [4], the same in a bf16 and an f32 run.
+    fn bf16_step(w: &Tensor, b: &Tensor, g: &Tensor, opt: &mut Optim) {
+        let gb = g.sum_dim_intlist(0, false, Kind::Float).to_kind(Kind::BFloat16); // [4]
+        ((w * g.to_kind(w.kind())).sum(Kind::Float) + (b * gb.to_kind(b.kind())).sum(Kind::Float)).backward();
+        opt.step().unwrap();
+    }
+
+    fn state_of(opt: &Optim) -> std::collections::HashMap<String, Tensor> {
+        opt.state_tensors().unwrap().into_iter().map(|(k, t)| (k, t.copy())).collect()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
+        ((a - b).abs() / b.abs()).max().double_value(&[])
+    }
+
+    /// lr 1e-6 on bf16 weights: each update is lost in bf16 but lands in the f32 master, which
+    /// follows the f32 run of the same AdamW; after enough steps the bf16 weights move too.
+    #[test]
+    fn bf16_trains_through_f32_master() {
+        let (w0, b0, grads) = bf16_case();
+        let (_vs, w, b, mut opt) = bf16_setup(&w0, &b0, Kind::BFloat16);
+        let (_vs32, w32, b32, mut opt32) = bf16_setup(&w0, &b0, Kind::Float);
+        let state32 = state_of(&opt32);
+        assert!(!state32.keys().any(|k| k.ends_with(".master")), "f32 parameters get no master: {state32:?}");
+        assert_eq!(state32.len(), 6);
+        bf16_step(&w, &b, &grads[0], &mut opt);
+        bf16_step(&w32, &b32, &grads[0], &mut opt32);
+        let st = state_of(&opt);
+        assert_eq!(st["w.master"].kind(), Kind::Float);
+        assert_eq!(st["w.exp_avg"].kind(), Kind::Float);
+        assert_eq!(st["b.exp_avg_sq"].kind(), Kind::Float);
+        // One step: the master moved by about lr, the bf16 weight not at all.
+        let moved = (&st["w.master"] - &w0).abs().min().double_value(&[]);
+        assert!(moved > 5e-7 && moved < 2e-6, "master moved by {moved}");
+        assert!(w.to_kind(Kind::Float).equal(&w0), "a 1e-6 update is below bf16 resolution");
+        assert!(max_rel(&st["w.master"], &w32) < 1e-6 && max_rel(&st["b.master"], &b32) < 1e-6);
+        for i in 1..200 {
+            bf16_step(&w, &b, &grads[i % grads.len()], &mut opt);
+            bf16_step(&w32, &b32, &grads[i % grads.len()], &mut opt32);
+        }
+        let st = state_of(&opt);
+        let (rw, rb) = (max_rel(&st["w.master"], &w32), max_rel(&st["b.master"], &b32));
+        assert!(rw < 1e-6 && rb < 1e-6, "master vs f32 run: relative {rw}, {rb}");
+        // The bf16 weights are the masters rounded, and ~2e-4 of movement shows in all of them.
+        assert!(w.equal(&st["w.master"].to_kind(Kind::BFloat16)) && b.equal(&st["b.master"].to_kind(Kind::BFloat16)));
+        let unmoved = w.to_kind(Kind::Float).eq_tensor(&w0).sum(Kind::Int64).int64_value(&[]);
+        assert_eq!(unmoved, 0, "bf16 weights that never moved");
+        assert!(max_rel(&w.to_kind(Kind::Float), &w32) < 1e-2);
+    }
+
+    /// The grad norm of bf16 gradients is computed and returned in f32: √3000 = 54.772…, which
+    /// bf16 (spacing 0.25 there) would round to 54.75.
+    #[test]
+    fn bf16_grad_norm_in_f32() {
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let w = vs.root().f_zeros("w", &[3, 1000]).unwrap();
+        vs.set_kind(Kind::BFloat16);
+        let opt = Optim::new(&vs, 1e-6, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 10, 1.0).unwrap();
+        w.sum(Kind::Float).backward();
+        assert_eq!(w.grad().kind(), Kind::BFloat16);
+        let norm = opt.grad_norm().unwrap();
+        assert!((norm - 3000f64.sqrt()).abs() < 1e-4, "grad norm {norm}");
+    }
+
+    /// Save the bf16 state mid-run (weights and optimizer), load it into a fresh optimizer, go on:
+    /// bit-identical to the uninterrupted run, masters included.
+    #[test]
+    fn bf16_state_round_trip() {
+        let (w0, b0, grads) = bf16_case();
+        let (_vs, w, b, mut opt) = bf16_setup(&w0, &b0, Kind::BFloat16);
+        for g in &grads[..2] {
+            bf16_step(&w, &b, g, &mut opt);
+        }
+        let saved = state_of(&opt);
+        let (saved_w, saved_b) = (w.copy(), b.copy());
+        for g in &grads[2..] {
+            bf16_step(&w, &b, g, &mut opt);
+        }
+        // Through safetensors, as a checkpoint stores it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("optimizer.safetensors");
+        Tensor::write_safetensors(&saved.iter().map(|(k, t)| (k.as_str(), t)).collect::<Vec<_>>(), &path).unwrap();
+        let loaded: std::collections::HashMap<String, Tensor> =
+            Tensor::read_safetensors(&path).unwrap().into_iter().collect();
+        let (_vs2, w2, b2, mut opt2) =
+            bf16_setup(&saved_w.to_kind(Kind::Float), &saved_b.to_kind(Kind::Float), Kind::BFloat16);
+        opt2.load_state(&loaded, 2).unwrap();
+        assert_eq!(opt2.steps, 2);
+        for g in &grads[2..] {
+            bf16_step(&w2, &b2, g, &mut opt2);
+        }
+        assert!(w2.equal(&w) && b2.equal(&b), "bf16 weights differ from the uninterrupted run");
+        let (a, z) = (state_of(&opt), state_of(&opt2));
+        assert_eq!(a.len(), z.len());
+        for (k, t) in &a {
+            assert!(t.equal(&z[k]), "`{k}` differs from the uninterrupted run");
+        }
+        // A state without masters (written before they existed) starts them from the weights.
+        let mut old: std::collections::HashMap<String, Tensor> =
+            saved.iter().filter(|(k, _)| !k.ends_with(".master")).map(|(k, t)| (k.clone(), t.copy())).collect();
+        old.insert("w.exp_avg".into(), saved["w.exp_avg"].to_kind(Kind::BFloat16));
+        let (_vs3, _w3, _b3, mut opt3) =
+            bf16_setup(&saved_w.to_kind(Kind::Float), &saved_b.to_kind(Kind::Float), Kind::BFloat16);
+        opt3.load_state(&old, 2).unwrap();
+        assert!(state_of(&opt3)["w.master"].equal(&saved_w.to_kind(Kind::Float)));
+        // A master of the wrong shape is refused.
+        let mut wrong: std::collections::HashMap<String, Tensor> =
+            saved.iter().map(|(k, t)| (k.clone(), t.copy())).collect();
+        wrong.insert("w.master".into(), Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)));
+        let e = opt3.load_state(&wrong, 2).unwrap_err().to_string();
+        assert!(e.contains("w.master"), "{e}");
     }
 }
