@@ -135,3 +135,26 @@ fn bad_settings_name_the_key() {
     assert!(e.contains("lora.rank"), "{e}");
     assert_eq!(m.apply_lora(&LoraConfig::default()).unwrap(), 0, "rank 0 is off");
 }
+
+/// The bound taken literally, 1e-5 absolute on the logits: in f64 the merge is exact up to
+/// rounding far below it, so the f32 test's relative bound above measures f32 rounding alone.
+#[test]
+fn merged_and_unmerged_logits_agree_within_1e_5_in_f64() {
+    let (ids, mask) = batch();
+    for (name, targets) in [("llama", vec!["all-linear"]), ("gpt2", vec!["c_attn", "mlp.c_proj"])] {
+        let mut m = CausalLm::from_dir(&model_dir(name), Device::Cpu, Kind::Double).unwrap();
+        let base = tch::no_grad(|| m.forward(&ids, &mask)).unwrap();
+        m.apply_lora(&lora(&targets)).unwrap();
+        assert!(randomise_b(&m.vs) > 0);
+        let unmerged = tch::no_grad(|| m.forward(&ids, &mask)).unwrap();
+        assert_eq!(unmerged.kind(), Kind::Double, "{name}: computed in f64");
+        assert!(max_diff(&unmerged, &base) > 1e-2, "{name}: adapters have no effect");
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path()).unwrap();
+        let plain = CausalLm::from_dir(dir.path(), Device::Cpu, Kind::Double).unwrap();
+        let reloaded = tch::no_grad(|| plain.forward(&ids, &mask)).unwrap();
+        let d = max_diff(&reloaded, &unmerged);
+        println!("{name} (f64): merged checkpoint vs unmerged {d:e}");
+        assert!(d < 1e-5, "{name}: merged checkpoint differs by {d}");
+    }
+}
