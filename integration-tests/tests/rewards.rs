@@ -1,6 +1,7 @@
 //! Reward sources end to end: RL runs scored by `reward-http` against a live `rlhf serve-reward`, two
-//! weighted reward sources in one run, and `serve-reward`'s answers to bad requests, its scores
-//! against [`RewardModelScorer`] and transformers, and its refusals and clean shutdown.
+//! weighted reward sources in one run, the `reward-model` plugin scoring with what `rlhf rm` wrote,
+//! and `serve-reward`'s answers to bad requests, its scores against [`RewardModelScorer`] and
+//! transformers, and its refusals and clean shutdown.
 //!
 //! Every server is started on loopback with an OS-chosen port and killed by [`Server`]'s `Drop`,
 //! also when an assertion fails. HTTP requests are written by hand over `TcpStream`.
@@ -12,8 +13,11 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use rlhf_generation::{generate, GenerateConfig};
 use rlhf_integration_tests::{model_dir, read_json, rlhf_bin};
+use rlhf_models::CausalLm;
 use rlhf_reward::RewardModelScorer;
+use rlhf_tokenizer::HfTokenizer;
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
@@ -153,15 +157,15 @@ fn config_with_rewards(dir: &Path, rewards: &str) -> PathBuf {
 }
 
 fn train(config: &Path, run_dir: &Path, env: &[(&str, &str)]) -> Output {
+    train_with(config, run_dir, env, &["--set", "warmup.steps=2"])
+}
+
+/// Two GRPO steps of `config` with extra arguments (`--set` overrides).
+fn train_with(config: &Path, run_dir: &Path, env: &[(&str, &str)], extra: &[&str]) -> Output {
     let mut cmd = Command::new(rlhf_bin());
-    cmd.args(["train", "--algo", "grpo", "--config", s(config)]).args([
-        "--set",
-        "train.steps=2",
-        "--set",
-        "warmup.steps=2",
-        "--run-dir",
-        s(run_dir),
-    ]);
+    cmd.args(["train", "--algo", "grpo", "--config", s(config)])
+        .args(["--set", "train.steps=2", "--run-dir", s(run_dir)])
+        .args(extra);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -242,6 +246,89 @@ fn two_reward_sources_are_weighted_and_logged() {
         assert!(l.get("reward_rules/exact_match").is_some(), "{l}");
         assert!((number(l, "reward") - (acc + 0.5 * rm)).abs() < 1e-9, "reward = 1.0·accuracy + 0.5·rm: {l}");
     }
+}
+
+/// What the host does for one prompt with `top_k = 1` (argmax) sampling: the fixture Llama's greedy
+/// continuation of `prompt` (special tokens added, as for an untemplated prompt), EOS dropped,
+/// decoded without special tokens.
+fn greedy_response(actor: &Path, prompt: &str, max_new_tokens: i64) -> String {
+    let tok = HfTokenizer::from_dir(actor).unwrap();
+    let lm = CausalLm::from_dir(actor, Device::Cpu, Kind::Float).unwrap();
+    let ids: Vec<i64> = tok.encode(prompt, true).unwrap().into_iter().map(i64::from).collect();
+    let x = Tensor::from_slice(&ids).view([1, -1]); // [1, P]
+    let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&t| i64::from(t)).collect();
+    let cfg = GenerateConfig::greedy(max_new_tokens, eos.clone(), i64::from(tok.pad_token_id()));
+    let gen = tch::no_grad(|| generate(&lm, &x, &x.ones_like(), &cfg)).unwrap();
+    let resp = Vec::<i64>::try_from(gen.responses().unwrap().view([-1])).unwrap(); // [N]
+    let mask = Vec::<i64>::try_from(gen.response_mask.to_kind(Kind::Int64).view([-1])).unwrap(); // [N]
+    let content: Vec<u32> =
+        resp.iter().zip(&mask).filter(|&(t, &m)| m == 1 && !eos.contains(t)).map(|(&t, _)| t as u32).collect();
+    tok.decode(&content, true).unwrap()
+}
+
+/// `rlhf rm`'s output directory is a reward model the `reward-model` plugin loads: a GRPO run scores
+/// with it, logs the plugin's metrics, and its first-step score is the one the saved model gives
+/// the text the host judged (one prompt, argmax sampling, so the completion is known in advance).
+#[test]
+fn reward_model_plugin_scores_with_an_rlhf_rm_output() {
+    plugin_so("rlhf-plugin-reward-model");
+    let tmp = tempfile::tempdir().unwrap();
+    let base = model_dir("llama");
+    let rm_run = tmp.path().join("rm");
+    let o = Command::new(rlhf_bin())
+        .args(["rm", "--run-dir", s(&rm_run), "--set", &format!("model.path={:?}", s(&base))])
+        .args(["--set", "train.max_steps=3", "--set", "data.max_len=64"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "rlhf rm: {}", String::from_utf8_lossy(&o.stderr));
+    let rm_dir = rm_run.join("model");
+    assert_eq!(read_json(&rm_run.join("summary.json"))["steps"], 3);
+
+    let prompt = "3 + 4 =";
+    let prompts = tmp.path().join("prompts.jsonl");
+    std::fs::write(&prompts, format!("{}\n", json!({ "prompt": prompt }))).unwrap();
+    let config = config_with_rewards(
+        tmp.path(),
+        &format!(
+            "[[rewards]]\nplugin = \"reward-model\"\nname = \"rm\"\nweight = 1.0\n[rewards.config]\n\
+             model = {:?}\ndtype = \"f32\"\nbatch_size = 4\nmax_len = 1024\nchat_template = \"none\"\n",
+            s(&rm_dir)
+        ),
+    );
+    let rd = tmp.path().join("run");
+    let sets = [
+        format!("model.actor={:?}", s(&base)),
+        format!("data.prompts={:?}", s(&prompts)),
+        "data.apply_chat_template=false".into(),
+        "warmup.steps=0".into(),
+        "rollout.prompts_per_batch=1".into(),
+        "rollout.samples_per_prompt=2".into(),
+        "rollout.top_k=1".into(),
+        "rollout.max_new_tokens=4".into(),
+    ];
+    let extra: Vec<&str> = sets.iter().flat_map(|kv| ["--set", kv.as_str()]).collect();
+    let o = train_with(&config, &rd, &[], &extra);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = metrics(&rd);
+    assert_eq!(lines.len(), 2, "one line per step");
+    for l in &lines {
+        assert_eq!(number(l, "completions/scored"), 2.0, "{l}");
+        assert_eq!(number(l, "completions/unscored"), 0.0, "{l}");
+        let (raw, std, mean) =
+            (number(l, "reward_model/raw_mean"), number(l, "reward_model/raw_std"), number(l, "rewards/rm/mean"));
+        assert!(raw.is_finite() && std.is_finite(), "{l}");
+        assert!((raw - mean).abs() < 1e-12, "no normalisation: the source's mean is the raw mean: {l}");
+        assert!((number(l, "reward") - mean).abs() < 1e-9, "weight 1: {l}");
+    }
+
+    // Step 1 sampled from the untouched actor: both samples are its argmax continuation.
+    let response = greedy_response(&base, prompt, 4);
+    let scorer = RewardModelScorer::from_dir(&rm_dir, Device::Cpu, Kind::Float, 4, 1024).unwrap();
+    let expected = scorer.score_texts(&[format!("{prompt}{response}")]).unwrap()[0];
+    let got = number(&lines[0], "reward_model/raw_mean");
+    println!("rlhf rm output as reward: {prompt:?} + {response:?} scored {got:.6}, expected {expected:.6}");
+    assert!((got - expected).abs() <= 1e-5 * expected.abs().max(1.0), "{got} vs {expected}");
+    assert_eq!(number(&lines[0], "reward_model/raw_std"), 0.0, "two identical samples");
 }
 
 #[test]
