@@ -235,6 +235,11 @@ fn config_layers_and_show_say_where_values_come_from() {
     // Errors: one line naming the source and the key; non-zero exit.
     let e = last_line(&rlhf(&["config", "show", "--config", s(&cfg)], &[("RLHF_TRAIN__ACTOR_LR", "fast")]));
     assert!(e.contains("RLHF_TRAIN__ACTOR_LR: train.actor_lr: invalid type"), "{e}");
+    // A range error names where the value came from, not the base file.
+    let e = last_line(&rlhf(&["config", "show", "--config", s(&cfg), "--set", "rollout.top_p=2"], &[]));
+    assert!(e.contains("--set rollout.top_p=2: rollout.top_p: must be in (0, 1]"), "{e}");
+    let e = last_line(&rlhf(&["config", "show", "--command", "sft"], &[("RLHF_TRAIN__BATCH_SIZE", "0")]));
+    assert!(e.contains("RLHF_TRAIN__BATCH_SIZE: train.batch_size: must be >= 1"), "{e}");
     let e = last_line(&rlhf(&["config", "show", "--config", s(&cfg)], &[("RLHF_TRAIN__STEPZ", "1")]));
     assert!(e.contains("RLHF_TRAIN__STEPZ: train.stepz: unknown field"), "{e}");
     std::fs::write(&cfg, "[algorithm]\nname = \"grpo\"\n[rollout]\ntemperature = \"hot\"\n").unwrap();

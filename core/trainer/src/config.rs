@@ -479,6 +479,27 @@ pub fn load_layered_figment<T: DeserializeOwned + Serialize + Default>(
     Ok((cfg, fig))
 }
 
+/// Where each key's value came from, for errors found after extraction (range checks): the file,
+/// preset, `RLHF_` variable or `--set` that supplied it, else the base source (a default).
+pub struct KeySource<'a> {
+    pub fig: &'a Figment,
+    /// The base layer's name, for keys no layer sets.
+    pub base: &'a str,
+}
+
+impl KeySource<'_> {
+    /// The source of dotted `key` (`rewards[0].weight` is looked up as `rewards`).
+    pub fn of(&self, key: &str) -> String {
+        let key = key.split('[').next().unwrap_or(key);
+        self.fig.find_metadata(key).map(source_name).unwrap_or_else(|| self.base.to_string())
+    }
+
+    /// A config error `SOURCE: KEY: MSG` naming where `key` came from.
+    pub fn error(&self, key: &str, msg: &str) -> TrainerError {
+        TrainerError::Config(format!("{}: {key}: {msg}", self.of(key)))
+    }
+}
+
 /// A provider's name for messages: the file, `RLHF_TRAIN__STEPS` for the env layer, the preset or
 /// the `--set`.
 fn source_name(m: &figment::Metadata) -> String {
@@ -553,13 +574,13 @@ impl RlConfig {
         }
         let fig = layer(fig, &schema::<RlConfig>(), sets)?;
         let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
-        cfg.validate(&label)?;
+        cfg.validate(&KeySource { fig: &fig, base: &label })?;
         cfg.source = label;
         Ok((cfg, fig))
     }
 
-    fn validate(&self, label: &str) -> Result<()> {
-        let bad = |key: &str, msg: &str| Err(TrainerError::Config(format!("{label}: {key}: {msg}")));
+    fn validate(&self, src: &KeySource) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(src.error(key, msg));
         if self.rollout.prompts_per_batch == 0 {
             return bad("rollout.prompts_per_batch", "must be >= 1");
         }
@@ -601,7 +622,8 @@ impl RlConfig {
             if let Err(e) = l.validate() {
                 let msg = e.to_string();
                 let msg = msg.trim_start_matches("invalid input: lora");
-                return Err(TrainerError::Config(format!("{label}: {key}{msg}")));
+                let field = msg.trim_start_matches('.').split(':').next().unwrap_or("");
+                return Err(TrainerError::Config(format!("{}: {key}{msg}", src.of(&format!("{key}.{field}")))));
             }
         }
         if self.train.ptx_coef != 0.0 && self.train.ptx_data.is_none() {

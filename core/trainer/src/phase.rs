@@ -112,9 +112,9 @@ impl Default for PhaseTrainConfig {
 }
 
 impl PhaseTrainConfig {
-    /// Range checks; errors name `label` (the config source) and the key.
-    pub fn validate(&self, label: &str) -> Result<()> {
-        let bad = |key: &str, msg: &str| Err(TrainerError::Config(format!("{label}: train.{key}: {msg}")));
+    /// Range checks; errors name the key and where its value came from.
+    pub fn validate(&self, src: &crate::config::KeySource) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(src.error(&format!("train.{key}"), msg));
         if self.epochs == 0 {
             return bad("epochs", "must be >= 1");
         }

@@ -14,8 +14,8 @@ use rlhf_tokenizer::HfTokenizer;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{load_layered, ConfigSource, Schedule};
-use crate::error::{Result, TrainerError};
+use crate::config::{load_layered_figment, ConfigSource, KeySource, Schedule};
+use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
 use crate::pairs::{build_pairs, collate_pairs, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
@@ -147,15 +147,16 @@ impl RmConfig {
     /// Loads base (file or the embedded `rm` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let cfg: RmConfig = load_layered(source, PHASE_PRESETS, sets)?;
+        let (cfg, fig): (RmConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
         };
-        cfg.train.common().validate(&label)?;
-        cfg.lora.validate().map_err(|e| lora_error(&label, e))?;
+        let src = KeySource { fig: &fig, base: &label };
+        cfg.train.common().validate(&src)?;
+        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         if cfg.data.max_len < 2 {
-            return Err(TrainerError::Config(format!("{label}: data.max_len: must be >= 2")));
+            return Err(src.error("data.max_len", "must be >= 2"));
         }
         Ok(cfg)
     }

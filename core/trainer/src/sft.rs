@@ -14,7 +14,7 @@ use rlhf_tokenizer::HfTokenizer;
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
-use crate::config::{load_layered, ConfigSource};
+use crate::config::{load_layered_figment, ConfigSource, KeySource};
 use crate::error::{Result, TrainerError};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
@@ -87,15 +87,16 @@ impl SftConfig {
     /// Loads base (file or the embedded `sft` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let cfg: SftConfig = load_layered(source, PHASE_PRESETS, sets)?;
+        let (cfg, fig): (SftConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
         };
-        cfg.train.validate(&label)?;
-        cfg.lora.validate().map_err(|e| lora_error(&label, e))?;
+        let src = KeySource { fig: &fig, base: &label };
+        cfg.train.validate(&src)?;
+        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         if cfg.data.max_len < 2 {
-            return Err(TrainerError::Config(format!("{label}: data.max_len: must be >= 2")));
+            return Err(src.error("data.max_len", "must be >= 2"));
         }
         Ok(cfg)
     }
