@@ -168,17 +168,24 @@ pub struct SourceLines {
 pub enum RawLine {
     Text(String),
     Json(Value),
+    /// A line of the file that is not UTF-8 (counted, not parsed).
+    NotUtf8,
 }
 
 impl SourceLines {
-    /// Reads a JSONL file (blank lines skipped, numbers kept).
+    /// Reads a JSONL file (blank lines skipped, numbers kept); a line that is not UTF-8 is kept as
+    /// [`RawLine::NotUtf8`], so one bad line is counted rather than failing the file.
     pub fn read_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
-        let lines = text
-            .lines()
+        let bytes = std::fs::read(path).map_err(|e| TrainerError::io(path, e))?;
+        let lines = bytes
+            .split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
             .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| (i + 1, RawLine::Text(l.to_string())))
+            .filter_map(|(i, l)| match std::str::from_utf8(l) {
+                Ok(t) if t.trim().is_empty() => None,
+                Ok(t) => Some((i + 1, RawLine::Text(t.to_string()))),
+                Err(_) => Some((i + 1, RawLine::NotUtf8)),
+            })
             .collect();
         Ok(SourceLines { label: path.display().to_string(), lines })
     }
@@ -200,6 +207,10 @@ impl SourceLines {
                         continue;
                     }
                 },
+                RawLine::NotUtf8 => {
+                    report.skip(*n, "not valid UTF-8");
+                    continue;
+                }
             };
             match value {
                 Value::Object(o) => out.push((*n, o)),
@@ -582,6 +593,27 @@ mod tests {
                 "data/pairs.jsonl: skipped 1 line (not valid JSON), first at line 3",
                 "data/pairs.jsonl: truncated 1 line (longer than max_len = 8 tokens), first at line 5",
                 "data/pairs.jsonl: skipped 2 lines (chosen == rejected), first at line 17",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_counted_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.jsonl");
+        let mut bytes = b"{\"a\": 1}\r\n{\"b\": \"".to_vec();
+        bytes.extend_from_slice(&[0xff, 0xfe]);
+        bytes.extend_from_slice(b"\"}\n\n[1]\n{\"c\": 3}");
+        std::fs::write(&p, bytes).unwrap();
+        let lines = SourceLines::read_file(&p).unwrap();
+        let mut report = DataReport::default();
+        let objects = lines.objects(&mut report);
+        assert_eq!(objects.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1, 5], "CRLF and a last line without \\n");
+        assert_eq!(
+            report.messages("d.jsonl"),
+            vec![
+                "d.jsonl: skipped 1 line (not valid UTF-8), first at line 2",
+                "d.jsonl: skipped 1 line (not a JSON object), first at line 4",
             ]
         );
     }
