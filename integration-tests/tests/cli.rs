@@ -1,5 +1,6 @@
 //! The `rlhf` binary end to end: `ppl --json` and `generate --json` against transformers'
-//! references, and every kind of bad input giving one clear line, a non-zero exit and no panic.
+//! references, every kind of bad input giving one clear line, a non-zero exit and no panic, and a
+//! smoke run of `bench`.
 
 use std::path::Path;
 
@@ -187,4 +188,48 @@ fn bad_data_gives_one_clear_line() {
     assert_clean_failure(&out, &["top_p"]);
     let out = rlhf(&["generate", "--model", s(&model_dir("gpt2")), "--prompt", &"word ".repeat(200)]);
     assert_clean_failure(&out, &["n_positions"]);
+}
+
+/// `rlhf bench` end to end on the built-in tiny model at the smallest sizes, in f32 and bf16 (the
+/// trainer's AdamW on bf16 weights, through its f32 masters): every section reports positive
+/// figures, the RL step has its phases, and `--no-record` writes nothing.
+#[test]
+fn bench_smoke() {
+    for dtype in ["f32", "bf16"] {
+        let cwd = tempfile::tempdir().unwrap();
+        #[rustfmt::skip]
+        let args = [
+            "bench", "--model", "builtin:tiny", "--dtype", dtype, "--batch", "1", "--group", "2",
+            "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1", "--no-record", "--json",
+        ];
+        let out = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+            .args(args)
+            .current_dir(cwd.path())
+            .output()
+            .expect("spawn rlhf");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && !stderr.contains("panicked"), "{dtype}: {stdout}\n{stderr}");
+        for section in ["gen:", "train:", "rl:"] {
+            assert!(stdout.lines().any(|l| l.starts_with(section)), "{dtype}: no `{section}` line in {stdout}");
+        }
+        let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON: {stdout}"));
+        let j: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!((j["dtype"].as_str(), j["batch"].as_i64(), j["group"].as_i64()), (Some(dtype), Some(1), Some(2)));
+        let positive = |ptr: &str| {
+            let x = j.pointer(ptr).and_then(|v| v.as_f64()).unwrap_or_else(|| panic!("{dtype}: no {ptr} in {line}"));
+            assert!(x.is_finite() && x > 0.0, "{dtype}: {ptr} = {x}");
+            x
+        };
+        positive("/gen/tokens_per_s");
+        positive("/train/tokens_per_s");
+        positive("/train/step_s");
+        let step = positive("/rl/figures/step_s");
+        let phases: f64 = ["generate", "score", "old_logprobs", "reference", "train"]
+            .iter()
+            .map(|p| positive(&format!("/rl/figures/{p}")))
+            .sum();
+        assert!(phases <= step * 1.01, "{dtype}: phases {phases} s in a {step} s step");
+        positive("/rl/mean_completion_length");
+        assert!(std::fs::read_dir(cwd.path()).unwrap().next().is_none(), "{dtype}: --no-record wrote a file");
+    }
 }
