@@ -85,6 +85,9 @@ fn sft_lowers_held_out_perplexity_and_writes_metrics_and_checkpoints() {
     assert!(rd.join("checkpoints/step-10/model.safetensors").is_file());
     assert!(rd.join("model/model.safetensors").is_file() && rd.join("model/tokenizer.json").is_file());
     assert!(rd.join("config.toml").is_file());
+    for chart in ["loss.png", "eval.png", "throughput.png"] {
+        assert!(rd.join("plots").join(chart).is_file(), "a finished SFT run charts its metrics: {chart}");
+    }
 }
 
 /// A few chat and prompt/response lines for the fixture Llama (ChatML template, byte-level BPE).

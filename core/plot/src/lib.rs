@@ -1,7 +1,7 @@
 //! PNG charts of a run's `metrics.jsonl`.
 //!
 //! [`plot_run`] reads `<run_dir>/metrics.jsonl` and writes, for whatever metrics the run logged,
-//! `reward.png`, `kl.png`, `loss.png`, `lengths.png` and `throughput.png` (1000×600) into an output
+//! `reward.png`, `kl.png`, `loss.png`, `eval.png`, `lengths.png` and `throughput.png` (1000×600) into an output
 //! directory, `<run_dir>/plots` by default. [`read_metrics`] and [`plot_metrics`] are the two
 //! halves, for callers that want the parse warnings themselves.
 //!
@@ -51,7 +51,7 @@ pub fn default_out_dir(run_dir: &Path) -> PathBuf {
 
 /// Reads `<run_dir>/metrics.jsonl` and writes the charts its metrics allow into `out_dir`
 /// (created if needed; see [`default_out_dir`]). Returns the paths written, in the order
-/// reward, kl, loss, lengths, throughput; a chart none of whose metrics were logged is skipped.
+/// reward, kl, loss, eval, lengths, throughput; a chart none of whose metrics were logged is skipped.
 /// Skipped lines (a truncated last line after a crash, say) are logged with `tracing::warn!`.
 pub fn plot_run(run_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
     if !run_dir.is_dir() {
@@ -85,6 +85,7 @@ fn charts(m: &Metrics) -> Vec<(&'static str, Vec<Panel>)> {
         ("reward.png", vec![reward(m)]),
         ("kl.png", kl_entropy(m).into()),
         ("loss.png", vec![losses(m)]),
+        ("eval.png", vec![evals(m)]),
         ("lengths.png", vec![lengths(m)]),
         ("throughput.png", vec![tokens_per_s(m), step_times(m)]),
     ];
@@ -151,10 +152,11 @@ fn kl_entropy(m: &Metrics) -> [Panel; 2] {
     ]
 }
 
-/// Every `loss/*`; a loss twenty times smaller than the largest goes to the right axis so that
-/// it is not drawn flat.
+/// Every `loss/*` (RL), and `loss` with `eval/loss` (SFT, RM); a loss twenty times smaller than
+/// the largest goes to the right axis so that it is not drawn flat.
 fn losses(m: &Metrics) -> Panel {
-    let mut lines: Vec<Line> = matching(m, |name| name.starts_with("loss/")).collect();
+    let mut lines: Vec<Line> =
+        matching(m, |name| name.starts_with("loss/") || name == "loss" || name == "eval/loss").collect();
     let scale = |line: &Line| line.points.iter().map(|p| p.1.abs()).fold(0.0, f64::max);
     let largest = lines.iter().map(scale).fold(0.0, f64::max);
     for line in &mut lines {
@@ -167,6 +169,13 @@ fn losses(m: &Metrics) -> Panel {
 fn lengths(m: &Metrics) -> Panel {
     let lines = matching(m, |name| name.strip_prefix("completions/").is_some_and(|rest| rest.contains("length")));
     Panel { from_zero: true, ..panel("Completion length", "tokens", lines.collect()) }
+}
+
+/// The held-out figures of SFT and RM runs but the loss (`eval/ppl`, `eval/accuracy`,
+/// `eval/chosen_score`, ...), logged at step 0, every `eval_every` steps and at the end.
+fn evals(m: &Metrics) -> Panel {
+    let lines = matching(m, |name| name.starts_with("eval/") && name != "eval/loss").collect();
+    panel("Held-out evaluation", "value", lines)
 }
 
 fn tokens_per_s(m: &Metrics) -> Panel {

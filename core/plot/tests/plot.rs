@@ -112,6 +112,15 @@ fn few_points_and_missing_metrics() {
     assert_eq!(names(&written), ["kl.png", "loss.png"]);
     written.iter().for_each(|p| check_png(p));
 
+    // A supervised run (SFT or RM): its loss, the held-out figures, its throughput.
+    let run = run_dir_with(
+        "{\"step\":0,\"eval/loss\":2.0,\"eval/ppl\":7.4}\n{\"step\":1,\"loss\":1.9,\"tokens_per_s\":900}\n\
+         {\"step\":2,\"loss\":1.5,\"tokens_per_s\":950,\"eval/loss\":1.4,\"eval/ppl\":4.1}\n",
+    );
+    let written = plot_run(run.path(), &default_out_dir(run.path())).unwrap();
+    assert_eq!(names(&written), ["loss.png", "eval.png", "throughput.png"]);
+    written.iter().for_each(|p| check_png(p));
+
     // Nothing to chart: no files, and no empty plots directory either.
     let run = run_dir_with("{\"step\":1,\"lr\":0.1}\n{\"step\":2,\"lr\":0.1}\n");
     assert_eq!(plot_run(run.path(), &default_out_dir(run.path())).unwrap(), Vec::<PathBuf>::new());

@@ -559,6 +559,11 @@ pub fn run_phase<T: PhaseTask>(
     }
     let model_dir = run_dir.join("model");
     task.save(&model_dir)?;
+    let plots = run_dir.join("plots");
+    match rlhf_plot::plot_run(run_dir, &plots) {
+        Ok(files) => tracing::info!("plots: {} charts in {}", files.len(), plots.display()),
+        Err(e) => tracing::warn!("plots not written: {e}"),
+    }
     Ok(LoopSummary { steps: step, eval_before, eval_after, loss_first, loss_last, model_dir })
 }
 
