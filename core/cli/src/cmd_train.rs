@@ -23,8 +23,9 @@ pub struct TrainArgs {
     run_dir: Option<PathBuf>,
     /// Continue from a checkpoint: its directory, a run directory (its newest checkpoint), or
     /// `latest` (the newest in the configured run dir). Without --config/--algo the checkpoint's
-    /// own config is used; with them, they must match it (train.steps, checkpoint.*, wandb.* may
-    /// differ).
+    /// own config is used; with them, they must match it (train.steps, checkpoint.*, wandb.*,
+    /// run.run_dir, run.device and plugin_dirs may differ). A checkpoint outside
+    /// `RUN/checkpoints/` needs --run-dir.
     #[arg(long, value_name = "DIR|latest")]
     resume: Option<PathBuf>,
 }
