@@ -275,6 +275,83 @@ fn every_algorithm_runs_a_few_steps_and_scores_every_sample() {
     }
 }
 
+/// PPO with LoRA on the actor (q/v projections) and on the critic (every linear layer): the run
+/// trains both through their adapters, and the exported actor is a plain Hugging Face checkpoint
+/// of the base model's layout (adapters merged, no `lora_` names) in which only the adapted
+/// projections moved.
+#[test]
+fn ppo_with_lora_on_actor_and_critic_exports_a_merged_plain_actor() {
+    let base = model_dir("llama");
+    let run = tempfile::tempdir().unwrap();
+    let rd = run.path().join("r");
+    let actor = format!("model.actor={:?}", s(&base));
+    let o = train(
+        &[
+            "--algo",
+            "ppo",
+            "--set",
+            &actor,
+            "--set",
+            "warmup.steps=0",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "rollout.prompts_per_batch=4",
+            "--set",
+            "rollout.samples_per_prompt=4",
+            "--set",
+            "train.minibatch_size=8",
+            "--set",
+            "model.lora.rank=4",
+            "--set",
+            "model.lora.target_modules=[\"q_proj\", \"v_proj\"]",
+            "--set",
+            "model.critic_lora.rank=4",
+            "--set",
+            "model.critic_lora.target_modules=[\"all-linear\"]",
+            "--run-dir",
+            s(&rd),
+        ],
+        &[],
+    );
+    let log = stderr(&o);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("actor LoRA:") && log.contains("critic LoRA:"), "both adapters applied: {log}");
+    let lines = metrics(&rd);
+    assert_eq!(lines.len(), 2, "one line per step");
+    for l in &lines {
+        for key in ["loss/policy", "loss/value", "grad_norm/critic"] {
+            let v = l.get(key).and_then(serde_json::Value::as_f64);
+            assert!(v.is_some_and(f64::is_finite), "{key} missing or not finite in {l}");
+        }
+        assert!(l["grad_norm/critic"].as_f64().unwrap() > 0.0, "the critic's adapters and head get gradients: {l}");
+    }
+
+    let read = |dir: &Path| -> std::collections::BTreeMap<String, tch::Tensor> {
+        tch::Tensor::read_safetensors(dir.join("model.safetensors")).unwrap().into_iter().collect()
+    };
+    let (orig, exported) = (read(&base), read(&rd.join("actor")));
+    assert!(exported.keys().all(|n| !n.contains("lora_")), "adapters merged: {:?}", exported.keys());
+    assert_eq!(exported.keys().collect::<Vec<_>>(), orig.keys().collect::<Vec<_>>(), "the base model's tensor names");
+    let mut moved = Vec::new();
+    for (name, w) in &exported {
+        let w0 = &orig[name];
+        assert_eq!(w.size(), w0.size(), "{name}: shape");
+        assert_eq!(w.kind(), w0.kind(), "{name}: dtype");
+        let diff = (w - w0).abs().max().double_value(&[]);
+        if name.ends_with("q_proj.weight") || name.ends_with("v_proj.weight") {
+            moved.push((name.clone(), diff));
+        } else {
+            assert_eq!(diff, 0.0, "{name} is not adapted and must keep the base weights");
+        }
+    }
+    println!("merged LoRA deltas (max |Δw|): {moved:?}");
+    assert_eq!(moved.len(), 4, "q_proj and v_proj of both layers: {moved:?}");
+    assert!(moved.iter().all(|(_, d)| *d > 1e-6 && d.is_finite()), "training moved every adapted weight: {moved:?}");
+    // The exported actor loads as a causal LM again.
+    rlhf_models::CausalLm::from_dir(&rd.join("actor"), tch::Device::Cpu, tch::Kind::Float).unwrap();
+}
+
 /// Loads the plugins in-process and checks that repeated optimisation of one fixed batch lowers the
 /// algorithm's loss, through the plugin boundary in both directions (tensors in, loss and gradients
 /// back).
