@@ -2,6 +2,7 @@
 //! (`error: ...`) with a non-zero exit.
 
 mod bench;
+mod cmd_check;
 mod cmd_config;
 mod cmd_generate;
 mod cmd_ppl;
@@ -40,6 +41,8 @@ enum Command {
     Ppl(cmd_ppl::Args),
     /// Generation and training throughput, MFU and a GRPO step by phase; `--vs-trl` against TRL.
     Bench(bench::BenchArgs),
+    /// Compare a model's logits and greedy tokens on a device/dtype with the CPU in f32.
+    CheckDevice(cmd_check::Args),
     /// Supervised fine-tuning (DeepSpeed-Chat phase 1) on prompt/response or chat JSONL.
     Sft(cmd_sft::PhaseArgs),
     /// Reward-model training (DeepSpeed-Chat phase 2) on preference pairs.
@@ -74,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Ppl(args) => cmd_ppl::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::CheckDevice(args) => cmd_check::run(args),
         Command::Sft(args) => cmd_sft::sft(args),
         Command::Rm(args) => cmd_rm::rm(args),
         Command::Train(args) => cmd_train::train(args),
