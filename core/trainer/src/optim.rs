@@ -101,9 +101,10 @@ impl Optim {
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let mut params = Vec::with_capacity(vars.len());
         for (name, var) in vars {
-            let master = match needs_master(var.kind()) {
-                true => Some(tch::no_grad(|| var.f_detach()?.f_to_kind(Kind::Float)?.f_contiguous())?),
-                false => None,
+            let master = if needs_master(var.kind()) {
+                Some(tch::no_grad(|| var.f_detach()?.f_to_kind(Kind::Float)?.f_contiguous())?)
+            } else {
+                None
             };
             let moments_of = master.as_ref().unwrap_or(&var);
             let m = moments_of.f_zeros_like()?;
