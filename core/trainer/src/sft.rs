@@ -309,7 +309,7 @@ mod tests {
         assert_eq!(rm.train.loss, crate::pairs::RmLoss::LastToken);
         assert_eq!(rm.data.train, "builtin:addition-pairs");
         let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["lora.rank=-1".into()]).unwrap_err();
-        assert!(e.to_string().contains("preset sft: lora.rank: must be >= 0"), "{e}");
+        assert!(e.to_string().contains("--set lora.rank=-1: lora.rank: must be >= 0"), "{e}");
         let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["data.max_len=1".into()]).unwrap_err();
         assert!(e.to_string().contains("data.max_len"), "{e}");
     }
