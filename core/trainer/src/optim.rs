@@ -367,7 +367,8 @@ mod tests {
         let bf16 = |t: Tensor| t.to_kind(Kind::BFloat16).to_kind(Kind::Float);
         let w = bf16(Tensor::rand([3, 4], cpu) * (1.0 / 256.0) + 1.0 / 128.0); // [3, 4]
         let b = bf16(Tensor::rand([4], cpu) * (1.0 / 256.0) + 1.0 / 128.0); // [4]
-                                                                            // The same signs every step (Adam then moves each weight by about lr a step), varying sizes.
+
+        // The same signs every step (Adam then moves each weight by about lr a step), varying sizes.
         let sign = Tensor::randn([3, 4], cpu).sign();
         let grads = (0..4).map(|_| bf16(&sign * (Tensor::rand([3, 4], cpu) + 0.5))).collect(); // [3, 4] each
         (w, b, grads)
