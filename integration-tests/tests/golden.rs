@@ -1,0 +1,170 @@
+//! Golden runs: the metrics (without timings) and the final weights of fixed-seed CPU runs of every
+//! embedded RL preset, a PPO run through every optional path of the step (critic, several epochs
+//! and minibatches, EMA, ptx), an SFT run and an RM run must equal the files recorded in
+//! `integration-tests/golden/` bit for bit. They were recorded before the RL host was split into
+//! stages, so any refactor of the host that changes a number fails here.
+//!
+//! Re-record (only for an intended change of behaviour, said in the commit):
+//! `RLHF_GOLDEN_RECORD=1 cargo xtask test --test golden`.
+//!
+//! Each run uses one intra-op thread (`OMP_NUM_THREADS=1`): the reduction order of libtorch's CPU
+//! kernels depends on the thread count, and one thread makes it the same on every machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rlhf_integration_tests::rlhf_bin;
+use serde_json::{json, Value};
+
+/// Metric keys that measure time, not behaviour.
+fn is_timing(key: &str) -> bool {
+    key == "timestamp" || key == "step_time" || key == "tokens_per_s" || key.starts_with("time/")
+}
+
+/// Metrics renamed on purpose since the golden files were recorded: plugin metrics that collided
+/// with a host metric of the same name are now namespaced by the plugin's name (their values are
+/// unchanged; the host's own metric of that name now stands beside them).
+fn renamed(run: &str, key: &str) -> Option<String> {
+    let plugin = match run {
+        "grpo" => "grpo",
+        "ppo" | "ppo-all-paths" => "ppo",
+        "ppo-seq" => "ppo-seq",
+        _ => return None,
+    };
+    let collided: &[&str] = match plugin {
+        "grpo" => &["kl", "reward_std"],
+        _ => &["kl"],
+    };
+    collided.contains(&key).then(|| format!("{plugin}/{key}"))
+}
+
+/// FNV-1a of a file's bytes (the same hash the checkpoints use).
+fn fnv(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Runs `rlhf ARGS --run-dir DIR` on one thread and returns (metrics rows without timings, hash of
+/// the saved weights under `DIR/model_sub/model.safetensors`).
+fn run(args: &[&str], model_sub: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let o = Command::new(rlhf_bin())
+        .args(args)
+        .args(["--run-dir", run_dir.to_str().unwrap()])
+        .env("OMP_NUM_THREADS", "1")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("spawn rlhf");
+    assert!(o.status.success(), "rlhf {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let rows: Vec<Value> = text
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().retain(|k, _| !is_timing(k));
+            v
+        })
+        .collect();
+    json!({
+        "args": args,
+        "metrics": rows,
+        "weights_fnv1a": fnv(&run_dir.join(model_sub).join("model.safetensors")),
+    })
+}
+
+fn golden_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("golden").join(format!("{name}.json"))
+}
+
+/// Compares a run with its golden file (or records it with `RLHF_GOLDEN_RECORD=1`): every metric
+/// of every row bit for bit, no metric missing or new, and the same final weights.
+fn compare_or_record(name: &str, got: Value) {
+    let path = golden_path(name);
+    if std::env::var("RLHF_GOLDEN_RECORD").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+        eprintln!("recorded {}", path.display());
+        return;
+    }
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (record with RLHF_GOLDEN_RECORD=1)", path.display()));
+    let want: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(got["args"], want["args"], "{name}: the golden file was recorded with other arguments");
+    let (got_rows, want_rows) = (got["metrics"].as_array().unwrap(), want["metrics"].as_array().unwrap());
+    assert_eq!(got_rows.len(), want_rows.len(), "{name}: number of metrics rows");
+    for (g, w) in got_rows.iter().zip(want_rows) {
+        let step = &w["step"];
+        let (g, w) = (g.as_object().unwrap(), w.as_object().unwrap());
+        for (k, wv) in w {
+            let key = renamed(name, k).unwrap_or_else(|| k.clone());
+            let gv = g.get(&key).unwrap_or_else(|| panic!("{name}: step {step}: `{key}` is missing"));
+            // Bit for bit: serde_json writes the shortest string that reads back to the same f64.
+            assert_eq!(gv, wv, "{name}: step {step}: `{key}` changed");
+        }
+        for k in g.keys() {
+            let known = w.contains_key(k) || w.keys().any(|wk| renamed(name, wk).as_deref() == Some(k));
+            assert!(known || is_new_metric(k), "{name}: step {step}: new metric `{k}`");
+        }
+        // The host's own `kl`, no longer replaced by the plugin's, is its rollout estimate.
+        if let (Some(kl), Some(rollout_kl)) = (g.get("kl"), w.get("rollout/kl")) {
+            assert_eq!(kl, rollout_kl, "{name}: step {step}: the host's `kl` is not `rollout/kl`");
+        }
+    }
+    assert_eq!(got["weights_fnv1a"], want["weights_fnv1a"], "{name}: the final weights changed");
+}
+
+fn check(name: &str, args: &[&str], model_sub: &str) {
+    compare_or_record(name, run(args, model_sub));
+}
+
+/// Metrics added on purpose after the golden files were recorded.
+fn is_new_metric(_key: &str) -> bool {
+    false
+}
+
+#[test]
+fn golden_grpo() {
+    check("grpo", &["train", "--algo", "grpo", "--set", "train.steps=12"], "actor");
+}
+
+#[test]
+fn golden_ppo() {
+    check("ppo", &["train", "--algo", "ppo", "--set", "train.steps=8"], "actor");
+}
+
+#[test]
+fn golden_ppo_seq() {
+    check("ppo-seq", &["train", "--algo", "ppo-seq", "--set", "train.steps=10"], "actor");
+}
+
+/// PPO through every optional path of the step: critic, 2 epochs over 3 minibatches, EMA, ptx.
+#[test]
+fn golden_ppo_all_paths() {
+    let ptx = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden").join("ptx.jsonl");
+    let ptx_set = format!("train.ptx_data={}", ptx.display());
+    let mut args = vec!["train", "--algo", "ppo"];
+    for set in ["train.steps=4", "train.ppo_epochs=2", "train.minibatch_size=48", "train.ema_decay=0.9"] {
+        args.extend(["--set", set]);
+    }
+    args.extend(["--set", "train.ptx_coef=0.5", "--set", &ptx_set]);
+    let mut got = run(&args, "actor");
+    // The ptx path is machine-specific: the golden file records it relative to integration-tests/.
+    *got["args"].as_array_mut().unwrap().last_mut().unwrap() = json!("train.ptx_data=golden/ptx.jsonl");
+    compare_or_record("ppo-all-paths", got);
+}
+
+#[test]
+fn golden_sft() {
+    check("sft", &["sft", "--set", "train.epochs=2"], "model");
+}
+
+#[test]
+fn golden_rm() {
+    check("rm", &["rm", "--set", "train.epochs=1"], "model");
+}
