@@ -17,7 +17,7 @@ const PLUGINS: &[&str] = &["rlhf-plugin-grpo", "rlhf-plugin-reward-rules"];
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let torch = setup::setup()?;
     let binary = cmd::rlhf_binary(Profile::Release);
-    let mut build = cmd::cargo(&torch);
+    let mut build = torch.cargo();
     build.args(["build", "--release", "-p", "rlhf-cli"]);
     for p in PLUGINS {
         build.args(["-p", p]);

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{project_root, setup::Torch};
+use crate::project_root;
 
 /// A cargo profile and the `target/` subdirectory it builds into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,14 +25,6 @@ impl Profile {
             Profile::Release => "release",
         }
     }
-}
-
-/// `cargo` (the one running us, via `$CARGO`) in the project root, with the libtorch environment.
-pub(crate) fn cargo(torch: &Torch) -> Command {
-    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(project_root());
-    torch.apply(&mut cmd);
-    cmd
 }
 
 /// The cargo target directory: `$CARGO_TARGET_DIR` (relative to the project

@@ -8,10 +8,13 @@ cargo xtask <command> [args]
 
 Commands:
   setup [--python-test-deps]  install libtorch (torch==2.11.0 in a cached venv) unless LIBTORCH is set
-  test [ARGS...]              build the workspace and plugins, then `cargo test --workspace ARGS...`
+  test [ARGS...]              build the workspace, the plugins and the frozen-ABI test plugin
+                              (integration-tests/frozen-abi), then `cargo test --workspace ARGS...`
   lint                        `cargo fmt --check` and `cargo clippy -D warnings` on the workspace
   rlhf [--] ARGS...           build and run the `rlhf` binary (debug) with ARGS
-  train --algo NAME [ARGS...] run `rlhf train --algo NAME ARGS...` (the RL host is not there yet)
+  train --algo NAME [ARGS...] build `rlhf` and the plugins, run `rlhf train --algo NAME ARGS...`: RL on
+                              NAME's preset (grpo, ppo, ppo-seq), or the grpo preset's task for another
+                              algorithm plugin; --config FILE, --set KEY=VALUE, --resume DIR as for `rlhf train`
   bench [gen|train|rl] [--model DIR|builtin:tiny] [--device cpu|cuda] [--dtype f32|bf16] [--batch B] [-g G]
         [--prompt-len P] [--new-tokens N] [--repeats R] [--only gen,train,rl] [--vs-trl] [--no-record] ...
                               build `rlhf` and the grpo + reward-rules plugins (--release), run `rlhf bench`:

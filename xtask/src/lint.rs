@@ -12,7 +12,7 @@ pub(crate) fn run() -> Result<()> {
         &["fmt", "--all", "--", "--check"][..],
         &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"][..],
     ] {
-        if let Err(err) = cmd::run(cmd::cargo(&torch).args(args)) {
+        if let Err(err) = cmd::run(torch.cargo().args(args)) {
             eprintln!("error: {err:#}");
             failed.push(format!("cargo {}", args[0]));
         }

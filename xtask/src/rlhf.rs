@@ -39,7 +39,7 @@ pub(crate) fn exec_rlhf(torch: &Torch, profile: Profile, args: &[String]) -> Res
 /// noise); the first build shows progress, as it compiles libtorch's bindings.
 pub(crate) fn build(torch: &Torch, profile: Profile) -> Result<PathBuf> {
     let binary = cmd::rlhf_binary(profile);
-    let mut command = cmd::cargo(torch);
+    let mut command = torch.cargo();
     command.args(["build", "-p", "rlhf-cli"]);
     for package in crate::test::plugin_packages(&crate::project_root().join("plugins"))? {
         command.args(["-p", &package]);

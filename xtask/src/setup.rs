@@ -93,6 +93,14 @@ impl Torch {
     }
 
     /// Applies [`Torch::child_env`] to `cmd`.
+    /// `cargo` (the one running us, via `$CARGO`) in the project root, with this environment.
+    pub(crate) fn cargo(&self) -> Command {
+        let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.current_dir(crate::project_root());
+        self.apply(&mut cmd);
+        cmd
+    }
+
     pub(crate) fn apply(&self, cmd: &mut Command) {
         for (key, value) in self.child_env(env::var_os("LD_LIBRARY_PATH").as_deref()) {
             match value {

@@ -1,4 +1,5 @@
-//! `cargo xtask test [ARGS...]`: build everything, then `cargo test --workspace ARGS...`.
+//! `cargo xtask test [ARGS...]`: build everything (the workspace, every plugin and the frozen-ABI
+//! test plugin of `integration-tests/frozen-abi/`), then `cargo test --workspace ARGS...`.
 
 use std::{env, fs, path::Path};
 
@@ -18,10 +19,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         // CI always lets pip confirm the packages; elsewhere the marker is enough.
         setup::ensure_test_deps(&torch, is_truthy(env::var_os("CI").as_deref()))?;
     }
-    cmd::run(cmd::cargo(&torch).args(["build", "--workspace", "--all-targets"]))?;
+    cmd::run(torch.cargo().args(["build", "--workspace", "--all-targets"]))?;
     build_plugins(&torch)?;
+    build_frozen_abi_plugin(&torch)?;
     // --no-fail-fast: one run reports the failures of every crate.
-    cmd::run(cmd::cargo(&torch).args(["test", "--workspace", "--no-fail-fast"]).args(args))
+    cmd::run(torch.cargo().args(["test", "--workspace", "--no-fail-fast"]).args(args))
 }
 
 /// Builds every workspace package under `plugins/` (their cdylibs are loaded by the tests).
@@ -30,11 +32,27 @@ fn build_plugins(torch: &Torch) -> Result<()> {
     if packages.is_empty() {
         return Ok(());
     }
-    let mut command = cmd::cargo(torch);
+    let mut command = torch.cargo();
     command.arg("build");
     for package in &packages {
         command.args(["-p", package]);
     }
+    cmd::run(&mut command)
+}
+
+/// The manifest of the frozen-ABI workspace (not a member of the main one).
+const FROZEN_ABI_MANIFEST: &str = "integration-tests/frozen-abi/Cargo.toml";
+
+/// Builds the test plugin compiled against the frozen plugin-api 4.0 into the main target
+/// directory, next to `rlhf`, for `integration-tests/tests/abi_growth.rs`. Its own workspace shares
+/// the main `Cargo.lock` versions and profiles, so it reuses the main build's dependencies.
+fn build_frozen_abi_plugin(torch: &Torch) -> Result<()> {
+    let manifest = project_root().join(FROZEN_ABI_MANIFEST);
+    if !manifest.is_file() {
+        return Ok(());
+    }
+    let mut command = torch.cargo();
+    command.arg("build").arg("--manifest-path").arg(&manifest).arg("--target-dir").arg(cmd::target_dir());
     cmd::run(&mut command)
 }
 

@@ -11,6 +11,7 @@
 //! Verified against transformers: `integration-tests` compares logits, greedy continuations and
 //! scores with references transformers produced for tiny random checkpoints of every family.
 
+pub mod adapters;
 pub mod config;
 pub mod device;
 pub mod error;

@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::layers::Linear;
 
 /// LoRA settings (`[lora]` in the SFT, RM and RL configs). `rank = 0` disables LoRA.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,7 +58,7 @@ impl LoraConfig {
         Ok(())
     }
 
-    fn matches(&self, path: &str) -> bool {
+    pub(crate) fn matches(&self, path: &str) -> bool {
         self.target_modules.iter().any(|t| t == "all-linear" || path == t || path.ends_with(&format!(".{t}")))
     }
 }
@@ -73,8 +72,8 @@ pub struct LoraAdapter {
     pub b: Tensor,
     /// α / r
     pub scale: f64,
-    dropout: f64,
-    training: Arc<AtomicBool>,
+    pub(crate) dropout: f64,
+    pub(crate) training: Arc<AtomicBool>,
 }
 
 impl LoraAdapter {
@@ -98,100 +97,9 @@ impl LoraAdapter {
     }
 }
 
-/// Adds adapters to every targeted linear layer of `layers` (named by their full weight path
-/// without `.weight`), registering `A` and `B` in `vs` as `<path>.lora_A.weight` /
-/// `<path>.lora_B.weight` (PEFT's names), then freezes every other variable of `vs` except those
-/// whose name starts with one of `keep_trainable`. Returns the number of adapted layers.
-pub(crate) fn apply(
-    vs: &nn::VarStore,
-    layers: Vec<(String, &mut Linear)>,
-    cfg: &LoraConfig,
-    keep_trainable: &[&str],
-    training: &Arc<AtomicBool>,
-) -> Result<usize> {
-    cfg.validate()?;
-    if !cfg.enabled() {
-        return Ok(0);
-    }
-    let mut n = 0;
-    let mut available = Vec::new();
-    for (path, linear) in layers {
-        available.push(path.rsplit('.').next().unwrap_or(&path).to_string());
-        if !cfg.matches(&path) {
-            continue;
-        }
-        if linear.lora.is_some() {
-            return Err(ModelError::Input(format!("{path}: LoRA is already applied")));
-        }
-        let (in_dim, out_dim) = linear.dims();
-        let mut p = vs.root();
-        for part in path.split('.') {
-            p = p / part;
-        }
-        let bound = 1.0 / (in_dim as f64).sqrt();
-        let a = (&p / "lora_A").f_var("weight", &[cfg.rank, in_dim], nn::Init::Uniform { lo: -bound, up: bound })?;
-        let b = (&p / "lora_B").f_zeros("weight", &[out_dim, cfg.rank])?;
-        linear.lora = Some(LoraAdapter {
-            a,
-            b,
-            scale: cfg.alpha / cfg.rank as f64,
-            dropout: cfg.dropout,
-            training: training.clone(),
-        });
-        n += 1;
-    }
-    if n == 0 {
-        available.sort();
-        available.dedup();
-        return Err(ModelError::Input(format!(
-            "lora.target_modules: {:?} match no linear layer of this model (its layers: {})",
-            cfg.target_modules,
-            available.join(", ")
-        )));
-    }
-    for (name, t) in vs.variables() {
-        let adapter = name.contains(".lora_A.") || name.contains(".lora_B.");
-        if !adapter && !keep_trainable.iter().any(|k| name.starts_with(k)) {
-            let _ = t.set_requires_grad(false);
-        }
-    }
-    Ok(n)
-}
-
 /// Whether `name` is a LoRA adapter variable (not saved in merged checkpoints).
 pub(crate) fn is_adapter_var(name: &str) -> bool {
     name.contains(".lora_A.") || name.contains(".lora_B.")
-}
-
-/// The merged weights `W + ΔW` of every adapted layer, keyed by weight name.
-pub(crate) fn merged_weights(layers: Vec<(String, &Linear)>) -> Result<Vec<(String, Tensor)>> {
-    let mut out = Vec::new();
-    tch::no_grad(|| -> Result<()> {
-        for (path, l) in layers {
-            if let Some(a) = &l.lora {
-                let w = l.weight.f_add(&a.delta(l.transposed())?.f_to_kind(l.weight.kind())?)?;
-                out.push((format!("{path}.weight"), w));
-            }
-        }
-        Ok(())
-    })?;
-    Ok(out)
-}
-
-/// Folds every adapter into its base weight in place and zeroes `B`, so the model computes the
-/// same function with the update held in the plain weights.
-pub(crate) fn merge_in_place(layers: Vec<(String, &mut Linear)>) -> Result<()> {
-    tch::no_grad(|| -> Result<()> {
-        for (_, l) in layers {
-            let transposed = l.transposed();
-            if let Some(a) = &mut l.lora {
-                let d = a.delta(transposed)?.f_to_kind(l.weight.kind())?;
-                let _ = l.weight.f_add_(&d)?;
-                let _ = a.b.f_zero_()?;
-            }
-        }
-        Ok(())
-    })
 }
 
 /// Counts of trainable and total parameters of `vs` (for the log line PEFT users expect).

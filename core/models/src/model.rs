@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tch::{nn, Device, Kind, Tensor};
 
+use crate::adapters;
 use crate::config::{ArchConfig, Family, ModelConfig};
 use crate::device::dtype_name;
 use crate::error::{ModelError, Result};
@@ -259,13 +260,13 @@ impl CausalLm {
     /// a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
         let prefix = self.config.arch.family.backbone_prefix();
-        lora::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training)
+        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training)
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
     pub fn merge_lora(&mut self) -> Result<()> {
         let prefix = self.config.arch.family.backbone_prefix();
-        lora::merge_in_place(self.backbone.linears_mut(prefix))
+        adapters::merge_in_place(self.backbone.linears_mut(prefix))
     }
 
     /// Training mode turns LoRA dropout on; the default is off.
@@ -281,7 +282,7 @@ impl CausalLm {
 
     /// [`CausalLm::save`] with an explicit shard size.
     pub fn save_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<()> {
-        let merged = lora::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
+        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
         save_dir(dir, &self.source_dir, &self.config.raw, self.kind(), &[], &self.vs, merged, max_shard_bytes)
     }
 }
@@ -380,13 +381,13 @@ impl ScalarHeadModel {
     /// the `score` head; a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
         let prefix = self.config.arch.family.backbone_prefix();
-        lora::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training)
+        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training)
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
     pub fn merge_lora(&mut self) -> Result<()> {
         let prefix = self.config.arch.family.backbone_prefix();
-        lora::merge_in_place(self.backbone.linears_mut(prefix))
+        adapters::merge_in_place(self.backbone.linears_mut(prefix))
     }
 
     /// Training mode turns LoRA dropout on; the default is off.
@@ -417,7 +418,7 @@ impl ScalarHeadModel {
             ("label2id", serde_json::json!({"LABEL_0": 0})),
             ("pad_token_id", pad),
         ];
-        let merged = lora::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
+        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
         save_dir(
             dir,
             &self.source_dir,

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use crate::error::WandbError;
 use crate::protocol::{self, Record, RunInfo};
 use crate::settings::{generate_run_id, WandbSettings};
-use crate::transport::{later, Transport};
+use crate::transport::{later, Transport, TransportState};
 
 /// Counters of a sink, from [`WandbSink::stats`] or [`WandbSink::finish`].
 ///
@@ -111,28 +111,6 @@ impl Shared {
         self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Time until the finish deadline; `None` while there is none.
-    pub(crate) fn time_left(&self) -> Option<Duration> {
-        self.control().deadline.map(|d| d.saturating_duration_since(Instant::now()))
-    }
-
-    /// Sleeps `d`; `false` (at once) if that would pass the finish deadline, including one set
-    /// while sleeping.
-    pub(crate) fn sleep(&self, d: Duration) -> bool {
-        let wake = later(Instant::now(), d);
-        let mut control = self.control();
-        loop {
-            if control.deadline.is_some_and(|deadline| wake > deadline) {
-                return false;
-            }
-            let now = Instant::now();
-            if now >= wake {
-                return true;
-            }
-            control = self.changed.wait_timeout(control, wake - now).unwrap_or_else(|e| e.into_inner()).0;
-        }
-    }
-
     fn set_error(&self, error: &WandbError) {
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.to_string());
     }
@@ -179,6 +157,38 @@ impl Shared {
             timed_out: false,
             last_error: self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         }
+    }
+}
+
+impl TransportState for Shared {
+    /// Time until the finish deadline; `None` while there is none.
+    fn time_left(&self) -> Option<Duration> {
+        self.control().deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Sleeps `d`; `false` (at once) if that would pass the finish deadline, including one set
+    /// while sleeping.
+    fn sleep(&self, d: Duration) -> bool {
+        let wake = later(Instant::now(), d);
+        let mut control = self.control();
+        loop {
+            if control.deadline.is_some_and(|deadline| wake > deadline) {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= wake {
+                return true;
+            }
+            control = self.changed.wait_timeout(control, wake - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    fn count_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count_failure(&self) {
+        self.failed_requests.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -367,7 +377,7 @@ struct Worker {
 
 impl Worker {
     fn run(self, config: Value) {
-        let mut transport = match Transport::new(&self.settings, Arc::clone(&self.shared)) {
+        let mut transport = match Transport::new(&self.settings, Arc::clone(&self.shared) as Arc<dyn TransportState>) {
             Ok(t) => t,
             Err(e) => {
                 self.shared.disable("could not start", &e);

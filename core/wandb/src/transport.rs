@@ -7,7 +7,6 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,19 @@ use serde_json::Value;
 
 use crate::error::WandbError;
 use crate::settings::WandbSettings;
-use crate::sink::Shared;
+
+/// What the transport needs from the sink's shared state: the finish deadline, an interruptible
+/// sleep, and request counters (implemented by the sink, so the transport does not depend on it).
+pub(crate) trait TransportState: Send + Sync {
+    /// Time left before the finish deadline; `None` while there is none.
+    fn time_left(&self) -> Option<Duration>;
+    /// Sleeps up to `d`; `false` when woken to stop.
+    fn sleep(&self, d: Duration) -> bool;
+    /// Counts a request sent.
+    fn count_request(&self);
+    /// Counts a request that failed.
+    fn count_failure(&self);
+}
 
 pub(crate) struct Transport {
     client: Client,
@@ -26,12 +37,12 @@ pub(crate) struct Transport {
     initial_backoff: Duration,
     max_backoff: Duration,
     request_timeout: Duration,
-    shared: Arc<Shared>,
+    shared: Arc<dyn TransportState>,
     jitter: u64,
 }
 
 impl Transport {
-    pub fn new(settings: &WandbSettings, shared: Arc<Shared>) -> Result<Self, WandbError> {
+    pub fn new(settings: &WandbSettings, shared: Arc<dyn TransportState>) -> Result<Self, WandbError> {
         let client = Client::builder()
             .user_agent(concat!("rlhf-wandb/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(settings.request_timeout)
@@ -61,7 +72,7 @@ impl Transport {
                 Some(left) => left.min(self.request_timeout),
                 None => self.request_timeout,
             };
-            self.shared.requests.fetch_add(1, Ordering::Relaxed);
+            self.shared.count_request();
             let sent =
                 self.client.post(url.clone()).basic_auth("api", Some(&self.api_key)).json(body).timeout(timeout).send();
             let (error, retry_after) = match sent {
@@ -81,14 +92,14 @@ impl Transport {
                             .map(Duration::from_secs);
                         let code = status.as_u16();
                         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-                            self.shared.failed_requests.fetch_add(1, Ordering::Relaxed);
+                            self.shared.count_failure();
                             return Err(WandbError::Unauthorized { url: url.to_string(), status: code });
                         }
                         let mut text = response.text().unwrap_or_default();
                         truncate(&mut text, 300);
                         let error = WandbError::Status { url: url.to_string(), status: code, body: text };
                         if matches!(code, 400 | 404 | 409 | 410) {
-                            self.shared.failed_requests.fetch_add(1, Ordering::Relaxed);
+                            self.shared.count_failure();
                             return Err(error);
                         }
                         (error, retry_after)
@@ -98,13 +109,13 @@ impl Transport {
                     let builder = source.is_builder();
                     let error = WandbError::Transport { url: url.to_string(), source };
                     if builder {
-                        self.shared.failed_requests.fetch_add(1, Ordering::Relaxed);
+                        self.shared.count_failure();
                         return Err(error);
                     }
                     (error, None)
                 }
             };
-            self.shared.failed_requests.fetch_add(1, Ordering::Relaxed);
+            self.shared.count_failure();
             if attempt >= self.max_retries {
                 return Err(error);
             }
