@@ -83,14 +83,23 @@ fn loader_refuses_bad_plugins_naming_the_file() {
     let d = dir_with(&[("rlhf-test-plugin-bad-info", "libbad1.so")]);
     let ok = plugins_in(d.path(), None);
     assert!(ok.lines().any(|l| l.starts_with("test-bad-info")), "{ok}");
-    for (mode, needle) in [
-        ("api", "interface version mismatch"),
-        ("torch", "torch version mismatch: plugin `test-bad-info` was built against libtorch 1.0.0"),
-        ("tch", "tch version mismatch"),
+    let (major, minor) = (rlhf_plugin_api::API_MAJOR, rlhf_plugin_api::API_MINOR);
+    let host = format!("this host has {major}.{minor}");
+    let newer = format!("ABI {major}.{}", minor + 1);
+    for (mode, needles) in [
+        // Another major: refused, whatever the minor.
+        ("api", vec!["interface version mismatch: plugin `test-bad-info`", host.as_str(), "another major"]),
+        // Same major, a newer minor than the host's: the plugin may call what this host lacks.
+        ("api-minor", vec!["interface version mismatch: plugin `test-bad-info`", newer.as_str(), host.as_str()]),
+        ("torch", vec!["torch version mismatch: plugin `test-bad-info` was built against libtorch 1.0.0"]),
+        ("tch", vec!["tch version mismatch"]),
     ] {
         let out = plugins_in(d.path(), Some(mode));
         let line = out.lines().find(|l| l.starts_with("refused:")).unwrap_or_else(|| panic!("{mode}: {out}"));
-        assert!(line.contains("libbad1.so") && line.contains(needle), "{mode}: {line}");
+        assert!(line.contains("libbad1.so"), "{mode}: {line}");
+        for needle in needles {
+            assert!(line.contains(needle), "{mode}: `{needle}` missing from {line}");
+        }
     }
     let d =
         dir_with(&[("rlhf-test-plugin-bad-layout", "liblayout.so"), ("rlhf-test-plugin-not-a-plugin", "libnot.so")]);
@@ -359,10 +368,8 @@ fn ppo_with_lora_on_actor_and_critic_exports_a_merged_plain_actor() {
 fn loss_on_a_fixed_batch_decreases() {
     use rlhf_generation::{left_pad, token_logprobs, LogProbOptions};
     use rlhf_models::{CausalLm, ScalarHeadModel};
-    use rlhf_plugin_api::abi::{ExperienceAbi, MinibatchAbi};
-    use rlhf_plugin_api::tensor::TensorRef;
-    use rlhf_plugin_api::PluginKind;
-    use rlhf_trainer::optim::Optim;
+    use rlhf_plugin_api::{Experience, Minibatch, PluginKind};
+    use rlhf_trainer::optim::{Optim, OptimConfig, Schedule};
     use rlhf_trainer::plugins::{host_context, AlgorithmHandle, PluginRegistry};
     use tch::{Device, Kind, Tensor};
 
@@ -406,55 +413,58 @@ fn loss_on_a_fixed_batch_decreases() {
         let refl = tch::no_grad(|| lp(&reference));
         let values =
             tch::no_grad(|| critic.values(&b.input_ids, &b.attention_mask).unwrap().narrow(1, p_len - 1, r_len));
-        let opt_ref = |x: &Tensor| -> Option<Tensor> { Some(x.shallow_clone()) };
-        let (ref_o, val_o) =
-            (req.reference.then(|| opt_ref(&refl)).flatten(), req.critic.then(|| opt_ref(&values)).flatten());
+        let (ref_o, val_o) = (req.reference.then(|| refl.shallow_clone()), req.critic.then(|| values.shallow_clone()));
         let prepared = h
-            .prepare(ExperienceAbi {
-                rewards: TensorRef::new(&rewards),
-                logprobs: TensorRef::new(&old),
-                ref_logprobs: ref_o.as_ref().map(TensorRef::new).into(),
-                values: val_o.as_ref().map(TensorRef::new).into(),
-                action_mask: TensorRef::new(&action_mask),
-                group_ids: TensorRef::new(&group_ids),
+            .prepare(&Experience {
+                rewards: rewards.shallow_clone(),
+                logprobs: old.shallow_clone(),
+                ref_logprobs: ref_o.as_ref().map(Tensor::shallow_clone),
+                values: val_o.as_ref().map(Tensor::shallow_clone),
+                action_mask: action_mask.shallow_clone(),
+                group_ids: group_ids.shallow_clone(),
                 step: 0,
             })
             .unwrap();
-        let adv = prepared.advantages.into_tensor();
-        let ret = prepared.returns.into_option().map(|t| t.into_tensor());
-        let mut opt =
-            Optim::new(&actor.vs, 1e-3, (0.9, 0.95), 1e-8, 0.0, rlhf_trainer::config::Schedule::Constant, 0, 100, 1.0)
-                .unwrap();
-        let mut copt =
-            Optim::new(&critic.vs, 1e-3, (0.9, 0.95), 1e-8, 0.0, rlhf_trainer::config::Schedule::Constant, 0, 100, 1.0)
-                .unwrap();
+        let (adv, ret) = (prepared.advantages, prepared.returns);
+        let settings = OptimConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.95),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            schedule: Schedule::Constant,
+            warmup_steps: 0,
+            max_grad_norm: 1.0,
+        };
+        let mut opt = Optim::new(&actor.vs, &settings, 100).unwrap();
+        let mut copt = Optim::new(&critic.vs, &settings, 100).unwrap();
         let mut losses = Vec::new();
         for _ in 0..8 {
             let cur = lp(&actor);
             let v =
                 req.critic.then(|| critic.values(&b.input_ids, &b.attention_mask).unwrap().narrow(1, p_len - 1, r_len));
             let out = h
-                .loss(MinibatchAbi {
-                    logprobs: TensorRef::new(&cur),
-                    old_logprobs: TensorRef::new(&old),
-                    ref_logprobs: ref_o.as_ref().map(TensorRef::new).into(),
-                    values: v.as_ref().map(TensorRef::new).into(),
-                    old_values: val_o.as_ref().map(TensorRef::new).into(),
-                    advantages: TensorRef::new(&adv),
-                    returns: ret.as_ref().map(TensorRef::new).into(),
-                    action_mask: TensorRef::new(&action_mask),
-                    entropy: None::<TensorRef>.into(),
-                    rewards: TensorRef::new(&rewards),
+                .loss(&Minibatch {
+                    logprobs: cur,
+                    old_logprobs: old.shallow_clone(),
+                    ref_logprobs: ref_o.as_ref().map(Tensor::shallow_clone),
+                    values: v,
+                    old_values: val_o.as_ref().map(Tensor::shallow_clone),
+                    advantages: adv.shallow_clone(),
+                    returns: ret.as_ref().map(Tensor::shallow_clone),
+                    action_mask: action_mask.shallow_clone(),
+                    entropy: None,
+                    rewards: rewards.shallow_clone(),
                     step: 0,
+                    epoch: 0,
                 })
                 .unwrap();
-            let loss = out.loss.into_tensor();
+            let loss = out.loss;
             losses.push(loss.double_value(&[]));
             loss.backward();
             opt.step().unwrap();
-            // ppo-seq recomputes A = R - V.detach() from the *current* critic (the seed's choice), so
-            // while the critic learns its total loss is not a fixed objective; hold the critic still
-            // for it. ppo's advantages come from `prepare` and its critic trains along.
+            // ppo-seq recomputes A = R - V.detach() inside `loss`, from the *current* critic, so while
+            // the critic learns its total loss is not a fixed objective; hold the critic still for
+            // it. ppo's advantages come from `prepare` and its critic trains along.
             if req.critic && algo != "ppo-seq" {
                 copt.step().unwrap();
             } else {

@@ -1,7 +1,7 @@
-//! DeepSpeed-Chat's pairwise ranking loss (walkthrough §2.5) against an independent reference:
-//! `hf_check.py dsc-loss` runs the same reward-model checkpoint in transformers on right-padded
-//! pairs and applies the seed's index arithmetic (first pad, `max(c_ind, r_ind)`, first
-//! divergence). The tail of the shorter side is read at its padding positions, so this also pins
+//! DeepSpeed-Chat's pairwise ranking loss (`RewardModel.forward` in DeepSpeed-Chat's
+//! `dschat/utils/model/reward_model.py`) against an independent reference: `hf_check.py dsc-loss`
+//! runs the same reward-model checkpoint in transformers on right-padded pairs and applies
+//! DeepSpeed-Chat's index arithmetic (first pad, `max(c_ind, r_ind)`, first divergence). The tail of the shorter side is read at its padding positions, so this also pins
 //! what padding queries see (the real tokens before them, as in transformers).
 
 use rlhf_integration_tests::{hf_check, model_dir, python};

@@ -12,6 +12,7 @@
 //! `--vs-trl` runs TRL's `GRPOTrainer` on the same weights, prompts, B, G and lengths ([`trl`])
 //! and prints TRL step / our step. `--record FILE` appends a row to a Markdown table.
 
+mod measure;
 mod report;
 mod rl;
 mod trl;
@@ -20,14 +21,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 
-use rlhf_generation::{generate, token_logprobs, GenerateConfig, LogProbOptions, Sampling};
 use rlhf_models::CausalLm;
-use rlhf_trainer::config::Schedule;
-use rlhf_trainer::optim::Optim;
 
-use report::{fmt_count, fmt_rate, fmt_secs, median, Row};
+use measure::{bench_gen, bench_train, TrainResult};
+use report::{fmt_count, fmt_rate, fmt_secs, Row};
 
 /// A part of the benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -232,95 +231,6 @@ fn hbm_gbps(name: &str) -> Option<f64> {
         .iter()
         .find(|(k, _)| name.contains(k))
         .map(|(_, v)| *v)
-}
-
-#[derive(Debug, serde::Serialize)]
-struct GenResult {
-    tokens_per_s: f64,
-    /// Median seconds per run (prefill + decode).
-    run_s: f64,
-    prefill_s: f64,
-    /// Decode time over its HBM-bandwidth floor (CUDA, known GPU).
-    hbm_fraction: Option<f64>,
-}
-
-/// Generation: `rows` random prompts `[rows, prompt_len]`, `new_tokens` sampled tokens each.
-fn bench_gen(
-    model: &CausalLm,
-    rows: i64,
-    prompt_len: i64,
-    new_tokens: i64,
-    repeats: usize,
-    hbm: Option<f64>,
-) -> anyhow::Result<GenResult> {
-    let device = model.device();
-    let a = model.arch().clone();
-    // Random prompts avoid tokenizer effects; no EOS, so every run decodes exactly new_tokens.
-    let ids = Tensor::f_randint_low(1, a.vocab_size, [rows, prompt_len], (Kind::Int64, device))?; // [rows, P]
-    let mask = Tensor::f_ones([rows, prompt_len], (Kind::Int64, device))?; // [rows, P]
-    let cfg = GenerateConfig {
-        max_new_tokens: new_tokens,
-        sampling: Sampling::Sample { temperature: 1.0, top_k: None, top_p: None },
-        eos_token_ids: vec![],
-        pad_token_id: 0,
-        seed: None,
-        sync_every: 0,
-    };
-    let prefill = time_runs(device, repeats, || {
-        tch::no_grad(|| -> anyhow::Result<()> {
-            let pos = rlhf_models::position_ids_from_mask(&mask)?;
-            let mut cache = model.new_cache(rows, prompt_len + new_tokens)?;
-            let _ = model.hidden_states(&ids, &mask, &pos, Some(&mut cache))?;
-            Ok(())
-        })
-    })?;
-    let runs = time_runs(device, repeats, || {
-        let out = generate(model, &ids, &mask, &cfg)?;
-        anyhow::ensure!(out.response_mask.size()[1] == new_tokens, "generation stopped early");
-        Ok(())
-    })?;
-    let (run_s, prefill_s) = (median(&runs).unwrap_or(f64::NAN), median(&prefill).unwrap_or(f64::NAN));
-    let hbm_fraction = hbm.map(|gbps| {
-        let param_bytes: f64 =
-            model.vs.variables().values().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64).sum();
-        let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
-        let elt = model.kind().elt_size_in_bytes() as f64;
-        let kv_bytes = 2.0 * (a.num_layers * a.num_kv_heads * a.head_dim) as f64 * avg_ctx * rows as f64 * elt;
-        let bound_s = (param_bytes + kv_bytes) * new_tokens as f64 / (gbps * 1e9);
-        bound_s / (run_s - prefill_s).max(1e-9)
-    });
-    Ok(GenResult { tokens_per_s: (rows * new_tokens) as f64 / run_s, run_s, prefill_s, hbm_fraction })
-}
-
-#[derive(Debug, serde::Serialize)]
-struct TrainResult {
-    tokens_per_s: f64,
-    /// Median seconds per forward + backward + optimizer step.
-    step_s: f64,
-    flops_per_token: f64,
-    mfu: Option<f64>,
-    peak_tflops: Option<f64>,
-}
-
-/// Training: forward + backward + AdamW over `rows` random sequences `[rows, seq]`; the loss is
-/// the mean token log-likelihood, as in SFT.
-fn bench_train(model: &CausalLm, rows: i64, seq: i64, repeats: usize) -> anyhow::Result<(f64, f64)> {
-    let device = model.device();
-    let vocab = model.arch().vocab_size;
-    let ids = Tensor::f_randint_low(1, vocab, [rows, seq], (Kind::Int64, device))?; // [rows, T]
-    let mask = Tensor::f_ones([rows, seq], (Kind::Int64, device))?; // [rows, T]
-    let mut opt = Optim::new(&model.vs, 1e-6, (0.9, 0.95), 1e-8, 0.0, Schedule::Constant, 0, repeats + 1, 1.0)?;
-    model.set_training(true);
-    let times = time_runs(device, repeats, || {
-        let lp = token_logprobs(model, &ids, &mask, 1, LogProbOptions::default())?; // [rows, T - 1]
-        lp.logprobs.f_mean(Kind::Float)?.f_neg()?.f_backward()?;
-        opt.step()?;
-        Ok(())
-    })
-    .context("forward+backward")?;
-    model.set_training(false);
-    let step_s = median(&times).unwrap_or(f64::NAN);
-    Ok(((rows * seq) as f64 / step_s, step_s))
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {

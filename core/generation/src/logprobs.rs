@@ -80,3 +80,21 @@ pub fn token_logprobs(
     let entropy = if opts.entropy { Some(Tensor::f_cat(&ents, 0)?.f_view([batch, n])?) } else { None };
     Ok(TokenLogProbs { logprobs, entropy })
 }
+
+/// The negative log-likelihood of the target tokens, `−Σ logprobs · mask`, summed in `kind`
+/// (`Float` for losses, `Double` for perplexity over many batches). The one masked NLL of the
+/// project: SFT, the RL warm-up, the ptx loss and perplexity all reduce through it.
+///
+/// # Shapes
+/// `logprobs`, `mask`: `[batch, seq]` (the mask 1.0 on targets); returns a scalar of `kind`.
+pub fn masked_nll_sum(logprobs: &Tensor, mask: &Tensor, kind: Kind) -> Result<Tensor> {
+    Ok(logprobs.f_to_kind(kind)?.f_mul(mask)?.f_sum(kind)?.f_neg()?)
+}
+
+/// The mean NLL per target token (f32): [`masked_nll_sum`] over the number of targets.
+///
+/// # Shapes
+/// `logprobs`, `mask`: `[batch, seq]` f32; returns a scalar.
+pub fn masked_nll_mean(logprobs: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    Ok(masked_nll_sum(logprobs, mask, Kind::Float)?.f_div(&mask.f_sum(Kind::Float)?)?)
+}

@@ -7,7 +7,7 @@ use rlhf_models::CausalLm;
 
 use crate::batch::right_pad;
 use crate::error::{GenerationError, Result};
-use crate::logprobs::{token_logprobs, LogProbOptions};
+use crate::logprobs::{masked_nll_sum, token_logprobs, LogProbOptions};
 
 /// Perplexity, mean negative log-likelihood and the number of predicted tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,7 +32,7 @@ pub fn perplexity(model: &CausalLm, sequences: &[Vec<i64>], batch_size: usize, p
             let lp = token_logprobs(model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?;
             let seq = b.attention_mask.size()[1];
             let target_mask = b.attention_mask.f_narrow(1, 1, seq - 1)?.f_to_kind(Kind::Double)?;
-            let nll = lp.logprobs.f_to_kind(Kind::Double)?.f_mul(&target_mask)?.f_sum(Kind::Double)?.f_neg()?;
+            let nll = masked_nll_sum(&lp.logprobs, &target_mask, Kind::Double)?;
             total_nll += f64::try_from(nll)?;
             tokens += i64::try_from(target_mask.f_sum(Kind::Int64)?)?;
         }

@@ -1,23 +1,91 @@
 //! Everything with a fixed layout that crosses the boundary: the root module every plugin exports,
 //! the `#[sabi_trait]` objects for algorithm and reward instances, and their argument structs.
 //!
-//! Evolution is append-only: new fields go after `#[sabi(last_prefix_field)]`, new trait methods at
-//! the end; nothing is removed or renamed. [`API_VERSION`] is bumped on any change.
+//! # How this interface grows (ABI 4.x)
+//! A plugin built against plugin-api `4.m` keeps loading and working in every host `4.n` with
+//! `n >= m`. What a minor version may append, and how an older plugin copes:
+//! - **Inputs** of [`AlgorithmObj::prepare`] / [`AlgorithmObj::loss`] travel as a keyed map
+//!   ([`InputsAbi`]: named tensors and named scalars, names in [`keys`]), never as struct fields.
+//!   A new input is a new key; a plugin ignores keys it does not know, and a key it needs that the
+//!   host lacks is a clear error at the call.
+//! - **Requirements** are names ([`AlgorithmObj::requirements`]); a plugin that asks for a name the
+//!   host does not know is refused when it is instantiated, naming the requirement.
+//! - **Construction context** ([`HostContext::context_json`]) is a JSON object; new fields are new
+//!   keys, defaulted when absent.
+//! - **Trait methods** are appended after `#[sabi(last_prefix_field)]` with a default body: a host
+//!   calling one on an older plugin's object runs the default (abi_stable's prefix-type vtables).
+//! - **Root-module fields** likewise go after `#[sabi(last_prefix_field)]`.
+//!
+//! Everything else (the fields of these `repr(C)` structs, removing or renaming anything, changing
+//! a key's meaning) is breaking: [`API_MAJOR`] and this crate's version (`0.MAJOR.0`) are bumped
+//! together, and the host refuses plugins of another major with a message saying so.
+//!
+//! abi_stable's own loader assumes a library at least as new as its host and would refuse an
+//! older plugin whose vtable lacks an appended method; the host's loader therefore checks the
+//! plugin's layout as the interface and its own as the implementation (every type, field and
+//! method the plugin has, the host has with the same layout; the host may have more), and compares
+//! the crate version's `0.MAJOR` only.
 
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
-use abi_stable::std_types::{RBox, ROption, RResult, RStr, RString, RVec};
+use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec};
 use abi_stable::{declare_root_module_statics, package_version_strings, sabi_trait, StableAbi};
 
 use crate::error::PluginError;
 use crate::tensor::{TensorBox, TensorRef};
 
-/// Version of this interface; the host refuses plugins built against another.
-pub const API_VERSION: u32 = 3;
+/// Major version of this interface: plugins of another major are refused.
+pub const API_MAJOR: u32 = 4;
+/// Minor version: what this host appended to [`API_MAJOR`]. A plugin built against minor `m`
+/// loads into hosts of minor `>= m`.
+///
+/// - 4.0: keyed inputs, named requirements, JSON context.
+/// - 4.1: the `epoch` scalar of a minibatch; the optional [`AlgorithmObj::resolved_config`].
+pub const API_MINOR: u32 = 1;
 /// The tch version plugin-api is built with (the workspace pins it; a tidy test checks).
 pub const TCH_VERSION: &str = "0.24.0";
 /// The libtorch version plugin-api was compiled against.
 pub const TORCH_VERSION: &str = env!("RLHF_TORCH_VERSION");
+
+/// The names of the keyed inputs and requirements (see the module docs). Per-token tensors are
+/// `[B, R]` f32 over response tokens, with padding positions exactly 0.0 (never NaN).
+pub mod keys {
+    /// Weighted sum of reward sources per sample, `[B]` f32.
+    pub const REWARDS: &str = "rewards";
+    /// Sampling-policy log-probs, `[B, R]` f32 (in a minibatch: the current policy's, with grad).
+    pub const LOGPROBS: &str = "logprobs";
+    /// Sampling-policy log-probs of a minibatch, `[b, R]` f32.
+    pub const OLD_LOGPROBS: &str = "old_logprobs";
+    /// Reference-model log-probs, `[B, R]` f32 (requirement [`REFERENCE`]).
+    pub const REF_LOGPROBS: &str = "ref_logprobs";
+    /// Critic values of the state before each response token, `[B, R]` f32 (requirement
+    /// [`CRITIC`]; in a minibatch the current values, with grad).
+    pub const VALUES: &str = "values";
+    /// Critic values at rollout time in a minibatch, `[b, R]` f32.
+    pub const OLD_VALUES: &str = "old_values";
+    /// 1.0 on response tokens (EOS included), 0.0 on padding, `[B, R]` f32.
+    pub const ACTION_MASK: &str = "action_mask";
+    /// Samples of the same prompt share an id, `[B]` i64.
+    pub const GROUP_IDS: &str = "group_ids";
+    /// [`crate::Prepared`] outputs, `[B, R]` f32.
+    pub const ADVANTAGES: &str = "advantages";
+    pub const RETURNS: &str = "returns";
+    /// Current-policy entropy in a minibatch, `[b, R]` f32 with grad (requirement [`ENTROPY`]).
+    pub const ENTROPY: &str = "entropy";
+    /// Scalar: optimizer steps done so far.
+    pub const STEP: &str = "step";
+    /// Scalar (4.1): the PPO epoch (0-based) this minibatch belongs to.
+    pub const EPOCH: &str = "epoch";
+
+    /// Requirement: reference-model log-probs.
+    pub const REFERENCE: &str = "reference";
+    /// Requirement: a critic, its values and a value optimizer.
+    pub const CRITIC: &str = "critic";
+    /// Requirement: per-token entropy of the current policy in each minibatch.
+    pub const ENTROPY_REQ: &str = "entropy";
+    /// Every requirement this host can satisfy.
+    pub const KNOWN_REQUIREMENTS: &[&str] = &[REFERENCE, CRITIC, ENTROPY_REQ];
+}
 
 /// What a plugin provides.
 #[repr(u8)]
@@ -48,8 +116,9 @@ pub struct PluginInfo {
     /// The plugin's own version.
     pub version: RString,
     pub description: RString,
-    /// [`API_VERSION`] of the plugin-api the plugin was compiled with.
-    pub api_version: u32,
+    /// [`API_MAJOR`] and [`API_MINOR`] of the plugin-api the plugin was compiled with.
+    pub api_major: u32,
+    pub api_minor: u32,
     /// [`TORCH_VERSION`] / [`TCH_VERSION`] the plugin was compiled with.
     pub torch_version: RString,
     pub tch_version: RString,
@@ -79,12 +148,9 @@ pub struct HostLogger {
 #[derive(StableAbi, Clone)]
 pub struct HostContext {
     pub logger: HostLogger,
-    /// Device the host trains on: `cpu`, `cuda:0`, ...
-    pub device: RString,
-    /// The run's seed.
-    pub seed: u64,
-    /// `samples_per_prompt` of the run (GRPO's group size G).
-    pub samples_per_prompt: u32,
+    /// A JSON object: `device` (`cpu`, `cuda:0`, ...), `seed`, `samples_per_prompt` (GRPO's G);
+    /// later minors append keys (see [`crate::Context`]).
+    pub context_json: RString,
 }
 
 /// A named scalar for the metrics stream.
@@ -95,73 +161,46 @@ pub struct Metric {
     pub value: f64,
 }
 
-/// What an algorithm needs the host to compute.
+/// A named tensor input (names in [`keys`]).
 #[repr(C)]
-#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Requirements {
-    /// Reference-model log-probs (`ref_logprobs`).
-    pub reference: bool,
-    /// A critic: `values` / `old_values` and a value optimizer.
-    pub critic: bool,
-    /// Per-token entropy of the current policy in each minibatch.
-    pub entropy: bool,
+#[derive(StableAbi, Clone, Copy)]
+pub struct NamedTensorAbi<'a> {
+    pub name: RStr<'a>,
+    pub tensor: TensorRef<'a>,
 }
 
-/// One generation batch, handed to [`AlgorithmObj::prepare`]. Per-token tensors cover response
-/// tokens only (`R` = longest response), aligned with `action_mask`.
+/// A named scalar input (names in [`keys`]); integers are exact up to 2^53.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct NamedScalarAbi<'a> {
+    pub name: RStr<'a>,
+    pub value: f64,
+}
+
+/// The inputs of [`AlgorithmObj::prepare`] (one generation batch) and [`AlgorithmObj::loss`] (one
+/// minibatch) as a keyed map, so later minors can add inputs without breaking older plugins.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct InputsAbi<'a> {
+    pub tensors: RSlice<'a, NamedTensorAbi<'a>>,
+    pub scalars: RSlice<'a, NamedScalarAbi<'a>>,
+}
+
+/// An owned, named tensor output.
 #[repr(C)]
 #[derive(StableAbi)]
-pub struct ExperienceAbi<'a> {
-    /// Weighted sum of reward sources per sample, `[B]` f32.
-    pub rewards: TensorRef<'a>,
-    /// Log-probs of the sampling (old) policy, `[B, R]` f32.
-    pub logprobs: TensorRef<'a>,
-    /// Reference-model log-probs, `[B, R]` f32 (when required).
-    pub ref_logprobs: ROption<TensorRef<'a>>,
-    /// Critic values of the state before each response token, `[B, R]` f32 (when required).
-    pub values: ROption<TensorRef<'a>>,
-    /// 1.0 on response tokens, `[B, R]` f32.
-    pub action_mask: TensorRef<'a>,
-    /// Samples of the same prompt share an id, `[B]` i64.
-    pub group_ids: TensorRef<'a>,
-    /// Optimizer steps done so far.
-    pub step: u64,
+pub struct NamedTensorBoxAbi {
+    pub name: RString,
+    pub tensor: TensorBox,
 }
 
 /// What [`AlgorithmObj::prepare`] returns: per-token training targets kept by the host and sliced
-/// into minibatches.
+/// into minibatches ([`keys::ADVANTAGES`], optionally [`keys::RETURNS`]).
 #[repr(C)]
 #[derive(StableAbi)]
 pub struct PreparedAbi {
-    /// `[B, R]` f32.
-    pub advantages: TensorBox,
-    /// Value targets, `[B, R]` f32 (algorithms with a critic).
-    pub returns: ROption<TensorBox>,
+    pub tensors: RVec<NamedTensorBoxAbi>,
     pub metrics: RVec<Metric>,
-}
-
-/// One minibatch, handed to [`AlgorithmObj::loss`]. Tensors marked *grad* carry autograd history
-/// back to the host's models.
-#[repr(C)]
-#[derive(StableAbi)]
-pub struct MinibatchAbi<'a> {
-    /// Current policy log-probs, `[b, R]` f32, grad.
-    pub logprobs: TensorRef<'a>,
-    /// Sampling-policy log-probs, `[b, R]` f32.
-    pub old_logprobs: TensorRef<'a>,
-    pub ref_logprobs: ROption<TensorRef<'a>>,
-    /// Current critic values, `[b, R]` f32, grad.
-    pub values: ROption<TensorRef<'a>>,
-    /// Critic values at rollout time, `[b, R]` f32.
-    pub old_values: ROption<TensorRef<'a>>,
-    pub advantages: TensorRef<'a>,
-    pub returns: ROption<TensorRef<'a>>,
-    pub action_mask: TensorRef<'a>,
-    /// Current policy entropy, `[b, R]` f32, grad (when required).
-    pub entropy: ROption<TensorRef<'a>>,
-    /// Sequence rewards, `[b]` f32.
-    pub rewards: TensorRef<'a>,
-    pub step: u64,
 }
 
 /// What [`AlgorithmObj::loss`] returns.
@@ -176,21 +215,27 @@ pub struct LossAbi {
 /// An algorithm instance.
 #[sabi_trait]
 pub trait AlgorithmObj: Send {
-    /// What the host must compute for this algorithm.
-    fn requirements(&self) -> Requirements;
+    /// What the host must compute: names of [`keys::KNOWN_REQUIREMENTS`].
+    fn requirements(&self) -> RVec<RString>;
 
     /// Reward shaping and advantages for a whole generation batch.
-    fn prepare(&mut self, exp: ExperienceAbi<'_>) -> RResult<PreparedAbi, PluginError>;
+    fn prepare(&mut self, exp: InputsAbi<'_>) -> RResult<PreparedAbi, PluginError>;
 
     /// The loss of one minibatch.
-    #[sabi(last_prefix_field)]
-    fn loss(&mut self, mb: MinibatchAbi<'_>) -> RResult<LossAbi, PluginError>;
+    fn loss(&mut self, mb: InputsAbi<'_>) -> RResult<LossAbi, PluginError>;
 
-    /// State that must survive a checkpoint (e.g. an adaptive KL coefficient), as JSON. API 3.
+    /// State that must survive a checkpoint (e.g. an adaptive KL coefficient), as JSON.
     fn state(&self) -> RResult<RString, PluginError>;
 
-    /// Restores [`AlgorithmObj::state`] on resume. API 3.
+    /// Restores [`AlgorithmObj::state`] on resume.
+    #[sabi(last_prefix_field)]
     fn load_state(&mut self, state: RStr<'_>) -> RResult<(), PluginError>;
+
+    /// The plugin's config with every default filled in, as JSON (`null`: not reported). 4.1:
+    /// a 4.0 plugin's object has no such method, and the host gets this default.
+    fn resolved_config(&self) -> RString {
+        RString::from("null")
+    }
 }
 
 /// Owned algorithm object.
@@ -226,13 +271,13 @@ pub struct ScoresAbi {
 /// A reward source instance.
 #[sabi_trait]
 pub trait RewardObj: Send {
-    #[sabi(last_prefix_field)]
     fn score(&mut self, samples: RVec<SampleAbi>) -> RResult<ScoresAbi, PluginError>;
 
-    /// State that must survive a checkpoint (e.g. running reward statistics), as JSON. API 3.
+    /// State that must survive a checkpoint (e.g. running reward statistics), as JSON.
     fn state(&self) -> RResult<RString, PluginError>;
 
-    /// Restores [`RewardObj::state`] on resume. API 3.
+    /// Restores [`RewardObj::state`] on resume.
+    #[sabi(last_prefix_field)]
     fn load_state(&mut self, state: RStr<'_>) -> RResult<(), PluginError>;
 }
 

@@ -4,15 +4,17 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
-use tch::Tensor;
+use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use tch::{Kind, Tensor};
 
-use crate::abi::{AlgorithmObj, ExperienceAbi, HostContext, LossAbi, Metric, MinibatchAbi, PreparedAbi, Requirements};
+use crate::abi::{keys, AlgorithmObj, HostContext, InputsAbi, LossAbi, Metric, NamedTensorBoxAbi, PreparedAbi};
 use crate::error::PluginError;
-use crate::tensor::TensorBox;
+use crate::tensor::{TensorBox, TensorRef};
 
-/// What the constructor learns from the host.
-#[derive(Debug, Clone)]
+/// What the constructor learns from the host (the JSON object of [`HostContext::context_json`];
+/// keys a newer host adds are ignored, keys an older host lacks take their defaults).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
 pub struct Context {
     /// `cpu`, `cuda:0`, ...
     pub device: String,
@@ -21,16 +23,66 @@ pub struct Context {
     pub samples_per_prompt: u32,
 }
 
-impl From<&HostContext> for Context {
-    fn from(c: &HostContext) -> Self {
-        Context { device: c.device.to_string(), seed: c.seed, samples_per_prompt: c.samples_per_prompt }
+impl Default for Context {
+    fn default() -> Self {
+        Context { device: "cpu".into(), seed: 0, samples_per_prompt: 1 }
     }
 }
 
-/// A generation batch. Per-token tensors cover response tokens only.
+impl Context {
+    /// The ABI form the host hands a constructor.
+    pub fn to_json(&self) -> String {
+        serde_json::json!({"device": self.device, "seed": self.seed, "samples_per_prompt": self.samples_per_prompt})
+            .to_string()
+    }
+
+    pub(crate) fn from_abi(c: &HostContext) -> Result<Self, PluginError> {
+        serde_json::from_str(c.context_json.as_str())
+            .map_err(|e| PluginError::compute(format!("the host's context is not the expected JSON object: {e}")))
+    }
+}
+
+/// What an algorithm needs the host to compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Requirements {
+    /// Reference-model log-probs (`ref_logprobs`).
+    pub reference: bool,
+    /// A critic: `values` / `old_values` and a value optimizer.
+    pub critic: bool,
+    /// Per-token entropy of the current policy in each minibatch.
+    pub entropy: bool,
+}
+
+impl Requirements {
+    /// The names that cross the ABI ([`keys::KNOWN_REQUIREMENTS`]).
+    pub fn to_names(self) -> Vec<&'static str> {
+        [(self.reference, keys::REFERENCE), (self.critic, keys::CRITIC), (self.entropy, keys::ENTROPY_REQ)]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect()
+    }
+
+    /// Parses requirement names; `Err(name)` for the first this interface does not know.
+    pub fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
+        let mut r = Requirements::default();
+        for name in names {
+            match name {
+                keys::REFERENCE => r.reference = true,
+                keys::CRITIC => r.critic = true,
+                keys::ENTROPY_REQ => r.entropy = true,
+                other => return Err(other.to_string()),
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// A generation batch. Per-token tensors cover response tokens only; their padding positions
+/// (where `action_mask` is 0) hold exactly 0.0, never NaN.
 ///
 /// # Shapes
-/// `B` samples, `R` response slots: `rewards [B]`, `group_ids [B]` (i64), every other tensor `[B, R]` f32.
+/// `B` samples, `R` response slots: `rewards [B]`, `group_ids [B]` (i64), every other tensor `[B, R]` f32
+/// (checked by the adapter before [`Algorithm::prepare`] runs).
 #[derive(Debug)]
 pub struct Experience {
     pub rewards: Tensor,
@@ -54,9 +106,10 @@ pub struct Prepared {
 }
 
 /// One minibatch. `logprobs`, `values` and `entropy` carry gradients back to the host's models.
+/// Padding positions of every per-token tensor hold exactly 0.0.
 ///
 /// # Shapes
-/// `rewards [b]`, every other tensor `[b, R]` f32.
+/// `rewards [b]`, every other tensor `[b, R]` f32 (checked by the adapter).
 #[derive(Debug)]
 pub struct Minibatch {
     pub logprobs: Tensor,
@@ -70,6 +123,8 @@ pub struct Minibatch {
     pub entropy: Option<Tensor>,
     pub rewards: Tensor,
     pub step: u64,
+    /// The PPO epoch (0-based) of this minibatch (since 4.1).
+    pub epoch: u64,
 }
 
 /// The loss to back-propagate and metrics to log (TRL's names where they exist:
@@ -101,6 +156,11 @@ pub trait Algorithm: Send + Sized + 'static {
     fn load_state(&mut self, _state: serde_json::Value) -> Result<(), PluginError> {
         Ok(())
     }
+    /// The config with every default filled in, logged by the host at start (default: not
+    /// reported).
+    fn resolved_config(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 }
 
 pub(crate) fn metrics_abi(m: Vec<(String, f64)>) -> RVec<Metric> {
@@ -123,8 +183,166 @@ pub fn guard<T>(f: impl FnOnce() -> Result<T, PluginError>) -> RResult<T, Plugin
     }
 }
 
-fn opt(t: &ROption<crate::tensor::TensorRef<'_>>) -> Option<Tensor> {
-    t.as_ref().map(|r| r.to_tensor()).into_option()
+/// The keyed inputs of one call, read by name with the documented shapes checked.
+struct Inputs<'a> {
+    abi: InputsAbi<'a>,
+    call: &'static str,
+}
+
+impl Inputs<'_> {
+    fn tensor(&self, name: &str) -> Option<Tensor> {
+        self.abi.tensors.iter().find(|t| t.name.as_str() == name).map(|t| t.tensor.to_tensor())
+    }
+
+    fn required(&self, name: &str) -> Result<Tensor, PluginError> {
+        self.tensor(name).ok_or_else(|| PluginError::compute(format!("{}: the host passed no `{name}`", self.call)))
+    }
+
+    fn scalar(&self, name: &str) -> Option<f64> {
+        self.abi.scalars.iter().find(|s| s.name.as_str() == name).map(|s| s.value)
+    }
+}
+
+/// Checks that `t` has `shape` and `kind`, naming the tensor and the call otherwise.
+pub(crate) fn check_input(call: &str, name: &str, t: &Tensor, shape: &[i64], kind: Kind) -> Result<(), PluginError> {
+    if t.size() != shape || t.kind() != kind {
+        return Err(PluginError::compute(format!(
+            "{call}: `{name}` is {:?} {:?}, expected {shape:?} {kind:?}",
+            t.kind(),
+            t.size()
+        )));
+    }
+    Ok(())
+}
+
+impl Experience {
+    fn from_abi(abi: InputsAbi<'_>) -> Result<Self, PluginError> {
+        let i = Inputs { abi, call: "prepare" };
+        let logprobs = i.required(keys::LOGPROBS)?;
+        let (b, r) = match logprobs.size()[..] {
+            [b, r] => (b, r),
+            _ => {
+                return Err(PluginError::compute(format!(
+                    "prepare: `logprobs` is {:?}, expected [B, R]",
+                    logprobs.size()
+                )))
+            }
+        };
+        let exp = Experience {
+            rewards: i.required(keys::REWARDS)?,
+            logprobs,
+            ref_logprobs: i.tensor(keys::REF_LOGPROBS),
+            values: i.tensor(keys::VALUES),
+            action_mask: i.required(keys::ACTION_MASK)?,
+            group_ids: i.required(keys::GROUP_IDS)?,
+            step: i.scalar(keys::STEP).unwrap_or(0.0) as u64,
+        };
+        check_input(i.call, keys::REWARDS, &exp.rewards, &[b], Kind::Float)?;
+        check_input(i.call, keys::GROUP_IDS, &exp.group_ids, &[b], Kind::Int64)?;
+        for (name, t) in [
+            (keys::LOGPROBS, Some(&exp.logprobs)),
+            (keys::ACTION_MASK, Some(&exp.action_mask)),
+            (keys::REF_LOGPROBS, exp.ref_logprobs.as_ref()),
+            (keys::VALUES, exp.values.as_ref()),
+        ] {
+            if let Some(t) = t {
+                check_input(i.call, name, t, &[b, r], Kind::Float)?;
+            }
+        }
+        Ok(exp)
+    }
+}
+
+impl Minibatch {
+    fn from_abi(abi: InputsAbi<'_>) -> Result<Self, PluginError> {
+        let i = Inputs { abi, call: "loss" };
+        let logprobs = i.required(keys::LOGPROBS)?;
+        let (b, r) = match logprobs.size()[..] {
+            [b, r] => (b, r),
+            _ => {
+                return Err(PluginError::compute(format!("loss: `logprobs` is {:?}, expected [b, R]", logprobs.size())))
+            }
+        };
+        let mb = Minibatch {
+            logprobs,
+            old_logprobs: i.required(keys::OLD_LOGPROBS)?,
+            ref_logprobs: i.tensor(keys::REF_LOGPROBS),
+            values: i.tensor(keys::VALUES),
+            old_values: i.tensor(keys::OLD_VALUES),
+            advantages: i.required(keys::ADVANTAGES)?,
+            returns: i.tensor(keys::RETURNS),
+            action_mask: i.required(keys::ACTION_MASK)?,
+            entropy: i.tensor(keys::ENTROPY),
+            rewards: i.required(keys::REWARDS)?,
+            step: i.scalar(keys::STEP).unwrap_or(0.0) as u64,
+            epoch: i.scalar(keys::EPOCH).unwrap_or(0.0) as u64,
+        };
+        check_input(i.call, keys::REWARDS, &mb.rewards, &[b], Kind::Float)?;
+        for (name, t) in [
+            (keys::LOGPROBS, Some(&mb.logprobs)),
+            (keys::OLD_LOGPROBS, Some(&mb.old_logprobs)),
+            (keys::ADVANTAGES, Some(&mb.advantages)),
+            (keys::ACTION_MASK, Some(&mb.action_mask)),
+            (keys::REF_LOGPROBS, mb.ref_logprobs.as_ref()),
+            (keys::VALUES, mb.values.as_ref()),
+            (keys::OLD_VALUES, mb.old_values.as_ref()),
+            (keys::RETURNS, mb.returns.as_ref()),
+            (keys::ENTROPY, mb.entropy.as_ref()),
+        ] {
+            if let Some(t) = t {
+                check_input(i.call, name, t, &[b, r], Kind::Float)?;
+            }
+        }
+        Ok(mb)
+    }
+}
+
+fn named<'a>(list: &[(&'static str, Option<&'a Tensor>)]) -> Vec<crate::abi::NamedTensorAbi<'a>> {
+    list.iter()
+        .filter_map(|(name, t)| {
+            t.map(|t| crate::abi::NamedTensorAbi { name: (*name).into(), tensor: TensorRef::new(t) })
+        })
+        .collect()
+}
+
+fn scalars(list: &[(&'static str, f64)]) -> Vec<crate::abi::NamedScalarAbi<'static>> {
+    list.iter().map(|&(name, value)| crate::abi::NamedScalarAbi { name: name.into(), value }).collect()
+}
+
+impl Experience {
+    /// Runs `f` on the keyed ABI form of this batch (the host's side of [`AlgorithmObj::prepare`]).
+    pub fn with_abi<T>(&self, f: impl FnOnce(InputsAbi<'_>) -> T) -> T {
+        let tensors = named(&[
+            (keys::REWARDS, Some(&self.rewards)),
+            (keys::LOGPROBS, Some(&self.logprobs)),
+            (keys::REF_LOGPROBS, self.ref_logprobs.as_ref()),
+            (keys::VALUES, self.values.as_ref()),
+            (keys::ACTION_MASK, Some(&self.action_mask)),
+            (keys::GROUP_IDS, Some(&self.group_ids)),
+        ]);
+        let scalars = scalars(&[(keys::STEP, self.step as f64)]);
+        f(InputsAbi { tensors: tensors.as_slice().into(), scalars: scalars.as_slice().into() })
+    }
+}
+
+impl Minibatch {
+    /// Runs `f` on the keyed ABI form of this minibatch (the host's side of [`AlgorithmObj::loss`]).
+    pub fn with_abi<T>(&self, f: impl FnOnce(InputsAbi<'_>) -> T) -> T {
+        let tensors = named(&[
+            (keys::LOGPROBS, Some(&self.logprobs)),
+            (keys::OLD_LOGPROBS, Some(&self.old_logprobs)),
+            (keys::REF_LOGPROBS, self.ref_logprobs.as_ref()),
+            (keys::VALUES, self.values.as_ref()),
+            (keys::OLD_VALUES, self.old_values.as_ref()),
+            (keys::ADVANTAGES, Some(&self.advantages)),
+            (keys::RETURNS, self.returns.as_ref()),
+            (keys::ACTION_MASK, Some(&self.action_mask)),
+            (keys::ENTROPY, self.entropy.as_ref()),
+            (keys::REWARDS, Some(&self.rewards)),
+        ]);
+        let scalars = scalars(&[(keys::STEP, self.step as f64), (keys::EPOCH, self.epoch as f64)]);
+        f(InputsAbi { tensors: tensors.as_slice().into(), scalars: scalars.as_slice().into() })
+    }
 }
 
 /// Adapts an [`Algorithm`] to the ABI object.
@@ -132,50 +350,30 @@ fn opt(t: &ROption<crate::tensor::TensorRef<'_>>) -> Option<Tensor> {
 pub struct AlgorithmAdapter<A: Algorithm>(pub A);
 
 impl<A: Algorithm> AlgorithmObj for AlgorithmAdapter<A> {
-    fn requirements(&self) -> Requirements {
-        match catch_unwind(AssertUnwindSafe(|| self.0.requirements())) {
+    fn requirements(&self) -> RVec<RString> {
+        let r = match catch_unwind(AssertUnwindSafe(|| self.0.requirements())) {
             Ok(r) => r,
             // Nothing to report through; ask for everything so later calls surface the panic.
             Err(_) => Requirements { reference: true, critic: true, entropy: true },
-        }
+        };
+        r.to_names().into_iter().map(RString::from).collect()
     }
 
-    fn prepare(&mut self, exp: ExperienceAbi<'_>) -> RResult<PreparedAbi, PluginError> {
+    fn prepare(&mut self, exp: InputsAbi<'_>) -> RResult<PreparedAbi, PluginError> {
         guard(|| {
-            let exp = Experience {
-                rewards: exp.rewards.to_tensor(),
-                logprobs: exp.logprobs.to_tensor(),
-                ref_logprobs: opt(&exp.ref_logprobs),
-                values: opt(&exp.values),
-                action_mask: exp.action_mask.to_tensor(),
-                group_ids: exp.group_ids.to_tensor(),
-                step: exp.step,
-            };
-            let p = self.0.prepare(&exp)?;
-            Ok(PreparedAbi {
-                advantages: TensorBox::new(p.advantages),
-                returns: p.returns.map(TensorBox::new).into(),
-                metrics: metrics_abi(p.metrics),
-            })
+            let p = self.0.prepare(&Experience::from_abi(exp)?)?;
+            let mut tensors =
+                vec![NamedTensorBoxAbi { name: keys::ADVANTAGES.into(), tensor: TensorBox::new(p.advantages) }];
+            if let Some(r) = p.returns {
+                tensors.push(NamedTensorBoxAbi { name: keys::RETURNS.into(), tensor: TensorBox::new(r) });
+            }
+            Ok(PreparedAbi { tensors: tensors.into(), metrics: metrics_abi(p.metrics) })
         })
     }
 
-    fn loss(&mut self, mb: MinibatchAbi<'_>) -> RResult<LossAbi, PluginError> {
+    fn loss(&mut self, mb: InputsAbi<'_>) -> RResult<LossAbi, PluginError> {
         guard(|| {
-            let mb = Minibatch {
-                logprobs: mb.logprobs.to_tensor(),
-                old_logprobs: mb.old_logprobs.to_tensor(),
-                ref_logprobs: opt(&mb.ref_logprobs),
-                values: opt(&mb.values),
-                old_values: opt(&mb.old_values),
-                advantages: mb.advantages.to_tensor(),
-                returns: opt(&mb.returns),
-                action_mask: mb.action_mask.to_tensor(),
-                entropy: opt(&mb.entropy),
-                rewards: mb.rewards.to_tensor(),
-                step: mb.step,
-            };
-            let out = self.0.loss(&mb)?;
+            let out = self.0.loss(&Minibatch::from_abi(mb)?)?;
             Ok(LossAbi { loss: TensorBox::new(out.loss), metrics: metrics_abi(out.metrics) })
         })
     }
@@ -190,5 +388,9 @@ impl<A: Algorithm> AlgorithmObj for AlgorithmAdapter<A> {
                 .map_err(|e| PluginError::config("state", format!("not JSON: {e}")))?;
             self.0.load_state(v)
         })
+    }
+
+    fn resolved_config(&self) -> RString {
+        catch_unwind(AssertUnwindSafe(|| self.0.resolved_config().to_string())).unwrap_or_else(|_| "null".into()).into()
     }
 }

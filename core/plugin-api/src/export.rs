@@ -8,7 +8,7 @@ use abi_stable::std_types::{RBox, RResult, RStr};
 
 use crate::abi::{
     AlgorithmBox, AlgorithmObj_TO, HostContext, PluginInfo, PluginKind, PluginMod, PluginModRef, RewardBox,
-    RewardObj_TO, API_VERSION, TCH_VERSION, TORCH_VERSION,
+    RewardObj_TO, API_MAJOR, API_MINOR, TCH_VERSION, TORCH_VERSION,
 };
 use crate::algorithm::{guard, Algorithm, AlgorithmAdapter, Context};
 use crate::error::PluginError;
@@ -25,7 +25,8 @@ pub fn info(name: &str, kind: PluginKind, version: &str, description: &str) -> P
         kind,
         version: version.into(),
         description: description.into(),
-        api_version: API_VERSION,
+        api_major: API_MAJOR,
+        api_minor: API_MINOR,
         torch_version: TORCH_VERSION.into(),
         tch_version: TCH_VERSION.into(),
     }
@@ -48,7 +49,7 @@ pub fn new_algorithm<A: Algorithm>(
 ) -> RResult<AlgorithmBox, PluginError> {
     crate::log::install(ctx.logger, name);
     guard(|| {
-        let a = A::new(config.as_str(), &Context::from(&ctx))?;
+        let a = A::new(config.as_str(), &Context::from_abi(&ctx)?)?;
         Ok(AlgorithmObj_TO::from_value(AlgorithmAdapter(a), TD_Opaque))
     })
 }
@@ -61,7 +62,7 @@ pub fn new_reward<R: RewardSource>(
 ) -> RResult<RewardBox, PluginError> {
     crate::log::install(ctx.logger, name);
     guard(|| {
-        let r = R::new(config.as_str(), &Context::from(&ctx))?;
+        let r = R::new(config.as_str(), &Context::from_abi(&ctx)?)?;
         Ok(RewardObj_TO::from_value(RewardAdapter(r), TD_Opaque))
     })
 }

@@ -18,11 +18,12 @@ pub mod algorithm;
 pub mod error;
 pub mod export;
 pub mod log;
+pub mod ops;
 pub mod reward;
 pub mod tensor;
 
-pub use abi::{Metric, PluginInfo, PluginKind, Requirements, API_VERSION, TCH_VERSION, TORCH_VERSION};
-pub use algorithm::{Algorithm, Context, Experience, LossOutput, Minibatch, Prepared};
+pub use abi::{keys, Metric, PluginInfo, PluginKind, API_MAJOR, API_MINOR, TCH_VERSION, TORCH_VERSION};
+pub use algorithm::{Algorithm, Context, Experience, LossOutput, Minibatch, Prepared, Requirements};
 pub use error::{parse_config, ErrorKind, PluginError};
 pub use reward::{ChatMessage, RewardSource, Sample, Scores};
 

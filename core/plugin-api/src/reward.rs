@@ -7,13 +7,16 @@ use crate::abi::{RewardObj, SampleAbi, ScoresAbi};
 use crate::algorithm::{guard, metrics_abi, Context};
 use crate::error::PluginError;
 
-/// One (prompt, response) to score.
+/// One (prompt, response) to score. Every non-empty response is scored: one that is only EOS
+/// arrives with an empty `response` and `response_ids` holding the EOS token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     /// The prompt as the model saw it (chat template applied).
     pub prompt: String,
+    /// The generated text, special tokens (EOS) removed.
     pub response: String,
     pub prompt_ids: Vec<u32>,
+    /// The generated token ids, the EOS token included when one was generated.
     pub response_ids: Vec<u32>,
     /// The dataset's `label`, if present.
     pub label: Option<String>,

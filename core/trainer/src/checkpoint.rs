@@ -222,8 +222,16 @@ pub fn resolve(spec: &Path, run_dir: Option<&Path>) -> Result<PathBuf> {
     } else {
         spec.to_path_buf()
     };
-    latest(&run)?
-        .ok_or_else(|| err(format!("{}: no complete checkpoint in {}", run.display(), checkpoints_dir(&run).display())))
+    latest(&run)?.ok_or_else(|| match crate::metrics::logged_steps(&run) {
+        // It logged steps but wrote no checkpoint: nothing to continue from, and a fresh run
+        // into it is refused too (it would mix with those steps), so say what is left to do.
+        Some(step) => err(format!(
+            "{}: the run stopped before its first checkpoint (metrics.jsonl ends at step {step}), so it cannot be \
+             resumed; remove the directory or choose another --run-dir",
+            run.display()
+        )),
+        None => err(format!("{}: no complete checkpoint in {}", run.display(), checkpoints_dir(&run).display())),
+    })
 }
 
 /// A verified checkpoint, loaded.

@@ -1,10 +1,11 @@
-//! The RL host. The data flow of a step reads as the module list:
-//! [`data`] (prompts) → rollout and scoring, experience and optimisation in [`trainer`] →
-//! [`metrics`]; [`plugins`] loads the algorithm and reward plugins, [`optim`] holds AdamW and the
-//! schedules, [`config`] the layered configuration, [`builtin`] the embedded default task and model.
+//! The trainer: the RL host ([`rl`]) and the supervised phases ([`supervised`]), over shared
+//! pieces that depend on neither — [`config`] (every command's layered configuration), [`optim`]
+//! (AdamW and schedules), [`checkpoint`], [`data`] (prompts), [`builtin`] (the embedded task and
+//! model), [`plugins`] (loader and the plain-type seam to plugin instances), [`metrics`],
+//! [`progress`], [`plugin_log`] and [`run_lock`] (one process per run directory).
 //!
-//! The supervised phases before RL: [`sft`] (DeepSpeed-Chat phase 1, examples in [`sft_data`]) and
-//! [`rm`] (phase 2, preference pairs and losses in [`pairs`]), sharing the loop of [`phase`].
+//! An RL step reads as the modules of [`rl`]: prompts → rollout → score → experience →
+//! advantages → optimise (minibatch loss → optimizer step) → metrics/checkpoint.
 
 pub mod builtin;
 pub mod checkpoint;
@@ -13,17 +14,15 @@ pub mod data;
 pub mod error;
 pub mod metrics;
 pub mod optim;
-pub mod pairs;
-pub mod phase;
 pub mod plugin_log;
 pub mod plugins;
 pub mod progress;
-pub mod rm;
-pub mod sft;
-pub mod sft_data;
-pub mod trainer;
+pub mod rl;
+pub mod run_lock;
+pub mod supervised;
 
 pub use config::{ConfigSource, RlConfig};
 pub use error::{Result, TrainerError};
 pub use plugins::PluginRegistry;
-pub use trainer::{RunSummary, Trainer};
+pub use rl::{RunSummary, Trainer};
+pub use supervised::{pairs, phase, rm, sft, sft_data};

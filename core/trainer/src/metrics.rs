@@ -7,6 +7,29 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Result, TrainerError};
 
+/// Metrics the RL host writes itself: a plugin metric with one of these names (or under one of
+/// these prefixes) is namespaced with the plugin's name instead of replacing the host's value.
+pub const HOST_METRICS: &[&str] = &[
+    "reward",
+    "reward_std",
+    "kl",
+    "entropy",
+    "lr",
+    "skipped_steps",
+    "step_time",
+    "tokens_per_s",
+    "loss/total",
+    "loss/ptx",
+];
+
+/// Prefixes of host metric families (`completions/count`, `rewards/<source>/mean`, ...).
+pub const HOST_METRIC_PREFIXES: &[&str] = &["completions/", "rewards/", "rollout/", "time/", "grad_norm/", "lr/"];
+
+/// Whether `name` is (or would shadow) a metric of the RL host.
+pub fn is_host_metric(name: &str) -> bool {
+    HOST_METRICS.contains(&name) || HOST_METRIC_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// Accumulates values of one step; repeated names are averaged.
 #[derive(Debug, Default, Clone)]
 pub struct StepMetrics {
@@ -73,6 +96,19 @@ impl MetricsWriter {
         let line = serde_json::Value::Object(obj).to_string();
         writeln!(self.file, "{line}").map_err(|e| TrainerError::io(&self.path, e))
     }
+}
+
+/// Whether `<run_dir>/metrics.jsonl` holds a run: `None` when it is missing or empty, else the
+/// `step` of its last line (0 when no line says).
+pub fn logged_steps(run_dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).ok()?;
+    if text.trim().is_empty() {
+        return None;
+    }
+    let step = text.lines().rev().find_map(|l| {
+        serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v.get("step").and_then(|s| s.as_u64()))
+    });
+    Some(step.unwrap_or(0) as usize)
 }
 
 /// Keeps the lines of `path` whose `step` is at most `step` (a resumed run rewrites what followed

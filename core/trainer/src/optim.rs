@@ -6,10 +6,59 @@
 //! parameter, so updates far below bf16's resolution (lr 1e-6 on weights near 1) accumulate
 //! instead of being lost. f32 parameters are updated in place exactly as without this.
 
+use serde::{Deserialize, Serialize};
 use tch::{nn, Kind, Tensor};
 
-use crate::config::Schedule;
 use crate::error::{Result, TrainerError};
+
+/// Learning-rate schedule after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    Constant,
+    Linear,
+    Cosine,
+}
+
+/// The settings of one AdamW optimizer and its schedule, shared by RL (actor and critic), SFT, RM
+/// and the warm-up; each config section says which of its keys fill it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimConfig {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub schedule: Schedule,
+    /// Optimizer steps of linear warm-up.
+    pub warmup_steps: usize,
+    /// Gradient-norm clip (0 disables).
+    pub max_grad_norm: f64,
+}
+
+impl OptimConfig {
+    /// Range checks shared by every command: `Err((setting, message))` for the first setting out
+    /// of range, named as here (`lr`, `betas`, `eps`, `weight_decay`, `max_grad_norm`); the caller
+    /// names the key of its own section.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, &'static str)> {
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(("lr", "must be a finite number > 0"));
+        }
+        let (b1, b2) = self.betas;
+        if !((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2)) {
+            return Err(("betas", "must be two numbers in [0, 1)"));
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(("eps", "must be a finite number > 0"));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(("weight_decay", "must be a finite number >= 0"));
+        }
+        if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
+            return Err(("max_grad_norm", "must be >= 0"));
+        }
+        Ok(())
+    }
+}
 
 /// Whether a parameter of this dtype trains through an f32 master copy: the reduced-precision
 /// float dtypes, whose resolution swallows small updates.
@@ -85,18 +134,7 @@ impl Optim {
     /// Builds AdamW over the variables of `vs` that require gradients (all of them, or only the
     /// LoRA adapters and heads after `apply_lora`), in name order; bf16/f16 ones get f32 masters
     /// and moments.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        vs: &nn::VarStore,
-        lr: f64,
-        betas: (f64, f64),
-        eps: f64,
-        weight_decay: f64,
-        schedule: Schedule,
-        warmup: usize,
-        total: usize,
-        max_grad_norm: f64,
-    ) -> Result<Self> {
+    pub fn new(vs: &nn::VarStore, c: &OptimConfig, total: usize) -> Result<Self> {
         let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let mut params = Vec::with_capacity(vars.len());
@@ -112,7 +150,18 @@ impl Optim {
             let decay = var.dim() >= 2;
             params.push(ParamState { name, var, master, m, v, t: 0, decay });
         }
-        Ok(Optim { params, betas, eps, weight_decay, base_lr: lr, schedule, warmup, total, max_grad_norm, steps: 0 })
+        Ok(Optim {
+            params,
+            betas: c.betas,
+            eps: c.eps,
+            weight_decay: c.weight_decay,
+            base_lr: c.lr,
+            schedule: c.schedule,
+            warmup: c.warmup_steps,
+            total,
+            max_grad_norm: c.max_grad_norm,
+            steps: 0,
+        })
     }
 
     /// The learning rate of the next step.
@@ -291,6 +340,18 @@ pub fn ema_update(ema: &nn::VarStore, src: &nn::VarStore, decay: f64) -> Result<
 mod tests {
     use super::*;
 
+    fn settings(
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        schedule: Schedule,
+        warmup_steps: usize,
+        max_grad_norm: f64,
+    ) -> OptimConfig {
+        OptimConfig { lr, betas, eps, weight_decay, schedule, warmup_steps, max_grad_norm }
+    }
+
     #[test]
     fn schedules() {
         assert_eq!(lr_factor(Schedule::Constant, 5, 0, 10), 1.0);
@@ -310,7 +371,8 @@ mod tests {
         let run_ours = || {
             let vs = nn::VarStore::new(tch::Device::Cpu);
             let w = vs.root().var_copy("w", &init);
-            let mut opt = Optim::new(&vs, 0.01, (0.9, 0.99), 1e-8, 0.1, Schedule::Constant, 0, 10, 0.0).unwrap();
+            let mut opt =
+                Optim::new(&vs, &settings(0.01, (0.9, 0.99), 1e-8, 0.1, Schedule::Constant, 0, 0.0), 10).unwrap();
             for g in &grads {
                 (&w * g).sum(Kind::Float).backward();
                 opt.step().unwrap();
@@ -338,14 +400,15 @@ mod tests {
     fn clips_and_skips_non_finite() {
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let w = vs.root().f_zeros("w", &[2]).unwrap();
-        let mut opt = Optim::new(&vs, 0.1, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 10, 1.0).unwrap();
+        let mut opt = Optim::new(&vs, &settings(0.1, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 1.0), 10).unwrap();
         let loss = (&w * Tensor::from_slice(&[3f32, 4.])).sum(Kind::Float);
         loss.backward();
         let info = opt.step().unwrap();
         assert!((info.grad_norm - 5.0).abs() < 1e-6 && !info.skipped);
         // Over several parameters, 2-D included: ‖(3, 4)‖ and ‖[[12]]‖ → √(9 + 16 + 144) = 13.
         let m = vs.root().f_zeros("m", &[1, 1]).unwrap();
-        let mut opt2 = Optim::new(&vs, 0.1, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 10, 0.0).unwrap();
+        let mut opt2 =
+            Optim::new(&vs, &settings(0.1, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 0.0), 10).unwrap();
         ((&w * Tensor::from_slice(&[3f32, 4.])).sum(Kind::Float) + (&m * 12.0).sum(Kind::Float)).backward();
         assert!((opt2.grad_norm().unwrap() - 13.0).abs() < 1e-6);
         opt2.zero_grad();
@@ -380,7 +443,7 @@ mod tests {
         let w = vs.root().var_copy("w", w0);
         let b = vs.root().var_copy("b", b0);
         vs.set_kind(kind); // as models load in bf16
-        let opt = Optim::new(&vs, 1e-6, (0.9, 0.999), 1e-8, 0.1, Schedule::Constant, 0, 1000, 1.0).unwrap();
+        let opt = Optim::new(&vs, &settings(1e-6, (0.9, 0.999), 1e-8, 0.1, Schedule::Constant, 0, 1.0), 1000).unwrap();
         (vs, w, b, opt)
     }
 
@@ -442,7 +505,7 @@ mod tests {
         let mut vs = nn::VarStore::new(tch::Device::Cpu);
         let w = vs.root().f_zeros("w", &[3, 1000]).unwrap();
         vs.set_kind(Kind::BFloat16);
-        let opt = Optim::new(&vs, 1e-6, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 10, 1.0).unwrap();
+        let opt = Optim::new(&vs, &settings(1e-6, (0.9, 0.999), 1e-8, 0.0, Schedule::Constant, 0, 1.0), 10).unwrap();
         w.sum(Kind::Float).backward();
         assert_eq!(w.grad().kind(), Kind::BFloat16);
         let norm = opt.grad_norm().unwrap();

@@ -1,6 +1,6 @@
-//! Group Relative Policy Optimization as in `seeds/grpo-explained.md` (DeepSeekMath; TRL's
-//! `GRPOTrainer`): no critic — each response's advantage is its reward standardised within the group
-//! of responses sampled for the same prompt, shared by all its tokens.
+//! Group Relative Policy Optimization (DeepSeekMath, Shao et al. 2024; TRL's `GRPOTrainer`): no
+//! critic — each response's advantage is its reward standardised within the group of responses
+//! sampled for the same prompt, shared by all its tokens.
 //!
 //! Per generation batch ([`Grpo::prepare`]), for sample `i` in group `g` (samples sharing a `group_id`;
 //! groups need not be contiguous nor of equal size):
@@ -13,18 +13,18 @@
 //! Per minibatch ([`Grpo::loss`]), per valid token `t`:
 //!
 //! ```text
-//! ρ_t   = exp(logp_t − logp_old_t)                        on-policy logp_old = logp.detach(): the
-//!                                                          seed's exp(logp − logp_detached), 1 in value
+//! ρ_t   = exp(logp_t − logp_old_t)                        on-policy logp_old = logp.detach():
+//!                                                          exp(logp − logp.detach()), 1 in value
 //! l1_t  = ρ_t·A,   l2_t = clamp(ρ_t, 1 − ε, 1 + ε_high)·A
 //! KL_t  = exp(ref_t − logp_t) − (ref_t − logp_t) − 1     (k3, non-negative)
 //! L_t   = −min(l1_t, l2_t) + β·KL_t
-//! loss  = mean_i ( Σ_t L_t·mask / Σ_t mask )               loss_type = "grpo" (the seed's)
+//! loss  = mean_i ( Σ_t L_t·mask / Σ_t mask )               loss_type = "grpo" (DeepSeekMath's)
 //! ```
 //!
-//! Options and where TRL differs (the seed is the default):
-//! - `std`: the seed divides by the population std; TRL uses `torch.std`, unbiased (`"unbiased"`).
+//! Options and where TRL differs (DeepSeekMath's formula is the default):
+//! - `std`: DeepSeekMath divides by the population std; TRL uses `torch.std`, unbiased (`"unbiased"`).
 //!   A group of one sample has std 0 either way (and A = 0), never NaN.
-//! - `scale_rewards` (TRL's): `"group"` (seed), `"batch"` — divide by the std of the whole batch's
+//! - `scale_rewards` (TRL's): `"group"` (default), `"batch"` — divide by the std of the whole batch's
 //!   rewards instead (centring stays per group) — or `"none"` (Dr. GRPO: `A = r − mean_g`).
 //! - `epsilon_high` (DAPO's clip-higher): the upper clip bound; defaults to `epsilon`.
 //! - `loss_type` (TRL's names): `"grpo"` — each sequence's token mean, then the batch mean;
@@ -34,8 +34,8 @@
 //!   A plugin sees one minibatch at a time, so when the host does not accumulate gradients across
 //!   minibatches that normaliser is the minibatch's token count and `dapo` equals `bnpo`.
 //!   TRL's default `loss_type` changed across versions (recent ones use `dapo`).
-//! - `beta`: the seed's example uses 0.1, TRL's default is 0.0 (no reference model at all); ours is 0.04
-//!   (TRL's former default). With `beta = 0` the host computes no reference log-probs.
+//! - `beta`: TRL's default is 0.0 (no reference model at all); ours is 0.04 (DeepSeekMath's, TRL's
+//!   former default). With `beta = 0` the host computes no reference log-probs.
 //!
 //! # Config
 //!
@@ -51,19 +51,18 @@
 //! log_entropy = false          # log the policy's entropy
 //! ```
 
-use std::collections::HashMap;
-
+pub use rlhf_plugin_api::ops::StdEstimator;
+use rlhf_plugin_api::ops::{self, group_index, group_stats, masked, masked_mean, masked_row_sum, Metrics};
 use rlhf_plugin_api::prelude::*;
-use serde::Deserialize;
-use tch::Device;
+use serde::{Deserialize, Serialize};
 
 type Result<T> = std::result::Result<T, PluginError>;
 
 /// How per-token losses are reduced to the minibatch loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LossType {
-    /// Mean over sequences of each sequence's token mean (the seed, DeepSeekMath).
+    /// Mean over sequences of each sequence's token mean (DeepSeekMath).
     Grpo,
     /// Token mean over the minibatch.
     Bnpo,
@@ -74,10 +73,10 @@ pub enum LossType {
 }
 
 /// What the group-centred rewards are divided by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ScaleRewards {
-    /// The group's std (the seed).
+    /// The group's std (DeepSeekMath).
     Group,
     /// The std of the whole batch's rewards.
     Batch,
@@ -85,31 +84,21 @@ pub enum ScaleRewards {
     None,
 }
 
-/// Which standard deviation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StdEstimator {
-    /// `sqrt(1/n Σ (r − mean)²)` (the seed).
-    Population,
-    /// `sqrt(1/(n−1) Σ (r − mean)²)` (TRL's `torch.std`); 0 for a single sample.
-    Unbiased,
-}
-
-/// The `[algorithm]` section; defaults follow the seed.
-#[derive(Debug, Clone, Deserialize)]
+/// The `[algorithm]` section; defaults follow DeepSeekMath.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpoConfig {
-    /// Weight β of the k3 KL to the reference (seed example 0.1, TRL default 0.0; 0 = no reference).
+    /// Weight β of the k3 KL to the reference (DeepSeekMath 0.04, TRL default 0.0; 0 = no reference).
     pub beta: f64,
     /// Lower ratio clip ε: ratios are clamped to `[1 − ε, 1 + epsilon_high]`.
     pub epsilon: f64,
     /// Upper ratio clip (DAPO clip-higher); defaults to `epsilon`.
     pub epsilon_high: Option<f64>,
-    /// Loss reduction: "grpo" (seed), "bnpo", "dr_grpo" or "dapo".
+    /// Loss reduction: "grpo" (DeepSeekMath), "bnpo", "dr_grpo" or "dapo".
     pub loss_type: LossType,
-    /// Advantage scaling: "group" (seed), "batch" or "none".
+    /// Advantage scaling: "group" (DeepSeekMath), "batch" or "none".
     pub scale_rewards: ScaleRewards,
-    /// Standard deviation estimator: "population" (seed) or "unbiased" (TRL).
+    /// Standard deviation estimator: "population" (DeepSeekMath) or "unbiased" (TRL).
     pub std: StdEstimator,
     /// dr_grpo's constant normaliser; defaults to the minibatch's `R`.
     pub max_completion_length: Option<u64>,
@@ -135,15 +124,10 @@ impl Default for GrpoConfig {
 impl GrpoConfig {
     /// Range checks that serde cannot express; errors name the key.
     fn validate(&self) -> Result<()> {
-        if self.beta.is_nan() || self.beta < 0.0 {
-            return Err(PluginError::config("beta", format!("must be >= 0, got {}", self.beta)));
-        }
-        for (key, v) in [("epsilon", Some(self.epsilon)), ("epsilon_high", self.epsilon_high)] {
-            if let Some(v) = v {
-                if v.is_nan() || v <= 0.0 {
-                    return Err(PluginError::config(key, format!("must be > 0, got {v}")));
-                }
-            }
+        ops::check_nonnegative("beta", self.beta)?;
+        ops::check_positive("epsilon", self.epsilon)?;
+        if let Some(v) = self.epsilon_high {
+            ops::check_positive("epsilon_high", v)?;
         }
         if self.max_completion_length == Some(0) {
             return Err(PluginError::config("max_completion_length", "must be > 0"));
@@ -169,14 +153,15 @@ impl Algorithm for Grpo {
         Requirements { reference: self.cfg.beta != 0.0, critic: false, entropy: self.cfg.log_entropy }
     }
 
+    fn resolved_config(&self) -> serde_json::Value {
+        serde_json::to_value(&self.cfg).unwrap_or_default()
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`, `exp.group_ids [B]` i64, `exp.action_mask [B, R]`; returns `advantages [B, R]`
     /// (each sample's A on its valid tokens, 0 on padding) and no returns.
     fn prepare(&mut self, exp: &Experience) -> Result<Prepared> {
         let mask = &exp.action_mask; // [B, R]
-        let (b, _r) = mask.size2()?;
-        expect_shape("rewards", &exp.rewards, &[b])?;
-        expect_shape("group_ids", &exp.group_ids, &[b])?;
         let valid = mask.f_gt(0.0)?; // [B, R] bool
 
         // Statistics in f64, so that a group of equal rewards has a std of exactly 0.
@@ -195,14 +180,14 @@ impl Algorithm for Grpo {
         }; // [B]
 
         let zero_std = std_g.f_lt(1e-8)?.f_to_kind(Kind::Double)?; // [G]
-        let metrics = vec![
-            ("grpo/advantages_mean".to_string(), scalar(&advantages.f_mean(Kind::Double)?)?),
-            ("grpo/advantages_std".to_string(), scalar(&advantages.f_var_dim(0i64, false, false)?.f_sqrt()?)?),
-            ("reward_std".to_string(), scalar(&std_g.f_mean(Kind::Double)?)?),
-            ("grpo/frac_zero_std_groups".to_string(), scalar(&zero_std.f_mean(Kind::Double)?)?),
-            ("grpo/num_groups".to_string(), n_groups as f64),
-        ];
-        let advantages = masked(&advantages.f_to_kind(mask.kind())?.f_unsqueeze(1)?, &valid)?; // [B, R]
+        let metrics = Metrics::new()
+            .scalar("grpo/advantages_mean", &advantages.f_mean(Kind::Double)?)?
+            .scalar("grpo/advantages_std", &advantages.f_var_dim(0i64, false, false)?.f_sqrt()?)?
+            .scalar("reward_std", &std_g.f_mean(Kind::Double)?)?
+            .scalar("grpo/frac_zero_std_groups", &zero_std.f_mean(Kind::Double)?)?
+            .value("grpo/num_groups", n_groups as f64)
+            .finish();
+        let advantages = ops::per_token(&advantages.f_to_kind(mask.kind())?, &valid)?; // [B, R]
         Ok(Prepared { advantages, returns: None, metrics })
     }
 
@@ -211,13 +196,8 @@ impl Algorithm for Grpo {
     fn loss(&mut self, mb: &Minibatch) -> Result<LossOutput> {
         let cfg = &self.cfg;
         let mask = &mb.action_mask; // [b, R]
-        let (b, r) = mask.size2()?;
+        let (_, r) = mask.size2()?;
         let valid = mask.f_gt(0.0)?; // [b, R] bool
-        for (name, t) in
-            [("logprobs", &mb.logprobs), ("old_logprobs", &mb.old_logprobs), ("advantages", &mb.advantages)]
-        {
-            expect_shape(name, t, &[b, r])?;
-        }
         let logp = masked(&mb.logprobs, &valid)?; // [b, R], grad
         let old = masked(&mb.old_logprobs, &valid)?; // [b, R]
         let advantages = masked(&mb.advantages, &valid)?; // [b, R]
@@ -230,7 +210,7 @@ impl Algorithm for Grpo {
         let per_token_loss2 = coef_2.f_mul(&advantages)?;
         let pg_per_token = per_token_loss1.f_minimum(&per_token_loss2)?.f_neg()?; // [b, R]
         let per_token_kl = if cfg.beta != 0.0 {
-            let reff = masked(need(&mb.ref_logprobs, "ref_logprobs", &[b, r])?, &valid)?; // [b, R]
+            let reff = masked(ops::need(&mb.ref_logprobs, "ref_logprobs", "grpo")?, &valid)?; // [b, R]
             let d = reff.f_sub(&logp)?; // ref − logp
             Some(d.f_exp()?.f_sub(&d)?.f_sub_scalar(1.0)?) // k3, [b, R]
         } else {
@@ -247,25 +227,19 @@ impl Algorithm for Grpo {
             let is_low_clipped = coef_1.f_lt(1.0 - epsilon_low)?.f_logical_and(&advantages.f_lt(0.0)?)?; // [b, R]
             let is_high_clipped = coef_1.f_gt(1.0 + epsilon_high)?.f_logical_and(&advantages.f_gt(0.0)?)?;
             let is_region_clipped = is_low_clipped.f_logical_or(&is_high_clipped)?;
-            let frac = |x: &Tensor| -> Result<f64> { scalar(&masked_mean(&x.f_to_kind(Kind::Float)?, mask)?) };
-            let approx_kl = masked_mean(&log_ratio.f_square()?, mask)?.f_mul_scalar(0.5)?;
-            let mut m = vec![
-                (
-                    "loss/policy".to_string(),
-                    scalar(&aggregate(&pg_per_token, mask, cfg.loss_type, max_completion_length)?)?,
-                ),
-                ("clip_ratio".to_string(), frac(&is_region_clipped)?),
-                ("clip_ratio/low_mean".to_string(), frac(&is_low_clipped)?),
-                ("clip_ratio/high_mean".to_string(), frac(&is_high_clipped)?),
-                ("approx_kl".to_string(), scalar(&approx_kl)?),
-            ];
+            let mut m = Metrics::new();
+            m.scalar("loss/policy", &aggregate(&pg_per_token, mask, cfg.loss_type, max_completion_length)?)?
+                .scalar("clip_ratio", &ops::masked_fraction(&is_region_clipped, mask)?)?
+                .scalar("clip_ratio/low_mean", &ops::masked_fraction(&is_low_clipped, mask)?)?
+                .scalar("clip_ratio/high_mean", &ops::masked_fraction(&is_high_clipped, mask)?)?
+                .scalar("approx_kl", &ops::approx_kl(&log_ratio, mask)?)?;
             if let Some(kl) = &per_token_kl {
-                m.push(("kl".into(), scalar(&masked_mean(kl, mask)?)?));
+                m.scalar("kl", &masked_mean(kl, mask)?)?;
             }
             if let Some(h) = &mb.entropy {
-                m.push(("entropy".into(), scalar(&masked_mean(&masked(h, &valid)?, mask)?)?));
+                m.scalar("entropy", &masked_mean(&masked(h, &valid)?, mask)?)?;
             }
-            Ok(m)
+            Ok(m.finish())
         })?;
         Ok(LossOutput { loss, metrics })
     }
@@ -277,7 +251,7 @@ impl Algorithm for Grpo {
 /// `per_token`, `mask`: `[b, R]`; returns a scalar.
 fn aggregate(per_token: &Tensor, mask: &Tensor, loss_type: LossType, max_completion_length: i64) -> Result<Tensor> {
     let (b, _r) = mask.size2()?;
-    let row_sums = per_token.f_mul(mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [b]
+    let row_sums = masked_row_sum(per_token, mask)?; // Σ_t L·mask, [b]
     Ok(match loss_type {
         // mean_i (Σ_t L·mask / Σ_t mask)
         LossType::Grpo => {
@@ -293,81 +267,6 @@ fn aggregate(per_token: &Tensor, mask: &Tensor, loss_type: LossType, max_complet
     })
 }
 
-/// Dense group indices `0..G` for arbitrary `group_ids` (any order, any values), in order of first
-/// appearance, and `G`.
-///
-/// # Shapes
-/// `group_ids [B]` i64; returns `[B]` i64 on the same device.
-fn group_index(group_ids: &Tensor) -> Result<(Tensor, i64)> {
-    let ids = Vec::<i64>::try_from(&group_ids.f_to(Device::Cpu)?)?;
-    let mut dense: HashMap<i64, i64> = HashMap::new();
-    let index: Vec<i64> = ids
-        .iter()
-        .map(|id| {
-            let next = dense.len() as i64;
-            *dense.entry(*id).or_insert(next)
-        })
-        .collect();
-    Ok((Tensor::f_from_slice(&index)?.f_to(group_ids.device())?, dense.len() as i64))
-}
-
-/// Per-group mean and standard deviation (population or unbiased; a group of one has std 0).
-///
-/// # Shapes
-/// `rewards [B]`, `group [B]` i64 in `0..n_groups`; returns `(mean [G], std [G])`.
-fn group_stats(rewards: &Tensor, group: &Tensor, n_groups: i64, std: StdEstimator) -> Result<(Tensor, Tensor)> {
-    let zeros = Tensor::f_zeros([n_groups], (rewards.kind(), rewards.device()))?; // [G]
-    let counts = zeros.f_index_add(0, group, &rewards.f_ones_like()?)?; // G_g
-    let mean = zeros.f_index_add(0, group, rewards)?.f_div(&counts)?; // 1/G_g Σ r
-    let squares = rewards.f_sub(&mean.f_index_select(0, group)?)?.f_square()?; // [B]
-    let sum_squares = zeros.f_index_add(0, group, &squares)?; // Σ (r − mean_g)²
-    let denominator = match std {
-        StdEstimator::Population => counts,
-        StdEstimator::Unbiased => counts.f_sub_scalar(1.0)?.f_clamp_min(1.0)?,
-    };
-    Ok((mean, sum_squares.f_div(&denominator)?.f_sqrt()?))
-}
-
-/// `x` on valid slots, 0 elsewhere (`where`, not `x·mask`: padding may hold NaN).
-///
-/// # Shapes
-/// `x [B, R]` (or broadcastable), `valid [B, R]` bool; returns `[B, R]`.
-fn masked(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
-    Ok(x.f_where_scalarother(valid, 0.0)?)
-}
-
-/// `Σ x·mask / max(Σ mask, 1)`.
-///
-/// # Shapes
-/// `x`, `mask`: `[b, R]`; returns a scalar.
-fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    let n = mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?;
-    Ok(x.f_mul(mask)?.f_sum(Kind::Float)?.f_div(&n)?)
-}
-
-/// A scalar tensor's value.
-fn scalar(t: &Tensor) -> Result<f64> {
-    Ok(t.f_double_value(&[])?)
-}
-
-/// An optional input the requirements ask the host for, shape-checked.
-fn need<'a>(t: &'a Option<Tensor>, name: &str, shape: &[i64]) -> Result<&'a Tensor> {
-    let t = t.as_ref().ok_or_else(|| {
-        PluginError::compute(format!("grpo: the host passed no `{name}` although the requirements ask for it"))
-    })?;
-    expect_shape(name, t, shape)?;
-    Ok(t)
-}
-
-/// The host's contract on shapes; a mismatch is a host bug worth naming.
-fn expect_shape(name: &str, t: &Tensor, shape: &[i64]) -> Result<()> {
-    if t.size() == shape {
-        Ok(())
-    } else {
-        Err(PluginError::compute(format!("{name}: expected shape {shape:?}, got {:?}", t.size())))
-    }
-}
-
 rlhf_plugin_api::export_algorithm!(
     Grpo,
     name: "grpo",
@@ -378,6 +277,7 @@ rlhf_plugin_api::export_algorithm!(
 mod tests {
     use super::*;
     use serde_json::json;
+    use tch::Device;
 
     const NAN: f32 = f32::NAN;
 
@@ -506,6 +406,7 @@ mod tests {
             entropy: None,
             rewards: Tensor::from_slice(&[1.0f32, 0.0]),
             step: 0,
+            epoch: 0,
         };
         (mb, logp)
     }
@@ -579,6 +480,11 @@ mod tests {
             (LossType::Grpo, ScaleRewards::Group, StdEstimator::Population)
         );
         assert!(grpo(json!({"log_entropy": true})).requirements().entropy);
+        let resolved = g.resolved_config();
+        assert_eq!(
+            (&resolved["std"], &resolved["loss_type"], &resolved["beta"]),
+            (&json!("population"), &json!("grpo"), &json!(0.04))
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Simplified sequence-level PPO of `seeds/ppo-explained.md` §11 (its `train_ppo.py`): one action per
-//! response — log-probs summed over the response, one advantage per sample (final reward minus final
-//! value), no GAE and no per-token loss. The ratio clipping of PPO is kept.
+//! Simplified sequence-level PPO, a teaching simplification: one action per response — log-probs
+//! summed over the response, one advantage per sample (final reward minus final value), no GAE and
+//! no per-token loss. The ratio clipping of PPO is kept.
 //!
 //! Per minibatch ([`PpoSeq::loss`]), `mean` over the `b` samples, `Σ_t` over valid response tokens:
 //!
@@ -15,22 +15,22 @@
 //! loss        = policy_loss + vf_coef·value_loss + kl_coef·kl_ref
 //! ```
 //!
-//! **Which value.** The seed calls `V` the sample's "final value" without saying where the critic is
-//! read. The response is one action taken in one state — the prompt — so by default (`value_at =
-//! "prompt"`) `V` is the critic at the first response slot, `V(prompt)` (the host's `values[:, t]` is
-//! V(s) for the state before token t). That baseline does not depend on the action, so the gradient
-//! stays unbiased. `value_at = "last"` reads the last valid response token instead, the state just
-//! before the final token: that critic has seen (almost) the whole answer, so once it fits, `R − V`
-//! goes to 0 for right and wrong answers alike and the policy stops learning — on the embedded
-//! addition preset the reward fell from 0.06 to 0.02–0.08 over 300 steps on four seeds with `"last"`,
-//! and rose from 0.14–0.17 to 0.72–0.81 on three seeds with `"prompt"`.
+//! **Which value.** "The sample's final value" does not say where the critic is read. The response
+//! is one action taken in one state — the prompt — so by default (`value_at = "prompt"`) `V` is the
+//! critic at the first response slot, `V(prompt)` (the host's `values[:, t]` is V(s) for the state
+//! before token t). That baseline does not depend on the action, so the gradient stays unbiased.
+//! `value_at = "last"` reads the last valid response token instead, the state just before the final
+//! token: that critic has seen (almost) the whole answer, so once it fits, `R − V` goes to 0 for
+//! right and wrong answers alike and the policy stops learning — on the embedded addition preset the
+//! reward fell from 0.06 to 0.02–0.08 over 300 steps on four seeds with `"last"`, and rose from
+//! 0.14–0.17 to 0.72–0.81 on three seeds with `"prompt"`.
 //!
 //! [`PpoSeq::prepare`] needs nothing from the batch beyond `R − V_old`: it returns it broadcast over
 //! each row's valid tokens as `advantages` (for logging and the host's bookkeeping; the loss recomputes
-//! A from the current critic, as the seed does) and `R` broadcast as `returns`.
+//! A from the current critic) and `R` broadcast as `returns`.
 //!
-//! This is a teaching simplification, not what TRL or OpenRLHF implement (they do token-level PPO with
-//! GAE — see the `ppo` plugin); every hyperparameter default here is the seed's.
+//! This is not what TRL or OpenRLHF implement (they do token-level PPO with GAE — see the `ppo`
+//! plugin).
 //!
 //! # Config
 //!
@@ -42,13 +42,14 @@
 //! value_at = "prompt"  # V read at the prompt ("prompt") or at the last response token ("last")
 //! ```
 
+use rlhf_plugin_api::ops::{self, masked, Metrics};
 use rlhf_plugin_api::prelude::*;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 type Result<T> = std::result::Result<T, PluginError>;
 
 /// Which critic output is the sample's value `V`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ValueAt {
     /// `V(prompt)`: the value of the state before the first response token. The response is the
@@ -60,8 +61,8 @@ pub enum ValueAt {
     Last,
 }
 
-/// The `[algorithm]` section; defaults are the seed's.
-#[derive(Debug, Clone, Deserialize)]
+/// The `[algorithm]` section.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PpoSeqConfig {
     /// Policy ratio clip ε: the sequence ratio is clamped to `[1 − ε, 1 + ε]`.
@@ -83,15 +84,9 @@ impl Default for PpoSeqConfig {
 impl PpoSeqConfig {
     /// Range checks that serde cannot express; errors name the key.
     fn validate(&self) -> Result<()> {
-        if self.cliprange.is_nan() || self.cliprange <= 0.0 {
-            return Err(PluginError::config("cliprange", format!("must be > 0, got {}", self.cliprange)));
-        }
-        for (key, v) in [("vf_coef", self.vf_coef), ("kl_coef", self.kl_coef)] {
-            if v.is_nan() || v < 0.0 {
-                return Err(PluginError::config(key, format!("must be >= 0, got {v}")));
-            }
-        }
-        Ok(())
+        ops::check_positive("cliprange", self.cliprange)?;
+        ops::check_nonnegative("vf_coef", self.vf_coef)?;
+        ops::check_nonnegative("kl_coef", self.kl_coef)
     }
 }
 
@@ -112,25 +107,27 @@ impl Algorithm for PpoSeq {
         Requirements { reference: true, critic: true, entropy: false }
     }
 
+    fn resolved_config(&self) -> serde_json::Value {
+        serde_json::to_value(&self.cfg).unwrap_or_default()
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`, `exp.values`, `action_mask [B, R]`; returns `advantages`, `returns [B, R]`,
     /// each row's value on its valid tokens and 0 on padding.
     fn prepare(&mut self, exp: &Experience) -> Result<Prepared> {
         let mask = &exp.action_mask; // [B, R]
-        let (b, r) = mask.size2()?;
-        expect_shape("rewards", &exp.rewards, &[b])?;
         let valid = mask.f_gt(0.0)?; // [B, R] bool
-        let old_values = masked(need(&exp.values, "values", &[b, r])?, &valid)?; // [B, R]
+        let old_values = masked(ops::need(&exp.values, "values", "ppo-seq")?, &valid)?; // [B, R]
         let rewards = exp.rewards.f_to_kind(mask.kind())?; // [B]
         let v_old = sample_value(&old_values, &valid, self.cfg.value_at)?; // [B]
         let advantages = rewards.f_sub(&v_old)?; // [B]
-        let metrics = vec![
-            ("ppo_seq/advantages_mean".to_string(), scalar(&advantages.f_mean(Kind::Float)?)?),
-            ("ppo_seq/values_mean".to_string(), scalar(&v_old.f_mean(Kind::Float)?)?),
-        ];
+        let metrics = Metrics::new()
+            .scalar("ppo_seq/advantages_mean", &advantages.f_mean(Kind::Float)?)?
+            .scalar("ppo_seq/values_mean", &v_old.f_mean(Kind::Float)?)?
+            .finish();
         Ok(Prepared {
-            advantages: per_token(&advantages, &valid)?,
-            returns: Some(per_token(&rewards, &valid)?),
+            advantages: ops::per_token(&advantages, &valid)?,
+            returns: Some(ops::per_token(&rewards, &valid)?),
             metrics,
         })
     }
@@ -140,23 +137,20 @@ impl Algorithm for PpoSeq {
     fn loss(&mut self, mb: &Minibatch) -> Result<LossOutput> {
         let cfg = &self.cfg;
         let mask = &mb.action_mask; // [b, R]
-        let (b, r) = mask.size2()?;
         let valid = mask.f_gt(0.0)?; // [b, R] bool
-        expect_shape("logprobs", &mb.logprobs, &[b, r])?;
-        expect_shape("old_logprobs", &mb.old_logprobs, &[b, r])?;
-        expect_shape("rewards", &mb.rewards, &[b])?;
 
         // Step 1: sequence log-probs.
         let actor_logp = seq_sum(&mb.logprobs, &valid)?; // [b], grad
         let old_logp = seq_sum(&mb.old_logprobs, &valid)?; // [b]
-        let ref_logp = seq_sum(need(&mb.ref_logprobs, "ref_logprobs", &[b, r])?, &valid)?; // [b]
+        let ref_logp = seq_sum(ops::need(&mb.ref_logprobs, "ref_logprobs", "ppo-seq")?, &valid)?; // [b]
 
         // Step 2: KL to the old policy (monitoring) and to the reference (penalty).
         let kl = actor_logp.f_sub(&old_logp)?.f_mean(Kind::Float)?; // []
         let kl_ref = actor_logp.f_sub(&ref_logp)?.f_mean(Kind::Float)?; // [], grad
 
         // Step 3: advantage from the final value.
-        let values = sample_value(&masked(need(&mb.values, "values", &[b, r])?, &valid)?, &valid, cfg.value_at)?; // [b], grad
+        let values = masked(ops::need(&mb.values, "values", "ppo-seq")?, &valid)?; // [b, R], grad
+        let values = sample_value(&values, &valid, cfg.value_at)?; // [b], grad
         let rewards = mb.rewards.f_to_kind(values.kind())?; // [b]
         let advantages = rewards.f_sub(&values.f_detach()?)?; // [b]
 
@@ -176,28 +170,24 @@ impl Algorithm for PpoSeq {
         let metrics = tch::no_grad(|| -> Result<Vec<(String, f64)>> {
             let clipped = surr2.f_lt_tensor(&surr1)?.f_to_kind(Kind::Float)?; // [b]
             let log_ratio = masked(&mb.logprobs, &valid)?.f_sub(&masked(&mb.old_logprobs, &valid)?)?; // [b, R]
-            let approx_kl = masked_mean(&log_ratio.f_square()?, mask)?.f_mul_scalar(0.5)?;
-            let mut m = vec![
-                ("loss/policy".to_string(), scalar(&policy_loss)?),
-                ("loss/value".to_string(), scalar(&value_loss)?),
-                ("kl".to_string(), scalar(&kl_ref)?),
-                ("ppo_seq/kl_old".to_string(), scalar(&kl)?),
-                ("clip_ratio".to_string(), scalar(&clipped.f_mean(Kind::Float)?)?),
-                ("approx_kl".to_string(), scalar(&approx_kl)?),
-                ("ppo_seq/ratio_mean".to_string(), scalar(&ratio.f_mean(Kind::Float)?)?),
-                ("ppo_seq/advantages_mean".to_string(), scalar(&advantages.f_mean(Kind::Float)?)?),
-            ];
-            if let Some(ev) = explained_variance(&values, &rewards)? {
-                m.push(("explained_var".into(), ev));
-            }
-            Ok(m)
+            Ok(Metrics::new()
+                .scalar("loss/policy", &policy_loss)?
+                .scalar("loss/value", &value_loss)?
+                .scalar("kl", &kl_ref)?
+                .scalar("ppo_seq/kl_old", &kl)?
+                .scalar("clip_ratio", &clipped.f_mean(Kind::Float)?)?
+                .scalar("approx_kl", &ops::approx_kl(&log_ratio, mask)?)?
+                .scalar("ppo_seq/ratio_mean", &ratio.f_mean(Kind::Float)?)?
+                .scalar("ppo_seq/advantages_mean", &advantages.f_mean(Kind::Float)?)?
+                .optional("explained_var", ops::explained_variance(&values, &rewards)?)
+                .finish())
         })?;
         Ok(LossOutput { loss, metrics })
     }
 }
 
-/// `Σ_t x_t` over each row's valid tokens (the seed's `(logp_tokens * final_mask).sum(dim=1)`, with
-/// padding dropped by `where` so garbage there cannot leak in).
+/// `Σ_t x_t` over each row's valid tokens (`(logp_tokens * mask).sum(dim=1)`, with padding dropped
+/// by `where` so garbage there cannot leak in).
 ///
 /// # Shapes
 /// `x`, `valid`: `[b, R]`; returns `[b]`.
@@ -213,78 +203,7 @@ fn seq_sum(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
 fn sample_value(x: &Tensor, valid: &Tensor, at: ValueAt) -> Result<Tensor> {
     match at {
         ValueAt::Prompt => Ok(x.f_select(1, 0)?),
-        ValueAt::Last => last_token(x, valid),
-    }
-}
-
-/// Each row's entry at its last valid token (index `Σ mask − 1`; index 0 for an empty row).
-///
-/// # Shapes
-/// `x`, `valid`: `[b, R]`; returns `[b]`.
-fn last_token(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
-    let ends = valid.f_sum_dim_intlist(1, true, Kind::Int64)?.f_sub_scalar(1)?.f_clamp_min(0)?; // [b, 1]
-    Ok(x.f_gather(1, &ends, false)?.f_squeeze_dim(1)?)
-}
-
-/// A per-sample value broadcast over the row's valid tokens, 0 on padding.
-///
-/// # Shapes
-/// `x [B]`, `valid [B, R]`; returns `[B, R]`.
-fn per_token(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
-    masked(&x.f_unsqueeze(1)?, valid) // [B, 1] → [B, R]
-}
-
-/// `1 − Var(R − V) / Var(R)` over the samples; `None` when the rewards have no variance.
-///
-/// # Shapes
-/// `values`, `rewards`: `[b]`.
-fn explained_variance(values: &Tensor, rewards: &Tensor) -> Result<Option<f64>> {
-    let var = |x: &Tensor| -> Result<f64> { scalar(&x.f_var_dim(0i64, false, false)?) };
-    let var_rewards = var(rewards)?;
-    if var_rewards > 0.0 {
-        Ok(Some(1.0 - var(&rewards.f_sub(values)?)? / var_rewards))
-    } else {
-        Ok(None)
-    }
-}
-
-/// `x` on valid slots, 0 elsewhere (`where`, not `x·mask`: padding may hold NaN).
-///
-/// # Shapes
-/// `x [B, R]` (or broadcastable), `valid [B, R]` bool; returns `[B, R]`.
-fn masked(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
-    Ok(x.f_where_scalarother(valid, 0.0)?)
-}
-
-/// `Σ x·mask / max(Σ mask, 1)`.
-///
-/// # Shapes
-/// `x`, `mask`: `[b, R]`; returns a scalar.
-fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    let n = mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?;
-    Ok(x.f_mul(mask)?.f_sum(Kind::Float)?.f_div(&n)?)
-}
-
-/// A scalar tensor's value.
-fn scalar(t: &Tensor) -> Result<f64> {
-    Ok(t.f_double_value(&[])?)
-}
-
-/// An optional input the requirements ask the host for, shape-checked.
-fn need<'a>(t: &'a Option<Tensor>, name: &str, shape: &[i64]) -> Result<&'a Tensor> {
-    let t = t.as_ref().ok_or_else(|| {
-        PluginError::compute(format!("ppo-seq: the host passed no `{name}` although the requirements ask for it"))
-    })?;
-    expect_shape(name, t, shape)?;
-    Ok(t)
-}
-
-/// The host's contract on shapes; a mismatch is a host bug worth naming.
-fn expect_shape(name: &str, t: &Tensor, shape: &[i64]) -> Result<()> {
-    if t.size() == shape {
-        Ok(())
-    } else {
-        Err(PluginError::compute(format!("{name}: expected shape {shape:?}, got {:?}", t.size())))
+        ValueAt::Last => ops::last_valid(x, valid),
     }
 }
 
@@ -357,6 +276,7 @@ mod tests {
             entropy: None,
             rewards: Tensor::from_slice(&[2.0f32, -2.0]),
             step: 0,
+            epoch: 0,
         };
         let out = a.loss(&mb).unwrap();
         let m = &out.metrics;
@@ -429,6 +349,7 @@ mod tests {
             entropy: None,
             rewards: Tensor::from_slice(&[2.0f32]),
             step: 0,
+            epoch: 0,
         };
         let out = a.loss(&mb).unwrap();
         assert!((metric(&out.metrics, "loss/policy") + 1.5).abs() < 1e-6, "{:?}", out.metrics);
@@ -454,6 +375,7 @@ mod tests {
             entropy: None,
             rewards: Tensor::from_slice(&[1.0f32]),
             step: 0,
+            epoch: 0,
         };
         let out = a.loss(&mb).unwrap();
         assert!(out.loss.double_value(&[]).is_finite());
@@ -466,6 +388,10 @@ mod tests {
         assert_eq!(a.requirements(), Requirements { reference: true, critic: true, entropy: false });
         assert_eq!((a.cfg.cliprange, a.cfg.vf_coef, a.cfg.kl_coef), (0.2, 0.5, 0.02));
         assert_eq!(a.cfg.value_at, ValueAt::Prompt);
+        assert_eq!(
+            a.resolved_config(),
+            json!({"cliprange": 0.2, "vf_coef": 0.5, "kl_coef": 0.02, "value_at": "prompt"})
+        );
     }
 
     #[test]

@@ -537,7 +537,7 @@ mod abi {
     fn through_the_abi_adapter() {
         setup();
         let server = Server::start(|req| if req.n == 0 { Reply::raw(500, "once") } else { score(req) });
-        let ctx = HostContext { logger: HostLogger { log }, device: "cpu".into(), seed: 0, samples_per_prompt: 1 };
+        let ctx = HostContext { logger: HostLogger { log }, context_json: super::ctx().to_json().into() };
         let config = json!({"url": server.url("/"), "max_samples_per_request": 2, "concurrency": 1, "backoff_s": 0});
         let made =
             rlhf_plugin_api::export::new_reward::<RewardHttp>(RStr::from_str(&config.to_string()), ctx, "reward-http");

@@ -28,7 +28,9 @@
 
 // The prelude brings the traits (`Algorithm`), data (`Experience`, `Minibatch`, `Prepared`,
 // `LossOutput`, `Requirements`, `Context`), `PluginError`, `parse_config`, the export macros and
-// tch's `Tensor` / `Kind`. Nothing else from the host is needed.
+// tch's `Tensor` / `Kind`. Nothing else from the host is needed. `ops` holds the tensor helpers
+// algorithms share: masked means, group statistics, shape checks, a metrics builder.
+use rlhf_plugin_api::ops::{self, Metrics, StdEstimator};
 use rlhf_plugin_api::prelude::*;
 use serde::Deserialize;
 
@@ -85,29 +87,32 @@ impl Algorithm for TemplateReinforce {
         Requirements { reference: false, critic: false, entropy: false }
     }
 
-    /// Once per generation batch: turn sequence rewards into per-token advantages.
+    /// Once per generation batch: turn sequence rewards into per-token advantages. The host has
+    /// checked the shapes and dtypes below before calling.
     ///
     /// # Shapes
     /// `exp.rewards [B]`, `exp.group_ids [B]` i64, `exp.action_mask [B, R]` → advantages `[B, R]`.
     fn prepare(&mut self, exp: &Experience) -> Result<Prepared, PluginError> {
-        let (b, _r) = batch_shape(&exp.action_mask)?;
-        expect_shape("rewards", &exp.rewards, &[b])?;
-        expect_shape("group_ids", &exp.group_ids, &[b])?;
-
-        let group = group_stats(&exp.rewards, &exp.group_ids)?;
-        let mut advantage = exp.rewards.f_to_kind(Kind::Float)?.f_sub(&group.mean)?; // [B]
+        // Group ids are arbitrary i64 labels (any values, groups not necessarily contiguous):
+        // `group_index` numbers them 0..G. Statistics in f64, so equal rewards have a std of exactly 0.
+        let rewards = exp.rewards.f_to_kind(Kind::Double)?; // [B]
+        let (group, n_groups) = ops::group_index(&exp.group_ids)?; // [B] in 0..G
+        let (mean, std) = ops::group_stats(&rewards, &group, n_groups, StdEstimator::Unbiased)?; // [G], [G]
+        let std = std.f_index_select(0, &group)?; // each sample's group's std, [B]
+        let mut advantage = rewards.f_sub(&mean.f_index_select(0, &group)?)?; // [B]
         if self.config.normalize {
-            advantage = advantage.f_div(&group.std.f_add_scalar(self.config.eps)?)?;
+            advantage = advantage.f_div(&std.f_add_scalar(self.config.eps)?)?;
         }
         // Broadcast the sequence advantage over the response tokens; padding gets 0.
-        let advantages = advantage.f_unsqueeze(1)?.f_mul(&exp.action_mask)?; // [B, R]
+        let valid = exp.action_mask.f_gt(0.0)?; // [B, R] bool
+        let advantages = ops::per_token(&advantage.f_to_kind(Kind::Float)?, &valid)?; // [B, R]
 
-        // Groups whose rewards are all equal have zero advantage: no learning signal.
-        let zero_std = group.std.f_le(1e-8)?.f_to_kind(Kind::Float)?.f_mean(Kind::Float)?;
-        let metrics = vec![
-            ("advantages/mean_abs".to_string(), advantage.f_abs()?.f_mean(Kind::Float)?.f_double_value(&[])?),
-            ("frac_reward_zero_std".to_string(), zero_std.f_double_value(&[])?),
-        ];
+        // Samples whose group's rewards are all equal have zero advantage: no learning signal.
+        let zero_std = std.f_le(1e-8)?.f_to_kind(Kind::Float)?; // [B]
+        let metrics = Metrics::new()
+            .scalar("advantages/mean_abs", &advantage.f_abs()?.f_mean(Kind::Float)?)?
+            .scalar("frac_reward_zero_std", &zero_std.f_mean(Kind::Float)?)?
+            .finish();
         // `returns` are value targets for a critic; REINFORCE has none.
         Ok(Prepared { advantages, returns: None, metrics })
     }
@@ -118,69 +123,13 @@ impl Algorithm for TemplateReinforce {
     /// # Shapes
     /// `mb.logprobs`, `mb.advantages`, `mb.action_mask`: `[b, R]` → loss `[]`.
     fn loss(&mut self, mb: &Minibatch) -> Result<LossOutput, PluginError> {
-        let (b, r) = batch_shape(&mb.action_mask)?;
-        expect_shape("logprobs", &mb.logprobs, &[b, r])?;
-        expect_shape("advantages", &mb.advantages, &[b, r])?;
-
-        let mask = &mb.action_mask;
-        // Token-level mean over the minibatch's response tokens (at least 1 to avoid 0/0).
-        let tokens = mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?;
-        let pg_loss = mb.advantages.f_mul(&mb.logprobs)?.f_mul(mask)?.f_sum(Kind::Float)?.f_neg()?.f_div(&tokens)?; // []
+        // Token-level mean over the minibatch's response tokens: Σ A·logp·mask / max(Σ mask, 1).
+        let pg_loss = ops::masked_mean(&mb.advantages.f_mul(&mb.logprobs)?, &mb.action_mask)?.f_neg()?; // []
 
         // Read scalars for metrics without keeping the graph alive.
-        let metrics = vec![("loss/policy".to_string(), pg_loss.f_detach()?.f_double_value(&[])?)];
+        let metrics = Metrics::new().scalar("loss/policy", &pg_loss.f_detach()?)?.finish();
         Ok(LossOutput { loss: pg_loss, metrics })
     }
-}
-
-/// Per-sample statistics of the sample's group.
-///
-/// # Shapes
-/// `mean`, `std`: `[B]` f32.
-#[derive(Debug)]
-pub struct GroupStats {
-    /// Mean reward of the sample's group.
-    pub mean: Tensor,
-    /// Unbiased standard deviation of the group's rewards (0 for a group of one).
-    pub std: Tensor,
-}
-
-/// Mean and std of each sample's group. Group ids are arbitrary i64 labels (not necessarily
-/// `0..G`, not necessarily contiguous), so membership is computed with a `[B, B]` equality matrix
-/// — fine for the batch sizes of RL fine-tuning.
-///
-/// # Shapes
-/// `rewards [B]`, `group_ids [B]` i64.
-pub fn group_stats(rewards: &Tensor, group_ids: &Tensor) -> Result<GroupStats, PluginError> {
-    let rewards = rewards.f_to_kind(Kind::Float)?;
-    // same[i, j] = 1 when samples i and j come from the same prompt.
-    let same = group_ids.f_unsqueeze(1)?.f_eq_tensor(&group_ids.f_unsqueeze(0)?)?.f_to_kind(Kind::Float)?; // [B, B]
-    let count = same.f_sum_dim_intlist(1, false, Kind::Float)?; // [B], ≥ 1: i is in its own group
-    let mean = same.f_mv(&rewards)?.f_div(&count)?; // [B]
-                                                    // dev[i, j] = r_j − mean_i; only j in i's group count.
-    let dev = rewards.f_unsqueeze(0)?.f_sub(&mean.f_unsqueeze(1)?)?; // [B, B]
-    let var = same
-        .f_mul(&dev.f_square()?)?
-        .f_sum_dim_intlist(1, false, Kind::Float)?
-        .f_div(&count.f_sub_scalar(1.0)?.f_clamp_min(1.0)?)?; // [B]
-    Ok(GroupStats { mean, std: var.f_sqrt()? })
-}
-
-/// `(B, R)` of a `[B, R]` mask, or an error naming the tensor.
-fn batch_shape(action_mask: &Tensor) -> Result<(i64, i64), PluginError> {
-    match action_mask.size()[..] {
-        [b, r] => Ok((b, r)),
-        ref other => Err(PluginError::compute(format!("action_mask: expected [B, R], got {other:?}"))),
-    }
-}
-
-/// An error naming `what` unless `t` has exactly `shape`.
-fn expect_shape(what: &str, t: &Tensor, shape: &[i64]) -> Result<(), PluginError> {
-    let got = t.size();
-    if got != shape {
-        return Err(PluginError::compute(format!("{what}: expected shape {shape:?}, got {got:?}")));
-    }
-    Ok(())
 }
 
 // The plugin's header: the name users address it by (`--algo template-reinforce`) and a one-line
@@ -256,6 +205,7 @@ mod tests {
             entropy: None,
             rewards: exp.rewards.shallow_clone(),
             step: 0,
+            epoch: 0,
         };
         let out = algo.loss(&mb).unwrap();
         assert_close(&[out.loss.double_value(&[]) as f32], &[1. / 7.]);
@@ -283,14 +233,6 @@ mod tests {
         assert_close(&first_token, &[s, -s, -s, s, 0.]);
         let zero_std = prepared.metrics.iter().find(|(n, _)| n == "frac_reward_zero_std").unwrap().1;
         assert!((zero_std - 0.2).abs() < 1e-6);
-    }
-
-    #[test]
-    fn shape_errors_name_the_tensor() {
-        let mut algo = TemplateReinforce::new("", &ctx()).unwrap();
-        let exp = Experience { rewards: t1(&[1., 2., 3.]), ..experience() };
-        let e = algo.prepare(&exp).unwrap_err();
-        assert_eq!(e.to_string(), "rewards: expected shape [4], got [3]");
     }
 
     #[test]

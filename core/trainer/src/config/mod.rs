@@ -1,5 +1,6 @@
-//! The RL run configuration: a TOML preset or file, then `--set key=value` overrides, merged with
-//! figment and extracted into `deny_unknown_fields` structs. Errors name the source and the key
+//! Configuration of every command: a TOML preset or file, then `RLHF_SECTION__KEY` variables, then
+//! `--set key=value` overrides, merged with figment and extracted into `deny_unknown_fields`
+//! structs ([`rl`] for `rlhf train`, [`phases`] for `rlhf sft`/`rlhf rm`). Errors name the source and the key
 //! (`configs/grpo.toml: train.actor_lr: invalid type: found string "x", expected f64`).
 //! Plugin sections (`algorithm.config`, `rewards[i].config`) are passed to the plugin as JSON,
 //! which parses them with its own `deny_unknown_fields` struct.
@@ -9,281 +10,16 @@ use std::path::PathBuf;
 use figment::providers::{Format, Toml};
 use figment::Figment;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-
-use rlhf_models::LoraConfig;
-use rlhf_wandb::WandbConfig;
+use serde::Serialize;
 
 use crate::error::{Result, TrainerError};
 
-/// Seeds, devices and where outputs go.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RunConfig {
-    /// Seeds libtorch, data order and sampling.
-    pub seed: u64,
-    /// Run directory (metrics.jsonl, config, exported model); default `runs/<algo>-<unix time>`.
-    pub run_dir: Option<PathBuf>,
-    /// `cpu`, `cuda`, `cuda:N`.
-    pub device: String,
-    /// `f32` or `bf16` for the trained models.
-    pub dtype: String,
-    /// Save the final actor in Hugging Face format under `<run_dir>/actor`.
-    pub save_actor: bool,
-}
+mod phases;
+mod rl;
 
-impl Default for RunConfig {
-    fn default() -> Self {
-        RunConfig { seed: 42, run_dir: None, device: "cpu".into(), dtype: "f32".into(), save_actor: true }
-    }
-}
-
-/// Which checkpoints play which role.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelConfig {
-    /// Hugging Face directory of the policy, or `builtin:tiny` for the embedded tiny Llama.
-    pub actor: String,
-    /// Frozen reference policy; default: the actor's initial weights.
-    pub reference: Option<String>,
-    /// Critic: `actor` (backbone copied from the actor, fresh value head) or a directory holding a
-    /// reward model / critic in `*ForSequenceClassification` layout.
-    pub critic: String,
-    /// LoRA on the actor (`rank = 0`: full fine-tuning). The exported actor is merged.
-    pub lora: LoraConfig,
-    /// LoRA on the critic (its value head always trains).
-    pub critic_lora: LoraConfig,
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        ModelConfig {
-            actor: "builtin:tiny".into(),
-            reference: None,
-            critic: "actor".into(),
-            lora: LoraConfig::default(),
-            critic_lora: LoraConfig::default(),
-        }
-    }
-}
-
-/// Prompt data.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DataConfig {
-    /// JSONL with `prompt` or chat `messages`, optional `label`; or `builtin:addition`.
-    pub prompts: String,
-    /// Prompts longer than this many tokens are truncated from the left (with a warning).
-    pub max_prompt_len: usize,
-    /// Render prompts through the tokenizer's chat template when it has one.
-    pub apply_chat_template: bool,
-    /// Shuffle prompts every pass over the data.
-    pub shuffle: bool,
-}
-
-impl Default for DataConfig {
-    fn default() -> Self {
-        DataConfig { prompts: "builtin:addition".into(), max_prompt_len: 256, apply_chat_template: true, shuffle: true }
-    }
-}
-
-/// Generation during rollout.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RolloutConfig {
-    /// Distinct prompts per generation batch.
-    pub prompts_per_batch: usize,
-    /// Responses sampled per prompt (GRPO's G).
-    pub samples_per_prompt: usize,
-    pub max_new_tokens: i64,
-    pub temperature: f64,
-    /// 1.0 disables.
-    pub top_p: f64,
-    /// 0 disables.
-    pub top_k: i64,
-}
-
-impl Default for RolloutConfig {
-    fn default() -> Self {
-        RolloutConfig {
-            prompts_per_batch: 8,
-            samples_per_prompt: 4,
-            max_new_tokens: 64,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-        }
-    }
-}
-
-/// Learning-rate schedule after warm-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Schedule {
-    Constant,
-    Linear,
-    Cosine,
-}
-
-/// Optimisation.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainConfig {
-    /// Generation batches (each followed by `ppo_epochs` passes over its minibatches).
-    pub steps: usize,
-    /// Passes over each generation batch.
-    pub ppo_epochs: usize,
-    /// Samples per optimizer step (DeepSpeed-Chat's per-device mini batch).
-    pub minibatch_size: usize,
-    pub actor_lr: f64,
-    pub critic_lr: f64,
-    pub weight_decay: f64,
-    pub adam_betas: (f64, f64),
-    pub adam_eps: f64,
-    /// Optimizer steps of linear warm-up.
-    pub warmup_steps: usize,
-    pub schedule: Schedule,
-    /// Gradient-norm clip per model (0 disables).
-    pub max_grad_norm: f64,
-    /// EMA decay of an extra actor copy (DeepSpeed-Chat's `enable_ema`); none = off.
-    pub ema_decay: Option<f64>,
-    /// Weight of the unsupervised LM loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off.
-    pub ptx_coef: f64,
-    /// JSONL with a `text` field for the ptx loss.
-    pub ptx_data: Option<PathBuf>,
-    /// Upper bound on `rows × vocab` fp32 logits materialised at once.
-    pub logprob_chunk_elements: i64,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            steps: 100,
-            ppo_epochs: 1,
-            minibatch_size: 32,
-            actor_lr: 1e-6,
-            critic_lr: 5e-6,
-            weight_decay: 0.0,
-            adam_betas: (0.9, 0.95),
-            adam_eps: 1e-8,
-            warmup_steps: 0,
-            schedule: Schedule::Constant,
-            max_grad_norm: 1.0,
-            ema_decay: None,
-            ptx_coef: 0.0,
-            ptx_data: None,
-            logprob_chunk_elements: 1 << 26,
-        }
-    }
-}
-
-/// Optional supervised warm-up of the actor before RL (used by the embedded defaults, whose tiny
-/// model starts from random weights).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WarmupConfig {
-    /// Optimizer steps; 0 = none.
-    pub steps: usize,
-    pub lr: f64,
-    pub batch_size: usize,
-}
-
-impl Default for WarmupConfig {
-    fn default() -> Self {
-        WarmupConfig { steps: 0, lr: 1e-3, batch_size: 32 }
-    }
-}
-
-/// Checkpoints: `<run_dir>/checkpoints/step-NNNNNN`, written atomically.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CheckpointConfig {
-    /// Write one every this many steps (0: only at the end).
-    pub every: usize,
-    /// Keep the last this many (older ones are deleted once a new one is complete; >= 1).
-    pub keep: usize,
-    /// Also write one when the run ends.
-    pub at_end: bool,
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        CheckpointConfig { every: 100, keep: 2, at_end: true }
-    }
-}
-
-/// The algorithm plugin and its own config section.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AlgorithmConfig {
-    /// Declared plugin name (`grpo`, `ppo`, `ppo-seq`, ...).
-    pub name: String,
-    /// Passed to the plugin as JSON.
-    #[serde(default = "empty_object")]
-    pub config: serde_json::Value,
-}
-
-/// One reward source.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RewardConfig {
-    /// Declared plugin name (`reward-rules`, ...).
-    pub plugin: String,
-    /// Metric name (`rewards/<name>/mean`); default: the plugin name.
-    pub name: Option<String>,
-    #[serde(default = "one")]
-    pub weight: f64,
-    #[serde(default = "empty_object")]
-    pub config: serde_json::Value,
-}
-
-fn empty_object() -> serde_json::Value {
-    serde_json::json!({})
-}
-
-fn one() -> f64 {
-    1.0
-}
-
-/// The whole RL configuration.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RlConfig {
-    #[serde(default)]
-    pub run: RunConfig,
-    #[serde(default)]
-    pub model: ModelConfig,
-    #[serde(default)]
-    pub data: DataConfig,
-    #[serde(default)]
-    pub rollout: RolloutConfig,
-    #[serde(default)]
-    pub train: TrainConfig,
-    #[serde(default)]
-    pub warmup: WarmupConfig,
-    pub algorithm: AlgorithmConfig,
-    #[serde(default)]
-    pub rewards: Vec<RewardConfig>,
-    /// Directories scanned for plugin libraries; empty = the directory of the `rlhf` executable
-    /// (where cargo puts the workspace's plugins).
-    #[serde(default)]
-    pub plugin_dirs: Vec<PathBuf>,
-    #[serde(default)]
-    pub checkpoint: CheckpointConfig,
-    /// Weights & Biases sink (on when `WANDB_API_KEY` is set, unless `enabled = false`).
-    #[serde(default)]
-    pub wandb: WandbConfig,
-    /// Where the base config came from (the file, or `preset NAME`), for error messages.
-    #[serde(skip)]
-    pub source: String,
-}
-
-/// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
-pub const PRESETS: &[(&str, &str)] = &[
-    ("grpo", include_str!("../../../configs/grpo.toml")),
-    ("ppo", include_str!("../../../configs/ppo.toml")),
-    ("ppo-seq", include_str!("../../../configs/ppo-seq.toml")),
-];
+pub use crate::optim::Schedule;
+pub use phases::*;
+pub use rl::*;
 
 /// Where the base configuration comes from.
 #[derive(Debug, Clone)]
@@ -346,7 +82,7 @@ fn schema<T: Serialize + Default>() -> serde_json::Value {
 /// The configs of every command (`train`, `sft`, `rm`): an `RLHF_` variable meant for one of them
 /// is skipped by the others instead of failing them as an unknown key.
 fn command_schemas() -> [serde_json::Value; 3] {
-    [schema::<RlConfig>(), schema::<crate::sft::SftConfig>(), schema::<crate::rm::RmConfig>()]
+    [schema::<RlConfig>(), schema::<SftConfig>(), schema::<RmConfig>()]
 }
 
 /// Whether the dotted `key` names a field of `schema`: every segment is a key of the object it
@@ -500,6 +236,27 @@ impl KeySource<'_> {
     }
 }
 
+/// The merged layers of a loaded config, kept for errors found after loading (a plugin refusing
+/// its config section): they say which layer set a key.
+#[derive(Clone, Default)]
+pub struct Layers(Option<Figment>);
+
+impl std::fmt::Debug for Layers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Layers")
+    }
+}
+
+impl Layers {
+    /// The source of dotted `key` as [`KeySource::of`] names it, `base` when unknown.
+    pub fn of(&self, key: &str, base: &str) -> String {
+        match &self.0 {
+            Some(fig) => KeySource { fig, base }.of(key),
+            None => base.to_string(),
+        }
+    }
+}
+
 /// A provider's name for messages: the file, `RLHF_TRAIN__STEPS` for the env layer, the preset or
 /// the `--set`.
 fn source_name(m: &figment::Metadata) -> String {
@@ -540,97 +297,6 @@ pub fn provenance<T: Serialize>(value: &T, fig: &Figment) -> Result<Vec<(String,
     }
     walk(&v, &mut Vec::new(), fig, &mut out);
     Ok(out)
-}
-
-impl RlConfig {
-    /// Loads the base (file or preset), applies `--set` overrides, forces `algorithm.name` to
-    /// `algo` when given, and validates.
-    pub fn load(source: &ConfigSource, algo: Option<&str>, sets: &[String]) -> Result<Self> {
-        Ok(Self::load_figment(source, algo, sets)?.0)
-    }
-
-    /// [`RlConfig::load`], also returning the merged figment (for `rlhf config show`).
-    pub fn load_figment(source: &ConfigSource, algo: Option<&str>, sets: &[String]) -> Result<(Self, Figment)> {
-        let (mut fig, label) = match source {
-            ConfigSource::Preset(name) if !PRESETS.iter().any(|(n, _)| n == name) => {
-                // A plugin without a preset runs the grpo preset's task with its own defaults.
-                let mut table: toml::Table =
-                    PRESETS[0].1.parse().map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
-                let mut algo_table = toml::Table::new();
-                algo_table.insert("name".into(), toml::Value::String(name.clone()));
-                table.insert("algorithm".into(), toml::Value::Table(algo_table));
-                let text = toml::to_string(&table).map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
-                let label = format!("preset grpo (for {name})");
-                (Figment::from(Named(label.clone(), &text)), label)
-            }
-            _ => base_layer(source, PRESETS)?,
-        };
-        if let Some(algo) = algo {
-            fig = fig.merge(SetOverride {
-                label: format!("--algo {algo}"),
-                key: "algorithm.name".into(),
-                value: toml::Value::String(algo.into()),
-            });
-        }
-        let fig = layer(fig, &schema::<RlConfig>(), sets)?;
-        let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
-        cfg.validate(&KeySource { fig: &fig, base: &label })?;
-        cfg.source = label;
-        Ok((cfg, fig))
-    }
-
-    fn validate(&self, src: &KeySource) -> Result<()> {
-        let bad = |key: &str, msg: &str| Err(src.error(key, msg));
-        if self.rollout.prompts_per_batch == 0 {
-            return bad("rollout.prompts_per_batch", "must be >= 1");
-        }
-        if self.rollout.samples_per_prompt == 0 {
-            return bad("rollout.samples_per_prompt", "must be >= 1");
-        }
-        if self.rollout.max_new_tokens < 1 {
-            return bad("rollout.max_new_tokens", "must be >= 1");
-        }
-        if self.rollout.temperature.is_nan() || self.rollout.temperature <= 0.0 {
-            return bad("rollout.temperature", "must be > 0 (RL needs sampling)");
-        }
-        if !(self.rollout.top_p > 0.0 && self.rollout.top_p <= 1.0) {
-            return bad("rollout.top_p", "must be in (0, 1]");
-        }
-        if self.train.minibatch_size == 0 {
-            return bad("train.minibatch_size", "must be >= 1");
-        }
-        if self.train.ppo_epochs == 0 {
-            return bad("train.ppo_epochs", "must be >= 1");
-        }
-        if self.rewards.is_empty() {
-            return bad("rewards", "at least one [[rewards]] entry is needed");
-        }
-        for (i, r) in self.rewards.iter().enumerate() {
-            if !r.weight.is_finite() {
-                return bad(&format!("rewards[{i}].weight"), "must be finite");
-            }
-        }
-        if let Some(d) = self.train.ema_decay {
-            if !(0.0..1.0).contains(&d) {
-                return bad("train.ema_decay", "must be in [0, 1)");
-            }
-        }
-        if self.checkpoint.keep == 0 {
-            return bad("checkpoint.keep", "must be >= 1");
-        }
-        for (key, l) in [("model.lora", &self.model.lora), ("model.critic_lora", &self.model.critic_lora)] {
-            if let Err(e) = l.validate() {
-                let msg = e.to_string();
-                let msg = msg.trim_start_matches("invalid input: lora");
-                let field = msg.trim_start_matches('.').split(':').next().unwrap_or("");
-                return Err(TrainerError::Config(format!("{}: {key}{msg}", src.of(&format!("{key}.{field}")))));
-            }
-        }
-        if self.train.ptx_coef != 0.0 && self.train.ptx_data.is_none() {
-            return bad("train.ptx_data", "needed when train.ptx_coef != 0");
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

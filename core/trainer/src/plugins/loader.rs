@@ -1,18 +1,19 @@
 //! The plugin loader: scans `plugin_dirs` for shared libraries, loads each with
-//! `lib_header_from_path(..)?.init_root_module()`, checks what it declares against the host and
+//! `lib_header_from_path` and [`init_module`] (abi_stable's checks, oriented for older plugins in a
+//! newer host), checks what it declares against the host and
 //! indexes accepted plugins by their declared name. Refused files are kept with the reason, so a
 //! missing plugin's error can say why a candidate was not taken.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use abi_stable::library::{lib_header_from_path, LibraryError};
-use abi_stable::std_types::{RResult, RStr, RVec};
-use rlhf_plugin_api::abi::{
-    AlgorithmBox, ExperienceAbi, HostContext, HostLogger, LogLevel, LossAbi, MinibatchAbi, PluginModRef, PreparedAbi,
-    RewardBox, SampleAbi, ScoresAbi,
-};
-use rlhf_plugin_api::{PluginError, PluginKind, Requirements, API_VERSION, TCH_VERSION, TORCH_VERSION};
+use abi_stable::abi_stability::abi_checking::{check_layout_compatibility_with_globals, CheckingGlobals};
+use abi_stable::library::{lib_header_from_path, LibHeader, LibraryError, RootModule};
+use abi_stable::sabi_types::VersionNumber;
+use abi_stable::std_types::{RBoxError, RStr};
+use abi_stable::StableAbi;
+use rlhf_plugin_api::abi::{HostContext, HostLogger, LogLevel, PluginModRef};
+use rlhf_plugin_api::{Context, PluginKind, API_MAJOR, API_MINOR, TCH_VERSION, TORCH_VERSION};
 
 use crate::error::{Result, TrainerError};
 
@@ -30,7 +31,7 @@ pub struct PluginMeta {
 #[derive(Clone)]
 pub struct LoadedPlugin {
     pub meta: PluginMeta,
-    module: PluginModRef,
+    pub(crate) module: PluginModRef,
 }
 
 /// All plugins found in the configured directories.
@@ -54,7 +55,8 @@ extern "C" fn host_log(level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
 
 /// The context every plugin constructor receives.
 pub fn host_context(device: &str, seed: u64, samples_per_prompt: u32) -> HostContext {
-    HostContext { logger: HostLogger { log: host_log }, device: device.into(), seed, samples_per_prompt }
+    let ctx = Context { device: device.into(), seed, samples_per_prompt };
+    HostContext { logger: HostLogger { log: host_log }, context_json: ctx.to_json().into() }
 }
 
 /// The directory of the running executable: where cargo puts the workspace's plugin libraries.
@@ -89,15 +91,61 @@ fn describe(e: &LibraryError) -> String {
     }
 }
 
+/// The root module of a plugin library, after abi_stable's version and layout checks, oriented for
+/// this interface's promise: a plugin of ABI 4.m loads into every host 4.n with n >= m.
+///
+/// abi_stable's own `init_root_module` assumes the opposite (a library at least as new as its
+/// loader): it refuses a plugin whose vtables have fewer methods than the host's, i.e. every older
+/// plugin once a minor appends an optional method. So the plugin's layout is checked as the
+/// interface and the host's as the implementation: every type, field and method the plugin has,
+/// the host has with the same layout, and the host may have more (the appended methods, whose
+/// defaults run for an older plugin's object). A newer plugin (more methods than the host) passes
+/// the usual direction instead, and its declared `api_minor` refuses it in [`load_file`] with a
+/// clear message. Each check gets its own `CheckingGlobals`: abi_stable's process-wide map merges
+/// what it learnt about the prefix types of every library checked, and once a 4.0 plugin is in it,
+/// it refuses every 4.1 plugin checked after it. Plugins never exchange objects with each other,
+/// so there is nothing to keep consistent across them.
+fn init_module(header: &'static LibHeader) -> std::result::Result<PluginModRef, LibraryError> {
+    // The crate version is 0.MAJOR.x (abi.rs): the same 0.MAJOR, whatever the patch.
+    let expected = VersionNumber::new(PluginModRef::VERSION_STRINGS)?;
+    let actual = VersionNumber::new(header.version_strings())?;
+    if (expected.major, expected.minor) != (actual.major, actual.minor) {
+        return Err(LibraryError::IncompatibleVersionNumber {
+            library_name: PluginModRef::NAME,
+            expected_version: expected,
+            actual_version: actual,
+        });
+    }
+    let host = <PluginModRef as StableAbi>::LAYOUT;
+    if let Some(plugin) = header.layout() {
+        if let Err(older) = check_layout_compatibility_with_globals(plugin, host, &CheckingGlobals::new()) {
+            if check_layout_compatibility_with_globals(host, plugin, &CheckingGlobals::new()).is_err() {
+                return Err(LibraryError::AbiInstability(RBoxError::new(older).to_formatted_error()));
+            }
+        }
+    }
+    // SAFETY: the layout of the library's root module was checked against `PluginModRef` above
+    // (one exported without a layout constant is trusted, as abi_stable's `init_root_module` does).
+    unsafe { header.unchecked_layout::<PluginModRef>() }.map_err(|e| e.into_library_error::<PluginModRef>())
+}
+
 /// Loads one file; `Err` is the reason it was refused.
 pub fn load_file(path: &Path) -> std::result::Result<LoadedPlugin, String> {
     let header = lib_header_from_path(path).map_err(|e| describe(&e))?;
-    let module = header.init_root_module::<PluginModRef>().map_err(|e| describe(&e))?;
+    let module = init_module(header).map_err(|e| describe(&e))?;
     let info = (module.info())();
-    if info.api_version != API_VERSION {
+    // Same major, and a minor no newer than ours: a newer host appends only what older plugins
+    // can ignore (see plugin-api's `abi` docs); a newer plugin may need inputs this host lacks.
+    if info.api_major != API_MAJOR {
         return Err(format!(
-            "interface version mismatch: plugin `{}` declares plugin-api ABI {}, this host has {API_VERSION}",
-            info.name, info.api_version
+            "interface version mismatch: plugin `{}` was built against plugin-api ABI {}.{}, this host has {API_MAJOR}.{API_MINOR} (another major: rebuild the plugin against plugin-api {API_MAJOR}.x)",
+            info.name, info.api_major, info.api_minor
+        ));
+    }
+    if info.api_minor > API_MINOR {
+        return Err(format!(
+            "interface version mismatch: plugin `{}` was built against plugin-api ABI {}.{}, this host has {API_MAJOR}.{API_MINOR} (a plugin needs a host at least as new as its ABI minor)",
+            info.name, info.api_major, info.api_minor
         ));
     }
     if info.torch_version.as_str() != TORCH_VERSION {
@@ -207,106 +255,5 @@ impl PluginRegistry {
                 Err(TrainerError::Plugin(msg))
             }
         }
-    }
-}
-
-fn call_err(meta: &PluginMeta, e: PluginError, section: &str) -> TrainerError {
-    let message = match (&e.kind, e.key.as_ref().into_option()) {
-        (rlhf_plugin_api::ErrorKind::Config, Some(key)) if !key.is_empty() => format!("{section}.{key}: {}", e.message),
-        _ => e.to_string(),
-    };
-    TrainerError::PluginCall { name: meta.name.clone(), path: meta.path.clone(), message }
-}
-
-/// An algorithm instance and where it came from.
-pub struct AlgorithmHandle {
-    pub meta: PluginMeta,
-    obj: AlgorithmBox,
-}
-
-impl AlgorithmHandle {
-    /// Builds the algorithm; `section` names its config section in errors (`algorithm.config`).
-    pub fn new(p: &LoadedPlugin, config_json: &str, ctx: HostContext, section: &str) -> Result<Self> {
-        match (p.module.new_algorithm())(RStr::from_str(config_json), ctx) {
-            RResult::ROk(obj) => Ok(AlgorithmHandle { meta: p.meta.clone(), obj }),
-            RResult::RErr(e) => Err(call_err(&p.meta, e, section)),
-        }
-    }
-
-    /// What the algorithm needs.
-    pub fn requirements(&self) -> Requirements {
-        self.obj.requirements()
-    }
-
-    /// See [`rlhf_plugin_api::Algorithm::prepare`].
-    pub fn prepare(&mut self, exp: ExperienceAbi<'_>) -> Result<PreparedAbi> {
-        self.obj.prepare(exp).into_result().map_err(|e| call_err(&self.meta, e, "algorithm.config"))
-    }
-
-    /// See [`rlhf_plugin_api::Algorithm::loss`].
-    pub fn loss(&mut self, mb: MinibatchAbi<'_>) -> Result<LossAbi> {
-        self.obj.loss(mb).into_result().map_err(|e| call_err(&self.meta, e, "algorithm.config"))
-    }
-
-    /// The plugin's checkpoint state (JSON).
-    pub fn state(&self) -> Result<serde_json::Value> {
-        let text = self.obj.state().into_result().map_err(|e| call_err(&self.meta, e, "algorithm state"))?;
-        plugin_state_json(&self.meta, text.as_str())
-    }
-
-    /// Restores the plugin's checkpoint state.
-    pub fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
-        let text = state.to_string();
-        self.obj.load_state(RStr::from_str(&text)).into_result().map_err(|e| call_err(&self.meta, e, "algorithm state"))
-    }
-}
-
-fn plugin_state_json(meta: &PluginMeta, text: &str) -> Result<serde_json::Value> {
-    serde_json::from_str(text).map_err(|e| TrainerError::PluginCall {
-        name: meta.name.clone(),
-        path: meta.path.clone(),
-        message: format!("state() returned invalid JSON: {e}"),
-    })
-}
-
-/// A reward source instance.
-pub struct RewardHandle {
-    pub meta: PluginMeta,
-    obj: RewardBox,
-}
-
-impl RewardHandle {
-    /// Builds the reward source; `section` names its config section in errors (`rewards[0].config`).
-    pub fn new(p: &LoadedPlugin, config_json: &str, ctx: HostContext, section: &str) -> Result<Self> {
-        match (p.module.new_reward())(RStr::from_str(config_json), ctx) {
-            RResult::ROk(obj) => Ok(RewardHandle { meta: p.meta.clone(), obj }),
-            RResult::RErr(e) => Err(call_err(&p.meta, e, section)),
-        }
-    }
-
-    /// Scores; the count is checked against the number of samples.
-    pub fn score(&mut self, samples: Vec<SampleAbi>) -> Result<ScoresAbi> {
-        let n = samples.len();
-        let out = self.obj.score(RVec::from(samples)).into_result().map_err(|e| call_err(&self.meta, e, "rewards"))?;
-        if out.scores.len() != n {
-            return Err(TrainerError::PluginCall {
-                name: self.meta.name.clone(),
-                path: self.meta.path.clone(),
-                message: format!("returned {} scores for {n} samples", out.scores.len()),
-            });
-        }
-        Ok(out)
-    }
-
-    /// The plugin's checkpoint state (JSON).
-    pub fn state(&self) -> Result<serde_json::Value> {
-        let text = self.obj.state().into_result().map_err(|e| call_err(&self.meta, e, "reward state"))?;
-        plugin_state_json(&self.meta, text.as_str())
-    }
-
-    /// Restores the plugin's checkpoint state.
-    pub fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
-        let text = state.to_string();
-        self.obj.load_state(RStr::from_str(&text)).into_result().map_err(|e| call_err(&self.meta, e, "reward state"))
     }
 }

@@ -22,24 +22,13 @@
 //! - `last_token` (TRL / OpenRLHF): `−log σ(score_c − score_r)`, averaged over pairs.
 
 use rlhf_tokenizer::{ChatMessage, HfTokenizer};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tch::{Device, Kind, Tensor};
 
+use super::phase::{DataReport, Overlong, SourceLines};
+use super::sft_data::messages_field;
+pub use crate::config::RmLoss;
 use crate::error::Result;
-use crate::phase::{DataReport, Overlong, SourceLines};
-use crate::sft_data::messages_field;
-
-/// The pairwise ranking loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RmLoss {
-    /// DeepSpeed-Chat's divergent-segment mean.
-    #[default]
-    Dsc,
-    /// One term per pair at the last tokens.
-    LastToken,
-}
 
 /// How lines become pairs.
 #[derive(Debug, Clone)]
@@ -308,11 +297,12 @@ pub fn pairwise_loss(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phase::RawLine;
+    use crate::supervised::phase::RawLine;
 
     #[test]
-    fn dsc_segment_follows_the_walkthrough() {
-        // §2.5.1: chosen [11 22 33 44 55 66], rejected [11 22 33 40 50]: divergence at 3, end at 6.
+    fn dsc_segment_is_the_divergent_span() {
+        // DeepSpeed-Chat's pairwise loss: chosen [11 22 33 44 55 66], rejected [11 22 33 40 50]
+        // first differ at 3; the segment ends at the longer one's end, 6.
         assert_eq!(dsc_segment(&[11, 22, 33, 44, 55, 66], &[11, 22, 33, 40, 50]), (3, 6));
         // One side a prefix of the other: the segment starts where the shorter one ends.
         assert_eq!(dsc_segment(&[1, 2, 3], &[1, 2, 3, 4, 5]), (3, 5));

@@ -5,137 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::Schedule;
+pub use crate::config::{lora_error, Overlong, PhaseModelConfig, PhaseRunConfig, PhaseTrainConfig};
 use crate::data::SplitMix;
 use crate::error::{Result, TrainerError};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
-
-/// `[run]`: seed, run directory, device and dtype.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PhaseRunConfig {
-    /// Seeds libtorch (the fresh score head) and the data order.
-    pub seed: u64,
-    /// Run directory (metrics.jsonl, config.toml, checkpoints, the final model); default
-    /// `runs/<phase>-<unix time>`.
-    pub run_dir: Option<PathBuf>,
-    /// `cpu`, `cuda`, `cuda:N`.
-    pub device: String,
-    /// `f32` or `bf16`.
-    pub dtype: String,
-}
-
-impl Default for PhaseRunConfig {
-    fn default() -> Self {
-        PhaseRunConfig { seed: 42, run_dir: None, device: "cpu".into(), dtype: "f32".into() }
-    }
-}
-
-/// `[model]`: the starting checkpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PhaseModelConfig {
-    /// Hugging Face causal-LM directory, or `builtin:tiny` (the embedded tiny Llama, random weights).
-    pub path: String,
-}
-
-impl Default for PhaseModelConfig {
-    fn default() -> Self {
-        PhaseModelConfig { path: "builtin:tiny".into() }
-    }
-}
-
-/// What happens to an example longer than `data.max_len` tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Overlong {
-    /// Keep the first `max_len` tokens (DeepSpeed-Chat's `truncation=True`); counted and reported.
-    #[default]
-    Truncate,
-    /// Skip the example; counted and reported.
-    Drop,
-}
-
-/// `[train]`: the optimisation loop.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PhaseTrainConfig {
-    /// Passes over the training data.
-    pub epochs: usize,
-    /// Sequences (SFT) or pairs (RM) per forward pass.
-    pub batch_size: usize,
-    /// Forward passes per optimizer step (the effective batch is `batch_size × grad_accum`).
-    pub grad_accum: usize,
-    pub lr: f64,
-    pub weight_decay: f64,
-    pub adam_betas: (f64, f64),
-    pub adam_eps: f64,
-    /// Optimizer steps of linear warm-up.
-    pub warmup_steps: usize,
-    /// After warm-up: `constant`, `linear` or `cosine` decay to 0 at the last step.
-    pub schedule: Schedule,
-    /// Gradient-norm clip (0 disables).
-    pub max_grad_norm: f64,
-    /// Stop after this many optimizer steps (0 = run every epoch).
-    pub max_steps: usize,
-    /// Evaluate every N optimizer steps (0 = only before training and at the end).
-    pub eval_every: usize,
-    /// Save a checkpoint under `<run_dir>/checkpoints/step-N` every N steps (0 = only the final model).
-    pub save_every: usize,
-    /// Sequences (SFT) or pairs (RM) per forward pass during evaluation.
-    pub eval_batch_size: usize,
-}
-
-impl Default for PhaseTrainConfig {
-    fn default() -> Self {
-        PhaseTrainConfig {
-            epochs: 1,
-            batch_size: 8,
-            grad_accum: 1,
-            lr: 1e-5,
-            weight_decay: 0.0,
-            adam_betas: (0.9, 0.95),
-            adam_eps: 1e-8,
-            warmup_steps: 0,
-            schedule: Schedule::Cosine,
-            max_grad_norm: 1.0,
-            max_steps: 0,
-            eval_every: 0,
-            save_every: 0,
-            eval_batch_size: 16,
-        }
-    }
-}
-
-impl PhaseTrainConfig {
-    /// Range checks; errors name the key and where its value came from.
-    pub fn validate(&self, src: &crate::config::KeySource) -> Result<()> {
-        let bad = |key: &str, msg: &str| Err(src.error(&format!("train.{key}"), msg));
-        if self.epochs == 0 {
-            return bad("epochs", "must be >= 1");
-        }
-        if self.batch_size == 0 {
-            return bad("batch_size", "must be >= 1");
-        }
-        if self.grad_accum == 0 {
-            return bad("grad_accum", "must be >= 1");
-        }
-        if self.eval_batch_size == 0 {
-            return bad("eval_batch_size", "must be >= 1");
-        }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad("lr", "must be a finite number > 0");
-        }
-        if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
-            return bad("max_grad_norm", "must be >= 0");
-        }
-        Ok(())
-    }
-}
+use crate::run_lock::RunLock;
 
 /// Where the supervised data comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -375,33 +253,40 @@ pub fn resolve_model_dir(spec: &str, run_dir: &Path, seed: u64) -> Result<PathBu
     }
 }
 
-/// A LoRA config or application error as a config error (`{label}: lora.rank: must be >= 0`).
-pub fn lora_error(label: &str, e: rlhf_models::ModelError) -> TrainerError {
-    match e {
-        rlhf_models::ModelError::Input(m) => TrainerError::Config(format!("{label}: {m}")),
-        other => TrainerError::Config(format!("{label}: lora: {other}")),
-    }
-}
-
-/// Creates the run directory (default `runs/<phase>-<unix time>`) and writes the resolved config;
-/// refuses a directory that already holds a run.
-pub fn prepare_run_dir<T: Serialize>(run_dir: &Option<PathBuf>, phase: &str, cfg: &T) -> Result<PathBuf> {
+/// Creates the run directory (default `runs/<phase>-<unix time>`), takes its lock ([`RunLock`]:
+/// one process per run directory) and writes the resolved config; refuses a directory that
+/// already holds a run. The directory is this process's until the returned lock is dropped.
+pub fn prepare_run_dir<T: Serialize>(run_dir: &Option<PathBuf>, phase: &str, cfg: &T) -> Result<RunLock> {
     let dir = run_dir.clone().unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from("runs").join(format!("{phase}-{t}"))
     });
+    let lock = RunLock::acquire(&dir)?;
     // A new run never appends to, or overwrites, another run's metrics, config and model.
-    if std::fs::metadata(dir.join("metrics.jsonl")).map(|m| m.len() > 0).unwrap_or(false) {
+    if crate::metrics::logged_steps(&dir).is_some() {
         return Err(TrainerError::Config(format!(
             "{}: the run directory already holds a run (metrics.jsonl); choose another --run-dir",
             dir.display()
         )));
     }
-    std::fs::create_dir_all(&dir).map_err(|e| TrainerError::io(&dir, e))?;
     let text = toml::to_string(cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
     let path = dir.join("config.toml");
-    std::fs::write(&path, text).map_err(|e| TrainerError::io(&path, e))?;
-    Ok(dir)
+    if let Err(e) = std::fs::write(&path, text) {
+        lock.abandon();
+        return Err(TrainerError::io(&path, e));
+    }
+    Ok(lock)
+}
+
+/// Runs `f` in the run directory of `lock`, then releases it. A start that fails before its first
+/// metrics line (the model or the data did not load) leaves the directory as it found it
+/// ([`RunLock::abandon`]), so it can be used again.
+pub fn in_run_dir<T>(lock: RunLock, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let result = f(lock.dir());
+    if result.is_err() && crate::metrics::logged_steps(lock.dir()).is_none() {
+        lock.abandon();
+    }
+    result
 }
 
 /// Optimizer steps of a run over `n` items: `epochs × ⌈⌈n / batch⌉ / accum⌉`, capped by `max_steps`.
@@ -578,6 +463,17 @@ fn show(m: &StepMetrics) -> String {
         }
     }
     parts.join("  ")
+}
+
+pub(crate) fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+/// Writes `<run_dir>/summary.json`.
+pub(crate) fn write_summary(run_dir: &Path, v: &serde_json::Value) -> Result<()> {
+    let path = run_dir.join("summary.json");
+    let text = serde_json::to_string_pretty(v).map_err(|e| TrainerError::Run(format!("summary: {e}")))?;
+    std::fs::write(&path, text + "\n").map_err(|e| TrainerError::io(&path, e))
 }
 
 #[cfg(test)]

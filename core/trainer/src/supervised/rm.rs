@@ -9,158 +9,19 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_models::{parse_device, parse_dtype, LoraConfig, ScalarHeadModel};
+use rlhf_models::{parse_device, parse_dtype, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
-use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{load_layered_figment, ConfigSource, KeySource, Schedule};
+use super::pairs::{build_pairs, collate_pairs, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
+use super::phase::{
+    finite, in_run_dir, load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps,
+    write_summary, DataReport, MicroOut, PhaseTask, SourceLines, Splits,
+};
+pub use crate::config::{RmConfig, RmDataConfig, RmTrainConfig};
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
-use crate::pairs::{build_pairs, collate_pairs, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
-use crate::phase::{
-    load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps, DataReport, MicroOut,
-    Overlong, PhaseModelConfig, PhaseRunConfig, PhaseTask, PhaseTrainConfig, SourceLines,
-};
-use crate::sft::{finite, write_summary, PHASE_PRESETS};
-
-/// `[data]` of `rlhf rm`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RmDataConfig {
-    /// JSONL of `prompt`/`chosen`/`rejected` (text or chat lists); or `builtin:addition-pairs`.
-    pub train: String,
-    /// A separate eval JSONL (or a built-in: its held-out split); unset: `eval_fraction` when > 0,
-    /// else a built-in train set's held-out split.
-    pub eval: Option<String>,
-    /// Fraction of the train lines held out for evaluation when `eval` is unset (0 = none).
-    pub eval_fraction: f64,
-    /// Tokens per side of a pair.
-    pub max_len: usize,
-    /// `truncate` (keep the first `max_len` tokens of both sides, as DSC) or `drop`.
-    pub overlong: Overlong,
-    /// Render through the chat template when the tokenizer has one (else `prompt + response`).
-    pub apply_chat_template: bool,
-    /// Append EOS to every side (DSC appends its end-of-conversation token). Off by default: the
-    /// `reward-model` plugin scores the text as is, and training should see what scoring sees.
-    pub append_eos: bool,
-}
-
-impl Default for RmDataConfig {
-    fn default() -> Self {
-        RmDataConfig {
-            train: "builtin:addition-pairs".into(),
-            eval: None,
-            eval_fraction: 0.0,
-            max_len: 512,
-            overlong: Overlong::Truncate,
-            apply_chat_template: true,
-            append_eos: false,
-        }
-    }
-}
-
-/// `[train]` of `rlhf rm`: the keys of [`PhaseTrainConfig`] plus the loss. (Written out rather
-/// than `#[serde(flatten)]`, which serde does not combine with `deny_unknown_fields`.)
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RmTrainConfig {
-    /// `dsc` (divergent-segment mean, the default) or `last_token`.
-    pub loss: RmLoss,
-    pub epochs: usize,
-    /// Pairs per forward pass (2 × this many sequences).
-    pub batch_size: usize,
-    pub grad_accum: usize,
-    pub lr: f64,
-    pub weight_decay: f64,
-    pub adam_betas: (f64, f64),
-    pub adam_eps: f64,
-    pub warmup_steps: usize,
-    pub schedule: Schedule,
-    pub max_grad_norm: f64,
-    pub max_steps: usize,
-    pub eval_every: usize,
-    pub save_every: usize,
-    pub eval_batch_size: usize,
-}
-
-impl Default for RmTrainConfig {
-    fn default() -> Self {
-        let c = PhaseTrainConfig::default();
-        RmTrainConfig {
-            loss: RmLoss::Dsc,
-            epochs: c.epochs,
-            batch_size: c.batch_size,
-            grad_accum: c.grad_accum,
-            lr: c.lr,
-            weight_decay: c.weight_decay,
-            adam_betas: c.adam_betas,
-            adam_eps: c.adam_eps,
-            warmup_steps: c.warmup_steps,
-            schedule: c.schedule,
-            max_grad_norm: c.max_grad_norm,
-            max_steps: c.max_steps,
-            eval_every: c.eval_every,
-            save_every: c.save_every,
-            eval_batch_size: c.eval_batch_size,
-        }
-    }
-}
-
-impl RmTrainConfig {
-    /// The loop settings.
-    pub fn common(&self) -> PhaseTrainConfig {
-        PhaseTrainConfig {
-            epochs: self.epochs,
-            batch_size: self.batch_size,
-            grad_accum: self.grad_accum,
-            lr: self.lr,
-            weight_decay: self.weight_decay,
-            adam_betas: self.adam_betas,
-            adam_eps: self.adam_eps,
-            warmup_steps: self.warmup_steps,
-            schedule: self.schedule,
-            max_grad_norm: self.max_grad_norm,
-            max_steps: self.max_steps,
-            eval_every: self.eval_every,
-            save_every: self.save_every,
-            eval_batch_size: self.eval_batch_size,
-        }
-    }
-}
-
-/// The whole `rlhf rm` configuration.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RmConfig {
-    pub run: PhaseRunConfig,
-    /// The causal LM the backbone comes from (usually the SFT output).
-    pub model: PhaseModelConfig,
-    pub data: RmDataConfig,
-    pub train: RmTrainConfig,
-    /// LoRA adapters on the backbone (`rank = 0`: full fine-tuning); the score head always trains.
-    pub lora: LoraConfig,
-}
-
-impl RmConfig {
-    /// Loads base (file or the embedded `rm` preset), `RLHF_*` variables and `--set` overrides, and
-    /// validates.
-    pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (cfg, fig): (RmConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
-        let label = match source {
-            ConfigSource::File(p) => p.display().to_string(),
-            ConfigSource::Preset(n) => format!("preset {n}"),
-        };
-        let src = KeySource { fig: &fig, base: &label };
-        cfg.train.common().validate(&src)?;
-        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
-        if cfg.data.max_len < 2 {
-            return Err(src.error("data.max_len", "must be >= 2"));
-        }
-        Ok(cfg)
-    }
-}
 
 /// Where a finished reward-model run left its outputs.
 #[derive(Debug, Clone)]
@@ -280,16 +141,23 @@ fn pairs_of(src: &SourceLines, tok: &HfTokenizer, opts: &PairOptions) -> Result<
     Ok(pairs)
 }
 
-/// Trains a reward model as configured.
+/// Trains a reward model as configured. The data files are read before the run directory is
+/// created; the run owns the directory (its lock) until it returns.
 pub fn run_rm(cfg: RmConfig) -> Result<RmSummary> {
     let device: Device = parse_device(&cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
-    let run_dir = prepare_run_dir(&cfg.run.run_dir, "rm", &cfg)?;
+    let d = &cfg.data;
+    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed)?;
+    let lock = prepare_run_dir(&cfg.run.run_dir, "rm", &cfg)?;
+    in_run_dir(lock, |run_dir| rm_in(&cfg, run_dir, splits, device, kind))
+}
+
+fn rm_in(cfg: &RmConfig, run_dir: &Path, splits: Splits, device: Device, kind: Kind) -> Result<RmSummary> {
+    let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
     let d = &cfg.data;
-    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed)?;
     let opts = PairOptions {
         max_len: d.max_len,
         apply_chat_template: d.apply_chat_template,
@@ -308,17 +176,7 @@ pub fn run_rm(cfg: RmConfig) -> Result<RmSummary> {
     }
     let t = &cfg.train.common();
     let total = total_steps(train.len(), t);
-    let mut opt = Optim::new(
-        &model.vs,
-        t.lr,
-        t.adam_betas,
-        t.adam_eps,
-        t.weight_decay,
-        t.schedule,
-        t.warmup_steps,
-        total,
-        t.max_grad_norm,
-    )?;
+    let mut opt = Optim::new(&model.vs, &t.optim(), total)?;
     tracing::info!(
         "rm: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, run dir {}",
         train.len(),

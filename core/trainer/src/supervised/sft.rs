@@ -9,98 +9,19 @@
 use std::path::{Path, PathBuf};
 
 use rlhf_generation::{token_logprobs, LogProbOptions};
-use rlhf_models::{parse_device, parse_dtype, CausalLm, LoraConfig};
+use rlhf_models::{parse_device, parse_dtype, CausalLm};
 use rlhf_tokenizer::HfTokenizer;
-use serde::{Deserialize, Serialize};
-use tch::Device;
+use tch::{Device, Kind};
 
-use crate::config::{load_layered_figment, ConfigSource, KeySource};
-use crate::error::{Result, TrainerError};
+use super::phase::{
+    finite, in_run_dir, load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps,
+    write_summary, DataReport, MicroOut, PhaseTask, Splits,
+};
+use super::sft_data::{build_sft_examples, collate, masked_nll_sum, pack, SftExample, SftTokenizeOptions};
+pub use crate::config::{SftConfig, SftDataConfig, PHASE_PRESETS};
+use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
-use crate::phase::{
-    load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps, DataReport, MicroOut,
-    Overlong, PhaseModelConfig, PhaseRunConfig, PhaseTask, PhaseTrainConfig,
-};
-use crate::sft_data::{
-    build_sft_examples, collate, masked_nll_sum, pack, AssistantTurns, SftExample, SftTokenizeOptions,
-};
-
-/// `[data]` of `rlhf sft`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SftDataConfig {
-    /// JSONL with `prompt`/`response` or chat `messages`; or `builtin:addition-sft`.
-    pub train: String,
-    /// A separate eval JSONL (or a built-in: its held-out split); unset: `eval_fraction` when > 0,
-    /// else a built-in train set's held-out split.
-    pub eval: Option<String>,
-    /// Fraction of the train lines held out for evaluation when `eval` is unset (0 = none).
-    pub eval_fraction: f64,
-    /// Tokens per example (and per packed row).
-    pub max_len: usize,
-    /// `truncate` (keep the first `max_len` tokens) or `drop`.
-    pub overlong: Overlong,
-    /// Render prompt/response through the chat template when the tokenizer has one (else raw text).
-    pub apply_chat_template: bool,
-    /// Train on the prompt tokens too.
-    pub loss_on_prompt: bool,
-    /// `all` assistant turns of a conversation, or the `last`.
-    pub assistant_turns: AssistantTurns,
-    /// Concatenate examples into rows of up to `max_len` tokens (see `sft_data`).
-    pub packing: bool,
-}
-
-impl Default for SftDataConfig {
-    fn default() -> Self {
-        SftDataConfig {
-            train: "builtin:addition-sft".into(),
-            eval: None,
-            eval_fraction: 0.0,
-            max_len: 512,
-            overlong: Overlong::Truncate,
-            apply_chat_template: true,
-            loss_on_prompt: false,
-            assistant_turns: AssistantTurns::All,
-            packing: false,
-        }
-    }
-}
-
-/// The whole `rlhf sft` configuration.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SftConfig {
-    pub run: PhaseRunConfig,
-    pub model: PhaseModelConfig,
-    pub data: SftDataConfig,
-    pub train: PhaseTrainConfig,
-    /// LoRA adapters (`rank = 0`: full fine-tuning); the saved model has them merged.
-    pub lora: LoraConfig,
-}
-
-/// The embedded presets of the supervised phases (`configs/sft.toml`, `configs/rm.toml`).
-pub const PHASE_PRESETS: &[(&str, &str)] =
-    &[("sft", include_str!("../../../configs/sft.toml")), ("rm", include_str!("../../../configs/rm.toml"))];
-
-impl SftConfig {
-    /// Loads base (file or the embedded `sft` preset), `RLHF_*` variables and `--set` overrides, and
-    /// validates.
-    pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (cfg, fig): (SftConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
-        let label = match source {
-            ConfigSource::File(p) => p.display().to_string(),
-            ConfigSource::Preset(n) => format!("preset {n}"),
-        };
-        let src = KeySource { fig: &fig, base: &label };
-        cfg.train.validate(&src)?;
-        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
-        if cfg.data.max_len < 2 {
-            return Err(src.error("data.max_len", "must be >= 2"));
-        }
-        Ok(cfg)
-    }
-}
 
 /// Where a finished SFT run left its outputs.
 #[derive(Debug, Clone)]
@@ -185,7 +106,7 @@ impl PhaseTask for SftTask {
 
 /// Tokenizes a split, warns once per kind of bad line, and fails when nothing is usable.
 fn examples_of(
-    src: &crate::phase::SourceLines,
+    src: &super::phase::SourceLines,
     tok: &HfTokenizer,
     opts: &SftTokenizeOptions,
 ) -> Result<Vec<SftExample>> {
@@ -198,16 +119,23 @@ fn examples_of(
     Ok(ex)
 }
 
-/// Runs SFT as configured.
+/// Runs SFT as configured. The data files are read before the run directory is created; the run
+/// owns the directory (its lock) until it returns.
 pub fn run_sft(cfg: SftConfig) -> Result<SftSummary> {
     let device: Device = parse_device(&cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
-    let run_dir = prepare_run_dir(&cfg.run.run_dir, "sft", &cfg)?;
+    let d = &cfg.data;
+    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed)?;
+    let lock = prepare_run_dir(&cfg.run.run_dir, "sft", &cfg)?;
+    in_run_dir(lock, |run_dir| sft_in(&cfg, run_dir, splits, device, kind))
+}
+
+fn sft_in(cfg: &SftConfig, run_dir: &Path, splits: Splits, device: Device, kind: Kind) -> Result<SftSummary> {
+    let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
     let d = &cfg.data;
-    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed)?;
     let opts = SftTokenizeOptions {
         max_len: d.max_len,
         apply_chat_template: d.apply_chat_template,
@@ -232,17 +160,7 @@ pub fn run_sft(cfg: SftConfig) -> Result<SftSummary> {
     }
     let t = &cfg.train;
     let total = total_steps(train.len(), t);
-    let mut opt = Optim::new(
-        &model.vs,
-        t.lr,
-        t.adam_betas,
-        t.adam_eps,
-        t.weight_decay,
-        t.schedule,
-        t.warmup_steps,
-        total,
-        t.max_grad_norm,
-    )?;
+    let mut opt = Optim::new(&model.vs, &t.optim(), total)?;
     tracing::info!(
         "sft: {} train examples, {} eval examples, {total} optimizer steps, run dir {}",
         train_examples,
@@ -283,34 +201,4 @@ pub fn run_sft(cfg: SftConfig) -> Result<SftSummary> {
         }),
     )?;
     Ok(summary)
-}
-
-pub(crate) fn finite(x: f64) -> Option<f64> {
-    x.is_finite().then_some(x)
-}
-
-/// Writes `<run_dir>/summary.json`.
-pub(crate) fn write_summary(run_dir: &Path, v: &serde_json::Value) -> Result<()> {
-    let path = run_dir.join("summary.json");
-    let text = serde_json::to_string_pretty(v).map_err(|e| TrainerError::Run(format!("summary: {e}")))?;
-    std::fs::write(&path, text + "\n").map_err(|e| TrainerError::io(&path, e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rm::RmConfig;
-
-    #[test]
-    fn presets_load_and_overrides_apply() {
-        let sft = SftConfig::load(&ConfigSource::Preset("sft".into()), &[]).unwrap();
-        assert_eq!((sft.model.path.as_str(), sft.data.train.as_str()), ("builtin:tiny", "builtin:addition-sft"));
-        let rm = RmConfig::load(&ConfigSource::Preset("rm".into()), &["train.loss=\"last_token\"".into()]).unwrap();
-        assert_eq!(rm.train.loss, crate::pairs::RmLoss::LastToken);
-        assert_eq!(rm.data.train, "builtin:addition-pairs");
-        let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["lora.rank=-1".into()]).unwrap_err();
-        assert!(e.to_string().contains("--set lora.rank=-1: lora.rank: must be >= 0"), "{e}");
-        let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["data.max_len=1".into()]).unwrap_err();
-        assert!(e.to_string().contains("data.max_len"), "{e}");
-    }
 }

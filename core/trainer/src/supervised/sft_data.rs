@@ -20,7 +20,7 @@
 //! Labels: a token is a target when it lies in a counted assistant span or is the appended EOS
 //! (`loss_on_prompt = true`: every token but the first). Sequences longer than `max_len` are cut to
 //! their first `max_len` tokens (DeepSpeed-Chat's truncation) or dropped (`overlong = "drop"`);
-//! both are counted. Bad lines are counted per reason (see [`crate::phase::DataReport`]).
+//! both are counted. Bad lines are counted per reason (see [`super::phase::DataReport`]).
 //!
 //! Packing ([`pack`]): whole examples are concatenated, in a seeded order, into rows of at most
 //! `max_len` tokens, each example ending in its EOS. The row's attention mask numbers the examples
@@ -29,22 +29,13 @@
 //! are exactly those it gets alone. The first token of every example is never a target.
 
 use rlhf_tokenizer::{ChatMessage, HfTokenizer};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tch::{Device, Kind, Tensor};
 
+use super::phase::{DataReport, Overlong, SourceLines};
+pub use crate::config::AssistantTurns;
 use crate::data::SplitMix;
 use crate::error::Result;
-use crate::phase::{DataReport, Overlong, SourceLines};
-
-/// Which assistant turns of a conversation are trained on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AssistantTurns {
-    #[default]
-    All,
-    Last,
-}
 
 /// How lines become examples.
 #[derive(Debug, Clone)]
@@ -347,19 +338,18 @@ pub fn collate(examples: &[&SftExample], pad: i64, device: Device) -> Result<Sft
     })
 }
 
-/// Summed negative log-likelihood of the target tokens.
+/// `−Σ logprobs · target_mask` in f32 ([`rlhf_generation::masked_nll_sum`]).
 ///
 /// # Shapes
-/// - `logprobs`: `[B, T - 1]` (`log p(ids[t] | ids[..t])` for `t` in `1..T`), `target_mask`:
-///   `[B, T - 1]` → scalar (f32)
+/// `logprobs`, `target_mask`: `[batch, seq]`; returns a scalar.
 pub fn masked_nll_sum(logprobs: &Tensor, target_mask: &Tensor) -> Result<Tensor> {
-    Ok(logprobs.f_mul(target_mask)?.f_sum(Kind::Float)?.f_neg()?)
+    Ok(rlhf_generation::masked_nll_sum(logprobs, target_mask, Kind::Float)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phase::RawLine;
+    use crate::supervised::phase::RawLine;
     use serde_json::json;
     use std::path::Path;
 

@@ -5,7 +5,8 @@
 //! | value       | effect                                                         |
 //! |-------------|----------------------------------------------------------------|
 //! | unset / ``  | a normal plugin named `test-bad-info`                          |
-//! | `api`       | `api_version` = `API_VERSION + 1`                              |
+//! | `api`       | `api_major` = `API_MAJOR + 1` (another major: refused)         |
+//! | `api-minor` | `api_minor` = `API_MINOR + 1` (newer than the host: refused)   |
 //! | `torch`     | `torch_version` = `1.0.0`                                      |
 //! | `tch`       | `tch_version` = `0.1.0`                                        |
 //! | `panic`     | the constructor panics (the export guard returns `Panic`)      |
@@ -21,7 +22,7 @@ use rlhf_plugin_api::abi_stable::library::{CheckTypeLayout, LibHeader, RootModul
 use rlhf_plugin_api::abi_stable::std_types::{RResult, RStr};
 use rlhf_plugin_api::export;
 use rlhf_plugin_api::prelude::*;
-use rlhf_plugin_api::API_VERSION;
+use rlhf_plugin_api::{API_MAJOR, API_MINOR};
 
 /// The environment variable that selects the misbehaviour.
 pub const ENV: &str = "RLHF_TEST_BAD_INFO";
@@ -39,10 +40,11 @@ pub fn declared_info() -> PluginInfo {
         NAME,
         PluginKind::Algorithm,
         env!("CARGO_PKG_VERSION"),
-        "loader test fixture; RLHF_TEST_BAD_INFO=api|torch|tch|panic|loss-panic|nan-loss|wrong-count",
+        "loader test fixture; RLHF_TEST_BAD_INFO=api|api-minor|torch|tch|panic|loss-panic|nan-loss|wrong-count",
     );
     match mode().as_str() {
-        "api" => info.api_version = API_VERSION + 1,
+        "api" => info.api_major = API_MAJOR + 1,
+        "api-minor" => info.api_minor = API_MINOR + 1,
         "torch" => info.torch_version = "1.0.0".into(),
         "tch" => info.tch_version = "0.1.0".into(),
         "wrong-count" => info.kind = PluginKind::Reward,
@@ -149,10 +151,14 @@ mod tests {
         std::env::remove_var(ENV);
         let info = declared_info();
         assert_eq!(info.name.as_str(), NAME);
-        assert_eq!(info.api_version, API_VERSION);
+        assert_eq!((info.api_major, info.api_minor), (API_MAJOR, API_MINOR));
         assert_eq!(info.torch_version.as_str(), rlhf_plugin_api::TORCH_VERSION);
         std::env::set_var(ENV, "api");
-        assert_eq!(declared_info().api_version, API_VERSION + 1);
+        let info = declared_info();
+        assert_eq!((info.api_major, info.api_minor), (API_MAJOR + 1, API_MINOR));
+        std::env::set_var(ENV, "api-minor");
+        let info = declared_info();
+        assert_eq!((info.api_major, info.api_minor), (API_MAJOR, API_MINOR + 1));
         std::env::set_var(ENV, "torch");
         assert_eq!(declared_info().torch_version.as_str(), "1.0.0");
         std::env::set_var(ENV, "tch");

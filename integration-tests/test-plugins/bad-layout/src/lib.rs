@@ -8,7 +8,10 @@ use abi_stable::library::{CheckTypeLayout, LibHeader, RootModule, RootModuleResu
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::RString;
-use abi_stable::{declare_root_module_statics, package_version_strings, StableAbi};
+use abi_stable::{declare_root_module_statics, StableAbi};
+
+/// The package version of `rlhf-plugin-api` this fixture impersonates.
+pub const PLUGIN_API_VERSION: &str = "0.4.0";
 
 /// Not `PluginMod`: `info` returns a string instead of a `PluginInfo`, and the constructors are
 /// missing.
@@ -28,9 +31,9 @@ impl RootModule for BadModRef {
     declare_root_module_statics! {BadModRef}
     const BASE_NAME: &'static str = "rlhf_plugin";
     const NAME: &'static str = "rlhf_plugin";
-    // Same version as `rlhf-plugin-api` (both take the workspace version), so the loader gets past
-    // the version check to the layout check.
-    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+    // The version of `rlhf-plugin-api` (`0.MAJOR.0`, checked by `tests/load.rs`), so the loader
+    // gets past abi_stable's version check to the layout check.
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new(PLUGIN_API_VERSION);
 }
 
 extern "C" fn info() -> RString {

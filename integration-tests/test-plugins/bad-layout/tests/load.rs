@@ -7,12 +7,11 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use abi_stable::library::{lib_header_from_path, LibraryError};
+use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
 use abi_stable::std_types::{RResult, RStr};
-use rlhf_plugin_api::abi::{ExperienceAbi, HostContext, HostLogger, LogLevel, MinibatchAbi, PluginModRef, API_VERSION};
+use rlhf_plugin_api::abi::{keys, HostContext, HostLogger, LogLevel, PluginModRef, PreparedAbi};
 use rlhf_plugin_api::tch::{Device, Kind, Tensor};
-use rlhf_plugin_api::tensor::TensorRef;
-use rlhf_plugin_api::{ErrorKind, PluginError, PluginKind};
+use rlhf_plugin_api::{Context, ErrorKind, Experience, Minibatch, PluginError, PluginKind, API_MAJOR, API_MINOR};
 
 /// `bad-info` reads `RLHF_TEST_BAD_INFO` at call time, and `dlopen` reads the environment too;
 /// every test holds this lock so none reads it while another sets it.
@@ -61,7 +60,14 @@ extern "C" fn log(level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
 }
 
 fn host_context() -> HostContext {
-    HostContext { logger: HostLogger { log }, device: "cpu".into(), seed: 0, samples_per_prompt: 2 }
+    let ctx = Context { device: "cpu".into(), seed: 0, samples_per_prompt: 2 };
+    HostContext { logger: HostLogger { log }, context_json: ctx.to_json().into() }
+}
+
+/// The `advantages` tensor of a `prepare` result.
+fn advantages(prepared: PreparedAbi) -> Tensor {
+    let found = prepared.tensors.into_iter().find(|t| t.name.as_str() == keys::ADVANTAGES);
+    found.expect("prepare returns `advantages`").tensor.into_tensor()
 }
 
 #[test]
@@ -69,6 +75,15 @@ fn not_a_plugin_is_refused() {
     let _env = env_lock();
     let Err(e) = load("rlhf-test-plugin-not-a-plugin") else { panic!("a plain cdylib must not load as a plugin") };
     assert!(matches!(e, LibraryError::GetSymbolError { .. }), "{e}");
+}
+
+#[test]
+fn bad_layout_impersonates_the_api_version() {
+    assert_eq!(
+        rlhf_test_plugin_bad_layout::BadModRef::VERSION_STRINGS.version,
+        PluginModRef::VERSION_STRINGS.version,
+        "bad-layout must declare rlhf-plugin-api's version, or the loader refuses it for the version instead"
+    );
 }
 
 #[test]
@@ -90,12 +105,14 @@ fn bad_info_declares_what_the_environment_says() {
     let normal = info();
     assert_eq!(normal.name.as_str(), "test-bad-info");
     assert_eq!(normal.kind, PluginKind::Algorithm);
-    assert_eq!(normal.api_version, API_VERSION);
+    assert_eq!((normal.api_major, normal.api_minor), (API_MAJOR, API_MINOR));
     assert_eq!(normal.torch_version.as_str(), rlhf_plugin_api::TORCH_VERSION);
     assert_eq!(normal.tch_version.as_str(), rlhf_plugin_api::TCH_VERSION);
 
     std::env::set_var("RLHF_TEST_BAD_INFO", "api");
-    assert_eq!(info().api_version, API_VERSION + 1);
+    assert_eq!(info().api_major, API_MAJOR + 1);
+    std::env::set_var("RLHF_TEST_BAD_INFO", "api-minor");
+    assert_eq!((info().api_major, info().api_minor), (API_MAJOR, API_MINOR + 1));
     std::env::set_var("RLHF_TEST_BAD_INFO", "torch");
     assert_eq!(info().torch_version.as_str(), "1.0.0");
     std::env::set_var("RLHF_TEST_BAD_INFO", "tch");
@@ -124,32 +141,34 @@ fn bad_info_panics_come_back_as_errors() {
     let logprobs = Tensor::full([2, 3], -1.0, (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let mask = Tensor::ones([2, 3], (Kind::Float, Device::Cpu));
     let group_ids = Tensor::from_slice(&[0i64, 0]);
-    let experience = || ExperienceAbi {
-        rewards: TensorRef::new(&rewards),
-        logprobs: TensorRef::new(&logprobs),
-        ref_logprobs: None.into(),
-        values: None.into(),
-        action_mask: TensorRef::new(&mask),
-        group_ids: TensorRef::new(&group_ids),
+    let experience = Experience {
+        rewards: rewards.shallow_clone(),
+        logprobs: logprobs.shallow_clone(),
+        ref_logprobs: None,
+        values: None,
+        action_mask: mask.shallow_clone(),
+        group_ids: group_ids.shallow_clone(),
         step: 0,
     };
-    let minibatch = || MinibatchAbi {
-        logprobs: TensorRef::new(&logprobs),
-        old_logprobs: TensorRef::new(&logprobs),
-        ref_logprobs: None.into(),
-        values: None.into(),
-        old_values: None.into(),
-        advantages: TensorRef::new(&mask),
-        returns: None.into(),
-        action_mask: TensorRef::new(&mask),
-        entropy: None.into(),
-        rewards: TensorRef::new(&rewards),
+    let minibatch = Minibatch {
+        logprobs: logprobs.shallow_clone(),
+        old_logprobs: logprobs.detach(),
+        ref_logprobs: None,
+        values: None,
+        old_values: None,
+        advantages: mask.shallow_clone(),
+        returns: None,
+        action_mask: mask.shallow_clone(),
+        entropy: None,
+        rewards: rewards.shallow_clone(),
         step: 0,
+        epoch: 0,
     };
     let mut algo = ok((module.new_algorithm())(RStr::from_str("{}"), host_context()));
-    let prepared = ok(algo.prepare(experience()));
-    assert_eq!(prepared.advantages.into_tensor().abs().sum(Kind::Float).double_value(&[]), 0.0);
-    let loss = ok(algo.loss(minibatch())).loss.into_tensor();
+    assert_eq!(algo.requirements().len(), 0, "bad-info requires nothing");
+    let prepared = ok(experience.with_abi(|i| algo.prepare(i)));
+    assert_eq!(advantages(prepared).abs().sum(Kind::Float).double_value(&[]), 0.0);
+    let loss = ok(minibatch.with_abi(|i| algo.loss(i))).loss.into_tensor();
     loss.backward();
     assert_eq!(logprobs.grad().abs().sum(Kind::Float).double_value(&[]), 0.0);
 
@@ -158,10 +177,10 @@ fn bad_info_panics_come_back_as_errors() {
     let result = (module.new_algorithm())(RStr::from_str("{}"), host_context());
     std::env::remove_var("RLHF_TEST_BAD_INFO");
     let mut algo = ok(result);
-    let e = err(algo.prepare(experience()), "prepare should have panicked");
+    let e = err(experience.with_abi(|i| algo.prepare(i)), "prepare should have panicked");
     assert_eq!(e.kind, ErrorKind::Panic, "{e}");
     assert!(e.message.contains("prepare panicked on purpose"), "{e}");
-    let e = err(algo.loss(minibatch()), "loss should have panicked");
+    let e = err(minibatch.with_abi(|i| algo.loss(i)), "loss should have panicked");
     assert_eq!(e.kind, ErrorKind::Panic, "{e}");
     assert!(e.message.contains("loss panicked on purpose"), "{e}");
 }

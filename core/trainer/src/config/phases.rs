@@ -1,0 +1,408 @@
+//! `rlhf sft` and `rlhf rm`: their sections (`[run]`, `[model]`, `[data]`, `[train]`, `[lora]`),
+//! the embedded presets, and loading with range checks. The loops are in [`crate::supervised`].
+
+use std::path::PathBuf;
+
+use rlhf_models::LoraConfig;
+use serde::{Deserialize, Serialize};
+
+use super::{load_layered_figment, ConfigSource, KeySource};
+use crate::error::{Result, TrainerError};
+use crate::optim::{OptimConfig, Schedule};
+
+/// `[run]`: seed, run directory, device and dtype.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PhaseRunConfig {
+    /// Seeds libtorch (the fresh score head) and the data order.
+    pub seed: u64,
+    /// Run directory (metrics.jsonl, config.toml, checkpoints, the final model); default
+    /// `runs/<phase>-<unix time>`.
+    pub run_dir: Option<PathBuf>,
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// `f32` or `bf16`.
+    pub dtype: String,
+}
+
+impl Default for PhaseRunConfig {
+    fn default() -> Self {
+        PhaseRunConfig { seed: 42, run_dir: None, device: "cpu".into(), dtype: "f32".into() }
+    }
+}
+
+/// `[model]`: the starting checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PhaseModelConfig {
+    /// Hugging Face causal-LM directory, or `builtin:tiny` (the embedded tiny Llama, random weights).
+    pub path: String,
+}
+
+impl Default for PhaseModelConfig {
+    fn default() -> Self {
+        PhaseModelConfig { path: "builtin:tiny".into() }
+    }
+}
+
+/// What happens to an example longer than `data.max_len` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlong {
+    /// Keep the first `max_len` tokens (DeepSpeed-Chat's `truncation=True`); counted and reported.
+    #[default]
+    Truncate,
+    /// Skip the example; counted and reported.
+    Drop,
+}
+
+/// `[train]`: the optimisation loop.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PhaseTrainConfig {
+    /// Passes over the training data.
+    pub epochs: usize,
+    /// Sequences (SFT) or pairs (RM) per forward pass.
+    pub batch_size: usize,
+    /// Forward passes per optimizer step (the effective batch is `batch_size × grad_accum`).
+    pub grad_accum: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub adam_betas: (f64, f64),
+    pub adam_eps: f64,
+    /// Optimizer steps of linear warm-up.
+    pub warmup_steps: usize,
+    /// After warm-up: `constant`, `linear` or `cosine` decay to 0 at the last step.
+    pub schedule: Schedule,
+    /// Gradient-norm clip (0 disables).
+    pub max_grad_norm: f64,
+    /// Stop after this many optimizer steps (0 = run every epoch).
+    pub max_steps: usize,
+    /// Evaluate every N optimizer steps (0 = only before training and at the end).
+    pub eval_every: usize,
+    /// Save a checkpoint under `<run_dir>/checkpoints/step-N` every N steps (0 = only the final model).
+    pub save_every: usize,
+    /// Sequences (SFT) or pairs (RM) per forward pass during evaluation.
+    pub eval_batch_size: usize,
+}
+
+impl Default for PhaseTrainConfig {
+    fn default() -> Self {
+        PhaseTrainConfig {
+            epochs: 1,
+            batch_size: 8,
+            grad_accum: 1,
+            lr: 1e-5,
+            weight_decay: 0.0,
+            adam_betas: (0.9, 0.95),
+            adam_eps: 1e-8,
+            warmup_steps: 0,
+            schedule: Schedule::Cosine,
+            max_grad_norm: 1.0,
+            max_steps: 0,
+            eval_every: 0,
+            save_every: 0,
+            eval_batch_size: 16,
+        }
+    }
+}
+
+impl PhaseTrainConfig {
+    /// Range checks; errors name the key and where its value came from.
+    pub fn validate(&self, src: &crate::config::KeySource) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(src.error(&format!("train.{key}"), msg));
+        if self.epochs == 0 {
+            return bad("epochs", "must be >= 1");
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be >= 1");
+        }
+        if self.grad_accum == 0 {
+            return bad("grad_accum", "must be >= 1");
+        }
+        if self.eval_batch_size == 0 {
+            return bad("eval_batch_size", "must be >= 1");
+        }
+        if let Err((setting, msg)) = self.optim().check() {
+            let key = match setting {
+                "betas" => "adam_betas",
+                "eps" => "adam_eps",
+                other => other,
+            };
+            return bad(key, msg);
+        }
+        Ok(())
+    }
+
+    /// The optimizer settings of this section.
+    pub fn optim(&self) -> OptimConfig {
+        OptimConfig {
+            lr: self.lr,
+            betas: self.adam_betas,
+            eps: self.adam_eps,
+            weight_decay: self.weight_decay,
+            schedule: self.schedule,
+            warmup_steps: self.warmup_steps,
+            max_grad_norm: self.max_grad_norm,
+        }
+    }
+}
+
+/// A LoRA config or application error as a config error (`{label}: lora.rank: must be >= 0`).
+pub fn lora_error(label: &str, e: rlhf_models::ModelError) -> TrainerError {
+    match e {
+        rlhf_models::ModelError::Input(m) => TrainerError::Config(format!("{label}: {m}")),
+        other => TrainerError::Config(format!("{label}: lora: {other}")),
+    }
+}
+
+/// Which assistant turns of a conversation are trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AssistantTurns {
+    #[default]
+    All,
+    Last,
+}
+
+/// The pairwise ranking loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RmLoss {
+    /// DeepSpeed-Chat's divergent-segment mean.
+    #[default]
+    Dsc,
+    /// One term per pair at the last tokens.
+    LastToken,
+}
+
+/// `[data]` of `rlhf sft`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftDataConfig {
+    /// JSONL with `prompt`/`response` or chat `messages`; or `builtin:addition-sft`.
+    pub train: String,
+    /// A separate eval JSONL (or a built-in: its held-out split); unset: `eval_fraction` when > 0,
+    /// else a built-in train set's held-out split.
+    pub eval: Option<String>,
+    /// Fraction of the train lines held out for evaluation when `eval` is unset (0 = none).
+    pub eval_fraction: f64,
+    /// Tokens per example (and per packed row).
+    pub max_len: usize,
+    /// `truncate` (keep the first `max_len` tokens) or `drop`.
+    pub overlong: Overlong,
+    /// Render prompt/response through the chat template when the tokenizer has one (else raw text).
+    pub apply_chat_template: bool,
+    /// Train on the prompt tokens too.
+    pub loss_on_prompt: bool,
+    /// `all` assistant turns of a conversation, or the `last`.
+    pub assistant_turns: AssistantTurns,
+    /// Concatenate examples into rows of up to `max_len` tokens (see `sft_data`).
+    pub packing: bool,
+}
+
+impl Default for SftDataConfig {
+    fn default() -> Self {
+        SftDataConfig {
+            train: "builtin:addition-sft".into(),
+            eval: None,
+            eval_fraction: 0.0,
+            max_len: 512,
+            overlong: Overlong::Truncate,
+            apply_chat_template: true,
+            loss_on_prompt: false,
+            assistant_turns: AssistantTurns::All,
+            packing: false,
+        }
+    }
+}
+
+/// The whole `rlhf sft` configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftConfig {
+    pub run: PhaseRunConfig,
+    pub model: PhaseModelConfig,
+    pub data: SftDataConfig,
+    pub train: PhaseTrainConfig,
+    /// LoRA adapters (`rank = 0`: full fine-tuning); the saved model has them merged.
+    pub lora: LoraConfig,
+}
+
+/// The embedded presets of the supervised phases (`configs/sft.toml`, `configs/rm.toml`).
+pub const PHASE_PRESETS: &[(&str, &str)] =
+    &[("sft", include_str!("../../../../configs/sft.toml")), ("rm", include_str!("../../../../configs/rm.toml"))];
+
+impl SftConfig {
+    /// Loads base (file or the embedded `sft` preset), `RLHF_*` variables and `--set` overrides, and
+    /// validates.
+    pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
+        let (cfg, fig): (SftConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let label = match source {
+            ConfigSource::File(p) => p.display().to_string(),
+            ConfigSource::Preset(n) => format!("preset {n}"),
+        };
+        let src = KeySource { fig: &fig, base: &label };
+        cfg.train.validate(&src)?;
+        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
+        if cfg.data.max_len < 2 {
+            return Err(src.error("data.max_len", "must be >= 2"));
+        }
+        Ok(cfg)
+    }
+}
+
+/// `[data]` of `rlhf rm`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RmDataConfig {
+    /// JSONL of `prompt`/`chosen`/`rejected` (text or chat lists); or `builtin:addition-pairs`.
+    pub train: String,
+    /// A separate eval JSONL (or a built-in: its held-out split); unset: `eval_fraction` when > 0,
+    /// else a built-in train set's held-out split.
+    pub eval: Option<String>,
+    /// Fraction of the train lines held out for evaluation when `eval` is unset (0 = none).
+    pub eval_fraction: f64,
+    /// Tokens per side of a pair.
+    pub max_len: usize,
+    /// `truncate` (keep the first `max_len` tokens of both sides, as DSC) or `drop`.
+    pub overlong: Overlong,
+    /// Render through the chat template when the tokenizer has one (else `prompt + response`).
+    pub apply_chat_template: bool,
+    /// Append EOS to every side (DSC appends its end-of-conversation token). Off by default: the
+    /// `reward-model` plugin scores the text as is, and training should see what scoring sees.
+    pub append_eos: bool,
+}
+
+impl Default for RmDataConfig {
+    fn default() -> Self {
+        RmDataConfig {
+            train: "builtin:addition-pairs".into(),
+            eval: None,
+            eval_fraction: 0.0,
+            max_len: 512,
+            overlong: Overlong::Truncate,
+            apply_chat_template: true,
+            append_eos: false,
+        }
+    }
+}
+
+/// `[train]` of `rlhf rm`: the keys of [`PhaseTrainConfig`] plus the loss. (Written out rather
+/// than `#[serde(flatten)]`, which serde does not combine with `deny_unknown_fields`.)
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RmTrainConfig {
+    /// `dsc` (divergent-segment mean, the default) or `last_token`.
+    pub loss: RmLoss,
+    pub epochs: usize,
+    /// Pairs per forward pass (2 × this many sequences).
+    pub batch_size: usize,
+    pub grad_accum: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub adam_betas: (f64, f64),
+    pub adam_eps: f64,
+    pub warmup_steps: usize,
+    pub schedule: Schedule,
+    pub max_grad_norm: f64,
+    pub max_steps: usize,
+    pub eval_every: usize,
+    pub save_every: usize,
+    pub eval_batch_size: usize,
+}
+
+impl Default for RmTrainConfig {
+    fn default() -> Self {
+        let c = PhaseTrainConfig::default();
+        RmTrainConfig {
+            loss: RmLoss::Dsc,
+            epochs: c.epochs,
+            batch_size: c.batch_size,
+            grad_accum: c.grad_accum,
+            lr: c.lr,
+            weight_decay: c.weight_decay,
+            adam_betas: c.adam_betas,
+            adam_eps: c.adam_eps,
+            warmup_steps: c.warmup_steps,
+            schedule: c.schedule,
+            max_grad_norm: c.max_grad_norm,
+            max_steps: c.max_steps,
+            eval_every: c.eval_every,
+            save_every: c.save_every,
+            eval_batch_size: c.eval_batch_size,
+        }
+    }
+}
+
+impl RmTrainConfig {
+    /// The loop settings.
+    pub fn common(&self) -> PhaseTrainConfig {
+        PhaseTrainConfig {
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            grad_accum: self.grad_accum,
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            adam_betas: self.adam_betas,
+            adam_eps: self.adam_eps,
+            warmup_steps: self.warmup_steps,
+            schedule: self.schedule,
+            max_grad_norm: self.max_grad_norm,
+            max_steps: self.max_steps,
+            eval_every: self.eval_every,
+            save_every: self.save_every,
+            eval_batch_size: self.eval_batch_size,
+        }
+    }
+}
+
+/// The whole `rlhf rm` configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RmConfig {
+    pub run: PhaseRunConfig,
+    /// The causal LM the backbone comes from (usually the SFT output).
+    pub model: PhaseModelConfig,
+    pub data: RmDataConfig,
+    pub train: RmTrainConfig,
+    /// LoRA adapters on the backbone (`rank = 0`: full fine-tuning); the score head always trains.
+    pub lora: LoraConfig,
+}
+
+impl RmConfig {
+    /// Loads base (file or the embedded `rm` preset), `RLHF_*` variables and `--set` overrides, and
+    /// validates.
+    pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
+        let (cfg, fig): (RmConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let label = match source {
+            ConfigSource::File(p) => p.display().to_string(),
+            ConfigSource::Preset(n) => format!("preset {n}"),
+        };
+        let src = KeySource { fig: &fig, base: &label };
+        cfg.train.common().validate(&src)?;
+        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
+        if cfg.data.max_len < 2 {
+            return Err(src.error("data.max_len", "must be >= 2"));
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_load_and_overrides_apply() {
+        let sft = SftConfig::load(&ConfigSource::Preset("sft".into()), &[]).unwrap();
+        assert_eq!((sft.model.path.as_str(), sft.data.train.as_str()), ("builtin:tiny", "builtin:addition-sft"));
+        let rm = RmConfig::load(&ConfigSource::Preset("rm".into()), &["train.loss=\"last_token\"".into()]).unwrap();
+        assert_eq!(rm.train.loss, RmLoss::LastToken);
+        assert_eq!(rm.data.train, "builtin:addition-pairs");
+        let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["lora.rank=-1".into()]).unwrap_err();
+        assert!(e.to_string().contains("--set lora.rank=-1: lora.rank: must be >= 0"), "{e}");
+        let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["data.max_len=1".into()]).unwrap_err();
+        assert!(e.to_string().contains("data.max_len"), "{e}");
+    }
+}

@@ -1,0 +1,557 @@
+//! `rlhf train`: the RL run's sections (`[run]`, `[model]`, `[data]`, `[rollout]`, `[train]`,
+//! `[warmup]`, `[algorithm]`, `[[rewards]]`, `[checkpoint]`, `[wandb]`), the embedded presets, and
+//! loading with range checks.
+
+use std::path::PathBuf;
+
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use rlhf_models::LoraConfig;
+use rlhf_wandb::WandbConfig;
+
+use super::{base_layer, describe_figment, layer, schema, ConfigSource, KeySource, Layers, Named, SetOverride};
+use crate::error::{Result, TrainerError};
+use crate::optim::{OptimConfig, Schedule};
+
+/// Seeds, devices and where outputs go.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Seeds libtorch, data order and sampling.
+    pub seed: u64,
+    /// Run directory (metrics.jsonl, config, exported model); default `runs/<algo>-<unix time>`.
+    pub run_dir: Option<PathBuf>,
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// `f32` or `bf16` for the trained models.
+    pub dtype: String,
+    /// Save the final actor in Hugging Face format under `<run_dir>/actor`.
+    pub save_actor: bool,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig { seed: 42, run_dir: None, device: "cpu".into(), dtype: "f32".into(), save_actor: true }
+    }
+}
+
+/// Which checkpoints play which role.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Hugging Face directory of the policy, or `builtin:tiny` for the embedded tiny Llama.
+    pub actor: String,
+    /// Frozen reference policy; default: the actor's initial weights.
+    pub reference: Option<String>,
+    /// Critic: `actor` (backbone copied from the actor, fresh value head) or a directory holding a
+    /// reward model / critic in `*ForSequenceClassification` layout.
+    pub critic: String,
+    /// LoRA on the actor (`rank = 0`: full fine-tuning). The exported actor is merged.
+    pub lora: LoraConfig,
+    /// LoRA on the critic (its value head always trains).
+    pub critic_lora: LoraConfig,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            actor: "builtin:tiny".into(),
+            reference: None,
+            critic: "actor".into(),
+            lora: LoraConfig::default(),
+            critic_lora: LoraConfig::default(),
+        }
+    }
+}
+
+/// Prompt data.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// JSONL with `prompt` or chat `messages`, optional `label`; or `builtin:addition`.
+    pub prompts: String,
+    /// Prompts longer than this many tokens are truncated from the left (with a warning).
+    pub max_prompt_len: usize,
+    /// Render prompts through the tokenizer's chat template when it has one.
+    pub apply_chat_template: bool,
+    /// Shuffle prompts every pass over the data.
+    pub shuffle: bool,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig { prompts: "builtin:addition".into(), max_prompt_len: 256, apply_chat_template: true, shuffle: true }
+    }
+}
+
+/// Generation during rollout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// Distinct prompts per generation batch.
+    pub prompts_per_batch: usize,
+    /// Responses sampled per prompt (GRPO's G).
+    pub samples_per_prompt: usize,
+    pub max_new_tokens: i64,
+    pub temperature: f64,
+    /// 1.0 disables.
+    pub top_p: f64,
+    /// 0 disables.
+    pub top_k: i64,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            prompts_per_batch: 8,
+            samples_per_prompt: 4,
+            max_new_tokens: 64,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+        }
+    }
+}
+
+/// Optimisation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Generation batches (each followed by `ppo_epochs` passes over its minibatches).
+    pub steps: usize,
+    /// Passes over each generation batch.
+    pub ppo_epochs: usize,
+    /// Samples per optimizer step (DeepSpeed-Chat's per-device mini batch).
+    pub minibatch_size: usize,
+    pub actor_lr: f64,
+    pub critic_lr: f64,
+    pub weight_decay: f64,
+    pub adam_betas: (f64, f64),
+    pub adam_eps: f64,
+    /// Optimizer steps of linear warm-up.
+    pub warmup_steps: usize,
+    pub schedule: Schedule,
+    /// Gradient-norm clip per model (0 disables).
+    pub max_grad_norm: f64,
+    /// EMA decay of an extra actor copy (DeepSpeed-Chat's `enable_ema`); none = off.
+    pub ema_decay: Option<f64>,
+    /// Weight of the unsupervised LM loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off.
+    pub ptx_coef: f64,
+    /// JSONL with a `text` field for the ptx loss.
+    pub ptx_data: Option<PathBuf>,
+    /// Upper bound on `rows × vocab` fp32 logits materialised at once.
+    pub logprob_chunk_elements: i64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 100,
+            ppo_epochs: 1,
+            minibatch_size: 32,
+            actor_lr: 1e-6,
+            critic_lr: 5e-6,
+            weight_decay: 0.0,
+            adam_betas: (0.9, 0.95),
+            adam_eps: 1e-8,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+            max_grad_norm: 1.0,
+            ema_decay: None,
+            ptx_coef: 0.0,
+            ptx_data: None,
+            logprob_chunk_elements: 1 << 26,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The actor's optimizer settings (`actor_lr` and the shared keys).
+    pub fn actor_optim(&self) -> OptimConfig {
+        self.optim(self.actor_lr)
+    }
+
+    /// The critic's optimizer settings (`critic_lr` and the shared keys).
+    pub fn critic_optim(&self) -> OptimConfig {
+        self.optim(self.critic_lr)
+    }
+
+    fn optim(&self, lr: f64) -> OptimConfig {
+        OptimConfig {
+            lr,
+            betas: self.adam_betas,
+            eps: self.adam_eps,
+            weight_decay: self.weight_decay,
+            schedule: self.schedule,
+            warmup_steps: self.warmup_steps,
+            max_grad_norm: self.max_grad_norm,
+        }
+    }
+}
+
+/// Optional supervised warm-up of the actor before RL (used by the embedded defaults, whose tiny
+/// model starts from random weights).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmupConfig {
+    /// Optimizer steps; 0 = none.
+    pub steps: usize,
+    pub lr: f64,
+    pub batch_size: usize,
+}
+
+impl Default for WarmupConfig {
+    fn default() -> Self {
+        WarmupConfig { steps: 0, lr: 1e-3, batch_size: 32 }
+    }
+}
+
+/// Checkpoints: `<run_dir>/checkpoints/step-NNNNNN`, written atomically.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Write one every this many steps (0: only at the end).
+    pub every: usize,
+    /// Keep the last this many (older ones are deleted once a new one is complete; >= 1).
+    pub keep: usize,
+    /// Also write one when the run ends.
+    pub at_end: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig { every: 100, keep: 2, at_end: true }
+    }
+}
+
+/// The algorithm plugin and its own config section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlgorithmConfig {
+    /// Declared plugin name (`grpo`, `ppo`, `ppo-seq`, ...).
+    pub name: String,
+    /// Passed to the plugin as JSON.
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+}
+
+/// One reward source.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardConfig {
+    /// Declared plugin name (`reward-rules`, ...).
+    pub plugin: String,
+    /// Metric name (`rewards/<name>/mean`); default: the plugin name.
+    pub name: Option<String>,
+    #[serde(default = "one")]
+    pub weight: f64,
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The whole RL configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlConfig {
+    #[serde(default)]
+    pub run: RunConfig,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub data: DataConfig,
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    #[serde(default)]
+    pub train: TrainConfig,
+    #[serde(default)]
+    pub warmup: WarmupConfig,
+    pub algorithm: AlgorithmConfig,
+    #[serde(default)]
+    pub rewards: Vec<RewardConfig>,
+    /// Directories scanned for plugin libraries; empty = the directory of the `rlhf` executable
+    /// (where cargo puts the workspace's plugins).
+    #[serde(default)]
+    pub plugin_dirs: Vec<PathBuf>,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    /// Weights & Biases sink (on when `WANDB_API_KEY` is set, unless `enabled = false`).
+    #[serde(default)]
+    pub wandb: WandbConfig,
+    /// Where the base config came from (the file, or `preset NAME`), for error messages.
+    #[serde(skip)]
+    pub source: String,
+    /// Which layer set each key, for errors found after loading ([`RlConfig::source_of`]).
+    #[serde(skip)]
+    pub layers: Layers,
+}
+
+/// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("grpo", include_str!("../../../../configs/grpo.toml")),
+    ("ppo", include_str!("../../../../configs/ppo.toml")),
+    ("ppo-seq", include_str!("../../../../configs/ppo-seq.toml")),
+];
+
+impl RlConfig {
+    /// Loads the base (file or preset), applies `--set` overrides, forces `algorithm.name` to
+    /// `algo` when given, and validates.
+    pub fn load(source: &ConfigSource, algo: Option<&str>, sets: &[String]) -> Result<Self> {
+        Ok(Self::load_figment(source, algo, sets)?.0)
+    }
+
+    /// [`RlConfig::load`], also returning the merged figment (for `rlhf config show`).
+    pub fn load_figment(source: &ConfigSource, algo: Option<&str>, sets: &[String]) -> Result<(Self, Figment)> {
+        let (mut fig, label) = match source {
+            ConfigSource::Preset(name) if !PRESETS.iter().any(|(n, _)| n == name) => {
+                // A plugin without a preset runs the grpo preset's task with its own defaults.
+                let mut table: toml::Table =
+                    PRESETS[0].1.parse().map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
+                let mut algo_table = toml::Table::new();
+                algo_table.insert("name".into(), toml::Value::String(name.clone()));
+                table.insert("algorithm".into(), toml::Value::Table(algo_table));
+                let text = toml::to_string(&table).map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
+                let label = format!("preset grpo (for {name})");
+                (Figment::from(Named(label.clone(), &text)), label)
+            }
+            _ => base_layer(source, PRESETS)?,
+        };
+        if let Some(algo) = algo {
+            fig = fig.merge(SetOverride {
+                label: format!("--algo {algo}"),
+                key: "algorithm.name".into(),
+                value: toml::Value::String(algo.into()),
+            });
+        }
+        let fig = layer(fig, &schema::<RlConfig>(), sets)?;
+        let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
+        cfg.validate(&KeySource { fig: &fig, base: &label })?;
+        cfg.source = label;
+        cfg.layers = Layers(Some(fig.clone()));
+        Ok((cfg, fig))
+    }
+
+    /// The layer that set dotted `key` — the file or preset, an `RLHF_` variable, a `--set` — for
+    /// errors found after loading (`rewards[0].config.x` is looked up as `rewards`); the base
+    /// source for a key no layer set.
+    pub fn source_of(&self, key: &str) -> String {
+        self.layers.of(key, &self.source)
+    }
+
+    fn validate(&self, src: &KeySource) -> Result<()> {
+        self.validate_rollout(src)?;
+        self.validate_train(src)?;
+        self.validate_rewards(src)?;
+        let bad = |key: &str, msg: &str| Err(src.error(key, msg));
+        if self.checkpoint.keep == 0 {
+            return bad("checkpoint.keep", "must be >= 1");
+        }
+        for (key, l) in [("model.lora", &self.model.lora), ("model.critic_lora", &self.model.critic_lora)] {
+            if let Err(e) = l.validate() {
+                let msg = e.to_string();
+                let msg = msg.trim_start_matches("invalid input: lora");
+                let field = msg.trim_start_matches('.').split(':').next().unwrap_or("");
+                return Err(TrainerError::Config(format!("{}: {key}{msg}", src.of(&format!("{key}.{field}")))));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_rollout(&self, src: &KeySource) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(src.error(key, msg));
+        let r = &self.rollout;
+        if r.prompts_per_batch == 0 {
+            return bad("rollout.prompts_per_batch", "must be >= 1");
+        }
+        if r.samples_per_prompt == 0 {
+            return bad("rollout.samples_per_prompt", "must be >= 1");
+        }
+        if r.max_new_tokens < 1 {
+            return bad("rollout.max_new_tokens", "must be >= 1");
+        }
+        if r.temperature.is_nan() || r.temperature <= 0.0 {
+            return bad("rollout.temperature", "must be > 0 (RL needs sampling)");
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return bad("rollout.top_p", "must be in (0, 1]");
+        }
+        if r.top_k < 0 {
+            return bad("rollout.top_k", "must be >= 0 (0 disables)");
+        }
+        Ok(())
+    }
+
+    /// `[train]` and `[warmup]`: the optimizer settings through [`OptimConfig::check`] (its
+    /// setting names mapped to this section's keys), then the loop's own.
+    fn validate_train(&self, src: &KeySource) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(src.error(key, msg));
+        let t = &self.train;
+        for (lr_key, optim) in [("train.actor_lr", t.actor_optim()), ("train.critic_lr", t.critic_optim())] {
+            if let Err((setting, msg)) = optim.check() {
+                let key = match setting {
+                    "lr" => lr_key,
+                    "betas" => "train.adam_betas",
+                    "eps" => "train.adam_eps",
+                    "weight_decay" => "train.weight_decay",
+                    "max_grad_norm" => "train.max_grad_norm",
+                    other => other,
+                };
+                return bad(key, msg);
+            }
+        }
+        if t.minibatch_size == 0 {
+            return bad("train.minibatch_size", "must be >= 1");
+        }
+        if t.ppo_epochs == 0 {
+            return bad("train.ppo_epochs", "must be >= 1");
+        }
+        if t.logprob_chunk_elements < 1 {
+            return bad("train.logprob_chunk_elements", "must be >= 1");
+        }
+        if let Some(d) = t.ema_decay {
+            if !(0.0..1.0).contains(&d) {
+                return bad("train.ema_decay", "must be in [0, 1)");
+            }
+        }
+        if !t.ptx_coef.is_finite() {
+            return bad("train.ptx_coef", "must be finite");
+        }
+        if t.ptx_coef != 0.0 && t.ptx_data.is_none() {
+            return bad("train.ptx_data", "needed when train.ptx_coef != 0");
+        }
+        let w = &self.warmup;
+        if w.steps > 0 && w.batch_size == 0 {
+            return bad("warmup.batch_size", "must be >= 1 when warmup.steps > 0");
+        }
+        if w.steps > 0 && !(w.lr.is_finite() && w.lr > 0.0) {
+            return bad("warmup.lr", "must be a finite number > 0 when warmup.steps > 0");
+        }
+        let batch = self.rollout.prompts_per_batch * self.rollout.samples_per_prompt;
+        if t.minibatch_size > batch {
+            tracing::warn!(
+                "train.minibatch_size = {} is more than a generation batch (rollout.prompts_per_batch × \
+                 rollout.samples_per_prompt = {batch}): every optimizer step takes the whole batch",
+                t.minibatch_size
+            );
+        }
+        Ok(())
+    }
+
+    /// `[[rewards]]`: at least one, finite weights, distinct names (each source's metrics are
+    /// `rewards/<name>/...`: two of one name would overwrite each other's).
+    fn validate_rewards(&self, src: &KeySource) -> Result<()> {
+        let bad = |key: &str, msg: &str| Err(src.error(key, msg));
+        if self.rewards.is_empty() {
+            return bad("rewards", "at least one [[rewards]] entry is needed");
+        }
+        let names: Vec<&str> = self.rewards.iter().map(|r| r.name.as_deref().unwrap_or(&r.plugin)).collect();
+        for (i, r) in self.rewards.iter().enumerate() {
+            if !r.weight.is_finite() {
+                return bad(&format!("rewards[{i}].weight"), "must be finite");
+            }
+            if let Some(first) = names[..i].iter().position(|n| *n == names[i]) {
+                return bad(
+                    &format!("rewards[{i}].name"),
+                    &format!(
+                        "rewards[{first}] and rewards[{i}] are both named `{}` (a name defaults to the plugin's); \
+                         their metrics would overwrite each other: give each a distinct `name`",
+                        names[i]
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grpo(sets: &[&str]) -> Result<RlConfig> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        RlConfig::load(&ConfigSource::Preset("grpo".into()), None, &sets)
+    }
+
+    #[test]
+    fn range_checks_name_the_key_and_the_layer() {
+        let lr = "must be a finite number > 0";
+        for (set, key, msg) in [
+            ("train.actor_lr=nan", "train.actor_lr", lr),
+            ("train.actor_lr=-1e-5", "train.actor_lr", lr),
+            ("train.actor_lr=inf", "train.actor_lr", lr),
+            ("train.critic_lr=-inf", "train.critic_lr", lr),
+            ("train.critic_lr=nan", "train.critic_lr", lr),
+            ("train.adam_betas=[2, 3]", "train.adam_betas", "must be two numbers in [0, 1)"),
+            ("train.adam_eps=0", "train.adam_eps", "must be a finite number > 0"),
+            ("train.weight_decay=-0.1", "train.weight_decay", "must be a finite number >= 0"),
+            ("train.max_grad_norm=-1", "train.max_grad_norm", "must be >= 0"),
+            ("rollout.top_k=-1", "rollout.top_k", "must be >= 0"),
+            ("train.logprob_chunk_elements=0", "train.logprob_chunk_elements", "must be >= 1"),
+            ("warmup.batch_size=0", "warmup.batch_size", "must be >= 1"),
+            ("warmup.lr=0", "warmup.lr", "must be a finite number > 0"),
+            ("warmup.lr=nan", "warmup.lr", "must be a finite number > 0"),
+        ] {
+            let e = grpo(&[set]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--set {set}: {key}: {msg}")), "{set}: {e}");
+        }
+        // The warm-up's settings matter only when it runs.
+        let cfg = grpo(&["warmup.steps=0", "warmup.batch_size=0", "warmup.lr=0"]).unwrap();
+        assert_eq!(cfg.warmup.batch_size, 0);
+        // A value from a file names the file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[algorithm]\nname = \"grpo\"\n[train]\ncritic_lr = -1.0\n[[rewards]]\nplugin = \"reward-rules\"\n",
+        )
+        .unwrap();
+        let e = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: train.critic_lr: {lr}", path.display())), "{e}");
+    }
+
+    #[test]
+    fn reward_names_must_be_distinct() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let write = |rewards: &str| std::fs::write(&path, format!("[algorithm]\nname = \"grpo\"\n{rewards}")).unwrap();
+        write(
+            "[[rewards]]\nplugin = \"reward-rules\"\nname = \"accuracy\"\n[[rewards]]\nplugin = \"reward-model\"\n\
+             [[rewards]]\nplugin = \"reward-http\"\nname = \"accuracy\"\n",
+        );
+        let e = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "{}: rewards[2].name: rewards[0] and rewards[2] are both named `accuracy`",
+                path.display()
+            )),
+            "{e}"
+        );
+        // A name defaults to the plugin's.
+        write("[[rewards]]\nplugin = \"reward-rules\"\n[[rewards]]\nplugin = \"reward-rules\"\nweight = 0.5\n");
+        let e = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap_err().to_string();
+        assert!(e.contains("rewards[0] and rewards[1] are both named `reward-rules`"), "{e}");
+        write("[[rewards]]\nplugin = \"reward-rules\"\n[[rewards]]\nplugin = \"reward-rules\"\nname = \"format\"\n");
+        let cfg = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap();
+        assert_eq!(cfg.rewards.len(), 2);
+    }
+
+    #[test]
+    fn plugin_sections_keep_the_layer_of_each_key() {
+        let cfg = grpo(&["algorithm.config.beta=-1"]).unwrap();
+        assert_eq!(cfg.source_of("algorithm.config.beta"), "--set algorithm.config.beta=-1");
+        assert_eq!(cfg.source_of("algorithm.config.epsilon"), "preset grpo");
+        assert_eq!(cfg.source_of("rewards[0].config.exact_match"), "preset grpo");
+        let cfg = grpo(&["rewards=[{ plugin = \"reward-rules\", config = { exact = 1 } }]"]).unwrap();
+        assert!(cfg.source_of("rewards[0].config.exact").starts_with("--set rewards="));
+        assert_eq!(RlConfig::default().source_of("algorithm.config.beta"), "");
+    }
+}

@@ -1,0 +1,174 @@
+//! Stage 4, **experience** (no gradients): for the scored samples, the old policy's log-probs
+//! (and entropy, for the metrics), the reference model's log-probs and the critic's values of the
+//! state before each response token — everything the algorithm's `prepare` and the minibatch
+//! losses compare against.
+
+use rlhf_generation::{token_logprobs, LogProbOptions};
+use rlhf_models::{CausalLm, ScalarHeadModel};
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::Result;
+use crate::metrics::StepMetrics;
+use crate::rl::phase_secs;
+use crate::rl::rollout::Rollout;
+use crate::rl::score::Scored;
+
+/// One generation batch after scoring, on the training device.
+///
+/// # Shapes
+/// `B` scored samples, prompt length `P`, `R` response slots:
+/// `sequences`, `attention_mask` `[B, P + R]` (i64); `action_mask`, `old_logprobs`,
+/// `ref_logprobs`, `values` `[B, R]` f32; `rewards [B]` f32; `group_ids [B]` i64.
+pub struct Batch {
+    pub sequences: Tensor,
+    pub attention_mask: Tensor,
+    pub action_mask: Tensor,
+    pub prompt_len: i64,
+    pub old_logprobs: Tensor,
+    pub ref_logprobs: Option<Tensor>,
+    pub values: Option<Tensor>,
+    pub rewards: Tensor,
+    pub group_ids: Tensor,
+}
+
+impl Batch {
+    /// Rows in the batch.
+    pub fn len(&self) -> usize {
+        self.rewards.size()[0] as usize
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Response slots `R`.
+    pub fn response_len(&self) -> i64 {
+        self.action_mask.size()[1]
+    }
+}
+
+/// The models that see the experience.
+pub struct Models<'a> {
+    pub actor: &'a CausalLm,
+    pub reference: Option<&'a CausalLm>,
+    pub critic: Option<&'a ScalarHeadModel>,
+}
+
+/// Seconds spent per model.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ExperienceTimes {
+    pub old_logprobs: f64,
+    pub reference: f64,
+    pub values: f64,
+}
+
+/// Selects the scored rows of the rollout and computes their rewards and group ids as tensors.
+///
+/// # Shapes
+/// `rollout.generated.sequences [N, P + R]` → `sequences [B, P + R]` etc. with `B = scored.rows.len()`.
+pub fn select(rollout: &Rollout, scored: &Scored, group_of_row: &[(usize, i64)], device: Device) -> Result<Selected> {
+    let rows: Vec<i64> = scored.rows.iter().map(|&r| r as i64).collect();
+    let rewards =
+        Tensor::f_from_slice(&scored.rewards.iter().map(|&x| x as f32).collect::<Vec<_>>())?.f_to_device(device)?;
+    let group_ids: Vec<i64> = scored.rows.iter().map(|&r| group_of_row[r].1).collect();
+    let group_ids = Tensor::f_from_slice(&group_ids)?.f_to_device(device)?;
+    let index = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
+    let gen = &rollout.generated;
+    Ok(Selected {
+        sequences: gen.sequences.f_index_select(0, &index)?,
+        attention_mask: gen.attention_mask.f_index_select(0, &index)?,
+        action_mask: gen.response_mask.f_index_select(0, &index)?.f_to_kind(Kind::Float)?,
+        prompt_len: gen.prompt_len,
+        rewards,
+        group_ids,
+    })
+}
+
+/// The scored rows before the models have seen them (see [`Batch`] for shapes).
+pub struct Selected {
+    pub sequences: Tensor,
+    pub attention_mask: Tensor,
+    pub action_mask: Tensor,
+    pub prompt_len: i64,
+    pub rewards: Tensor,
+    pub group_ids: Tensor,
+}
+
+/// Runs the old policy, the reference and the critic over the batch without gradients, and sets
+/// `rollout/entropy`, `entropy`, `completions/mean_length`, `rollout/kl` and `kl` (the sequence
+/// sum of `log π_old − log π_ref`, averaged over samples).
+///
+/// # Shapes
+/// See [`Batch`].
+pub fn compute(
+    models: &Models<'_>,
+    s: Selected,
+    max_chunk_elements: i64,
+    device: Device,
+    m: &mut StepMetrics,
+) -> Result<(Batch, ExperienceTimes)> {
+    let opts = LogProbOptions { max_chunk_elements, entropy: true };
+    let (seq, attn, p_len) = (&s.sequences, &s.attention_mask, s.prompt_len);
+    let r_len = s.action_mask.size()[1];
+    let mut times = ExperienceTimes::default();
+    let t = Instant::now();
+    let old = tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?;
+    times.old_logprobs = phase_secs(device, t);
+    let t = Instant::now();
+    let ref_logprobs = match models.reference {
+        Some(r) => {
+            let no_entropy = LogProbOptions { entropy: false, ..opts };
+            Some(tch::no_grad(|| token_logprobs(r, seq, attn, p_len, no_entropy))?.logprobs)
+        }
+        None => None,
+    };
+    times.reference = phase_secs(device, t);
+    let t = Instant::now();
+    // The value of the state before each response token: positions P−1 .. P+R−2.
+    let values = match models.critic {
+        Some(c) => Some(tch::no_grad(|| c.values(seq, attn))?.f_narrow(1, p_len - 1, r_len)?), // [B, R]
+        None => None,
+    };
+    times.values = phase_secs(device, t);
+    let old_logprobs = old.logprobs; // [B, R]
+    if let Some(e) = &old.entropy {
+        let ent = masked_mean_value(e, &s.action_mask)?;
+        m.set("rollout/entropy", ent);
+        m.set("entropy", ent);
+    }
+    let lengths = s.action_mask.f_sum_dim_intlist(1, false, Kind::Float)?; // [B]
+    m.set("completions/mean_length", lengths.f_mean(Kind::Float)?.double_value(&[]));
+    if let Some(r) = &ref_logprobs {
+        let kl = old_logprobs.f_sub(r)?.f_mul(&s.action_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [B]
+        let kl = kl.f_mean(Kind::Float)?.double_value(&[]);
+        m.set("rollout/kl", kl);
+        m.set("kl", kl);
+    }
+    let batch = Batch {
+        sequences: s.sequences,
+        attention_mask: s.attention_mask,
+        action_mask: s.action_mask,
+        prompt_len: p_len,
+        old_logprobs,
+        ref_logprobs,
+        values,
+        rewards: s.rewards,
+        group_ids: s.group_ids,
+    };
+    Ok((batch, times))
+}
+
+/// Masked mean of `x` over `mask` as a number (0 when the mask is empty).
+///
+/// # Shapes
+/// `x`, `mask`: the same shape, f32.
+pub fn masked_mean_value(x: &Tensor, mask: &Tensor) -> Result<f64> {
+    let n = mask.f_sum(Kind::Float)?.double_value(&[]);
+    if n == 0.0 {
+        return Ok(0.0);
+    }
+    Ok(x.f_mul(mask)?.f_sum(Kind::Float)?.double_value(&[]) / n)
+}

@@ -1,0 +1,150 @@
+//! Stages 6–7, **minibatch loss → optimizer step**: `ppo_epochs` passes over the generation batch
+//! in shuffled minibatches (DeepSpeed-Chat's MiniDataset). Per minibatch: fresh log-probs (and
+//! values, entropy) with gradients → the plugin's loss (+ the ptx loss) → backward → grad-norm
+//! clip → AdamW steps of actor and critic → EMA. A non-finite loss or gradient skips the step and
+//! is logged.
+
+use rlhf_generation::{token_logprobs, LogProbOptions};
+use rlhf_models::{CausalLm, ScalarHeadModel};
+use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
+use tch::{Device, Tensor};
+
+use crate::config::TrainConfig;
+use crate::data::SplitMix;
+use crate::error::Result;
+use crate::metrics::StepMetrics;
+use crate::optim::{ema_update, Optim};
+use crate::plugins::AlgorithmHandle;
+use crate::progress::RunProgress;
+use crate::rl::experience::Batch;
+use crate::rl::ptx::PtxData;
+
+/// What the optimisation stage trains.
+pub struct Learner<'a> {
+    pub actor: &'a CausalLm,
+    pub actor_opt: &'a mut Optim,
+    pub critic: Option<(&'a ScalarHeadModel, &'a mut Optim)>,
+    /// The EMA copy of the actor and its decay.
+    pub ema: Option<(&'a CausalLm, f64)>,
+    pub ptx: Option<&'a PtxData>,
+}
+
+/// The rows `idx` of `t` (dim 0).
+fn pick(t: &Tensor, idx: &Tensor) -> Result<Tensor> {
+    Ok(t.f_index_select(0, idx)?)
+}
+
+fn pick_opt(t: &Option<Tensor>, idx: &Tensor) -> Result<Option<Tensor>> {
+    t.as_ref().map(|t| pick(t, idx)).transpose()
+}
+
+/// Runs every minibatch of every epoch. `rng` shuffles the minibatches and draws ptx texts;
+/// `step` is the 1-based generation step (for log lines). Sets `loss/total`, `loss/ptx`,
+/// `grad_norm/actor`, `grad_norm/critic`, `lr`, `lr/critic`, `skipped_steps` and the plugin's
+/// minibatch metrics (averaged over minibatches).
+///
+/// # Shapes
+/// `batch` as [`crate::rl::experience::Batch`]; `prepared.advantages`, `prepared.returns`: `[B, R]`.
+#[allow(clippy::too_many_arguments)]
+pub fn optimise(
+    learner: Learner<'_>,
+    algo: &mut AlgorithmHandle,
+    req: Requirements,
+    batch: &Batch,
+    prepared: &Prepared,
+    cfg: &TrainConfig,
+    mut rng: SplitMix,
+    step: usize,
+    progress: Option<&RunProgress>,
+    m: &mut StepMetrics,
+) -> Result<()> {
+    let Learner { actor, actor_opt, mut critic, ema, ptx } = learner;
+    let device: Device = actor.device();
+    let b = batch.len();
+    let (p_len, r_len) = (batch.prompt_len, batch.response_len());
+    let opts = LogProbOptions { max_chunk_elements: cfg.logprob_chunk_elements, entropy: req.entropy };
+    let mut skipped = 0usize;
+    // The plugin's minibatch metrics are averaged over the step's minibatches.
+    let mut plugin_metrics = StepMetrics::default();
+    if let Some(p) = progress {
+        p.phase("optimise", (cfg.ppo_epochs * b.div_ceil(cfg.minibatch_size)) as u64);
+    }
+    actor.set_training(true);
+    if let Some((c, _)) = &critic {
+        c.set_training(true);
+    }
+    for epoch in 0..cfg.ppo_epochs {
+        let mut order: Vec<i64> = (0..b as i64).collect();
+        rng.shuffle(&mut order);
+        for chunk in order.chunks(cfg.minibatch_size) {
+            let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
+            let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
+            let lp = token_logprobs(actor, &seq, &attn, p_len, opts)?; // [b, R], grad
+            let values = match &critic {
+                Some((c, _)) => Some(c.values(&seq, &attn)?.f_narrow(1, p_len - 1, r_len)?), // [b, R], grad
+                None => None,
+            };
+            let mb = Minibatch {
+                logprobs: lp.logprobs,
+                old_logprobs: pick(&batch.old_logprobs, &idx)?,
+                ref_logprobs: pick_opt(&batch.ref_logprobs, &idx)?,
+                values,
+                old_values: pick_opt(&batch.values, &idx)?,
+                advantages: pick(&prepared.advantages, &idx)?,
+                returns: pick_opt(&prepared.returns, &idx)?,
+                action_mask: pick(&batch.action_mask, &idx)?,
+                entropy: lp.entropy,
+                rewards: pick(&batch.rewards, &idx)?,
+                step: actor_opt.steps as u64,
+                epoch: epoch as u64,
+            };
+            let out = algo.loss(&mb)?;
+            let mut loss = out.loss;
+            if let Some(ptx) = ptx {
+                let ptx_loss = ptx.loss(actor, &mut rng, chunk.len())?;
+                m.add("loss/ptx", ptx_loss.double_value(&[]));
+                loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef)?)?;
+            }
+            for (name, value) in &out.metrics {
+                plugin_metrics.add(name, *value);
+            }
+            let loss_value = loss.double_value(&[]);
+            if !loss_value.is_finite() {
+                tracing::warn!("step {step}: non-finite loss ({loss_value}); optimizer step skipped");
+                skipped += 1;
+                continue;
+            }
+            m.add("loss/total", loss_value);
+            loss.f_backward()?;
+            let a = actor_opt.step()?;
+            m.add("grad_norm/actor", a.grad_norm);
+            m.set("lr", a.lr);
+            let mut skip = a.skipped;
+            if let Some((_, o)) = &mut critic {
+                let c = o.step()?;
+                m.add("grad_norm/critic", c.grad_norm);
+                m.set("lr/critic", c.lr);
+                skip |= c.skipped;
+            }
+            if skip {
+                tracing::warn!("step {step}: non-finite gradient; optimizer step skipped");
+                skipped += 1;
+            }
+            if let Some((e, decay)) = ema {
+                ema_update(&e.vs, &actor.vs, decay)?;
+            }
+            if let Some(p) = progress {
+                p.advance(1);
+            }
+        }
+    }
+    actor.set_training(false);
+    if let Some((c, _)) = &critic {
+        c.set_training(false);
+    }
+    for (k, v) in plugin_metrics.means() {
+        m.set(&k, v);
+    }
+    m.set("skipped_steps", skipped as f64);
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! Stage 2, **rollout**: the actor samples a response for every prompt row; responses with no
+//! token are dropped (DeepSpeed-Chat drops answers below a minimum length). A response that is
+//! only EOS has one token: it is kept and scored, so a policy cannot escape its rewards by
+//! stopping at once.
+
+use rlhf_generation::{batch::to_rows, generate, GenerateConfig, Generated, Sampling};
+use rlhf_models::CausalLm;
+
+use crate::config::RolloutConfig;
+use crate::error::Result;
+use crate::metrics::StepMetrics;
+use crate::rl::prompts::PromptBatch;
+
+/// The sampled batch and the rows worth scoring.
+pub struct Rollout {
+    /// Prompt ‖ response ids, masks and `prompt_len`, `[P·G, prompt_len + R]`.
+    pub generated: Generated,
+    /// Rows with at least one response token, in order.
+    pub kept_rows: Vec<usize>,
+    /// Per kept row: (response ids without EOS, for the text; response ids with EOS).
+    pub responses: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+/// Samples responses with the rollout settings and sets `completions/dropped` and
+/// `completions/count`.
+///
+/// # Shapes
+/// `batch.padded`: `[N, P]`; the result's `generated.sequences`: `[N, P + R]`, `response_mask`:
+/// `[N, R]` with `R <= max_new_tokens`.
+pub fn sample(
+    actor: &CausalLm,
+    batch: &PromptBatch,
+    cfg: &RolloutConfig,
+    eos_ids: &[i64],
+    pad: i64,
+    m: &mut StepMetrics,
+) -> Result<Rollout> {
+    let gen_cfg = GenerateConfig {
+        max_new_tokens: cfg.max_new_tokens,
+        sampling: Sampling::Sample {
+            temperature: cfg.temperature,
+            top_k: (cfg.top_k > 0).then_some(cfg.top_k),
+            top_p: (cfg.top_p < 1.0).then_some(cfg.top_p),
+        },
+        eos_token_ids: eos_ids.to_vec(),
+        pad_token_id: pad,
+        seed: None,
+        sync_every: 0,
+    };
+    let generated = generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg)?;
+    let resp_rows = to_rows(&generated.responses()?)?;
+    let mask_rows = to_rows(&generated.response_mask)?;
+    let mut kept_rows = Vec::new();
+    let mut responses = Vec::new();
+    for (r, (ids, mask)) in resp_rows.iter().zip(&mask_rows).enumerate() {
+        let tokens: Vec<u32> = ids.iter().zip(mask).filter(|(_, &mk)| mk == 1).map(|(&t, _)| t as u32).collect();
+        if tokens.is_empty() {
+            continue;
+        }
+        let content: Vec<u32> = tokens.iter().copied().filter(|t| !eos_ids.contains(&i64::from(*t))).collect();
+        kept_rows.push(r);
+        responses.push((content, tokens));
+    }
+    m.set("completions/dropped", (resp_rows.len() - kept_rows.len()) as f64);
+    m.set("completions/count", kept_rows.len() as f64);
+    Ok(Rollout { generated, kept_rows, responses })
+}

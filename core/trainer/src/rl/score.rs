@@ -1,0 +1,126 @@
+//! Stage 3, **score**: every reward source scores every kept sample; the reward of a sample is
+//! the weighted sum of its scores. A NaN score means the source could not score that sample (an
+//! HTTP reward with `on_error = "skip"`, say): the sample is dropped and counted; ±inf is an error.
+
+use rlhf_plugin_api::{ChatMessage, Sample};
+use rlhf_tokenizer::HfTokenizer;
+
+use crate::data::PromptDataset;
+use crate::error::{Result, TrainerError};
+use crate::metrics::StepMetrics;
+use crate::plugins::RewardHandle;
+use crate::progress::RunProgress;
+use crate::rl::rollout::Rollout;
+
+/// A configured reward source.
+pub struct RewardSource {
+    /// Metric name: `rewards/<name>/...`.
+    pub name: String,
+    pub weight: f64,
+    pub handle: RewardHandle,
+}
+
+/// The samples that every source could score.
+pub struct Scored {
+    /// Rows of the rollout batch, in order.
+    pub rows: Vec<usize>,
+    /// Weighted reward per row of `rows`.
+    pub rewards: Vec<f64>,
+}
+
+/// Mean and population std of a slice (0, 0 when empty).
+pub fn mean_std(xs: &[f64]) -> (f64, f64) {
+    if xs.is_empty() {
+        return (0.0, 0.0);
+    }
+    let m = xs.iter().sum::<f64>() / xs.len() as f64;
+    let v = xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / xs.len() as f64;
+    (m, v.sqrt())
+}
+
+/// The plain samples reward plugins see: prompt text as the model saw it, response text without
+/// EOS, ids, label, metadata and the untemplated messages.
+pub fn samples(
+    rollout: &Rollout,
+    group_of_row: &[(usize, i64)],
+    data: &PromptDataset,
+    tok: &HfTokenizer,
+) -> Result<Vec<Sample>> {
+    let mut samples = Vec::with_capacity(rollout.kept_rows.len());
+    for (&r, (content, tokens)) in rollout.kept_rows.iter().zip(&rollout.responses) {
+        let rec = &data.records[group_of_row[r].0];
+        samples.push(Sample {
+            prompt: rec.text.clone(),
+            response: tok.decode(content, true)?,
+            prompt_ids: rec.ids.clone(),
+            response_ids: tokens.clone(),
+            label: rec.label.clone(),
+            metadata: rec.metadata.clone(),
+            messages: rec
+                .messages
+                .iter()
+                .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() })
+                .collect(),
+        });
+    }
+    Ok(samples)
+}
+
+/// Scores `samples` (one per kept row) with every source and sets `rewards/<name>/{mean,std,skipped}`,
+/// the sources' own metrics, `completions/scored` and `completions/unscored`.
+pub fn score(
+    sources: &mut [RewardSource],
+    samples: &[Sample],
+    kept_rows: &[usize],
+    progress: Option<&RunProgress>,
+    m: &mut StepMetrics,
+) -> Result<Scored> {
+    let mut total = vec![0f64; samples.len()];
+    let mut unscored = vec![false; samples.len()];
+    for src in sources.iter_mut() {
+        let out = src.handle.score(samples)?;
+        if let Some(p) = progress {
+            p.advance(1);
+        }
+        if let Some(bad) = out.scores.iter().position(|s| s.is_infinite()) {
+            return Err(TrainerError::PluginCall {
+                name: src.handle.meta.name.clone(),
+                path: src.handle.meta.path.clone(),
+                message: format!("returned a non-finite score ({}) for sample {bad}", out.scores[bad]),
+            });
+        }
+        let valid: Vec<f64> = out.scores.iter().copied().filter(|s| s.is_finite()).collect();
+        let (mean, std) = mean_std(&valid);
+        m.set(&format!("rewards/{}/mean", src.name), mean);
+        m.set(&format!("rewards/{}/std", src.name), std);
+        m.set(&format!("rewards/{}/skipped", src.name), (out.scores.len() - valid.len()) as f64);
+        for (name, value) in &out.metrics {
+            m.add(name, *value);
+        }
+        for ((t, u), s) in total.iter_mut().zip(unscored.iter_mut()).zip(out.scores.iter()) {
+            if s.is_nan() {
+                *u = true;
+            } else {
+                *t += src.weight * s;
+            }
+        }
+    }
+    let kept: Vec<usize> = (0..samples.len()).filter(|&k| !unscored[k]).collect();
+    m.set("completions/scored", kept.len() as f64);
+    m.set("completions/unscored", (samples.len() - kept.len()) as f64);
+    Ok(Scored { rows: kept.iter().map(|&k| kept_rows[k]).collect(), rewards: kept.iter().map(|&k| total[k]).collect() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_population_std() {
+        assert_eq!(mean_std(&[]), (0.0, 0.0));
+        assert_eq!(mean_std(&[2.0]), (2.0, 0.0));
+        let (m, s) = mean_std(&[1.0, 2.0, 3.0, 6.0]);
+        assert_eq!(m, 3.0);
+        assert!((s - 3.5f64.sqrt()).abs() < 1e-12, "{s}");
+    }
+}

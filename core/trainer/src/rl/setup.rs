@@ -1,0 +1,345 @@
+//! Building a [`Trainer`]: plugins first (a wrong name or config fails before any model loads),
+//! then the actor (with the optional supervised warm-up), the reference, critic and EMA copies,
+//! the optimizers and the ptx data; on resume, the checkpoint.
+//!
+//! The run directory is owned by one process ([`RunLock`], taken before anything is written into
+//! it). What can be checked without it — the config (at load), the plugins and their config
+//! sections, the prompt data — is checked before it is created. A fresh start that fails after
+//! that (a model that does not load, a bad ptx file, a W&B setting) leaves the directory as it
+//! found it ([`RunLock::abandon`]: a directory it created goes entirely), so no failed start
+//! leaves a directory that can neither be reused nor resumed. The run's own files (`config.toml`,
+//! `metrics.jsonl`) are written only once nothing but I/O can fail, so a refused resume leaves
+//! them as they were.
+
+use std::path::{Path, PathBuf};
+
+use rlhf_models::{parse_device, parse_dtype, CausalLm, ScalarHeadModel};
+use rlhf_plugin_api::{PluginKind, Requirements};
+use rlhf_tokenizer::HfTokenizer;
+use tch::{Device, Kind};
+
+use crate::checkpoint::Loaded;
+use crate::config::RlConfig;
+use crate::data::{read_prompts, PromptDataset, RawPrompt};
+use crate::error::{Result, TrainerError};
+use crate::metrics::MetricsWriter;
+use crate::optim::Optim;
+use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry, RewardHandle};
+use crate::rl::prompts::ids_i64;
+use crate::rl::ptx::PtxData;
+use crate::rl::score::RewardSource;
+use crate::rl::warmup::sft_warmup;
+use crate::rl::Trainer;
+use crate::run_lock::RunLock;
+
+/// A plugin's refusal of its config section (`algorithm.config.beta: must be >= 0`), reported
+/// against the layer that set that key: the config file or preset, the `RLHF_` variable or the
+/// `--set`.
+fn config_error(cfg: &RlConfig, e: TrainerError) -> TrainerError {
+    match e {
+        TrainerError::PluginCall { name, path, message } if message.contains(".config.") && !cfg.source.is_empty() => {
+            let key = message.split(": ").next().unwrap_or("");
+            TrainerError::Config(format!("{}: {message} (plugin `{name}`, {})", cfg.source_of(key), path.display()))
+        }
+        e => e,
+    }
+}
+
+/// `run.run_dir`, or `runs/<algo>-<unix time>`.
+fn run_dir_of(cfg: &RlConfig) -> PathBuf {
+    cfg.run.run_dir.clone().unwrap_or_else(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        PathBuf::from("runs").join(format!("{}-{t}", cfg.algorithm.name))
+    })
+}
+
+/// Refuses a fresh run into a directory that already holds a run (checked under the lock, so two
+/// starts cannot both pass): a new run never appends to, or overwrites, another run's outputs.
+/// One with a checkpoint is continued with `--resume`. One without (it stopped before its first
+/// checkpoint, or wrote none) cannot be continued, and is never restarted over: its logged steps
+/// would be lost or mixed with the new run's, so the message says to remove it or choose another
+/// directory.
+fn check_fresh(run_dir: &Path) -> Result<()> {
+    let Some(step) = crate::metrics::logged_steps(run_dir) else { return Ok(()) };
+    let d = run_dir.display();
+    Err(TrainerError::Config(match crate::checkpoint::latest(run_dir)? {
+        Some(_) => format!(
+            "{d}: the run directory already holds a run (metrics.jsonl); continue it with --resume {d} or choose \
+             another --run-dir"
+        ),
+        None if run_dir.join("actor").is_dir() => format!(
+            "{d}: the run directory holds a finished run without checkpoints (metrics.jsonl ends at step {step}), so \
+             it cannot be continued; remove the directory or choose another --run-dir"
+        ),
+        None => format!(
+            "{d}: the run directory holds a run that stopped before its first checkpoint (metrics.jsonl ends at step \
+             {step}), so it cannot be resumed; remove the directory or choose another --run-dir"
+        ),
+    }))
+}
+
+/// The algorithm and the reward sources, each given its config section.
+fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<(AlgorithmHandle, Vec<RewardSource>)> {
+    let g = cfg.rollout.samples_per_prompt as u32;
+    let ctx = || host_context(&cfg.run.device, cfg.run.seed, g);
+    let algo_plugin = registry.get(&cfg.algorithm.name, PluginKind::Algorithm)?;
+    let algo = AlgorithmHandle::new(algo_plugin, &cfg.algorithm.config.to_string(), ctx(), "algorithm.config")
+        .map_err(|e| config_error(cfg, e))?;
+    let resolved = algo.resolved_config();
+    if !resolved.is_null() {
+        tracing::info!("algorithm `{}`: {resolved}", algo.meta.name);
+    }
+    let mut rewards = Vec::new();
+    for (i, r) in cfg.rewards.iter().enumerate() {
+        let p = registry.get(&r.plugin, PluginKind::Reward)?;
+        let handle = RewardHandle::new(p, &r.config.to_string(), ctx(), &format!("rewards[{i}].config"))
+            .map_err(|e| config_error(cfg, e))?;
+        rewards.push(RewardSource {
+            name: r.name.clone().unwrap_or_else(|| r.plugin.clone()),
+            weight: r.weight,
+            handle,
+        });
+    }
+    Ok((algo, rewards))
+}
+
+/// Refuses an unknown `builtin:` actor before anything is written.
+fn check_actor_spec(cfg: &RlConfig) -> Result<()> {
+    match cfg.model.actor.strip_prefix("builtin:") {
+        Some(other) if other != "tiny" => Err(TrainerError::Config(format!(
+            "{}: model.actor: unknown built-in model `builtin:{other}` (available: builtin:tiny)",
+            cfg.source_of("model.actor")
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The directory of the initial actor: a Hugging Face directory, or the built-in tiny model
+/// written into the run directory.
+fn actor_dir_of(cfg: &RlConfig, run_dir: &Path) -> Result<PathBuf> {
+    match cfg.model.actor.strip_prefix("builtin:") {
+        Some(_) => {
+            let dir = run_dir.join("builtin-model");
+            crate::builtin::write_tiny_model(&dir, cfg.run.seed)?;
+            Ok(dir)
+        }
+        None => Ok(PathBuf::from(&cfg.model.actor)),
+    }
+}
+
+/// The raw prompts of `data.prompts` (a file or a `builtin:` task), read before the run directory
+/// is created.
+fn raw_prompts(cfg: &RlConfig) -> Result<Vec<RawPrompt>> {
+    match cfg.data.prompts.strip_prefix("builtin:") {
+        Some(task) => crate::builtin::task_prompts(task),
+        None => read_prompts(Path::new(&cfg.data.prompts)),
+    }
+}
+
+/// The actor after the optional warm-up, and the directory its weights come from (the warm-up's
+/// output when there is one: it is also the reference and the base of critic and EMA).
+#[allow(clippy::too_many_arguments)]
+fn warmed_up_actor(
+    cfg: &RlConfig,
+    run_dir: &Path,
+    actor_dir: PathBuf,
+    tok: &HfTokenizer,
+    data: &PromptDataset,
+    resume: bool,
+    device: Device,
+    kind: Kind,
+) -> Result<(CausalLm, PathBuf)> {
+    let actor = CausalLm::from_dir(&actor_dir, device, kind)?;
+    if cfg.warmup.steps == 0 {
+        return Ok((actor, actor_dir));
+    }
+    let dir = run_dir.join("warmup-model");
+    if resume {
+        // The warm-up ran before the checkpoint: its output is the reference and the base.
+        let actor = CausalLm::from_dir(&dir, device, kind).map_err(|e| {
+            TrainerError::Checkpoint(format!(
+                "{}: cannot resume: the warm-up model is unreadable: {e}",
+                run_dir.display()
+            ))
+        })?;
+        return Ok((actor, dir));
+    }
+    let pairs: Vec<(Vec<i64>, Vec<i64>)> = data
+        .records
+        .iter()
+        .filter_map(|r| r.label.as_ref().map(|l| (r, l)))
+        .map(|(r, l)| Ok((ids_i64(&r.ids), ids_i64(&tok.encode(l, false)?))))
+        .collect::<Result<_>>()?;
+    if pairs.is_empty() {
+        return Err(TrainerError::Config(format!(
+            "{}: warmup.steps: the prompts of data.prompts have no `label` to warm up on",
+            cfg.source_of("warmup.steps")
+        )));
+    }
+    let eos = tok.eos_token_ids().first().copied().map(i64::from).unwrap_or(0);
+    let pad = i64::from(tok.pad_token_id());
+    let loss = sft_warmup(&actor, &pairs, eos, pad, &cfg.warmup, cfg.run.seed)?;
+    tracing::info!("supervised warm-up: {} steps, final loss {loss:.4}", cfg.warmup.steps);
+    actor.save(&dir)?;
+    let actor = CausalLm::from_dir(&dir, device, kind)?;
+    Ok((actor, dir))
+}
+
+/// Reference, critic (with its LoRA), the actor's LoRA and the EMA copy — in this order, which
+/// fixes the random draws of new heads and adapters.
+type Companions = (Option<CausalLm>, Option<ScalarHeadModel>, Option<CausalLm>);
+
+fn companions(
+    cfg: &RlConfig,
+    req: Requirements,
+    actor: &mut CausalLm,
+    actor_dir: &Path,
+    device: Device,
+    kind: Kind,
+) -> Result<Companions> {
+    let reference = if req.reference {
+        let dir = cfg.model.reference.as_ref().map(PathBuf::from).unwrap_or_else(|| actor_dir.to_path_buf());
+        let mut r = CausalLm::from_dir(&dir, device, kind)?;
+        r.freeze();
+        Some(r)
+    } else {
+        None
+    };
+    let critic = if req.critic {
+        let mut c = match cfg.model.critic.as_str() {
+            "actor" => ScalarHeadModel::from_causal_lm_dir(actor_dir, device, kind)?,
+            dir => ScalarHeadModel::from_dir(Path::new(dir), device, kind)?,
+        };
+        if c.apply_lora(&cfg.model.critic_lora).map_err(|e| TrainerError::Config(format!("model.critic_{e}")))? > 0 {
+            let (t, n) = rlhf_models::lora::parameter_counts(&c.vs);
+            tracing::info!("critic LoRA: {t} of {n} parameters train");
+        }
+        Some(c)
+    } else {
+        None
+    };
+    if actor.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))? > 0 {
+        let (t, n) = rlhf_models::lora::parameter_counts(&actor.vs);
+        tracing::info!("actor LoRA: {t} of {n} parameters train");
+    }
+    let ema = match cfg.train.ema_decay {
+        Some(_) => {
+            let mut e = CausalLm::from_dir(actor_dir, device, kind)?;
+            // The same adapters, so the average tracks them by name.
+            e.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))?;
+            e.freeze();
+            Some(e)
+        }
+        None => None,
+    };
+    Ok((reference, critic, ema))
+}
+
+impl Trainer {
+    /// Prepares models, plugins, data and optimizers; with `resume`, restores a checkpoint of this
+    /// run (see [`crate::checkpoint`]) so the following steps equal those of an uninterrupted run.
+    /// The trainer owns the run directory (its lock) until it is dropped.
+    pub fn new(cfg: RlConfig, registry: &PluginRegistry, resume: Option<&Loaded>) -> Result<Self> {
+        let device = parse_device(&cfg.run.device)?;
+        let kind = parse_dtype(&cfg.run.dtype)?;
+        tch::manual_seed(cfg.run.seed as i64);
+        check_actor_spec(&cfg)?;
+        let plugins = load_plugins(&cfg, registry)?;
+        let raw = raw_prompts(&cfg)?;
+        let lock = RunLock::acquire(&run_dir_of(&cfg))?;
+        if resume.is_none() {
+            check_fresh(lock.dir())?;
+        }
+        match Self::build(cfg, lock.dir().to_path_buf(), plugins, raw, resume, device, kind) {
+            Ok(mut trainer) => {
+                trainer._lock = Some(lock);
+                Ok(trainer)
+            }
+            Err(e) => {
+                if resume.is_none() {
+                    lock.abandon();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Trainer::new`] once the run directory is ours.
+    fn build(
+        cfg: RlConfig,
+        run_dir: PathBuf,
+        (algo, rewards): (AlgorithmHandle, Vec<RewardSource>),
+        raw: Vec<RawPrompt>,
+        resume: Option<&Loaded>,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Self> {
+        // The resolved config is written only once everything below has loaded (see the end), so a
+        // refused resume leaves the run's config.toml and metrics.jsonl as they were.
+        let resolved =
+            toml::to_string(&cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
+        let actor_dir = actor_dir_of(&cfg, &run_dir)?;
+        let tok = HfTokenizer::from_dir(&actor_dir)?;
+        let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
+        if cfg.rollout.prompts_per_batch > data.records.len() {
+            tracing::warn!(
+                "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \
+                 prompts",
+                cfg.rollout.prompts_per_batch,
+                data.records.len(),
+                cfg.data.prompts
+            );
+        }
+        let (mut actor, actor_dir) =
+            warmed_up_actor(&cfg, &run_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
+        let (reference, critic, ema) = companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
+
+        // One optimizer step per minibatch: ppo_epochs × ⌈batch / minibatch⌉ per generation batch.
+        let batch = cfg.rollout.prompts_per_batch * cfg.rollout.samples_per_prompt;
+        let total = cfg.train.steps * cfg.train.ppo_epochs * batch.div_ceil(cfg.train.minibatch_size);
+        let actor_opt = Optim::new(&actor.vs, &cfg.train.actor_optim(), total)?;
+        let critic_opt = critic.as_ref().map(|c| Optim::new(&c.vs, &cfg.train.critic_optim(), total)).transpose()?;
+        let ptx = match &cfg.train.ptx_data {
+            Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
+            _ => None,
+        };
+        let mut trainer = Trainer {
+            cfg,
+            run_dir,
+            _lock: None,
+            device,
+            tok,
+            actor,
+            reference,
+            critic,
+            ema,
+            algo,
+            rewards,
+            data,
+            actor_opt,
+            critic_opt,
+            ptx,
+            metrics: None,
+            step: 0,
+            prompts_seen: 0,
+            reward_history: Vec::new(),
+            wandb: None,
+            progress: None,
+        };
+        if let Some(ckpt) = resume {
+            trainer.restore(ckpt)?;
+        }
+        let wandb = trainer.wandb_settings(resume)?;
+        // Nothing can fail past this point but I/O: only now touch the run's files.
+        if resume.is_some() {
+            crate::metrics::truncate_after(&trainer.run_dir.join("metrics.jsonl"), trainer.step)?;
+        }
+        let config_path = trainer.run_dir.join("config.toml");
+        std::fs::write(&config_path, resolved).map_err(|e| TrainerError::io(&config_path, e))?;
+        trainer.metrics = Some(MetricsWriter::create(&trainer.run_dir)?);
+        if let Some(settings) = wandb {
+            trainer.start_wandb(settings);
+        }
+        Ok(trainer)
+    }
+}

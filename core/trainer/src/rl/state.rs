@@ -1,0 +1,142 @@
+//! Checkpoints and the W&B sink of an RL run: what a checkpoint holds (weights, optimizer
+//! moments, data position, plugin states, reward history), restoring it so the following steps
+//! equal an uninterrupted run's, and starting/finishing the sink.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::checkpoint::{var_store_tensors, CheckpointData, Loaded};
+use crate::error::{Result, TrainerError};
+use crate::rl::Trainer;
+
+impl Trainer {
+    /// Everything a checkpoint holds (see [`crate::checkpoint`]).
+    pub(crate) fn checkpoint_data(&self) -> Result<CheckpointData> {
+        let mut tensors = vec![("actor", var_store_tensors(&self.actor.vs))];
+        tensors.push(("optimizer-actor", self.actor_opt.state_tensors()?));
+        if let (Some(c), Some(o)) = (&self.critic, &self.critic_opt) {
+            tensors.push(("critic", var_store_tensors(&c.vs)));
+            tensors.push(("optimizer-critic", o.state_tensors()?));
+        }
+        if let Some(e) = &self.ema {
+            tensors.push(("ema", var_store_tensors(&e.vs)));
+        }
+        let mut rewards = Vec::new();
+        for r in &self.rewards {
+            rewards.push(json!({"name": r.name, "state": r.handle.state()?}));
+        }
+        let (epoch, pos) = self.data.position();
+        let state = json!({
+            "step": self.step,
+            "prompts_seen": self.prompts_seen,
+            "data": {"epoch": epoch, "pos": pos},
+            "optimizer_steps": {"actor": self.actor_opt.steps, "critic": self.critic_opt.as_ref().map(|o| o.steps)},
+            "algorithm": {"name": self.algo.meta.name, "state": self.algo.state()?},
+            "rewards": rewards,
+            "reward_history": self.reward_history,
+            "seed": self.cfg.run.seed,
+            "wandb_run_id": self.wandb.as_ref().map(|w| w.run_id().to_string()),
+        });
+        let config_toml =
+            toml::to_string(&self.cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
+        Ok(CheckpointData { step: self.step, config_toml, state, tensors })
+    }
+
+    /// Writes a checkpoint of the current step.
+    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        let t = Instant::now();
+        let dir = crate::checkpoint::write(&self.run_dir, &self.checkpoint_data()?, self.cfg.checkpoint.keep)?;
+        tracing::info!("checkpoint: {} ({:.1}s)", dir.display(), t.elapsed().as_secs_f64());
+        Ok(dir)
+    }
+
+    /// Restores a checkpoint: weights, optimizer moments and schedule positions, data position,
+    /// plugin states, reward history (the caller truncates `metrics.jsonl` to its step once nothing else can fail).
+    pub(crate) fn restore(&mut self, ckpt: &Loaded) -> Result<()> {
+        let bad = |what: &str| TrainerError::Checkpoint(format!("{}: state.json: {what}", ckpt.dir.display()));
+        let st = &ckpt.state;
+        let get_usize = |v: Option<&serde_json::Value>, what: &str| {
+            v.and_then(serde_json::Value::as_u64).map(|x| x as usize).ok_or_else(|| bad(&format!("missing {what}")))
+        };
+        ckpt.restore_vars("actor", &self.actor.vs)?;
+        self.actor_opt.load_state(
+            ckpt.tensors("optimizer-actor")?,
+            get_usize(st.pointer("/optimizer_steps/actor"), "optimizer_steps.actor")?,
+        )?;
+        if let (Some(c), Some(o)) = (&self.critic, &mut self.critic_opt) {
+            ckpt.restore_vars("critic", &c.vs)?;
+            o.load_state(
+                ckpt.tensors("optimizer-critic")?,
+                get_usize(st.pointer("/optimizer_steps/critic"), "optimizer_steps.critic")?,
+            )?;
+        }
+        if let Some(e) = &self.ema {
+            ckpt.restore_vars("ema", &e.vs)?;
+        }
+        let algo_name = st.pointer("/algorithm/name").and_then(|v| v.as_str()).unwrap_or("");
+        if algo_name != self.algo.meta.name {
+            return Err(bad(&format!("written by algorithm `{algo_name}`, this run uses `{}`", self.algo.meta.name)));
+        }
+        self.algo.load_state(st.pointer("/algorithm/state").unwrap_or(&serde_json::Value::Null))?;
+        let saved_rewards = st.get("rewards").and_then(|v| v.as_array()).cloned().unwrap_or_default();
+        if saved_rewards.len() != self.rewards.len() {
+            return Err(bad(&format!("{} reward sources, this run has {}", saved_rewards.len(), self.rewards.len())));
+        }
+        for (r, saved) in self.rewards.iter_mut().zip(&saved_rewards) {
+            r.handle.load_state(saved.get("state").unwrap_or(&serde_json::Value::Null))?;
+        }
+        self.step = get_usize(st.get("step"), "step")?;
+        self.prompts_seen = get_usize(st.get("prompts_seen"), "prompts_seen")?;
+        let epoch = st.pointer("/data/epoch").and_then(|v| v.as_u64()).ok_or_else(|| bad("missing data.epoch"))?;
+        let pos = get_usize(st.pointer("/data/pos"), "data.pos")?;
+        self.data.set_position(epoch, pos).map_err(|m| bad(&m))?;
+        self.reward_history = st
+            .get("reward_history")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        tracing::info!("resumed from {} at step {}", ckpt.dir.display(), self.step);
+        Ok(())
+    }
+
+    /// The W&B settings when the sink is configured (`[wandb]` or `WANDB_API_KEY`); a bad setting
+    /// is an error before the run writes anything.
+    pub(crate) fn wandb_settings(&self, resume: Option<&Loaded>) -> Result<Option<rlhf_wandb::WandbSettings>> {
+        let mut wcfg = self.cfg.wandb.clone();
+        if wcfg.run_id.is_none() {
+            wcfg.run_id = resume.and_then(|c| c.state.get("wandb_run_id").and_then(|v| v.as_str()).map(String::from));
+        }
+        if wcfg.run_name.is_none() {
+            wcfg.run_name = self.run_dir.file_name().map(|n| n.to_string_lossy().to_string());
+        }
+        rlhf_wandb::WandbSettings::from_env(&wcfg).map_err(|e| TrainerError::Config(format!("wandb: {e}")))
+    }
+
+    /// Starts the W&B sink in the background; from here on it never fails the run.
+    pub(crate) fn start_wandb(&mut self, settings: rlhf_wandb::WandbSettings) {
+        let config = serde_json::to_value(&self.cfg).unwrap_or_default();
+        let sink = rlhf_wandb::WandbSink::start(settings, config);
+        tracing::info!("wandb: logging to run {}", sink.run_id());
+        self.wandb = Some(sink);
+    }
+
+    pub(crate) fn finish_wandb(&mut self, exit_code: i32) {
+        if let Some(sink) = self.wandb.take() {
+            let mut summary = serde_json::Map::new();
+            summary.insert("steps".into(), json!(self.step));
+            if let Some(r) = self.reward_history.last() {
+                summary.insert("reward".into(), json!(r));
+            }
+            let stats = sink.finish(summary, exit_code);
+            if stats.lines_dropped > 0 {
+                tracing::warn!(
+                    "wandb: {} of {} history lines were not delivered",
+                    stats.lines_dropped,
+                    stats.lines_logged
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! An optional supervised warm-up of the actor before RL (the embedded defaults start from a
+//! random tiny model): cross-entropy on (prompt, label) pairs, the response tokens and EOS only.
+
+use rlhf_generation::{left_pad, masked_nll_mean, token_logprobs, LogProbOptions};
+use rlhf_models::CausalLm;
+use tch::Tensor;
+
+use crate::config::WarmupConfig;
+use crate::data::SplitMix;
+use crate::error::Result;
+use crate::optim::{Optim, OptimConfig, Schedule};
+
+/// Trains `actor` for `w.steps` AdamW steps on random batches of `pairs`; returns the last loss.
+///
+/// # Shapes
+/// Each pair is (prompt ids, response ids); batches are left-padded `[batch_size, T]`.
+pub fn sft_warmup(
+    actor: &CausalLm,
+    pairs: &[(Vec<i64>, Vec<i64>)],
+    eos: i64,
+    pad: i64,
+    w: &WarmupConfig,
+    seed: u64,
+) -> Result<f64> {
+    let settings = OptimConfig {
+        lr: w.lr,
+        betas: (0.9, 0.95),
+        eps: 1e-8,
+        weight_decay: 0.0,
+        schedule: Schedule::Constant,
+        warmup_steps: 0,
+        max_grad_norm: 1.0,
+    };
+    let mut opt = Optim::new(&actor.vs, &settings, w.steps)?;
+    let mut rng = SplitMix(seed ^ 0x5F7);
+    let mut last = f64::NAN;
+    for _ in 0..w.steps {
+        let batch: Vec<&(Vec<i64>, Vec<i64>)> =
+            (0..w.batch_size.max(1)).map(|_| &pairs[(rng.next_u64() % pairs.len() as u64) as usize]).collect();
+        let seqs: Vec<Vec<i64>> = batch.iter().map(|(p, r)| [p.as_slice(), r.as_slice(), &[eos]].concat()).collect();
+        let padded = left_pad(&seqs, pad, actor.device())?;
+        let t = padded.input_ids.size()[1];
+        // Target mask in the shifted frame: index j-1 predicts token j; response tokens start after
+        // the padding and the prompt.
+        let mut mask = vec![0f32; batch.len() * (t as usize - 1)];
+        for (i, ((p, _), s)) in batch.iter().zip(&seqs).enumerate() {
+            let start = t as usize - s.len() + p.len();
+            for j in start..t as usize {
+                mask[i * (t as usize - 1) + j - 1] = 1.0;
+            }
+        }
+        let mask = Tensor::f_from_slice(&mask)?.f_view([batch.len() as i64, t - 1])?.f_to_device(actor.device())?;
+        let lp = token_logprobs(actor, &padded.input_ids, &padded.attention_mask, 1, LogProbOptions::default())?;
+        let loss = masked_nll_mean(&lp.logprobs, &mask)?;
+        last = loss.double_value(&[]);
+        loss.f_backward()?;
+        opt.step()?;
+    }
+    Ok(last)
+}

@@ -1,0 +1,9 @@
+//! The supervised phases before RL (DeepSpeed-Chat phases 1 and 2): [`sft`] (examples in
+//! [`sft_data`]) and [`rm`] (preference pairs and losses in [`pairs`]), sharing the loop of
+//! [`phase`]. Their configuration lives in [`crate::config`], below both this and the RL host.
+
+pub mod pairs;
+pub mod phase;
+pub mod rm;
+pub mod sft;
+pub mod sft_data;
