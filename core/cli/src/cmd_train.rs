@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use rlhf_plugin_api::PluginKind;
 use rlhf_trainer::checkpoint;
 use rlhf_trainer::config::{ConfigSource, PRESETS};
+use rlhf_trainer::run_lock::RunLock;
 use rlhf_trainer::{PluginRegistry, RlConfig, Trainer};
 
 #[derive(clap::Args, Debug)]
@@ -69,9 +70,15 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             } else {
                 None
             };
+            // A run still going on owns its directory (and prunes its checkpoints): say so first.
+            let named = [Some(spec.as_path()).filter(|p| p.as_os_str() != "latest"), run_dir.as_deref()];
+            for d in named.into_iter().chain([args.run_dir.as_deref()]).flatten() {
+                RunLock::check_free(d)?;
+            }
             let dir = checkpoint::resolve(spec, run_dir.as_deref())?;
-            let ckpt = checkpoint::load(&dir)?;
             let ckpt_run_dir = resumed_run_dir(&dir, args.run_dir.as_deref())?;
+            RunLock::check_free(&ckpt_run_dir)?;
+            let ckpt = checkpoint::load(&dir)?;
             let cfg = if configured {
                 RlConfig::load(&source_of(&args.config, &args.algo), args.algo.as_deref(), &sets)?
             } else {
