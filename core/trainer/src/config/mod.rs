@@ -306,9 +306,15 @@ mod tests {
     #[test]
     fn presets_parse_and_overrides_apply() {
         for (name, _) in PRESETS {
-            let cfg = RlConfig::load(&ConfigSource::Preset(name.to_string()), None, &[]).unwrap();
-            assert_eq!(cfg.algorithm.name, *name);
+            // As `rlhf train --algo NAME` loads it: a preset names the plugin it runs.
+            let cfg = RlConfig::load(&ConfigSource::Preset(name.to_string()), Some(name), &[]).unwrap();
+            let plugin = if *name == "reinforce-pp-baseline" { "reinforce-pp" } else { name };
+            assert_eq!(cfg.algorithm.name, plugin);
         }
+        let cfg =
+            RlConfig::load(&ConfigSource::Preset("reinforce-pp-baseline".into()), Some("reinforce-pp-baseline"), &[])
+                .unwrap();
+        assert_eq!(cfg.algorithm.config["baseline"], "group_mean");
         let sets = vec!["train.steps=3".to_string(), "run.device=cpu".to_string()];
         let cfg = RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("ppo"), &sets).unwrap();
         assert_eq!(cfg.train.steps, 3);

@@ -299,6 +299,10 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("grpo", include_str!("../../../../configs/grpo.toml")),
     ("ppo", include_str!("../../../../configs/ppo.toml")),
     ("ppo-seq", include_str!("../../../../configs/ppo-seq.toml")),
+    ("rloo", include_str!("../../../../configs/rloo.toml")),
+    ("reinforce-pp", include_str!("../../../../configs/reinforce-pp.toml")),
+    ("gspo", include_str!("../../../../configs/gspo.toml")),
+    ("reinforce-pp-baseline", include_str!("../../../../configs/reinforce-pp-baseline.toml")),
 ];
 
 impl RlConfig {
@@ -324,7 +328,10 @@ impl RlConfig {
             }
             _ => base_layer(source, PRESETS)?,
         };
-        if let Some(algo) = algo {
+        // `--algo NAME` picks the plugin, except when it names a preset used as the base: the
+        // preset says which plugin it runs (`reinforce-pp-baseline` runs `reinforce-pp`).
+        let preset_base = matches!(source, ConfigSource::Preset(n) if Some(n.as_str()) == algo && PRESETS.iter().any(|(p, _)| p == n));
+        if let Some(algo) = algo.filter(|_| !preset_base) {
             fig = fig.merge(SetOverride {
                 label: format!("--algo {algo}"),
                 key: "algorithm.name".into(),

@@ -1,0 +1,84 @@
+//! The critic-free algorithms added after GRPO — `rloo`, `reinforce-pp` (and its group-mean-baseline
+//! variant) and `gspo` — end to end: their embedded presets (`rlhf train --algo X`) visibly learn
+//! the built-in addition task, and each step logs the plugin's own metrics under its prefix.
+//!
+//! Needs the binary and the plugins built:
+//! `cargo build -p rlhf-cli -p rlhf-plugin-rloo -p rlhf-plugin-reinforce-pp -p rlhf-plugin-gspo -p rlhf-plugin-reward-rules`.
+
+use std::path::Path;
+use std::process::Output;
+
+use rlhf_integration_tests::rlhf;
+
+fn train(args: &[&str]) -> Output {
+    let mut all = vec!["train", "--no-progress"];
+    all.extend_from_slice(args);
+    rlhf(&all)
+}
+
+fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).expect("metrics.jsonl");
+    text.lines().map(|l| serde_json::from_str(l).expect("metrics line is JSON")).collect()
+}
+
+/// Mean `reward` of the first and of the last 10 % of the steps.
+fn first_and_last(lines: &[serde_json::Value]) -> (f64, f64) {
+    let rewards: Vec<f64> = lines.iter().map(|l| l["reward"].as_f64().expect("reward")).collect();
+    let k = (rewards.len() / 10).max(1);
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    (mean(&rewards[..k]), mean(&rewards[rewards.len() - k..]))
+}
+
+/// Runs `rlhf train` with `args` in a fresh run dir; `Err` unless the mean reward rises by at least
+/// 0.3 and every step logged the plugin's `expected` metrics.
+fn learns(label: &str, args: &[&str], expected: &[&str]) -> Result<(), String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = tmp.path().join("r");
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--run-dir", rd.to_str().unwrap()]);
+    let started = std::time::Instant::now();
+    let o = train(&all);
+    if !o.status.success() {
+        return Err(format!("{label}: {}", String::from_utf8_lossy(&o.stderr)));
+    }
+    let lines = metrics(&rd);
+    let (first, last) = first_and_last(&lines);
+    let secs = started.elapsed().as_secs_f64();
+    println!("{label}: reward first 10% {first:.3}, last 10% {last:.3} ({} steps, {secs:.1}s)", lines.len());
+    if let Some(name) = expected.iter().find(|name| !lines.iter().all(|l| l[**name].is_number())) {
+        return Err(format!("{label}: `{name}` missing from a step"));
+    }
+    if last < first + 0.3 {
+        return Err(format!("{label}: reward {first:.3} -> {last:.3} (needs +0.3)"));
+    }
+    Ok(())
+}
+
+/// The embedded presets (`rlhf train --algo X`; `reinforce-pp-baseline` is a preset of the
+/// `reinforce-pp` plugin with `baseline = "group_mean"`) learn: mean reward of the last 10 % of
+/// steps at least 0.3 above the first 10 %. One after the other, not as parallel tests:
+/// concurrent libtorch processes on a small machine slow each other down many times over.
+#[test]
+fn new_presets_learn() {
+    let runs: [(&str, Vec<&str>, &[&str]); 4] = [
+        (
+            "rloo",
+            vec!["--algo", "rloo"],
+            &["loss/policy", "clip_ratio", "approx_kl", "rloo/advantages_mean", "rloo/kl"],
+        ),
+        (
+            "reinforce-pp",
+            vec!["--algo", "reinforce-pp"],
+            &["loss/policy", "clip_ratio", "approx_kl", "reinforce_pp/returns_mean", "reinforce_pp/kl"],
+        ),
+        ("gspo", vec!["--algo", "gspo"], &["loss/policy", "clip_ratio", "gspo/seq_ratio_mean", "gspo/advantages_std"]),
+        (
+            "reinforce-pp-baseline",
+            vec!["--algo", "reinforce-pp-baseline"],
+            &["reinforce_pp/baseline_mean", "reinforce_pp/returns_mean"],
+        ),
+    ];
+    let failures: Vec<String> =
+        runs.iter().filter_map(|(label, args, expected)| learns(label, args, expected).err()).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
