@@ -439,3 +439,75 @@ fn serve_reward_refuses_a_public_address_without_a_token() {
         assert!(!stderr.contains("panicked") && o.stdout.is_empty(), "{stderr}");
     }
 }
+
+/// Writes `head` (and no more) to a new loopback connection whose reads give up after `wait`.
+fn send_raw(addr: SocketAddr, head: &str, wait: Duration) -> TcpStream {
+    let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).unwrap();
+    stream.set_read_timeout(Some(wait)).unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+}
+
+/// Reads until the server closes; the response's status, or `None` for a close without one.
+/// Panics if the server neither answers nor closes within the stream's read timeout.
+fn status_or_close(mut stream: TcpStream) -> Option<u16> {
+    let mut raw = Vec::new();
+    if let Err(e) = stream.read_to_end(&mut raw) {
+        assert!(
+            !raw.is_empty() || e.kind() == std::io::ErrorKind::ConnectionReset,
+            "neither an answer nor a close: {e}"
+        );
+    }
+    let text = String::from_utf8_lossy(&raw);
+    text.split_whitespace().nth(1).and_then(|c| c.parse().ok())
+}
+
+#[test]
+fn serve_reward_times_out_half_sent_requests_and_refuses_an_oversized_length_at_once() {
+    let server = Server::start(&["--read-timeout-secs", "1", "--max-body-bytes", "4096"], &[]);
+    let head = |len: usize| {
+        format!(
+            "POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    // A declared length over the cap: 413 without sending a byte of the body.
+    let t0 = Instant::now();
+    let stream = send_raw(server.addr, &head(1 << 30), Duration::from_secs(20));
+    assert_eq!(status_or_close(stream), Some(413));
+    assert!(t0.elapsed() < Duration::from_millis(900), "413 took {:?}", t0.elapsed());
+    // A body that stops short of its Content-Length: 408 once the read timeout is up.
+    let t0 = Instant::now();
+    let stream = send_raw(server.addr, &format!("{}{{\"query\": [", head(1000)), Duration::from_secs(20));
+    assert_eq!(status_or_close(stream), Some(408));
+    assert!(t0.elapsed() < Duration::from_secs(10), "408 took {:?}", t0.elapsed());
+    // Headers that never end: the connection is closed (or answered 408) once the timeout is up.
+    let t0 = Instant::now();
+    let stream = send_raw(server.addr, "POST /get_reward HTTP/1.1\r\nHost: x\r\n", Duration::from_secs(20));
+    assert!(matches!(status_or_close(stream), None | Some(408)));
+    assert!(t0.elapsed() < Duration::from_secs(10), "close took {:?}", t0.elapsed());
+    // The server still serves.
+    let (code, out) = server.post("/get_reward", None, r#"{"query": ["a"]}"#);
+    assert_eq!(code, 200, "{out}");
+}
+
+#[test]
+fn serve_reward_exits_within_the_grace_period_despite_a_stalled_client() {
+    let mut server = Server::start(&["--read-timeout-secs", "600", "--shutdown-grace-secs", "1"], &[]);
+    let head =
+        "POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"qu";
+    let _stalled = send_raw(server.addr, head, TIMEOUT);
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let deadline = Duration::from_secs(1 + 10);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(t0.elapsed() < deadline, "still running {deadline:?} after SIGTERM; stderr: {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit {status:?} on SIGTERM; stderr: {}", server.log());
+    assert!(server.log().contains("--shutdown-grace-secs"), "{}", server.log());
+}

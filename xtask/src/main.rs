@@ -50,7 +50,10 @@ fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", flags::HELP);
             Ok(())
         }
-        Command::Setup { python_test_deps } => setup::run(python_test_deps).map(drop),
+        // The path alone on stdout, so `LIBTORCH=$(cargo xtask setup)` works; the rest goes to stderr.
+        Command::Setup { python_test_deps } => {
+            setup::run(python_test_deps).map(|t| println!("{}", t.libtorch.display()))
+        }
         Command::Test { args } => test::run(&args),
         Command::Lint => lint::run(),
         Command::Rlhf { args } => rlhf::run(&args),

@@ -1,6 +1,6 @@
 //! `rlhf generate`: batched generation from the command line.
 
-use rlhf_generation::{batch::to_rows, generate, left_pad, GenerateConfig, Sampling};
+use rlhf_generation::{batch::to_rows, generate, left_pad, GenerateConfig, GenerationError, Sampling};
 use rlhf_tokenizer::ChatMessage;
 
 use crate::common::ModelArgs;
@@ -32,8 +32,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let tok = args.model.load_tokenizer()?;
-    let model = args.model.load_lm()?;
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        anyhow::bail!("--temperature {}: must be a finite number >= 0 (0 = greedy)", args.temperature);
+    }
+    let (model, tok) = args.model.load_lm_and_tokenizer()?;
     let mut prompts = Vec::with_capacity(args.prompt.len());
     for p in &args.prompt {
         let text =
@@ -59,7 +61,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sync_every: 0,
     };
     let batch = left_pad(&prompts, cfg.pad_token_id, model.device())?;
-    let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg)?;
+    let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg).map_err(|e| match e {
+        e @ GenerationError::NonFiniteLogits { .. } => anyhow::anyhow!("{}: {e}", args.model.model.display()),
+        e => e.into(),
+    })?;
     let responses = to_rows(&out.responses()?)?;
     let masks = to_rows(&out.response_mask)?;
     for ((prompt, resp), mask) in prompts.iter().zip(&responses).zip(&masks) {

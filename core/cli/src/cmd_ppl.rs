@@ -45,8 +45,7 @@ pub fn read_texts(path: &Path) -> anyhow::Result<Vec<String>> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let texts = read_texts(&args.data)?;
-    let tok = args.model.load_tokenizer()?;
-    let model = args.model.load_lm()?;
+    let (model, tok) = args.model.load_lm_and_tokenizer()?;
     let mut seqs = Vec::with_capacity(texts.len());
     for t in &texts {
         seqs.push(tok.encode(t, true)?.into_iter().map(i64::from).collect::<Vec<_>>());

@@ -10,16 +10,19 @@
 //! Safety rails: loopback only unless a bearer token is configured (`--token-env`), a cap on the
 //! request body (`--max-body-bytes`, 413) and on texts per request (`--max-batch`, 413), every
 //! error a JSON `{"error": "..."}` with a 4xx/5xx status, a panic while scoring answered with 500
-//! instead of killing the server, and Ctrl-C / SIGTERM stopping it after in-flight requests.
+//! instead of killing the server, a `Content-Length` over the cap refused (413) before any of the
+//! body is read, read timeouts on headers (connection closed) and body (408, `--read-timeout-secs`),
+//! and Ctrl-C / SIGTERM stopping it after in-flight requests, which get `--shutdown-grace-secs`.
 
 use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use axum::body::Body;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -31,7 +34,7 @@ use axum::{Json, Router};
 use rlhf_reward::{RewardError, RewardModelScorer};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::common::ModelArgs;
 
@@ -60,6 +63,14 @@ pub struct Args {
     /// Largest request body accepted, in bytes (more: 413).
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a client gets to send a request's headers (then the connection is closed) and,
+    /// again, its body (then 408).
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub read_timeout_secs: u64,
+    /// Seconds in-flight requests get to finish after Ctrl-C / SIGTERM; connections still open
+    /// then are closed and the server exits.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub shutdown_grace_secs: u64,
 }
 
 /// Resolves `--listen` and decides whether it may be served with the given token.
@@ -102,6 +113,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_body_bytes == 0 {
         bail!("--max-body-bytes: must be at least 1");
     }
+    if args.read_timeout_secs == 0 {
+        bail!("--read-timeout-secs: must be at least 1");
+    }
     let (device, kind) = args.model.device_kind()?;
     let scorer = RewardModelScorer::from_dir(&args.model.model, device, kind, args.batch_size, args.max_len).map_err(
         |e| match e {
@@ -132,25 +146,84 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_batch: args.max_batch,
         max_body_bytes: args.max_body_bytes,
         max_len: args.max_len,
+        read_timeout: Duration::from_secs(args.read_timeout_secs),
         model_name,
         requests: AtomicU64::new(0),
     });
-    runtime.block_on(serve(addr, state))?;
-    // The router (and with it every job sender) is gone: the worker drains and ends.
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let served = runtime.block_on(serve(addr, state, grace));
+    // Connections past the grace period were aborted; dropping the runtime drops what is left of
+    // them, and with them every job sender: the worker finishes its job at hand and ends.
+    runtime.shutdown_background();
+    served?;
     worker.join().map_err(|_| anyhow::anyhow!("the scoring thread panicked"))?;
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn serve(addr: SocketAddr, state: Arc<AppState>) -> anyhow::Result<()> {
+/// Accepts connections until Ctrl-C / SIGTERM, then lets open ones finish for at most `grace`.
+///
+/// Not `axum::serve`: it gives hyper no timer, so a client could hold a connection forever with
+/// half-sent headers, and its graceful shutdown waits for every connection without a bound.
+async fn serve(addr: SocketAddr, state: Arc<AppState>, grace: Duration) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--listen {addr}: cannot bind"))?;
     let local = listener.local_addr()?;
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(state.read_timeout);
     let app = router(state);
     println!("listening on http://{local}");
     std::io::stdout().flush()?;
     tracing::info!(%local, "serving POST /get_reward, POST /v1/score/evaluation, GET /health");
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.context("serving")?;
+    let (stop_tx, stop_rx) = watch::channel(());
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let mut stop = stop_rx.clone();
+        connections.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let done = tokio::select! {
+                result = conn.as_mut() => Some(result),
+                _ = stop.changed() => None,
+            };
+            let result = match done {
+                Some(result) => result,
+                None => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, "connection: {e}");
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(());
+    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            "{} connection(s) still open after --shutdown-grace-secs {}; closing them",
+            connections.len(),
+            grace.as_secs()
+        );
+        connections.abort_all();
+    }
     Ok(())
 }
 
@@ -186,6 +259,7 @@ struct AppState {
     max_batch: usize,
     max_body_bytes: usize,
     max_len: usize,
+    read_timeout: Duration,
     model_name: String,
     requests: AtomicU64,
 }
@@ -222,6 +296,7 @@ fn router(state: Arc<AppState>) -> Router {
     let scoring = Router::new()
         .route("/get_reward", post(get_reward))
         .route("/v1/score/evaluation", post(score_evaluation))
+        .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .merge(scoring)
@@ -294,6 +369,44 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
         }
     }
     next.run(request).await
+}
+
+/// Reads the whole body up front, after the token check: a declared `Content-Length` over
+/// `--max-body-bytes` is 413 before a byte of the body is read, a body not complete within
+/// `--read-timeout-secs` is 408 (both close the connection).
+async fn read_body(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over {} bytes (--max-body-bytes)", state.max_body_bytes),
+        )
+    };
+    let declared =
+        request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.max_body_bytes as u64) {
+        return closing(too_large());
+    }
+    let (parts, body) = request.into_parts();
+    let limited = http_body_util::Limited::new(body, state.max_body_bytes);
+    let bytes = match tokio::time::timeout(state.read_timeout, http_body_util::BodyExt::collect(limited)).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return closing(too_large()),
+        Ok(Err(e)) => return closing(ApiError::bad_request(format!("reading the request body: {e}"))),
+        Err(_) => {
+            return closing(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("request body not received within {} s (--read-timeout-secs)", state.read_timeout.as_secs()),
+            ))
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// `error` with `Connection: close`: the rest of an unread body is not waited for.
+fn closing(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    response
 }
 
 /// The body as JSON of type `T`; a body over the limit is 413, anything unparsable 400.

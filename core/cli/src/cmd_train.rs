@@ -92,13 +92,9 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     };
     let reg = registry(&cfg.plugin_dirs)?;
     if let Some(algo) = &args.algo {
-        if reg.get(algo, PluginKind::Algorithm).is_err() {
+        if let Err(e) = reg.get(algo, PluginKind::Algorithm) {
             let presets: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-            anyhow::bail!(
-                "unknown --algo `{algo}`; available algorithm plugins: {} (presets: {})",
-                reg.names(PluginKind::Algorithm).join(", "),
-                presets.join(", ")
-            );
+            anyhow::bail!("unknown --algo `{algo}`: {e} (presets: {})", presets.join(", "));
         }
     }
     let trainer = Trainer::new(cfg, &reg, resume.as_ref())?;

@@ -34,6 +34,14 @@ impl ModelArgs {
         Ok(rlhf_models::CausalLm::from_dir(&self.model, device, kind)?)
     }
 
+    /// Loads the causal LM and its tokenizer, checked to fit each other.
+    pub fn load_lm_and_tokenizer(&self) -> anyhow::Result<(rlhf_models::CausalLm, rlhf_tokenizer::HfTokenizer)> {
+        let tok = self.load_tokenizer()?;
+        let model = self.load_lm()?;
+        tok.check_fits_vocab(model.arch().vocab_size)?;
+        Ok((model, tok))
+    }
+
     /// Loads the tokenizer files of the model directory.
     pub fn load_tokenizer(&self) -> anyhow::Result<rlhf_tokenizer::HfTokenizer> {
         rlhf_tokenizer::HfTokenizer::from_dir(&self.model)

@@ -94,8 +94,56 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes on one line, `outer: inner: ...` as `{:#}` prints them, except that a
+/// cause is left out when the message so far already ends with it: error types such as
+/// `{path}: {source}` show their source in their own message, and `{:#}` would print it twice
+/// ("Is a directory (os error 21): Is a directory (os error 21)").
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.is_empty() && out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_shown_in_its_error_is_printed_once() {
+        #[derive(Debug)]
+        struct Io {
+            path: String,
+            source: std::io::Error,
+        }
+        impl std::fmt::Display for Io {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}: {}", self.path, self.source)
+            }
+        }
+        impl std::error::Error for Io {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.source)
+            }
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::IsADirectory, "Is a directory (os error 21)");
+        let e = anyhow::Error::new(Io { path: "/data".into(), source: io }).context("reading the prompts");
+        assert_eq!(one_line(&e), "reading the prompts: /data: Is a directory (os error 21)");
+        let e = anyhow::anyhow!("inner\nline").context("outer");
+        assert_eq!(one_line(&e), "outer: inner line");
     }
 }

@@ -3,7 +3,10 @@
 //! Prompts are left-padded; positions come from the mask, so a prompt's continuation does not depend
 //! on how much padding its batch needed. Each sequence stops at its first EOS; later slots hold the
 //! pad id and are masked out. On CUDA the "all finished?" test — a device→host sync — runs only
-//! every [`GenerateConfig::sync_every`] steps so the decode loop does not stall the GPU.
+//! every [`GenerateConfig::sync_every`] steps so the decode loop does not stall the GPU. Logits that
+//! are not finite (NaN weights, a broken config) are noted on the device at every step, zeroed so
+//! sampling cannot trip over them, and reported as [`GenerationError::NonFiniteLogits`] at the next
+//! such check.
 
 use tch::{Kind, Tensor};
 
@@ -113,10 +116,13 @@ pub fn generate(
         let mut logits = model.logits_from_hidden(&hidden.f_select(1, prompt_len - 1)?)?; // [b, vocab]
         let eos = Tensor::f_from_slice(&cfg.eos_token_ids)?.f_to_device(device)?;
         let mut finished = Tensor::f_zeros([batch], (Kind::Bool, device))?;
+        let mut broken = Tensor::f_zeros([batch, 1], (Kind::Bool, device))?;
         let mut tokens = Vec::with_capacity(cfg.max_new_tokens as usize);
         let mut alive_steps = Vec::with_capacity(cfg.max_new_tokens as usize);
         for step in 0..cfg.max_new_tokens {
-            let next = cfg.sampling.next_tokens(&logits)?; // [b]
+            let bad = logits.f_isfinite()?.f_all_dim(-1, true)?.f_logical_not()?; // [b, 1]
+            broken = broken.f_logical_or(&bad)?;
+            let next = cfg.sampling.next_tokens(&logits.f_masked_fill(&bad, 0.0)?)?; // [b]
             let next = next.f_masked_fill(&finished, cfg.pad_token_id)?;
             let alive = finished.f_logical_not()?;
             if !cfg.eos_token_ids.is_empty() {
@@ -124,8 +130,14 @@ pub fn generate(
             }
             tokens.push(next.shallow_clone());
             alive_steps.push(alive);
-            if step + 1 == cfg.max_new_tokens || ((step + 1) % sync_every == 0 && bool::try_from(finished.f_all()?)?) {
-                break;
+            let last = step + 1 == cfg.max_new_tokens;
+            if last || (step + 1) % sync_every == 0 {
+                if bool::try_from(broken.f_any()?)? {
+                    return Err(GenerationError::NonFiniteLogits { step });
+                }
+                if last || bool::try_from(finished.f_all()?)? {
+                    break;
+                }
             }
             let slot = prompt_len + step;
             let _ = mask.f_narrow(1, slot, 1)?.f_fill_(1)?;

@@ -325,13 +325,28 @@ fn rope_config(path: &Path, hf: &HfConfig) -> Result<RopeConfig> {
         }
     };
     let theta = num("rope_theta")?.or(hf.rope_theta).unwrap_or(10000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        let from_block = block.is_some_and(|b| b.get("rope_theta").is_some());
+        let key = if from_block { format!("{key}.rope_theta") } else { "rope_theta".to_string() };
+        return Err(ModelError::config(path, &key, format!("must be a positive number, got {theta}")));
+    }
     let Some(block) = block else { return Ok(RopeConfig { theta, scaling: RopeScaling::None }) };
     if !block.is_object() {
         return Err(ModelError::config(path, key, format!("expected an object, got {block}")));
     }
     let kind = block.get("rope_type").or_else(|| block.get("type")).and_then(Value::as_str).unwrap_or("default");
+    // Every scaling parameter divides a frequency or a wavelength: zero, negative or non-finite
+    // values would silently make every logit NaN.
     let need = |name: &str| -> Result<f64> {
-        num(name)?.ok_or_else(|| ModelError::config(path, &format!("{key}.{name}"), "missing"))
+        let v = num(name)?.ok_or_else(|| ModelError::config(path, &format!("{key}.{name}"), "missing"))?;
+        if !(v.is_finite() && v > 0.0) {
+            return Err(ModelError::config(
+                path,
+                &format!("{key}.{name}"),
+                format!("must be a positive number, got {v}"),
+            ));
+        }
+        Ok(v)
     };
     let scaling = match kind {
         "default" => RopeScaling::None,
@@ -415,5 +430,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let e = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
         assert!(e.ends_with("config.json: not found"), "{e}");
+    }
+
+    #[test]
+    fn rope_parameters_must_be_positive() {
+        let (_d, cfg) = write_config(&LLAMA.replace(r#""factor":8.0"#, r#""factor":0"#));
+        let e = cfg.unwrap_err().to_string();
+        assert!(e.contains("config.json: rope_scaling.factor: must be a positive number, got 0"), "{e}");
+        let (_d, cfg) = write_config(&LLAMA.replace(r#""factor":8.0"#, r#""factor":-2.0"#));
+        assert!(cfg.unwrap_err().to_string().contains("rope_scaling.factor"));
+        let (_d, cfg) = write_config(&LLAMA.replace(r#""low_freq_factor":1.0"#, r#""low_freq_factor":0.0"#));
+        assert!(cfg.unwrap_err().to_string().contains("rope_scaling.low_freq_factor: must be a positive"));
+        let json = LLAMA.replace(r#""rope_scaling""#, r#""rope_theta":0,"rope_scaling""#);
+        let (_d, cfg) = write_config(&json);
+        assert!(cfg.unwrap_err().to_string().contains("config.json: rope_theta: must be a positive number"));
     }
 }

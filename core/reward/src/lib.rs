@@ -64,6 +64,7 @@ impl RewardModelScorer {
         }
         let tokenizer = HfTokenizer::from_dir(dir)?;
         let mut model = ScalarHeadModel::from_dir(dir, device, kind)?;
+        tokenizer.check_fits_vocab(model.arch().vocab_size)?;
         model.freeze();
         Ok(RewardModelScorer { model, tokenizer, batch_size, max_len })
     }

@@ -54,6 +54,18 @@ pub enum TokenizerError {
         message: String,
     },
 
+    /// `tokenizer.json` is valid JSON but not a Hugging Face tokenizers file at all.
+    #[error(
+        "{}: not a tokenizer.json: {reason} (a Hugging Face tokenizers file has `model`, `added_tokens`, ...)",
+        path.display()
+    )]
+    NotATokenizer {
+        /// The `tokenizer.json` file.
+        path: PathBuf,
+        /// What is missing or wrong.
+        reason: String,
+    },
+
     /// A JSON file's top level is not an object.
     #[error("{}: expected a JSON object at the top level, got {got}", path.display())]
     NotAnObject {
@@ -151,6 +163,24 @@ pub enum TokenizerError {
         path: PathBuf,
         /// The tokenizer's description.
         message: String,
+    },
+
+    /// A token id of the tokenizer (or a special-token id of the configs) has no row in the
+    /// model's embedding: the tokenizer does not belong to the model.
+    #[error(
+        "{}: {what} has id {id}, but the model's vocab_size (config.json) is {vocab_size}: \
+         the tokenizer does not match the model",
+        path.display()
+    )]
+    IdOutOfRange {
+        /// The `tokenizer.json` path.
+        path: PathBuf,
+        /// Which id: `token "<x>"`, `eos_token_id`, `pad_token_id` or `bos_token_id`.
+        what: String,
+        /// The id.
+        id: u32,
+        /// The model's embedding rows.
+        vocab_size: i64,
     },
 
     /// The tokenizer failed to decode ids (for example an id outside the vocabulary).

@@ -40,6 +40,7 @@ mod strftime;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
 use tokenizers::{ModelWrapper, Tokenizer};
 
 pub use chat::ChatMessage;
@@ -94,11 +95,25 @@ impl HfTokenizer {
         let tokenizer_path = dir.join("tokenizer.json");
         let text = files::read_text_required(&tokenizer_path)?;
         let mut tokenizer: Tokenizer = serde_json::from_str(&text).map_err(|e| {
-            let (line, column, message) = files::split_json_error(&e);
-            if e.is_data() {
-                TokenizerError::InvalidTokenizer { path: tokenizer_path.clone(), line, column, message }
-            } else {
-                TokenizerError::InvalidJson { path: tokenizer_path.clone(), line, column, message }
+            // The tokenizers crate reports some data errors (`{"foo": 1}`) as syntax errors: tell
+            // them apart by parsing again as plain JSON, which only costs on this error path.
+            let value = match files::parse_json(&tokenizer_path, &text) {
+                Ok(value) => value,
+                Err(json_error) => return json_error,
+            };
+            let missing = ["model"].into_iter().find(|key| value.get(key).is_none());
+            match (&value, missing) {
+                (Value::Object(_), None) => {
+                    let (line, column, message) = files::split_json_error(&e);
+                    TokenizerError::InvalidTokenizer { path: tokenizer_path.clone(), line, column, message }
+                }
+                (Value::Object(_), Some(key)) => {
+                    TokenizerError::NotATokenizer { path: tokenizer_path.clone(), reason: format!("no `{key}` key") }
+                }
+                (other, _) => TokenizerError::NotATokenizer {
+                    path: tokenizer_path.clone(),
+                    reason: format!("the top level is {}, not an object", error::describe(other)),
+                },
             }
         })?;
         drop(text);
@@ -311,6 +326,33 @@ impl HfTokenizer {
     /// The vocabulary size including added tokens (transformers' `len(tokenizer)`).
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
+    }
+
+    /// Checks that every id this tokenizer can produce (its vocabulary with the added tokens,
+    /// and the eos / pad / bos ids of the configs) is below `vocab_size`, the rows of the
+    /// model's embedding; an id beyond it would crash the embedding lookup.
+    pub fn check_fits_vocab(&self, vocab_size: i64) -> Result<(), TokenizerError> {
+        let out_of_range = |what: String, id: u32| TokenizerError::IdOutOfRange {
+            path: self.tokenizer_path.clone(),
+            what,
+            id,
+            vocab_size,
+        };
+        let fits = |id: u32| i64::from(id) < vocab_size;
+        if let Some((token, &id)) = self.tokenizer.get_vocab(true).iter().max_by_key(|(_, &id)| id) {
+            if !fits(id) {
+                return Err(out_of_range(format!("token {token:?}"), id));
+            }
+        }
+        let specials = self.eos_ids.iter().map(|&id| ("eos_token_id", id));
+        let specials =
+            specials.chain([("pad_token_id", self.pad_id)]).chain(self.bos_id.map(|id| ("bos_token_id", id)));
+        for (what, id) in specials {
+            if !fits(id) {
+                return Err(out_of_range(what.to_string(), id));
+            }
+        }
+        Ok(())
     }
 
     /// The underlying `tokenizers` tokenizer (padding and truncation switched off).

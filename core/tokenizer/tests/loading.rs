@@ -369,3 +369,38 @@ fn byte_order_mark_is_accepted() {
     let dir = ModelDir::new().raw("tokenizer_config.json", "\u{feff}{\"eos_token\": \"</s>\"}");
     assert_eq!(load(&dir).eos_token_ids(), &[id("</s>")]);
 }
+
+#[test]
+fn ids_must_fit_the_model_vocab() {
+    let tok = load(&ModelDir::new().tokenizer_config(json!({"eos_token": "</s>"})));
+    let n = (common::SPECIAL.len() + common::WORDS.len()) as i64;
+    tok.check_fits_vocab(n).unwrap();
+    let e = tok.check_fits_vocab(n - 1).unwrap_err();
+    assert!(
+        matches!(e, TokenizerError::IdOutOfRange { id, vocab_size, .. } if i64::from(id) == n - 1 && vocab_size == n - 1)
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(&format!("{}: token \"?\" has id {}", tok.dir().join("tokenizer.json").display(), n - 1)),
+        "{msg}"
+    );
+    assert!(msg.contains(&format!("vocab_size (config.json) is {}", n - 1)), "{msg}");
+    assert_one_line(&e);
+    // A special-token id from the configs counts too.
+    let tok = load(&ModelDir::new().tokenizer_config(json!({})).generation_config(json!({"eos_token_id": 99})));
+    let e = tok.check_fits_vocab(n).unwrap_err().to_string();
+    assert!(e.contains("eos_token_id has id 99"), "{e}");
+}
+
+#[test]
+fn error_json_that_is_no_tokenizer_json() {
+    for text in [r#"{"foo": 1}"#, "[1, 2]", "{}"] {
+        let dir = ModelDir::new().raw("tokenizer.json", text);
+        let e = load_err(&dir);
+        let msg = e.to_string();
+        let prefix = format!("{}: not a tokenizer.json", dir.file("tokenizer.json").display());
+        assert!(msg.starts_with(&prefix), "{text}: {msg}");
+        assert!(!msg.contains("invalid JSON"), "{text}: {msg}");
+        assert_one_line(&e);
+    }
+}

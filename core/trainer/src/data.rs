@@ -82,14 +82,23 @@ fn label_of(v: Option<&Value>, path: &Path, line: usize) -> Result<Option<String
 
 /// Reads a JSONL prompt file.
 pub fn read_prompts(path: &Path) -> Result<Vec<RawPrompt>> {
-    let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
+    if path.is_dir() {
+        return Err(TrainerError::Data {
+            path: path.to_path_buf(),
+            message: "is a directory, not a JSONL file".into(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(|e| TrainerError::io(path, e))?;
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    // Line by line, so a line that is not UTF-8 is reported with its number.
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
         let n = i + 1;
+        let err = |message: String| TrainerError::Data { path: path.to_path_buf(), message };
+        let line = std::str::from_utf8(line.strip_suffix(b"\r").unwrap_or(line))
+            .map_err(|e| err(format!("line {n}: not valid UTF-8 (invalid byte at column {})", e.valid_up_to() + 1)))?;
         if line.trim().is_empty() {
             continue;
         }
-        let err = |message: String| TrainerError::Data { path: path.to_path_buf(), message };
         let v: Value = serde_json::from_str(line).map_err(|e| err(format!("line {n}: not valid JSON: {e}")))?;
         let Value::Object(mut obj) = v else { return Err(err(format!("line {n}: expected a JSON object"))) };
         let label = label_of(obj.get("label"), path, n)?;
@@ -239,6 +248,11 @@ mod tests {
             let e = read_prompts(&p).unwrap_err().to_string();
             assert!(e.contains("p.jsonl") && e.contains(needle), "{e}");
         }
+        std::fs::write(&p, b"{\"prompt\": \"a\"}\r\n{\"prompt\": \"b\xff\"}\n").unwrap();
+        let e = read_prompts(&p).unwrap_err().to_string();
+        assert!(e.contains("p.jsonl: line 2: not valid UTF-8 (invalid byte at column 14)"), "{e}");
+        let e = read_prompts(dir.path()).unwrap_err().to_string();
+        assert_eq!(e, format!("{}: is a directory, not a JSONL file", dir.path().display()));
     }
 
     #[test]

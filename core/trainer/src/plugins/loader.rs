@@ -40,6 +40,8 @@ pub struct PluginRegistry {
     plugins: BTreeMap<String, LoadedPlugin>,
     /// Files that were not accepted, with the reason.
     pub refused: Vec<(PathBuf, String)>,
+    /// The directories scanned, in order.
+    dirs: Vec<PathBuf>,
 }
 
 extern "C" fn host_log(level: LogLevel, plugin: RStr<'_>, message: RStr<'_>) {
@@ -180,7 +182,7 @@ impl PluginRegistry {
     /// Scans each directory (not recursively) for shared libraries and loads them. Two plugins
     /// declaring one name are both refused.
     pub fn scan(dirs: &[PathBuf]) -> Result<Self> {
-        let mut reg = PluginRegistry::default();
+        let mut reg = PluginRegistry { dirs: dirs.to_vec(), ..PluginRegistry::default() };
         let mut seen = std::collections::HashSet::new();
         let mut by_name: BTreeMap<String, Vec<LoadedPlugin>> = BTreeMap::new();
         for dir in dirs {
@@ -225,6 +227,11 @@ impl PluginRegistry {
         self.plugins.values().map(|p| &p.meta)
     }
 
+    /// The directories scanned.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
     /// Names of accepted plugins of a kind.
     pub fn names(&self, kind: PluginKind) -> Vec<String> {
         self.plugins.values().filter(|p| p.meta.kind == kind).map(|p| p.meta.name.clone()).collect()
@@ -240,17 +247,23 @@ impl PluginRegistry {
                 p.meta.kind
             ))),
             None => {
-                let mut msg = format!("no {kind} plugin named `{name}`; available: {}", self.names(kind).join(", "));
-                let related: Vec<String> = self
-                    .refused
-                    .iter()
-                    .filter(|(p, r)| {
-                        r.contains(&format!("`{name}`")) || p.to_string_lossy().contains(&name.replace('-', "_"))
-                    })
-                    .map(|(p, r)| format!("{}: {r}", p.display()))
-                    .collect();
-                if !related.is_empty() {
-                    msg.push_str(&format!("; refused: {}", related.join("; ")));
+                let available = self.names(kind);
+                let available = if available.is_empty() { "(none)".to_string() } else { available.join(", ") };
+                let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+                let dirs = if dirs.is_empty() { "(none)".to_string() } else { dirs.join(", ") };
+                let mut msg =
+                    format!("no {kind} plugin named `{name}`; available: {available} (plugin_dirs scanned: {dirs})");
+                let related = |(p, r): &&(PathBuf, String)| {
+                    r.contains(&format!("`{name}`")) || p.to_string_lossy().contains(&name.replace('-', "_"))
+                };
+                // The refusals that may concern `name`; with no plugin of this kind at all, every one.
+                let mut refused: Vec<&(PathBuf, String)> = self.refused.iter().filter(related).collect();
+                if refused.is_empty() && self.names(kind).is_empty() {
+                    refused = self.refused.iter().collect();
+                }
+                if !refused.is_empty() {
+                    let refused: Vec<String> = refused.iter().map(|(p, r)| format!("{}: {r}", p.display())).collect();
+                    msg.push_str(&format!("; refused: {}", refused.join("; ")));
                 }
                 Err(TrainerError::Plugin(msg))
             }

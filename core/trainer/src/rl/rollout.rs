@@ -3,11 +3,11 @@
 //! only EOS has one token: it is kept and scored, so a policy cannot escape its rewards by
 //! stopping at once.
 
-use rlhf_generation::{batch::to_rows, generate, GenerateConfig, Generated, Sampling};
+use rlhf_generation::{batch::to_rows, generate, GenerateConfig, Generated, GenerationError, Sampling};
 use rlhf_models::CausalLm;
 
 use crate::config::RolloutConfig;
-use crate::error::Result;
+use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
 use crate::rl::prompts::PromptBatch;
 
@@ -47,7 +47,14 @@ pub fn sample(
         seed: None,
         sync_every: 0,
     };
-    let generated = generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg)?;
+    let generated =
+        generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg).map_err(|e| match e {
+            e @ GenerationError::NonFiniteLogits { .. } => TrainerError::Run(format!(
+                "{}: {e} (or, after training steps, training diverged)",
+                actor.source_dir().display()
+            )),
+            e => e.into(),
+        })?;
     let resp_rows = to_rows(&generated.responses()?)?;
     let mask_rows = to_rows(&generated.response_mask)?;
     let mut kept_rows = Vec::new();

@@ -150,6 +150,7 @@ fn warmed_up_actor(
     kind: Kind,
 ) -> Result<(CausalLm, PathBuf)> {
     let actor = CausalLm::from_dir(&actor_dir, device, kind)?;
+    tok.check_fits_vocab(actor.arch().vocab_size)?;
     if cfg.warmup.steps == 0 {
         return Ok((actor, actor_dir));
     }
@@ -243,6 +244,16 @@ impl Trainer {
         let device = parse_device(&cfg.run.device)?;
         let kind = parse_dtype(&cfg.run.dtype)?;
         tch::manual_seed(cfg.run.seed as i64);
+        if let Some(ckpt) = resume.filter(|c| c.step > cfg.train.steps) {
+            return Err(TrainerError::Config(format!(
+                "train.steps = {} is below the step of the checkpoint to resume ({}, {}): nothing to train; \
+                 raise train.steps (e.g. --set train.steps={}) to continue",
+                cfg.train.steps,
+                ckpt.step,
+                ckpt.dir.display(),
+                ckpt.step + 1
+            )));
+        }
         check_actor_spec(&cfg)?;
         let plugins = load_plugins(&cfg, registry)?;
         let raw = raw_prompts(&cfg)?;

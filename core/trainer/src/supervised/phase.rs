@@ -117,6 +117,12 @@ pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u6
     let load = |spec: &str, key: &str| -> Result<(SourceLines, Option<SourceLines>)> {
         match DataSpec::parse(spec) {
             DataSpec::File(p) => {
+                if p.is_dir() {
+                    return Err(TrainerError::Config(format!(
+                        "data.{key}: {}: is a directory, not a JSONL file",
+                        p.display()
+                    )));
+                }
                 if !p.is_file() {
                     return Err(TrainerError::Config(format!("data.{key}: {}: file not found", p.display())));
                 }

@@ -170,6 +170,7 @@ fn rm_in(cfg: &RmConfig, run_dir: &Path, splits: Splits, device: Device, kind: K
         None => Vec::new(),
     };
     let mut model = ScalarHeadModel::from_causal_lm_dir(&model_dir, device, kind)?;
+    tok.check_fits_vocab(model.arch().vocab_size)?;
     if model.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);
         tracing::info!("LoRA: {t} of {n} parameters train");

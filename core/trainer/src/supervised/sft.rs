@@ -154,6 +154,7 @@ fn sft_in(cfg: &SftConfig, run_dir: &Path, splits: Splits, device: Device, kind:
         tracing::info!("packing: {train_examples} examples into {} rows of up to {} tokens", train.len(), d.max_len);
     }
     let mut model = CausalLm::from_dir(&model_dir, device, kind)?;
+    tok.check_fits_vocab(model.arch().vocab_size)?;
     if model.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);
         tracing::info!("LoRA: {t} of {n} parameters train");
