@@ -65,6 +65,8 @@ fn minibatch(exp: &Experience, advantages: &Tensor, returns: Option<&Tensor>, fi
         rewards: exp.rewards.shallow_clone(),
         step: 0,
         epoch: 0,
+        accumulation_steps: 1,
+        step_tokens: 0.0,
     };
     (mb, lp)
 }

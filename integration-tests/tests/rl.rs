@@ -456,6 +456,8 @@ fn loss_on_a_fixed_batch_decreases() {
                     rewards: rewards.shallow_clone(),
                     step: 0,
                     epoch: 0,
+                    accumulation_steps: 1,
+                    step_tokens: 0.0,
                 })
                 .unwrap();
             let loss = out.loss;

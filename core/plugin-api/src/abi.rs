@@ -40,7 +40,8 @@ pub const API_MAJOR: u32 = 4;
 /// loads into hosts of minor `>= m`.
 ///
 /// - 4.0: keyed inputs, named requirements, JSON context.
-/// - 4.1: the `epoch` scalar of a minibatch; the optional [`AlgorithmObj::resolved_config`].
+/// - 4.1: the `epoch`, `accumulation_steps` and `step_tokens` scalars of a minibatch; the optional
+///   [`AlgorithmObj::resolved_config`].
 pub const API_MINOR: u32 = 1;
 /// The tch version plugin-api is built with (the workspace pins it; a tidy test checks).
 pub const TCH_VERSION: &str = "0.24.0";
@@ -76,6 +77,12 @@ pub mod keys {
     pub const STEP: &str = "step";
     /// Scalar (4.1): the PPO epoch (0-based) this minibatch belongs to.
     pub const EPOCH: &str = "epoch";
+    /// Scalar (4.1): minibatches whose gradients the host accumulates into this optimizer step
+    /// (`train.gradient_accumulation_steps`); the host divides each minibatch's loss by it.
+    pub const ACCUMULATION_STEPS: &str = "accumulation_steps";
+    /// Scalar (4.1): valid response tokens in all the minibatches of this optimizer step, the
+    /// normaliser of a token mean over the whole accumulated batch (TRL's `num_items_in_batch`).
+    pub const STEP_TOKENS: &str = "step_tokens";
 
     /// Requirement: reference-model log-probs.
     pub const REFERENCE: &str = "reference";

@@ -125,6 +125,13 @@ pub struct Minibatch {
     pub step: u64,
     /// The PPO epoch (0-based) of this minibatch (since 4.1).
     pub epoch: u64,
+    /// Minibatches accumulated into this optimizer step (since 4.1; 1 from an older host). The host
+    /// divides the returned loss by it, so a per-minibatch mean needs no change.
+    pub accumulation_steps: u64,
+    /// Valid response tokens in all minibatches of this optimizer step (since 4.1; this
+    /// minibatch's from an older host): a token mean over the whole accumulated batch divides
+    /// `Σ loss·mask` by `step_tokens / accumulation_steps` (the host's division completes it).
+    pub step_tokens: f64,
 }
 
 /// The loss to back-propagate and metrics to log (TRL's names where they exist:
@@ -263,6 +270,12 @@ impl Minibatch {
                 return Err(PluginError::compute(format!("loss: `logprobs` is {:?}, expected [b, R]", logprobs.size())))
             }
         };
+        let action_mask = i.required(keys::ACTION_MASK)?;
+        // A 4.0 host sends no step_tokens: its optimizer step is this minibatch.
+        let step_tokens = match i.scalar(keys::STEP_TOKENS) {
+            Some(n) => n,
+            None => action_mask.f_sum(Kind::Float)?.f_double_value(&[])?,
+        };
         let mb = Minibatch {
             logprobs,
             old_logprobs: i.required(keys::OLD_LOGPROBS)?,
@@ -271,11 +284,13 @@ impl Minibatch {
             old_values: i.tensor(keys::OLD_VALUES),
             advantages: i.required(keys::ADVANTAGES)?,
             returns: i.tensor(keys::RETURNS),
-            action_mask: i.required(keys::ACTION_MASK)?,
+            action_mask,
             entropy: i.tensor(keys::ENTROPY),
             rewards: i.required(keys::REWARDS)?,
             step: i.scalar(keys::STEP).unwrap_or(0.0) as u64,
             epoch: i.scalar(keys::EPOCH).unwrap_or(0.0) as u64,
+            accumulation_steps: i.scalar(keys::ACCUMULATION_STEPS).unwrap_or(1.0).max(1.0) as u64,
+            step_tokens,
         };
         check_input(i.call, keys::REWARDS, &mb.rewards, &[b], Kind::Float)?;
         for (name, t) in [
@@ -340,7 +355,12 @@ impl Minibatch {
             (keys::ENTROPY, self.entropy.as_ref()),
             (keys::REWARDS, Some(&self.rewards)),
         ]);
-        let scalars = scalars(&[(keys::STEP, self.step as f64), (keys::EPOCH, self.epoch as f64)]);
+        let scalars = scalars(&[
+            (keys::STEP, self.step as f64),
+            (keys::EPOCH, self.epoch as f64),
+            (keys::ACCUMULATION_STEPS, self.accumulation_steps as f64),
+            (keys::STEP_TOKENS, self.step_tokens),
+        ]);
         f(InputsAbi { tensors: tensors.as_slice().into(), scalars: scalars.as_slice().into() })
     }
 }

@@ -30,9 +30,10 @@
 //! - `loss_type` (TRL's names): `"grpo"` — each sequence's token mean, then the batch mean;
 //!   `"bnpo"` — `Σ L·mask / Σ mask` over the minibatch;
 //!   `"dr_grpo"` — `Σ L·mask / (b·max_completion_length)`;
-//!   `"dapo"` — TRL normalises by the number of valid tokens in the whole gradient-accumulated batch.
-//!   A plugin sees one minibatch at a time, so when the host does not accumulate gradients across
-//!   minibatches that normaliser is the minibatch's token count and `dapo` equals `bnpo`.
+//!   `"dapo"` — `Σ L·mask / (N / k)`: TRL normalises by `N`, the valid tokens of the whole
+//!   gradient-accumulated batch (`step_tokens`), and the host divides each of the `k` accumulated
+//!   minibatch losses by `k`, so the step's gradient is the whole batch's token mean. With one
+//!   minibatch per optimizer step (`k = 1`) `N` is the minibatch's count and `dapo` equals `bnpo`.
 //!   TRL's default `loss_type` changed across versions (recent ones use `dapo`).
 //! - `beta`: TRL's default is 0.0 (no reference model at all); ours is 0.04 (DeepSeekMath's, TRL's
 //!   former default). With `beta = 0` the host computes no reference log-probs.
@@ -221,14 +222,14 @@ impl Algorithm for Grpo {
             None => pg_per_token.shallow_clone(),
         }; // [b, R]
         let max_completion_length = cfg.max_completion_length.map_or(r, |l| l as i64);
-        let loss = aggregate(&per_token_loss, mask, cfg.loss_type, max_completion_length)?; // []
+        let loss = aggregate(&per_token_loss, mask, cfg.loss_type, max_completion_length, mb)?; // []
 
         let metrics = tch::no_grad(|| -> Result<Vec<(String, f64)>> {
             let is_low_clipped = coef_1.f_lt(1.0 - epsilon_low)?.f_logical_and(&advantages.f_lt(0.0)?)?; // [b, R]
             let is_high_clipped = coef_1.f_gt(1.0 + epsilon_high)?.f_logical_and(&advantages.f_gt(0.0)?)?;
             let is_region_clipped = is_low_clipped.f_logical_or(&is_high_clipped)?;
             let mut m = Metrics::new();
-            m.scalar("loss/policy", &aggregate(&pg_per_token, mask, cfg.loss_type, max_completion_length)?)?
+            m.scalar("loss/policy", &aggregate(&pg_per_token, mask, cfg.loss_type, max_completion_length, mb)?)?
                 .scalar("clip_ratio", &ops::masked_fraction(&is_region_clipped, mask)?)?
                 .scalar("clip_ratio/low_mean", &ops::masked_fraction(&is_low_clipped, mask)?)?
                 .scalar("clip_ratio/high_mean", &ops::masked_fraction(&is_high_clipped, mask)?)?
@@ -249,7 +250,13 @@ impl Algorithm for Grpo {
 ///
 /// # Shapes
 /// `per_token`, `mask`: `[b, R]`; returns a scalar.
-fn aggregate(per_token: &Tensor, mask: &Tensor, loss_type: LossType, max_completion_length: i64) -> Result<Tensor> {
+fn aggregate(
+    per_token: &Tensor,
+    mask: &Tensor,
+    loss_type: LossType,
+    max_completion_length: i64,
+    mb: &Minibatch,
+) -> Result<Tensor> {
     let (b, _r) = mask.size2()?;
     let row_sums = masked_row_sum(per_token, mask)?; // Σ_t L·mask, [b]
     Ok(match loss_type {
@@ -257,6 +264,11 @@ fn aggregate(per_token: &Tensor, mask: &Tensor, loss_type: LossType, max_complet
         LossType::Grpo => {
             let row_lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?; // [b]
             row_sums.f_div(&row_lengths)?.f_mean(Kind::Float)?
+        }
+        // Σ L·mask / (N / k) over the k accumulated minibatches' N tokens
+        LossType::Dapo if mb.accumulation_steps > 1 => {
+            let share = mb.step_tokens / mb.accumulation_steps as f64;
+            row_sums.f_sum(Kind::Float)?.f_div_scalar(share.max(1.0))?
         }
         // Σ L·mask / Σ mask
         LossType::Bnpo | LossType::Dapo => {
@@ -407,6 +419,8 @@ mod tests {
             rewards: Tensor::from_slice(&[1.0f32, 0.0]),
             step: 0,
             epoch: 0,
+            accumulation_steps: 1,
+            step_tokens: 0.0,
         };
         (mb, logp)
     }

@@ -277,6 +277,8 @@ mod tests {
             rewards: Tensor::from_slice(&[2.0f32, -2.0]),
             step: 0,
             epoch: 0,
+            accumulation_steps: 1,
+            step_tokens: 0.0,
         };
         let out = a.loss(&mb).unwrap();
         let m = &out.metrics;
@@ -350,6 +352,8 @@ mod tests {
             rewards: Tensor::from_slice(&[2.0f32]),
             step: 0,
             epoch: 0,
+            accumulation_steps: 1,
+            step_tokens: 0.0,
         };
         let out = a.loss(&mb).unwrap();
         assert!((metric(&out.metrics, "loss/policy") + 1.5).abs() < 1e-6, "{:?}", out.metrics);
@@ -376,6 +380,8 @@ mod tests {
             rewards: Tensor::from_slice(&[1.0f32]),
             step: 0,
             epoch: 0,
+            accumulation_steps: 1,
+            step_tokens: 0.0,
         };
         let out = a.loss(&mb).unwrap();
         assert!(out.loss.double_value(&[]).is_finite());

@@ -187,6 +187,8 @@ fn loss_by_hand_with_clipping() {
         rewards: t1(&[0.0, 0.0]),
         step: 0,
         epoch: 0,
+        accumulation_steps: 1,
+        step_tokens: 0.0,
     };
     let out = algo.loss(&mb).unwrap();
     let m = &out.metrics;
@@ -244,6 +246,8 @@ fn all_masked_row_is_finite() {
         rewards: t1(&[3.0]),
         step: 0,
         epoch: 0,
+        accumulation_steps: 1,
+        step_tokens: 0.0,
     };
     let out = algo.loss(&mb).unwrap();
     assert_eq!(out.loss.double_value(&[]), 0.0);

@@ -369,6 +369,8 @@ mod tests {
             rewards: Tensor::from_slice(&[1.0f32, 0.0]),
             step: 0,
             epoch: 0,
+            accumulation_steps: 1,
+            step_tokens: 0.0,
         };
         (mb, logp)
     }

@@ -206,6 +206,8 @@ mod tests {
             rewards: exp.rewards.shallow_clone(),
             step: 0,
             epoch: 0,
+            accumulation_steps: 1,
+            step_tokens: 0.0,
         };
         let out = algo.loss(&mb).unwrap();
         assert_close(&[out.loss.double_value(&[]) as f32], &[1. / 7.]);

@@ -124,6 +124,10 @@ pub struct TrainConfig {
     pub ppo_epochs: usize,
     /// Samples per optimizer step (DeepSpeed-Chat's per-device mini batch).
     pub minibatch_size: usize,
+    /// Minibatches whose gradients are accumulated into one optimizer step (TRL's
+    /// `gradient_accumulation_steps`): each minibatch's loss is divided by it, and token-mean
+    /// losses over the whole accumulated batch (GRPO's `dapo`) see its token count.
+    pub gradient_accumulation_steps: usize,
     pub actor_lr: f64,
     pub critic_lr: f64,
     pub weight_decay: f64,
@@ -150,6 +154,7 @@ impl Default for TrainConfig {
             steps: 100,
             ppo_epochs: 1,
             minibatch_size: 32,
+            gradient_accumulation_steps: 1,
             actor_lr: 1e-6,
             critic_lr: 5e-6,
             weight_decay: 0.0,
@@ -416,6 +421,9 @@ impl RlConfig {
         }
         if t.minibatch_size == 0 {
             return bad("train.minibatch_size", "must be >= 1");
+        }
+        if t.gradient_accumulation_steps == 0 {
+            return bad("train.gradient_accumulation_steps", "must be >= 1");
         }
         if t.ppo_epochs == 0 {
             return bad("train.ppo_epochs", "must be >= 1");

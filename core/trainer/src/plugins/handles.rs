@@ -150,6 +150,8 @@ impl AlgorithmHandle {
             rewards: mb.rewards.shallow_clone(),
             step: mb.step,
             epoch: mb.epoch,
+            accumulation_steps: mb.accumulation_steps,
+            step_tokens: mb.step_tokens,
         };
         let out = mb.with_abi(|inputs| self.obj.loss(inputs)).into_result();
         let out = out.map_err(|e| call_err(&self.meta, e, "algorithm.config"))?;

@@ -1,8 +1,10 @@
 //! Stages 6–7, **minibatch loss → optimizer step**: `ppo_epochs` passes over the generation batch
 //! in shuffled minibatches (DeepSpeed-Chat's MiniDataset). Per minibatch: fresh log-probs (and
-//! values, entropy) with gradients → the plugin's loss (+ the ptx loss) → backward → grad-norm
-//! clip → AdamW steps of actor and critic → EMA. A non-finite loss or gradient skips the step and
-//! is logged.
+//! values, entropy) with gradients → the plugin's loss (+ the ptx loss) → backward. Every
+//! `gradient_accumulation_steps` minibatches (and at the end of an epoch): grad-norm clip → AdamW
+//! steps of actor and critic → EMA. With accumulation each minibatch's loss is divided by the
+//! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
+//! the whole optimizer step and is logged.
 
 use rlhf_generation::{token_logprobs, LogProbOptions};
 use rlhf_models::{CausalLm, ScalarHeadModel};
@@ -38,6 +40,11 @@ fn pick_opt(t: &Option<Tensor>, idx: &Tensor) -> Result<Option<Tensor>> {
     t.as_ref().map(|t| pick(t, idx)).transpose()
 }
 
+/// Optimizer steps in one epoch over `batch` samples: `⌈⌈batch / minibatch⌉ / accumulation⌉`.
+pub fn steps_per_epoch(batch: usize, cfg: &TrainConfig) -> usize {
+    batch.div_ceil(cfg.minibatch_size).div_ceil(cfg.gradient_accumulation_steps.max(1))
+}
+
 /// Runs every minibatch of every epoch. `rng` shuffles the minibatches and draws ptx texts;
 /// `step` is the 1-based generation step (for log lines). Sets `loss/total`, `loss/ptx`,
 /// `grad_norm/actor`, `grad_norm/critic`, `lr`, `lr/critic`, `skipped_steps` and the plugin's
@@ -67,55 +74,88 @@ pub fn optimise(
     // The plugin's minibatch metrics are averaged over the step's minibatches.
     let mut plugin_metrics = StepMetrics::default();
     if let Some(p) = progress {
-        p.phase("optimise", (cfg.ppo_epochs * b.div_ceil(cfg.minibatch_size)) as u64);
+        p.phase("optimise", (cfg.ppo_epochs * steps_per_epoch(b, cfg)) as u64);
     }
     actor.set_training(true);
     if let Some((c, _)) = &critic {
         c.set_training(true);
     }
+    let accumulation = cfg.gradient_accumulation_steps.max(1);
     for epoch in 0..cfg.ppo_epochs {
         let mut order: Vec<i64> = (0..b as i64).collect();
         rng.shuffle(&mut order);
-        for chunk in order.chunks(cfg.minibatch_size) {
-            let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
-            let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
-            let lp = token_logprobs(actor, &seq, &attn, p_len, opts)?; // [b, R], grad
-            let values = match &critic {
-                Some((c, _)) => Some(c.values(&seq, &attn)?.f_narrow(1, p_len - 1, r_len)?), // [b, R], grad
-                None => None,
+        let minibatches: Vec<&[i64]> = order.chunks(cfg.minibatch_size).collect();
+        for step_chunks in minibatches.chunks(accumulation) {
+            let k = step_chunks.len();
+            // Valid response tokens in the whole accumulated batch (dapo's normaliser).
+            let step_tokens = if k > 1 {
+                let rows: Vec<i64> = step_chunks.concat();
+                let idx = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
+                pick(&batch.action_mask, &idx)?.f_sum(tch::Kind::Float)?.double_value(&[])
+            } else {
+                0.0 // unused: the minibatch is the whole step
             };
-            let mb = Minibatch {
-                logprobs: lp.logprobs,
-                old_logprobs: pick(&batch.old_logprobs, &idx)?,
-                ref_logprobs: pick_opt(&batch.ref_logprobs, &idx)?,
-                values,
-                old_values: pick_opt(&batch.values, &idx)?,
-                advantages: pick(&prepared.advantages, &idx)?,
-                returns: pick_opt(&prepared.returns, &idx)?,
-                action_mask: pick(&batch.action_mask, &idx)?,
-                entropy: lp.entropy,
-                rewards: pick(&batch.rewards, &idx)?,
-                step: actor_opt.steps as u64,
-                epoch: epoch as u64,
-            };
-            let out = algo.loss(&mb)?;
-            let mut loss = out.loss;
-            if let Some(ptx) = ptx {
-                let ptx_loss = ptx.loss(actor, &mut rng, chunk.len())?;
-                m.add("loss/ptx", ptx_loss.double_value(&[]));
-                loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef)?)?;
+            let mut finite = true;
+            for chunk in step_chunks {
+                let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
+                let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
+                let lp = token_logprobs(actor, &seq, &attn, p_len, opts)?; // [b, R], grad
+                let values = match &critic {
+                    Some((c, _)) => Some(c.values(&seq, &attn)?.f_narrow(1, p_len - 1, r_len)?), // [b, R], grad
+                    None => None,
+                };
+                let action_mask = pick(&batch.action_mask, &idx)?;
+                let mb = Minibatch {
+                    logprobs: lp.logprobs,
+                    old_logprobs: pick(&batch.old_logprobs, &idx)?,
+                    ref_logprobs: pick_opt(&batch.ref_logprobs, &idx)?,
+                    values,
+                    old_values: pick_opt(&batch.values, &idx)?,
+                    advantages: pick(&prepared.advantages, &idx)?,
+                    returns: pick_opt(&prepared.returns, &idx)?,
+                    step_tokens: if k > 1 {
+                        step_tokens
+                    } else {
+                        action_mask.f_sum(tch::Kind::Float)?.double_value(&[])
+                    },
+                    action_mask,
+                    entropy: lp.entropy,
+                    rewards: pick(&batch.rewards, &idx)?,
+                    step: actor_opt.steps as u64,
+                    epoch: epoch as u64,
+                    accumulation_steps: k as u64,
+                };
+                let out = algo.loss(&mb)?;
+                let mut loss = out.loss;
+                if let Some(ptx) = ptx {
+                    let ptx_loss = ptx.loss(actor, &mut rng, chunk.len())?;
+                    m.add("loss/ptx", ptx_loss.double_value(&[]));
+                    loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef)?)?;
+                }
+                for (name, value) in &out.metrics {
+                    plugin_metrics.add(name, *value);
+                }
+                let loss_value = loss.double_value(&[]);
+                if !loss_value.is_finite() {
+                    tracing::warn!("step {step}: non-finite loss ({loss_value}); optimizer step skipped");
+                    finite = false;
+                    break;
+                }
+                m.add("loss/total", loss_value);
+                if k > 1 {
+                    loss = loss.f_div_scalar(k as f64)?;
+                }
+                loss.f_backward()?;
             }
-            for (name, value) in &out.metrics {
-                plugin_metrics.add(name, *value);
-            }
-            let loss_value = loss.double_value(&[]);
-            if !loss_value.is_finite() {
-                tracing::warn!("step {step}: non-finite loss ({loss_value}); optimizer step skipped");
+            if !finite {
+                // Drop what the step's earlier minibatches accumulated.
+                actor_opt.zero_grad();
+                if let Some((_, o)) = &mut critic {
+                    o.zero_grad();
+                }
                 skipped += 1;
                 continue;
             }
-            m.add("loss/total", loss_value);
-            loss.f_backward()?;
             let a = actor_opt.step()?;
             m.add("grad_norm/actor", a.grad_norm);
             m.set("lr", a.lr);

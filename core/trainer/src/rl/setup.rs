@@ -25,6 +25,7 @@ use crate::error::{Result, TrainerError};
 use crate::metrics::MetricsWriter;
 use crate::optim::Optim;
 use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry, RewardHandle};
+use crate::rl::optimise;
 use crate::rl::prompts::ids_i64;
 use crate::rl::ptx::PtxData;
 use crate::rl::score::RewardSource;
@@ -305,9 +306,9 @@ impl Trainer {
             warmed_up_actor(&cfg, &run_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
         let (reference, critic, ema) = companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
 
-        // One optimizer step per minibatch: ppo_epochs × ⌈batch / minibatch⌉ per generation batch.
+        // Optimizer steps per generation batch: ppo_epochs × ⌈⌈batch / minibatch⌉ / accumulation⌉.
         let batch = cfg.rollout.prompts_per_batch * cfg.rollout.samples_per_prompt;
-        let total = cfg.train.steps * cfg.train.ppo_epochs * batch.div_ceil(cfg.train.minibatch_size);
+        let total = cfg.train.steps * cfg.train.ppo_epochs * optimise::steps_per_epoch(batch, &cfg.train);
         let actor_opt = Optim::new(&actor.vs, &cfg.train.actor_optim(), total)?;
         let critic_opt = critic.as_ref().map(|c| Optim::new(&c.vs, &cfg.train.critic_optim(), total)).transpose()?;
         let ptx = match &cfg.train.ptx_data {

@@ -163,6 +163,8 @@ fn bad_info_panics_come_back_as_errors() {
         rewards: rewards.shallow_clone(),
         step: 0,
         epoch: 0,
+        accumulation_steps: 1,
+        step_tokens: 0.0,
     };
     let mut algo = ok((module.new_algorithm())(RStr::from_str("{}"), host_context()));
     assert_eq!(algo.requirements().len(), 0, "bad-info requires nothing");
