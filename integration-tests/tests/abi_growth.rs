@@ -1,6 +1,6 @@
 //! The ABI grows without breaking old plugins: `frozen-reinforce`, a plugin compiled against a
 //! frozen copy of plugin-api 4.0 (`integration-tests/frozen-abi/`, its own cargo workspace, never
-//! edited), loads into this host — whose ABI has since appended an input (the `epoch` scalar) and
+//! edited), loads into this host — whose ABI has since appended inputs (the `epoch`, `accumulation_steps` and `step_tokens` scalars) and
 //! an optional trait method (`resolved_config`) — and trains. If one of these tests fails after a
 //! change to `core/plugin-api`, that change broke the ABI (see `frozen-abi/plugin-api-4.0/README.md`).
 //!
@@ -253,6 +253,8 @@ fn the_host_api_drives_the_frozen_plugin() {
             rewards,
             step: 0,
             epoch: 1,
+            accumulation_steps: 1,
+            step_tokens: 7.0,
         })
         .unwrap();
     assert_close(&[out.loss.double_value(&[]) as f32], &[1. / 7.]);
