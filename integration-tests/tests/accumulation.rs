@@ -52,7 +52,7 @@ fn accumulating_k_minibatches_equals_one_big_minibatch() {
     for loss_type in ["dapo", "grpo"] {
         let (big, w_big) = one_step(dir.path(), loss_type, 128, 1);
         let (acc, w_acc) = one_step(dir.path(), loss_type, 32, 4);
-        let (split, w_split) = one_step(dir.path(), loss_type, 32, 1);
+        let (_, w_split) = one_step(dir.path(), loss_type, 32, 1);
         let get =
             |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{loss_type}: no {k} in {r}"));
         // The step's loss (mean of the minibatch losses) and its gradient norm.
