@@ -1,13 +1,14 @@
 //! Every `configs/*.toml` loads with the loader of its command — `sft.toml` through `SftConfig`,
-//! `rm.toml` through `RmConfig`, the rest (presets and the files that are not compiled in, like
-//! `grpo-smollm2.toml`) through `RlConfig` — and the plugin sections of the RL configs are accepted
-//! by the plugins they name (the workspace's `.so` files). A config with a key nobody knows, in
+//! `rm.toml` through `RmConfig`, `dpo.toml` through `DpoConfig`, the rest (presets and the files
+//! that are not compiled in, like `grpo-smollm2.toml`) through `RlConfig` — and the plugin
+//! sections of the RL configs are accepted by the plugins they name (the workspace's `.so` files). A config with a key nobody knows, in
 //! any of its tables, is refused.
 
 use std::path::{Path, PathBuf};
 
 use rlhf_plugin_api::PluginKind;
 use rlhf_trainer::config::ConfigSource;
+use rlhf_trainer::dpo::DpoConfig;
 use rlhf_trainer::plugins::{host_context, AlgorithmHandle, PluginRegistry, RewardHandle};
 use rlhf_trainer::rm::RmConfig;
 use rlhf_trainer::sft::SftConfig;
@@ -34,7 +35,7 @@ fn registry() -> PluginRegistry {
     PluginRegistry::scan(&[dir]).expect("scan plugins")
 }
 
-/// Loads `path` as the command its name says (`sft*.toml`, `rm*.toml`, else RL) and, for RL,
+/// Loads `path` as the command its name says (`sft*.toml`, `rm*.toml`, `dpo*.toml`, else RL) and, for RL,
 /// builds its algorithm and reward plugins from their sections. `name` picks the loader, so a
 /// changed copy can be checked under another path.
 fn check(name: &str, path: &Path, reg: &PluginRegistry) -> Result<(), String> {
@@ -44,6 +45,9 @@ fn check(name: &str, path: &Path, reg: &PluginRegistry) -> Result<(), String> {
     }
     if name == "rm.toml" || name.starts_with("rm-") {
         return RmConfig::load(&source, &[]).map(drop).map_err(|e| e.to_string());
+    }
+    if name == "dpo.toml" || name.starts_with("dpo-") {
+        return DpoConfig::load(&source, &[]).map(drop).map_err(|e| e.to_string());
     }
     let cfg = RlConfig::load(&source, None, &[]).map_err(|e| e.to_string())?;
     let ctx = || host_context("cpu", cfg.run.seed, cfg.rollout.samples_per_prompt as u32);
@@ -72,7 +76,7 @@ fn every_config_loads() {
     let reg = registry();
     let files = config_files();
     let names: Vec<String> = files.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    for expected in ["grpo.toml", "ppo.toml", "ppo-seq.toml", "grpo-smollm2.toml", "sft.toml", "rm.toml"] {
+    for expected in ["grpo.toml", "ppo.toml", "ppo-seq.toml", "grpo-smollm2.toml", "sft.toml", "rm.toml", "dpo.toml"] {
         assert!(names.iter().any(|n| n == expected), "configs/{expected} missing from {names:?}");
     }
     for (path, name) in files.iter().zip(&names) {

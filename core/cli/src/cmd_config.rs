@@ -1,10 +1,11 @@
-//! `rlhf config show`: the merged configuration of `rlhf train` (or `sft`, `rm`) with where each
+//! `rlhf config show`: the merged configuration of `rlhf train` (or `sft`, `rm`, `dpo`) with where each
 //! value came from — the file or embedded preset, an `RLHF_SECTION__KEY` variable, a `--set`, or
 //! the built-in default.
 
 use std::path::PathBuf;
 
 use rlhf_trainer::config::{load_layered_figment, provenance, ConfigSource};
+use rlhf_trainer::dpo::DpoConfig;
 use rlhf_trainer::rm::RmConfig;
 use rlhf_trainer::sft::{SftConfig, PHASE_PRESETS};
 use rlhf_trainer::RlConfig;
@@ -17,8 +18,8 @@ pub enum ConfigCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct ShowArgs {
-    /// Which command's config: `train`, `sft` or `rm`.
-    #[arg(long, default_value = "train", value_parser = ["train", "sft", "rm"])]
+    /// Which command's config: `train`, `sft`, `rm` or `dpo`.
+    #[arg(long, default_value = "train", value_parser = ["train", "sft", "rm", "dpo"])]
     command: String,
     /// TOML config file (default: the embedded preset).
     #[arg(long)]
@@ -48,6 +49,12 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
             let source = args.config.clone().map(ConfigSource::File).unwrap_or_else(|| preset("sft"));
             let cfg = SftConfig::load(&source, &args.sets)?;
             let (_, fig) = load_layered_figment::<SftConfig>(&source, PHASE_PRESETS, &args.sets)?;
+            provenance(&cfg, &fig)?
+        }
+        "dpo" => {
+            let source = args.config.clone().map(ConfigSource::File).unwrap_or_else(|| preset("dpo"));
+            let cfg = DpoConfig::load(&source, &args.sets)?;
+            let (_, fig) = load_layered_figment::<DpoConfig>(&source, PHASE_PRESETS, &args.sets)?;
             provenance(&cfg, &fig)?
         }
         _ => {

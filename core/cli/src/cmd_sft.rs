@@ -1,14 +1,15 @@
-//! `rlhf sft`: supervised fine-tuning (DeepSpeed-Chat phase 1). [`PhaseArgs`] is shared with `rlhf rm`.
+//! `rlhf sft`: supervised fine-tuning (DeepSpeed-Chat phase 1). [`PhaseArgs`] is shared with `rlhf rm`
+//! and `rlhf dpo`.
 
 use std::path::PathBuf;
 
 use rlhf_trainer::config::ConfigSource;
 use rlhf_trainer::sft::{run_sft, SftConfig};
 
-/// Arguments of `rlhf sft` and `rlhf rm`.
+/// Arguments of `rlhf sft`, `rlhf rm` and `rlhf dpo`.
 #[derive(clap::Args, Debug)]
 pub struct PhaseArgs {
-    /// TOML config file (default: the embedded preset, configs/sft.toml or configs/rm.toml).
+    /// TOML config file (default: the embedded preset, configs/sft.toml, rm.toml or dpo.toml).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override a key: --set train.epochs=2 (repeatable; applied after the file and RLHF_* variables).

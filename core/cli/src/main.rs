@@ -4,6 +4,7 @@
 mod bench;
 mod cmd_check;
 mod cmd_config;
+mod cmd_dpo;
 mod cmd_generate;
 mod cmd_ppl;
 mod cmd_rm;
@@ -47,6 +48,8 @@ enum Command {
     Sft(cmd_sft::PhaseArgs),
     /// Reward-model training (DeepSpeed-Chat phase 2) on preference pairs.
     Rm(cmd_sft::PhaseArgs),
+    /// Direct Preference Optimization (DPO, cDPO, IPO, SimPO) of a causal LM on preference pairs.
+    Dpo(cmd_sft::PhaseArgs),
     /// Configuration tools (`rlhf config show`).
     #[command(subcommand)]
     Config(cmd_config::ConfigCommand),
@@ -80,6 +83,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckDevice(args) => cmd_check::run(args),
         Command::Sft(args) => cmd_sft::sft(args),
         Command::Rm(args) => cmd_rm::rm(args),
+        Command::Dpo(args) => cmd_dpo::dpo(args),
         Command::Train(args) => cmd_train::train(args),
         Command::Config(cmd) => cmd_config::run(cmd),
         Command::Plugins(args) => cmd_train::plugins(args),

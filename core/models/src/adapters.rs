@@ -13,13 +13,15 @@ use crate::lora::{LoraAdapter, LoraConfig};
 /// Adds adapters to every targeted linear layer of `layers` (named by their full weight path
 /// without `.weight`), registering `A` and `B` in `vs` as `<path>.lora_A.weight` /
 /// `<path>.lora_B.weight` (PEFT's names), then freezes every other variable of `vs` except those
-/// whose name starts with one of `keep_trainable`. Returns the number of adapted layers.
+/// whose name starts with one of `keep_trainable`. `training` turns the adapters' dropout on,
+/// `disabled` switches them off. Returns the number of adapted layers.
 pub(crate) fn apply(
     vs: &nn::VarStore,
     layers: Vec<(String, &mut Linear)>,
     cfg: &LoraConfig,
     keep_trainable: &[&str],
     training: &Arc<AtomicBool>,
+    disabled: &Arc<AtomicBool>,
 ) -> Result<usize> {
     cfg.validate()?;
     if !cfg.enabled() {
@@ -49,6 +51,7 @@ pub(crate) fn apply(
             scale: cfg.alpha / cfg.rank as f64,
             dropout: cfg.dropout,
             training: training.clone(),
+            disabled: disabled.clone(),
         });
         n += 1;
     }

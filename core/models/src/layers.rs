@@ -61,8 +61,8 @@ impl Linear {
             x.f_linear(&self.weight, self.bias.as_ref())?
         };
         match &self.lora {
-            Some(l) => l.forward(x)?.f_add(&y).map_err(Into::into),
-            None => Ok(y),
+            Some(l) if !l.is_disabled() => l.forward(x)?.f_add(&y).map_err(Into::into),
+            _ => Ok(y),
         }
     }
 }

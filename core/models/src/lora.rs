@@ -74,6 +74,8 @@ pub struct LoraAdapter {
     pub scale: f64,
     pub(crate) dropout: f64,
     pub(crate) training: Arc<AtomicBool>,
+    /// While set, the layer computes the base weight alone (a DPO reference without a second copy).
+    pub(crate) disabled: Arc<AtomicBool>,
 }
 
 impl LoraAdapter {
@@ -88,6 +90,11 @@ impl LoraAdapter {
             x.shallow_clone()
         };
         Ok(x.f_linear::<&Tensor>(&self.a, None)?.f_linear::<&Tensor>(&self.b, None)?.f_mul_scalar(self.scale)?)
+    }
+
+    /// Whether the update is switched off ([`crate::CausalLm::with_adapters_disabled`]).
+    pub fn is_disabled(&self) -> bool {
+        self.disabled.load(Ordering::Relaxed)
     }
 
     /// `(α / r) B A` in the layout of the base weight (`[out, in]`, or `[in, out]` when `transposed`).

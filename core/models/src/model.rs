@@ -161,6 +161,8 @@ pub struct CausalLm {
     source_dir: PathBuf,
     /// Turns LoRA dropout on (training) or off (generation, evaluation).
     training: Arc<AtomicBool>,
+    /// Switches the LoRA adapters off ([`CausalLm::with_adapters_disabled`]).
+    adapters_off: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for CausalLm {
@@ -183,7 +185,15 @@ impl CausalLm {
         } else {
             Some(w.pp("lm_head").get("weight", &[cfg.vocab_size, cfg.hidden_size])?)
         };
-        Ok(CausalLm { vs, config, backbone, lm_head, source_dir: dir.to_path_buf(), training: Arc::default() })
+        Ok(CausalLm {
+            vs,
+            config,
+            backbone,
+            lm_head,
+            source_dir: dir.to_path_buf(),
+            training: Arc::default(),
+            adapters_off: Arc::default(),
+        })
     }
 
     /// The resolved architecture.
@@ -260,7 +270,7 @@ impl CausalLm {
     /// a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
         let prefix = self.config.arch.family.backbone_prefix();
-        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training)
+        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training, &self.adapters_off)
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
@@ -272,6 +282,20 @@ impl CausalLm {
     /// Training mode turns LoRA dropout on; the default is off.
     pub fn set_training(&self, on: bool) {
         self.training.store(on, Ordering::Relaxed);
+    }
+
+    /// Runs `f` with the LoRA adapters switched off: the model computes its base weights alone (the
+    /// reference of LoRA DPO, without a second copy in memory). Without adapters, just `f()`.
+    pub fn with_adapters_disabled<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Reset<'a>(&'a AtomicBool);
+        impl Drop for Reset<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Relaxed);
+            }
+        }
+        self.adapters_off.store(true, Ordering::Relaxed);
+        let _reset = Reset(&self.adapters_off);
+        f()
     }
 
     /// Saves config, weights (same names and layout as loaded; LoRA merged) and tokenizer files
@@ -381,7 +405,7 @@ impl ScalarHeadModel {
     /// the `score` head; a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
         let prefix = self.config.arch.family.backbone_prefix();
-        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training)
+        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training, &Arc::default())
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).

@@ -25,4 +25,4 @@ pub use config::{ConfigSource, RlConfig};
 pub use error::{Result, TrainerError};
 pub use plugins::PluginRegistry;
 pub use rl::{RunSummary, Trainer};
-pub use supervised::{pairs, phase, rm, sft, sft_data};
+pub use supervised::{dpo, pairs, phase, rm, sft, sft_data};

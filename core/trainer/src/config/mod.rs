@@ -14,10 +14,12 @@ use serde::Serialize;
 
 use crate::error::{Result, TrainerError};
 
+mod dpo;
 mod phases;
 mod rl;
 
 pub use crate::optim::Schedule;
+pub use dpo::*;
 pub use phases::*;
 pub use rl::*;
 

@@ -1,4 +1,5 @@
-//! `rlhf sft` and `rlhf rm`: their sections (`[run]`, `[model]`, `[data]`, `[train]`, `[lora]`),
+//! `rlhf sft` and `rlhf rm` (`rlhf dpo` reuses these in `dpo.rs`): their sections (`[run]`,
+//! `[model]`, `[data]`, `[train]`, `[lora]`),
 //! the embedded presets, and loading with range checks. The loops are in [`crate::supervised`].
 
 use std::path::PathBuf;
@@ -229,9 +230,13 @@ pub struct SftConfig {
     pub lora: LoraConfig,
 }
 
-/// The embedded presets of the supervised phases (`configs/sft.toml`, `configs/rm.toml`).
-pub const PHASE_PRESETS: &[(&str, &str)] =
-    &[("sft", include_str!("../../../../configs/sft.toml")), ("rm", include_str!("../../../../configs/rm.toml"))];
+/// The embedded presets of the supervised phases (`configs/sft.toml`, `configs/rm.toml`,
+/// `configs/dpo.toml`).
+pub const PHASE_PRESETS: &[(&str, &str)] = &[
+    ("sft", include_str!("../../../../configs/sft.toml")),
+    ("rm", include_str!("../../../../configs/rm.toml")),
+    ("dpo", include_str!("../../../../configs/dpo.toml")),
+];
 
 impl SftConfig {
     /// Loads base (file or the embedded `sft` preset), `RLHF_*` variables and `--set` overrides, and

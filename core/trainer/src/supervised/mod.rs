@@ -1,7 +1,9 @@
 //! The supervised phases before RL (DeepSpeed-Chat phases 1 and 2): [`sft`] (examples in
-//! [`sft_data`]) and [`rm`] (preference pairs and losses in [`pairs`]), sharing the loop of
-//! [`phase`]. Their configuration lives in [`crate::config`], below both this and the RL host.
+//! [`sft_data`]) and [`rm`] (preference pairs and losses in [`pairs`]), and [`dpo`] (the same
+//! pairs, trained directly into the policy), sharing the loop of [`phase`].
+//! Their configuration lives in [`crate::config`], below both this and the RL host.
 
+pub mod dpo;
 pub mod pairs;
 pub mod phase;
 pub mod rm;

@@ -1,4 +1,4 @@
-//! Preference pairs for reward-model training and the pairwise losses.
+//! Preference pairs for reward-model training (and DPO) and the pairwise losses.
 //!
 //! A line is DeepSpeed-Chat's `{"prompt": "...", "chosen": "...", "rejected": "..."}` (the responses
 //! carry their own leading space, as DSC writes them) or chat lists: `chosen`/`rejected` as message
@@ -13,6 +13,9 @@
 //! Bad lines (a missing field, an empty response, chosen == rejected, ...) are counted per reason.
 //! A pair longer than `max_len` is cut to its first `max_len` tokens (DSC) or dropped; a pair whose
 //! two sides become identical through truncation is skipped.
+//!
+//! For DPO, [`build_split_pairs`] reads lines the same way and also finds where each side's
+//! response starts (after its common prefix with the prompt's own tokens).
 //!
 //! Losses ([`pairwise_loss`]):
 //! - `dsc` (default, DeepSpeed-Chat phase 2): per pair, from the first position where chosen and
@@ -185,6 +188,79 @@ pub fn build_pairs(
                     report.truncate(line, &format!("longer than max_len = {} tokens", opts.max_len));
                 }
                 out.push(PairExample { chosen, rejected, line });
+            }
+            Err(reason) => report.skip(line, &reason),
+        }
+    }
+    out
+}
+
+/// A pair with where each side's response starts (DPO scores the response tokens only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitPair {
+    pub pair: PairExample,
+    /// Index of the first response token of `pair.chosen` / `pair.rejected` (>= 1).
+    pub chosen_start: usize,
+    pub rejected_start: usize,
+}
+
+/// The token ids of a line's prompt alone, rendered as [`render`] renders its sides: the prompt
+/// text as is, or through the chat template the conversation before the reply with
+/// `add_generation_prompt = true` (without a `prompt`, the chosen conversation minus its last
+/// message).
+fn prompt_ids(
+    tok: &HfTokenizer,
+    obj: &Map<String, Value>,
+    opts: &PairOptions,
+) -> std::result::Result<Vec<i64>, String> {
+    let templated = opts.apply_chat_template && tok.has_chat_template();
+    let prompt = field(obj, "prompt")?;
+    let chosen = field(obj, "chosen")?.ok_or("missing field `chosen`")?;
+    let conv = match (&prompt, &chosen) {
+        (Some(Field::Text(p)), Field::Text(_)) if !templated => return encode(tok, p),
+        (Some(Field::Text(p)), _) => vec![ChatMessage::new("user", p.as_str())],
+        (Some(Field::Chat(m)), _) => m.clone(),
+        (None, Field::Chat(m)) if m.len() > 1 => m[..m.len() - 1].to_vec(),
+        (None, _) => return Err("no prompt to split the response from".into()),
+    };
+    let text = tok.apply_chat_template(&conv, true).map_err(|e| format!("chat template failed: {e}"))?;
+    encode(tok, &text)
+}
+
+/// Where the response of `side` starts: after its longest common prefix with the prompt's own
+/// tokens (at least 1, the first token has no prediction); an error when no response token is left.
+fn response_start(prompt: &[i64], side: &[i64], max_len: usize) -> std::result::Result<usize, String> {
+    let common = prompt.iter().zip(side).take_while(|(a, b)| a == b).count();
+    let start = common.max(1);
+    if start >= side.len() {
+        return Err(format!("no response tokens within max_len = {max_len} tokens"));
+    }
+    Ok(start)
+}
+
+/// [`build_pairs`] with each side's prompt/response split ([`SplitPair`]), for DPO. Lines are read,
+/// rendered and truncated exactly as for the reward model.
+pub fn build_split_pairs(
+    src: &SourceLines,
+    tok: &HfTokenizer,
+    opts: &PairOptions,
+    report: &mut DataReport,
+) -> Vec<SplitPair> {
+    let eos = tok.eos_token_ids().first().map(|&i| i64::from(i));
+    let mut out = Vec::new();
+    for (line, obj) in src.objects(report) {
+        let split = pair_of_line(tok, &obj, opts, eos).and_then(|(chosen, rejected, truncated)| {
+            let p = prompt_ids(tok, &obj, opts)?;
+            let chosen_start = response_start(&p, &chosen, opts.max_len)?;
+            let rejected_start = response_start(&p, &rejected, opts.max_len)?;
+            Ok((PairExample { chosen, rejected, line }, chosen_start, rejected_start, truncated))
+        });
+        match split {
+            Ok((pair, chosen_start, rejected_start, truncated)) => {
+                if truncated {
+                    report.truncate(line, &format!("longer than max_len = {} tokens", opts.max_len));
+                }
+                out.push(SplitPair { pair, chosen_start, rejected_start });
             }
             Err(reason) => report.skip(line, &reason),
         }
@@ -384,5 +460,33 @@ mod tests {
         let mut r = DataReport::default();
         let pairs = build_pairs(&src, &tok, &opts, &mut r);
         assert_eq!(pairs[0].chosen, vec![6, 13, 7, 14, 10, 1]);
+    }
+
+    #[test]
+    fn split_pairs_start_at_the_response() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::builtin::write_tiny_model(dir.path(), 1).unwrap();
+        let tok = HfTokenizer::from_dir(dir.path()).unwrap();
+        let opts =
+            PairOptions { max_len: 8, apply_chat_template: true, append_eos: true, overlong: Overlong::Truncate };
+        let lines =
+            [r#"{"prompt": "3 + 4 =", "chosen": " 7", "rejected": " 5 5"}"#, r#"{"chosen": " 7", "rejected": " 5"}"#];
+        let src = SourceLines {
+            label: "p.jsonl".into(),
+            lines: lines.iter().enumerate().map(|(i, l)| (i + 1, RawLine::Text(l.to_string()))).collect(),
+        };
+        let mut r = DataReport::default();
+        let pairs = build_split_pairs(&src, &tok, &opts, &mut r);
+        assert_eq!(pairs.len(), 1);
+        // "3 + 4 =" -> [6, 13, 7, 14]: both responses start at 4.
+        assert_eq!(pairs[0].pair.chosen, vec![6, 13, 7, 14, 10, 1]);
+        assert_eq!((pairs[0].chosen_start, pairs[0].rejected_start), (4, 4));
+        assert_eq!(pairs[0].pair.rejected.len(), 7);
+        assert_eq!(r.skipped(), 1);
+        assert_eq!(
+            response_start(&[1, 2, 3], &[1, 2, 3], 3).unwrap_err(),
+            "no response tokens within max_len = 3 tokens"
+        );
+        assert_eq!(response_start(&[], &[4, 5], 3), Ok(1));
     }
 }
