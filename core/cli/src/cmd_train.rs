@@ -91,7 +91,8 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         }
     };
     let reg = registry(&cfg.plugin_dirs)?;
-    if let Some(algo) = &args.algo {
+    // The plugin `--algo` selects: the config's (a preset named by `--algo` names its own plugin).
+    if let Some(algo) = args.algo.as_ref().map(|_| &cfg.algorithm.name) {
         if let Err(e) = reg.get(algo, PluginKind::Algorithm) {
             let presets: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
             anyhow::bail!("unknown --algo `{algo}`: {e} (presets: {})", presets.join(", "));
