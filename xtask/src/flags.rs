@@ -29,8 +29,10 @@ Commands:
   gen-arith [--out FILE] [--check]
                               write (or check) configs/data/arith-words.jsonl, the word problems of
                               configs/grpo-smollm2.toml
-  pipeline [--run-dir DIR]    SFT -> reward model -> PPO on built-in data (CPU, a few minutes); exit 0 only
-                              if each phase improved its figure (perplexity, accuracy, reward)
+  pipeline [--run-dir DIR] [--dpo]
+                              SFT -> reward model -> PPO on built-in data (CPU, a few minutes); exit 0 only
+                              if each phase improved its figure (perplexity, accuracy, reward and the
+                              exact-answer rate); --dpo: SFT -> DPO instead (held-out preference accuracy)
   plot RUN_DIR [--out DIR]    PNG charts of RUN_DIR/metrics.jsonl into DIR (default RUN_DIR/plots)
   help                        print this list
 
@@ -54,7 +56,7 @@ pub(crate) enum Command {
     ImportGguf(crate::import_gguf::Options),
     GenArith { out: Option<PathBuf>, check: bool },
     Plot { run_dir: PathBuf, out: Option<PathBuf> },
-    Pipeline { run_dir: Option<PathBuf> },
+    Pipeline { run_dir: Option<PathBuf>, dpo: bool },
 }
 
 /// A usage error: reported with the command list and exit status 2.
@@ -107,14 +109,15 @@ pub(crate) fn parse(args: &[String]) -> Result<Command, Usage> {
         }
         "plot" => parse_plot(&rest)?,
         "pipeline" => {
-            let mut run_dir = None;
+            let (mut run_dir, mut dpo) = (None, false);
             for (flag, value) in flag_values("pipeline", &rest, &["--run-dir"])? {
                 match (flag.as_str(), value) {
                     ("--run-dir", Some(v)) => run_dir = Some(PathBuf::from(v)),
+                    ("--dpo", None) => dpo = true,
                     (other, _) => return Err(unexpected("pipeline", other)),
                 }
             }
-            Command::Pipeline { run_dir }
+            Command::Pipeline { run_dir, dpo }
         }
         other => return Err(Usage(format!("unknown command `{other}`"))),
     };
@@ -345,10 +348,13 @@ mod tests {
 
     #[test]
     fn pipeline_run_dir() {
-        assert_eq!(p(&["pipeline"]), Ok(Command::Pipeline { run_dir: None }));
-        assert_eq!(p(&["pipeline", "--run-dir", "x"]), Ok(Command::Pipeline { run_dir: Some(PathBuf::from("x")) }));
-        assert_eq!(p(&["pipeline", "--run-dir=x"]), Ok(Command::Pipeline { run_dir: Some(PathBuf::from("x")) }));
+        assert_eq!(p(&["pipeline"]), Ok(Command::Pipeline { run_dir: None, dpo: false }));
+        let x = Some(PathBuf::from("x"));
+        assert_eq!(p(&["pipeline", "--run-dir", "x"]), Ok(Command::Pipeline { run_dir: x.clone(), dpo: false }));
+        assert_eq!(p(&["pipeline", "--run-dir=x"]), Ok(Command::Pipeline { run_dir: x.clone(), dpo: false }));
+        assert_eq!(p(&["pipeline", "--dpo", "--run-dir", "x"]), Ok(Command::Pipeline { run_dir: x, dpo: true }));
         assert!(p(&["pipeline", "--fast"]).is_err());
+        assert!(p(&["pipeline", "--dpo=1"]).is_err());
     }
 
     #[test]

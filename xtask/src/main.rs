@@ -63,7 +63,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::ImportGguf(opts) => import_gguf::run(&opts),
         Command::GenArith { out, check } => gen_arith::run(out.as_deref(), check),
         Command::Plot { run_dir, out } => plot::run(&run_dir, out.as_deref()),
-        Command::Pipeline { run_dir } => pipeline::run(run_dir.as_deref()),
+        Command::Pipeline { run_dir, dpo } => pipeline::run(run_dir.as_deref(), dpo),
     }
 }
 
