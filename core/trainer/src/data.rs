@@ -1,4 +1,4 @@
-//! Prompt data for RL: JSONL lines with `prompt` (text) or chat `messages`, an optional `label`
+//! Prompt data for RL: JSONL lines (or Parquet rows, [`crate::tabular`]) with `prompt` (text) or chat `messages`, an optional `label`
 //! (string or number) and any other fields, which reach reward plugins as metadata. Prompts are
 //! rendered through the chat template when configured and the tokenizer has one, tokenized, and
 //! truncated from the left to `max_prompt_len` with a warning. Batches cycle through the data in
@@ -7,10 +7,11 @@
 use std::path::Path;
 
 use rlhf_tokenizer::{ChatMessage, HfTokenizer};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::config::DataConfig;
 use crate::error::{Result, TrainerError};
+use crate::tabular::Columns;
 
 /// One prompt, ready for generation.
 #[derive(Debug, Clone)]
@@ -68,20 +69,61 @@ pub struct PromptDataset {
     pub truncated: usize,
 }
 
-fn label_of(v: Option<&Value>, path: &Path, line: usize) -> Result<Option<String>> {
+fn label_of(v: Option<&Value>, at: &str) -> std::result::Result<Option<String>, String> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
-        Some(other) => Err(TrainerError::Data {
-            path: path.to_path_buf(),
-            message: format!("line {line}: label: expected a string or number, got {other}"),
-        }),
+        Some(other) => Err(format!("{at}: label: expected a string or number, got {other}")),
     }
+}
+
+/// One prompt of a JSON object (a JSONL line or a Parquet row); `at` is `line N` or `row N`.
+fn prompt_of(mut obj: Map<String, Value>, at: &str) -> std::result::Result<RawPrompt, String> {
+    let label = label_of(obj.get("label"), at)?;
+    obj.remove("label");
+    if let Some(p) = obj.remove("prompt") {
+        let Value::String(prompt) = p else { return Err(format!("{at}: prompt: expected a string, got {p}")) };
+        Ok(RawPrompt::Text { prompt, label, metadata: Value::Object(obj) })
+    } else if let Some(m) = obj.remove("messages") {
+        let messages: Vec<ChatMessage> = serde_json::from_value(m)
+            .map_err(|e| format!("{at}: messages: expected [{{\"role\", \"content\"}}]: {e}"))?;
+        if messages.is_empty() {
+            return Err(format!("{at}: messages: empty conversation"));
+        }
+        Ok(RawPrompt::Chat { messages, label, metadata: Value::Object(obj) })
+    } else {
+        Err(format!("{at}: needs a `prompt` or `messages` field"))
+    }
+}
+
+/// Reads `data.prompts` (not a `builtin:`): Parquet when [`crate::tabular::is_parquet`], else
+/// JSONL, through the column mapping of `data.prompt_key`, `messages_key` and `label_key`.
+pub fn read_prompt_data(cfg: &DataConfig) -> Result<Vec<RawPrompt>> {
+    let cols = cfg.columns();
+    if !crate::tabular::is_parquet(&cfg.prompts) {
+        return read_prompts_with(Path::new(&cfg.prompts), &cols);
+    }
+    let mut out = Vec::new();
+    crate::tabular::for_each_row(&cfg.prompts, &cols, |n, path, row| {
+        let err = |message: String| TrainerError::Data { path: path.to_path_buf(), message };
+        let obj = row.map_err(|reason| err(format!("row {n}: {reason}")))?;
+        out.push(prompt_of(obj, &format!("row {n}")).map_err(err)?);
+        Ok(())
+    })?;
+    if out.is_empty() {
+        return Err(TrainerError::Data { path: cfg.prompts.clone().into(), message: "no prompts (no rows)".into() });
+    }
+    Ok(out)
 }
 
 /// Reads a JSONL prompt file.
 pub fn read_prompts(path: &Path) -> Result<Vec<RawPrompt>> {
+    read_prompts_with(path, &Columns::default())
+}
+
+/// Reads a JSONL prompt file, its fields renamed by `cols`.
+pub fn read_prompts_with(path: &Path, cols: &Columns) -> Result<Vec<RawPrompt>> {
     if path.is_dir() {
         return Err(TrainerError::Data {
             path: path.to_path_buf(),
@@ -101,21 +143,8 @@ pub fn read_prompts(path: &Path) -> Result<Vec<RawPrompt>> {
         }
         let v: Value = serde_json::from_str(line).map_err(|e| err(format!("line {n}: not valid JSON: {e}")))?;
         let Value::Object(mut obj) = v else { return Err(err(format!("line {n}: expected a JSON object"))) };
-        let label = label_of(obj.get("label"), path, n)?;
-        obj.remove("label");
-        if let Some(p) = obj.remove("prompt") {
-            let Value::String(prompt) = p else { return Err(err(format!("line {n}: prompt: expected a string"))) };
-            out.push(RawPrompt::Text { prompt, label, metadata: Value::Object(obj) });
-        } else if let Some(m) = obj.remove("messages") {
-            let messages: Vec<ChatMessage> = serde_json::from_value(m)
-                .map_err(|e| err(format!("line {n}: messages: expected [{{\"role\", \"content\"}}]: {e}")))?;
-            if messages.is_empty() {
-                return Err(err(format!("line {n}: messages: empty conversation")));
-            }
-            out.push(RawPrompt::Chat { messages, label, metadata: Value::Object(obj) });
-        } else {
-            return Err(err(format!("line {n}: needs a `prompt` or `messages` field")));
-        }
+        cols.rename(&mut obj);
+        out.push(prompt_of(obj, &format!("line {n}")).map_err(err)?);
     }
     if out.is_empty() {
         return Err(TrainerError::Data {

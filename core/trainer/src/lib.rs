@@ -2,7 +2,8 @@
 //! pieces that depend on neither — [`config`] (every command's layered configuration), [`optim`]
 //! (AdamW and schedules), [`checkpoint`], [`data`] (prompts), [`builtin`] (the embedded task and
 //! model), [`plugins`] (loader and the plain-type seam to plugin instances), [`metrics`],
-//! [`progress`], [`plugin_log`] and [`run_lock`] (one process per run directory).
+//! [`progress`], [`plugin_log`], [`run_lock`] (one process per run directory) and [`tabular`] (Parquet
+//! rows and the data column mapping).
 //!
 //! An RL step reads as the modules of [`rl`]: prompts → rollout → score → experience →
 //! advantages → optimise (minibatch loss → optimizer step) → metrics/checkpoint.
@@ -20,6 +21,7 @@ pub mod progress;
 pub mod rl;
 pub mod run_lock;
 pub mod supervised;
+pub mod tabular;
 
 pub use config::{ConfigSource, RlConfig};
 pub use error::{Result, TrainerError};

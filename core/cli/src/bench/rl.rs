@@ -80,7 +80,7 @@ pub fn prompts(cfg: &RlConfig, model_dir: &Path) -> anyhow::Result<(LabelledProm
     let tok = rlhf_tokenizer::HfTokenizer::from_dir(model_dir)?;
     let raw = match cfg.data.prompts.strip_prefix("builtin:") {
         Some(task) => rlhf_trainer::builtin::task_prompts(task)?,
-        None => rlhf_trainer::data::read_prompts(Path::new(&cfg.data.prompts))?,
+        None => rlhf_trainer::data::read_prompt_data(&cfg.data)?,
     };
     let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
     let mut out = Vec::with_capacity(data.records.len());

@@ -181,7 +181,8 @@ pub enum RmLoss {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SftDataConfig {
-    /// JSONL with `prompt`/`response` or chat `messages`; or `builtin:addition-sft`.
+    /// JSONL or Parquet (a file, a directory of `*.parquet` or a `*` glob) with `prompt`/`response`
+    /// or chat `messages`; or `builtin:addition-sft`.
     pub train: String,
     /// A separate eval JSONL (or a built-in: its held-out split); unset: `eval_fraction` when > 0,
     /// else a built-in train set's held-out split.
@@ -200,6 +201,22 @@ pub struct SftDataConfig {
     pub assistant_turns: AssistantTurns,
     /// Concatenate examples into rows of up to `max_len` tokens (see `sft_data`).
     pub packing: bool,
+    /// The columns (JSONL fields) holding the prompt, the response and the chat messages.
+    pub prompt_key: String,
+    pub response_key: String,
+    pub messages_key: String,
+}
+
+impl SftDataConfig {
+    /// The column mapping of `prompt_key`, `response_key`, `messages_key`.
+    pub fn columns(&self) -> crate::tabular::Columns {
+        crate::tabular::Columns::new(&[
+            ("prompt", "prompt_key", &self.prompt_key),
+            ("response", "response_key", &self.response_key),
+            ("messages", "messages_key", &self.messages_key),
+        ])
+        .requiring(&[&["prompt", "response"], &["messages"]])
+    }
 }
 
 impl Default for SftDataConfig {
@@ -214,6 +231,9 @@ impl Default for SftDataConfig {
             loss_on_prompt: false,
             assistant_turns: AssistantTurns::All,
             packing: false,
+            prompt_key: "prompt".into(),
+            response_key: "response".into(),
+            messages_key: "messages".into(),
         }
     }
 }
@@ -261,7 +281,8 @@ impl SftConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RmDataConfig {
-    /// JSONL of `prompt`/`chosen`/`rejected` (text or chat lists); or `builtin:addition-pairs`.
+    /// JSONL or Parquet of `prompt`/`chosen`/`rejected` (text or chat lists); or
+    /// `builtin:addition-pairs`.
     pub train: String,
     /// A separate eval JSONL (or a built-in: its held-out split); unset: `eval_fraction` when > 0,
     /// else a built-in train set's held-out split.
@@ -277,6 +298,22 @@ pub struct RmDataConfig {
     /// Append EOS to every side (DSC appends its end-of-conversation token). Off by default: the
     /// `reward-model` plugin scores the text as is, and training should see what scoring sees.
     pub append_eos: bool,
+    /// The columns (JSONL fields) holding the prompt and the two responses.
+    pub prompt_key: String,
+    pub chosen_key: String,
+    pub rejected_key: String,
+}
+
+impl RmDataConfig {
+    /// The column mapping of `prompt_key`, `chosen_key`, `rejected_key`.
+    pub fn columns(&self) -> crate::tabular::Columns {
+        crate::tabular::Columns::new(&[
+            ("prompt", "prompt_key", &self.prompt_key),
+            ("chosen", "chosen_key", &self.chosen_key),
+            ("rejected", "rejected_key", &self.rejected_key),
+        ])
+        .requiring(&[&["chosen", "rejected"]])
+    }
 }
 
 impl Default for RmDataConfig {
@@ -289,6 +326,9 @@ impl Default for RmDataConfig {
             overlong: Overlong::Truncate,
             apply_chat_template: true,
             append_eos: false,
+            prompt_key: "prompt".into(),
+            chosen_key: "chosen".into(),
+            rejected_key: "rejected".into(),
         }
     }
 }

@@ -20,7 +20,7 @@ use tch::{Device, Kind};
 
 use crate::checkpoint::Loaded;
 use crate::config::RlConfig;
-use crate::data::{read_prompts, PromptDataset, RawPrompt};
+use crate::data::{read_prompt_data, PromptDataset, RawPrompt};
 use crate::error::{Result, TrainerError};
 use crate::metrics::MetricsWriter;
 use crate::optim::Optim;
@@ -133,7 +133,7 @@ fn actor_dir_of(cfg: &RlConfig, run_dir: &Path) -> Result<PathBuf> {
 fn raw_prompts(cfg: &RlConfig) -> Result<Vec<RawPrompt>> {
     match cfg.data.prompts.strip_prefix("builtin:") {
         Some(task) => crate::builtin::task_prompts(task),
-        None => read_prompts(Path::new(&cfg.data.prompts)),
+        None => read_prompt_data(&cfg.data),
     }
 }
 

@@ -367,7 +367,7 @@ pub fn run_dpo(cfg: DpoConfig) -> Result<DpoSummary> {
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
     let d = &cfg.data;
-    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed)?;
+    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
     let lock = prepare_run_dir(&cfg.run.run_dir, "dpo", &cfg)?;
     in_run_dir(lock, |run_dir| dpo_in(&cfg, run_dir, splits, device, kind))
 }

@@ -14,6 +14,7 @@ use crate::error::{Result, TrainerError};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
 use crate::run_lock::RunLock;
+use crate::tabular::Columns;
 
 /// Where the supervised data comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +49,8 @@ pub enum RawLine {
     Json(Value),
     /// A line of the file that is not UTF-8 (counted, not parsed).
     NotUtf8,
+    /// A Parquet row ([`crate::tabular`]), or why it is not one; reported as rows.
+    Row(std::result::Result<Value, String>),
 }
 
 impl SourceLines {
@@ -72,12 +75,40 @@ impl SourceLines {
         SourceLines { label, lines: values.into_iter().enumerate().map(|(i, v)| (i + 1, RawLine::Json(v))).collect() }
     }
 
+    /// Reads the rows of Parquet `spec` (a file, a directory or a `*` glob), renamed by `cols` and
+    /// numbered on across shards.
+    pub fn read_parquet(spec: &str, cols: &Columns) -> Result<Self> {
+        let mut lines = Vec::new();
+        crate::tabular::for_each_row(spec, cols, |_, _, row| {
+            lines.push((lines.len() + 1, RawLine::Row(row.map(Value::Object))));
+            Ok(())
+        })?;
+        Ok(SourceLines { label: spec.to_string(), lines })
+    }
+
+    /// Applies a column mapping to the lines (JSONL fields renamed as Parquet columns are).
+    fn rename(&mut self, cols: &Columns) {
+        for (_, line) in self.lines.iter_mut().filter(|_| !cols.is_identity()) {
+            if let RawLine::Text(t) = line {
+                if let Ok(Value::Object(mut o)) = serde_json::from_str::<Value>(t) {
+                    cols.rename(&mut o);
+                    *line = RawLine::Json(Value::Object(o));
+                }
+            }
+        }
+    }
+
     /// Parses every line into a JSON object; the others are counted in `report`.
     pub fn objects(&self, report: &mut DataReport) -> Vec<(usize, serde_json::Map<String, Value>)> {
         let mut out = Vec::with_capacity(self.lines.len());
         for (n, line) in &self.lines {
+            report.rows |= matches!(line, RawLine::Row(_));
             let value = match line {
-                RawLine::Json(v) => v.clone(),
+                RawLine::Json(v) | RawLine::Row(Ok(v)) => v.clone(),
+                RawLine::Row(Err(reason)) => {
+                    report.skip(*n, reason);
+                    continue;
+                }
                 RawLine::Text(t) => match serde_json::from_str::<Value>(t) {
                     Ok(v) => v,
                     Err(_) => {
@@ -110,12 +141,14 @@ pub struct Splits {
 /// Resolves `data.train`, `data.eval` and `data.eval_fraction`: an explicit eval file wins; then
 /// `eval_fraction > 0` holds out that fraction of the train lines (a seeded random subset, at least
 /// one line); otherwise a built-in train set brings its own held-out split, and a file none.
-pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u64) -> Result<Splits> {
+/// A file is JSONL unless [`crate::tabular::is_parquet`]; `cols` maps the fields of both.
+pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u64, cols: &Columns) -> Result<Splits> {
     if !(0.0..1.0).contains(&eval_fraction) {
         return Err(TrainerError::Config(format!("data.eval_fraction: must be in [0, 1), got {eval_fraction}")));
     }
     let load = |spec: &str, key: &str| -> Result<(SourceLines, Option<SourceLines>)> {
         match DataSpec::parse(spec) {
+            DataSpec::File(_) if crate::tabular::is_parquet(spec) => Ok((SourceLines::read_parquet(spec, cols)?, None)),
             DataSpec::File(p) => {
                 if p.is_dir() {
                     return Err(TrainerError::Config(format!(
@@ -126,7 +159,9 @@ pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u6
                 if !p.is_file() {
                     return Err(TrainerError::Config(format!("data.{key}: {}: file not found", p.display())));
                 }
-                Ok((SourceLines::read_file(&p)?, None))
+                let mut lines = SourceLines::read_file(&p)?;
+                lines.rename(cols);
+                Ok((lines, None))
             }
             DataSpec::Builtin(name) => {
                 let (t, e) =
@@ -177,6 +212,8 @@ pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u6
 pub struct DataReport {
     /// `(skipped?, reason, count, first line)` in order of first appearance.
     kinds: Vec<(bool, String, usize, usize)>,
+    /// Parquet rows, not lines.
+    rows: bool,
 }
 
 impl DataReport {
@@ -200,6 +237,10 @@ impl DataReport {
         self.add(false, line, reason);
     }
 
+    fn unit(&self) -> &'static str {
+        ["line", "row"][usize::from(self.rows)]
+    }
+
     /// Lines skipped, all reasons together.
     pub fn skipped(&self) -> usize {
         self.kinds.iter().filter(|k| k.0).map(|k| k.2).sum()
@@ -218,8 +259,8 @@ impl DataReport {
             .iter()
             .map(|(skipped, reason, n, first)| {
                 let what = if *skipped { "skipped" } else { "truncated" };
-                let lines = if *n == 1 { "line" } else { "lines" };
-                format!("{label}: {what} {n} {lines} ({reason}), first at line {first}")
+                let (unit, s) = (self.unit(), if *n == 1 { "" } else { "s" });
+                format!("{label}: {what} {n} {unit}{s} ({reason}), first at {unit} {first}")
             })
             .collect()
     }
@@ -233,7 +274,8 @@ impl DataReport {
 
     /// The error for a source without a single usable line.
     pub fn all_bad(&self, label: &str, total: usize) -> TrainerError {
-        let why = if total == 0 { "the file has no lines".to_string() } else { self.messages(label).join("; ") };
+        let why =
+            if total == 0 { format!("the file has no {}s", self.unit()) } else { self.messages(label).join("; ") };
         TrainerError::Data { path: PathBuf::from(label), message: format!("no usable examples ({why})") }
     }
 }
@@ -543,13 +585,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.jsonl");
         std::fs::write(&p, (0..10).map(|i| format!("{{\"i\": {i}}}\n")).collect::<String>()).unwrap();
-        let s = load_splits(p.to_str().unwrap(), None, 0.2, 7).unwrap();
+        let s = load_splits(p.to_str().unwrap(), None, 0.2, 7, &Columns::default()).unwrap();
         let e = s.eval.unwrap();
         assert_eq!((s.train.lines.len(), e.lines.len()), (8, 2));
         assert!(e.lines.iter().all(|(n, _)| !s.train.lines.iter().any(|(m, _)| m == n)));
-        let s = load_splits("builtin:addition-sft", None, 0.0, 7).unwrap();
+        let s = load_splits("builtin:addition-sft", None, 0.0, 7, &Columns::default()).unwrap();
         assert_eq!(s.eval.unwrap().lines.len(), 11);
-        let e = load_splits(dir.path().join("nope.jsonl").to_str().unwrap(), None, 0.0, 0).unwrap_err();
+        let e = load_splits(dir.path().join("nope.jsonl").to_str().unwrap(), None, 0.0, 0, &Columns::default())
+            .unwrap_err();
         assert!(e.to_string().contains("data.train") && e.to_string().contains("nope.jsonl"), "{e}");
     }
 }

@@ -126,7 +126,7 @@ pub fn run_sft(cfg: SftConfig) -> Result<SftSummary> {
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
     let d = &cfg.data;
-    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed)?;
+    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
     let lock = prepare_run_dir(&cfg.run.run_dir, "sft", &cfg)?;
     in_run_dir(lock, |run_dir| sft_in(&cfg, run_dir, splits, device, kind))
 }
