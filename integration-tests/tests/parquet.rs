@@ -181,3 +181,54 @@ fn prompts_sft_and_pairs_from_pyarrow_files() {
     let e = error_line(&rlhf(&["rm", "--run-dir", s(&rd), "--set", &format!("data.train={:?}", s(&half))]));
     assert!(e.contains(s(&half)) && e.contains("no column `rejected`"), "{e}");
 }
+
+/// The ptx data of PPO-ptx reads a Parquet `text` column like its JSONL lines: a one-step run
+/// logs `loss/ptx`, and a file without the column is refused naming it.
+#[test]
+fn ptx_data_reads_parquet() {
+    let Some(py) = python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let texts = json!([
+        {"text": "The quick brown fox jumps over the lazy dog."},
+        {"text": "3 + 4 = 7"},
+        {"text": "Adding numbers: 2 + 2 = 4, and 5 + 1 = 6."}
+    ]);
+    let ptx = tmp.path().join("ptx.parquet");
+    write_parquet(&py, &ptx, &texts, "zstd");
+    let run = tmp.path().join("run");
+    let o = rlhf(&[
+        "train",
+        "--algo",
+        "ppo",
+        "--set",
+        "train.steps=1",
+        "--set",
+        "train.ptx_coef=0.5",
+        "--set",
+        &format!("train.ptx_data={}", s(&ptx)),
+        "--run-dir",
+        s(&run),
+    ]);
+    ok(&o);
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let row: Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert!(row["loss/ptx"].as_f64().is_some_and(f64::is_finite), "{row}");
+
+    let wrong = tmp.path().join("wrong.parquet");
+    write_parquet(&py, &wrong, &json!([{"body": "no text column here"}]), "snappy");
+    let o = rlhf(&[
+        "train",
+        "--algo",
+        "ppo",
+        "--set",
+        "train.steps=1",
+        "--set",
+        "train.ptx_coef=0.5",
+        "--set",
+        &format!("train.ptx_data={}", s(&wrong)),
+        "--run-dir",
+        s(&tmp.path().join("run2")),
+    ]);
+    let e = error_line(&o);
+    assert!(e.contains(s(&wrong)) && e.contains("no column `text`"), "{e}");
+}

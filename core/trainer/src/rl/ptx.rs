@@ -11,6 +11,7 @@ use tch::{Kind, Tensor};
 use crate::data::SplitMix;
 use crate::error::{Result, TrainerError};
 use crate::rl::prompts::ids_i64;
+use crate::tabular::{self, Columns};
 
 /// Tokenised ptx texts (each at least 2 tokens).
 pub struct PtxData {
@@ -19,24 +20,38 @@ pub struct PtxData {
 }
 
 impl PtxData {
-    /// Reads a JSONL file with a string `text` per line (blank lines skipped).
+    /// Reads the `text` of every JSONL line (blank lines skipped) or Parquet row (a `.parquet`
+    /// file, a directory of shards or a glob; a `text` column).
     pub fn read(path: &Path, tok: &HfTokenizer) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
-        let bad = |message: String| TrainerError::Data { path: path.to_path_buf(), message };
+        let bad = |path: &Path, message: String| TrainerError::Data { path: path.to_path_buf(), message };
         let mut texts = Vec::new();
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let v: serde_json::Value =
-                serde_json::from_str(line).map_err(|e| bad(format!("line {}: not valid JSON: {e}", i + 1)))?;
-            let Some(s) = v.get("text").and_then(|s| s.as_str()) else {
-                return Err(bad(format!("line {}: missing string `text`", i + 1)));
+        let mut push = |path: &Path, at: String, obj: Option<&serde_json::Value>| -> Result<()> {
+            let Some(s) = obj.and_then(|v| v.get("text")).and_then(|s| s.as_str()) else {
+                return Err(bad(path, format!("{at}: missing string `text`")));
             };
             let ids = ids_i64(&tok.encode(s, true)?);
             if ids.len() >= 2 {
                 texts.push(ids);
             }
+            Ok(())
+        };
+        let spec = path.to_string_lossy();
+        if tabular::is_parquet(&spec) {
+            let cols = Columns::new(&[("text", "train.ptx_data", "")]).requiring(&[&["text"]]);
+            tabular::for_each_row(&spec, &cols, |n, file, row| {
+                let obj = row.map_err(|reason| bad(file, format!("row {n}: {reason}")))?;
+                push(file, format!("row {n}"), Some(&serde_json::Value::Object(obj)))
+            })?;
+        } else {
+            let text = std::fs::read_to_string(path).map_err(|e| TrainerError::io(path, e))?;
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .map_err(|e| bad(path, format!("line {}: not valid JSON: {e}", i + 1)))?;
+                push(path, format!("line {}", i + 1), Some(&v))?;
+            }
         }
         if texts.is_empty() {
-            return Err(bad("no line with at least 2 tokens".into()));
+            return Err(bad(path, "no line with at least 2 tokens".into()));
         }
         Ok(PtxData { texts, pad: i64::from(tok.pad_token_id()) })
     }
