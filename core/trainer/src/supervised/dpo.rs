@@ -23,10 +23,10 @@ use rlhf_models::{parse_device, parse_dtype, CausalLm};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
-use super::pairs::{build_split_pairs, PairOptions, SplitPair};
+use super::pairs::{build_split_pairs, pair_sets, PairOptions, SplitPair};
 use super::phase::{
     finite, in_run_dir, load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps,
-    write_summary, DataReport, MicroOut, PhaseTask, SourceLines, Splits,
+    write_summary, MicroOut, PhaseTask, Splits,
 };
 pub use crate::config::{DpoConfig, DpoLossType, DpoModelConfig, DpoTrainConfig};
 use crate::error::{Result, TrainerError};
@@ -350,16 +350,6 @@ pub struct DpoSummary {
     pub loss_last: f64,
 }
 
-fn pairs_of(src: &SourceLines, tok: &HfTokenizer, opts: &PairOptions) -> Result<Vec<SplitPair>> {
-    let mut report = DataReport::default();
-    let pairs = build_split_pairs(src, tok, opts, &mut report);
-    report.warn(&src.label);
-    if pairs.is_empty() {
-        return Err(report.all_bad(&src.label, src.lines.len()));
-    }
-    Ok(pairs)
-}
-
 /// Trains a policy with DPO (or IPO, SimPO) as configured. The data files are read before the run
 /// directory is created; the run owns the directory (its lock) until it returns.
 pub fn run_dpo(cfg: DpoConfig) -> Result<DpoSummary> {
@@ -377,17 +367,8 @@ fn dpo_in(cfg: &DpoConfig, run_dir: &Path, splits: Splits, device: Device, kind:
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
     let d = &cfg.data;
-    let opts = PairOptions {
-        max_len: d.max_len,
-        apply_chat_template: d.apply_chat_template,
-        append_eos: d.append_eos,
-        overlong: d.overlong,
-    };
-    let train = pairs_of(&splits.train, &tok, &opts)?;
-    let eval = match &splits.eval {
-        Some(e) => pairs_of(e, &tok, &opts)?,
-        None => Vec::new(),
-    };
+    let opts = PairOptions::of(d);
+    let (train, eval) = pair_sets(&splits, |src, report| build_split_pairs(src, &tok, &opts, report))?;
     let mut policy = CausalLm::from_dir(&model_dir, device, kind)?;
     tok.check_fits_vocab(policy.arch().vocab_size)?;
     let t = &cfg.train.common();

@@ -28,7 +28,7 @@ use rlhf_tokenizer::{ChatMessage, HfTokenizer};
 use serde_json::{Map, Value};
 use tch::{Device, Kind, Tensor};
 
-use super::phase::{DataReport, Overlong, SourceLines};
+use super::phase::{DataReport, Overlong, SourceLines, Splits};
 use super::sft_data::messages_field;
 pub use crate::config::RmLoss;
 use crate::error::Result;
@@ -40,6 +40,41 @@ pub struct PairOptions {
     pub apply_chat_template: bool,
     pub append_eos: bool,
     pub overlong: Overlong,
+}
+
+impl PairOptions {
+    /// The options of a `[data]` section of `rlhf rm` / `rlhf dpo`.
+    pub fn of(d: &crate::config::RmDataConfig) -> Self {
+        PairOptions {
+            max_len: d.max_len,
+            apply_chat_template: d.apply_chat_template,
+            append_eos: d.append_eos,
+            overlong: d.overlong,
+        }
+    }
+}
+
+/// The train and eval pairs of `splits`, each source built by `build` with its bad lines reported
+/// (a source with no usable line is an error naming it); no eval source gives no eval pairs.
+pub fn pair_sets<T>(
+    splits: &Splits,
+    build: impl Fn(&SourceLines, &mut DataReport) -> Vec<T>,
+) -> Result<(Vec<T>, Vec<T>)> {
+    let of = |src: &SourceLines| -> Result<Vec<T>> {
+        let mut report = DataReport::default();
+        let pairs = build(src, &mut report);
+        report.warn(&src.label);
+        if pairs.is_empty() {
+            return Err(report.all_bad(&src.label, src.lines.len()));
+        }
+        Ok(pairs)
+    };
+    let train = of(&splits.train)?;
+    let eval = match &splits.eval {
+        Some(e) => of(e)?,
+        None => Vec::new(),
+    };
+    Ok((train, eval))
 }
 
 /// One tokenized pair.

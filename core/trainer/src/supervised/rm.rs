@@ -13,10 +13,10 @@ use rlhf_models::{parse_device, parse_dtype, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
-use super::pairs::{build_pairs, collate_pairs, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
+use super::pairs::{build_pairs, collate_pairs, pair_sets, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
 use super::phase::{
     finite, in_run_dir, load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps,
-    write_summary, DataReport, MicroOut, PhaseTask, SourceLines, Splits,
+    write_summary, MicroOut, PhaseTask, Splits,
 };
 pub use crate::config::{RmConfig, RmDataConfig, RmTrainConfig};
 use crate::error::Result;
@@ -131,16 +131,6 @@ impl PhaseTask for RmTask {
     }
 }
 
-fn pairs_of(src: &SourceLines, tok: &HfTokenizer, opts: &PairOptions) -> Result<Vec<PairExample>> {
-    let mut report = DataReport::default();
-    let pairs = build_pairs(src, tok, opts, &mut report);
-    report.warn(&src.label);
-    if pairs.is_empty() {
-        return Err(report.all_bad(&src.label, src.lines.len()));
-    }
-    Ok(pairs)
-}
-
 /// Trains a reward model as configured. The data files are read before the run directory is
 /// created; the run owns the directory (its lock) until it returns.
 pub fn run_rm(cfg: RmConfig) -> Result<RmSummary> {
@@ -158,17 +148,8 @@ fn rm_in(cfg: &RmConfig, run_dir: &Path, splits: Splits, device: Device, kind: K
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
     let d = &cfg.data;
-    let opts = PairOptions {
-        max_len: d.max_len,
-        apply_chat_template: d.apply_chat_template,
-        append_eos: d.append_eos,
-        overlong: d.overlong,
-    };
-    let train = pairs_of(&splits.train, &tok, &opts)?;
-    let eval = match &splits.eval {
-        Some(e) => pairs_of(e, &tok, &opts)?,
-        None => Vec::new(),
-    };
+    let opts = PairOptions::of(d);
+    let (train, eval) = pair_sets(&splits, |src, report| build_pairs(src, &tok, &opts, report))?;
     let mut model = ScalarHeadModel::from_causal_lm_dir(&model_dir, device, kind)?;
     tok.check_fits_vocab(model.arch().vocab_size)?;
     if model.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
