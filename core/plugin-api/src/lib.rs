@@ -21,6 +21,7 @@ pub mod log;
 pub mod ops;
 pub mod reward;
 pub mod tensor;
+pub mod testing;
 
 pub use abi::{keys, Metric, PluginInfo, PluginKind, API_MAJOR, API_MINOR, TCH_VERSION, TORCH_VERSION};
 pub use algorithm::{Algorithm, Context, Experience, LossOutput, Minibatch, Prepared, Requirements};

@@ -216,6 +216,7 @@ rlhf_plugin_api::export_algorithm!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rlhf_plugin_api::testing::{assert_close, metric, t2, values_of};
     use serde_json::json;
 
     const NAN: f32 = f32::NAN;
@@ -226,25 +227,6 @@ mod tests {
 
     fn algo(cfg: serde_json::Value) -> PpoSeq {
         PpoSeq::new(&cfg.to_string(), &ctx()).unwrap()
-    }
-
-    fn t2(rows: &[&[f32]]) -> Tensor {
-        Tensor::from_slice2(rows)
-    }
-
-    fn values_of(t: &Tensor) -> Vec<f32> {
-        Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
-    }
-
-    fn assert_close(actual: &[f32], expected: &[f32], tol: f32) {
-        assert_eq!(actual.len(), expected.len(), "{actual:?} vs {expected:?}");
-        for (a, e) in actual.iter().zip(expected) {
-            assert!((a - e).abs() <= tol, "{actual:?} vs {expected:?}");
-        }
-    }
-
-    fn metric(m: &[(String, f64)], name: &str) -> f64 {
-        m.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no metric {name} in {m:?}")).1
     }
 
     /// ε = 0.2, vf_coef = 0.5, kl_coef = 0.02; R = [2, −2].

@@ -1,5 +1,6 @@
 //! Hand-computed tests of the PPO plugin: rewards, GAE, losses, adaptive KL, config errors.
 use super::*;
+use rlhf_plugin_api::testing::{assert_close, metric, t1, t2, values_of};
 use serde_json::json;
 use tch::Device;
 
@@ -11,29 +12,6 @@ fn ctx() -> Context {
 
 fn ppo(cfg: serde_json::Value) -> Ppo {
     Ppo::new(&cfg.to_string(), &ctx()).unwrap()
-}
-
-fn t2(rows: &[&[f32]]) -> Tensor {
-    Tensor::from_slice2(rows)
-}
-
-fn t1(v: &[f32]) -> Tensor {
-    Tensor::from_slice(v)
-}
-
-fn values_of(t: &Tensor) -> Vec<f32> {
-    Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
-}
-
-fn assert_close(actual: &[f32], expected: &[f32], tol: f32) {
-    assert_eq!(actual.len(), expected.len(), "{actual:?} vs {expected:?}");
-    for (a, e) in actual.iter().zip(expected) {
-        assert!((a - e).abs() <= tol, "{actual:?} vs {expected:?}");
-    }
-}
-
-fn metric(m: &[(String, f64)], name: &str) -> f64 {
-    m.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no metric {name} in {m:?}")).1
 }
 
 fn experience(score: &[f32], old: &[&[f32]], reff: &[&[f32]], values: &[&[f32]], mask: &[&[f32]]) -> Experience {

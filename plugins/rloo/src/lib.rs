@@ -256,29 +256,11 @@ rlhf_plugin_api::export_algorithm!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rlhf_plugin_api::testing::{assert_close, metric, t2, values_of};
     use serde_json::json;
 
     fn rloo(cfg: serde_json::Value) -> Rloo {
         Rloo::new(&cfg.to_string(), &Context::default()).unwrap()
-    }
-
-    fn t2(rows: &[&[f32]]) -> Tensor {
-        Tensor::from_slice2(rows)
-    }
-
-    fn values_of(t: &Tensor) -> Vec<f32> {
-        Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
-    }
-
-    fn assert_close(actual: &[f32], expected: &[f32], tol: f32) {
-        assert_eq!(actual.len(), expected.len(), "{actual:?} vs {expected:?}");
-        for (a, e) in actual.iter().zip(expected) {
-            assert!((a - e).abs() <= tol, "{actual:?} vs {expected:?}");
-        }
-    }
-
-    fn metric(m: &[(String, f64)], name: &str) -> f64 {
-        m.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no metric {name} in {m:?}")).1
     }
 
     /// Group 7 = rows 0, 1, 3, 4 (interleaved with group 3) with rewards [1, 0, 0, 1]; group 3 =
