@@ -59,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pad_token_id: i64::from(tok.pad_token_id()),
         seed: args.seed,
         sync_every: 0,
+        rows: None,
     };
     let batch = left_pad(&prompts, cfg.pad_token_id, model.device())?;
     let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg).map_err(|e| match e {

@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 use rlhf_models::{position_ids_from_mask, CausalLm};
 
 use crate::error::{GenerationError, Result};
-use crate::sampling::Sampling;
+use crate::sampling::{RowWindow, Sampling};
 
 /// Generation parameters.
 #[derive(Debug, Clone)]
@@ -28,6 +28,9 @@ pub struct GenerateConfig {
     pub seed: Option<u64>,
     /// Steps between checks whether every sequence has finished (0: pick by device).
     pub sync_every: i64,
+    /// These rows are part of a larger batch split across processes (see
+    /// [`Sampling::next_tokens_in`]); `None`: the batch is whole.
+    pub rows: Option<RowWindow>,
 }
 
 impl GenerateConfig {
@@ -40,6 +43,7 @@ impl GenerateConfig {
             pad_token_id,
             seed: None,
             sync_every: 0,
+            rows: None,
         }
     }
 }
@@ -122,7 +126,7 @@ pub fn generate(
         for step in 0..cfg.max_new_tokens {
             let bad = logits.f_isfinite()?.f_all_dim(-1, true)?.f_logical_not()?; // [b, 1]
             broken = broken.f_logical_or(&bad)?;
-            let next = cfg.sampling.next_tokens(&logits.f_masked_fill(&bad, 0.0)?)?; // [b]
+            let next = cfg.sampling.next_tokens_in(&logits.f_masked_fill(&bad, 0.0)?, cfg.rows)?; // [b]
             let next = next.f_masked_fill(&finished, cfg.pad_token_id)?;
             let alive = finished.f_logical_not()?;
             if !cfg.eos_token_ids.is_empty() {

@@ -14,4 +14,4 @@ pub use error::{GenerationError, Result};
 pub use generate::{generate, GenerateConfig, Generated};
 pub use logprobs::{masked_nll_mean, masked_nll_sum, token_logprobs, LogProbOptions, TokenLogProbs};
 pub use perplexity::{perplexity, Perplexity};
-pub use sampling::Sampling;
+pub use sampling::{RowWindow, Sampling};

@@ -42,6 +42,7 @@ pub(super) fn bench_gen(
         pad_token_id: 0,
         seed: None,
         sync_every: 0,
+        rows: None,
     };
     let prefill = time_runs(device, repeats, || {
         tch::no_grad(|| -> anyhow::Result<()> {
