@@ -12,6 +12,7 @@ mod cmd_serve;
 mod cmd_sft;
 mod cmd_train;
 mod common;
+mod launcher;
 
 use std::process::ExitCode;
 
