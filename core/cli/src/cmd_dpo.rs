@@ -7,9 +7,16 @@ use crate::cmd_sft::{show, PhaseArgs};
 
 /// `rlhf dpo`.
 pub fn dpo(args: PhaseArgs) -> anyhow::Result<()> {
+    if crate::launcher::launched(args.nproc)? {
+        return Ok(());
+    }
     let (source, sets) = args.source_and_sets("dpo");
     let cfg = DpoConfig::load(&source, &sets)?;
-    let s = run_dpo(cfg)?;
+    let world = crate::common::world()?;
+    let s = run_dpo(cfg, &world)?;
+    if !world.is_main() {
+        return Ok(());
+    }
     println!(
         "eval preference accuracy (implicit reward): before {}, after {} ({} eval pairs; {} train pairs, {} steps)",
         show(s.eval_accuracy_before),

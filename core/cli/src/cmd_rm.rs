@@ -6,9 +6,16 @@ use crate::cmd_sft::{show, PhaseArgs};
 
 /// `rlhf rm`.
 pub fn rm(args: PhaseArgs) -> anyhow::Result<()> {
+    if crate::launcher::launched(args.nproc)? {
+        return Ok(());
+    }
     let (source, sets) = args.source_and_sets("rm");
     let cfg = RmConfig::load(&source, &sets)?;
-    let s = run_rm(cfg)?;
+    let world = crate::common::world()?;
+    let s = run_rm(cfg, &world)?;
+    if !world.is_main() {
+        return Ok(());
+    }
     println!(
         "eval accuracy: before {}, after {} ({} eval pairs; {} train pairs, {} steps)",
         show(s.eval_accuracy_before),

@@ -18,6 +18,9 @@ pub struct PhaseArgs {
     /// Run directory (shorthand for --set run.run_dir=DIR).
     #[arg(long)]
     run_dir: Option<PathBuf>,
+    /// Start N data-parallel ranks on this machine (Gloo on CPU, NCCL on CUDA); for several machines use torchrun.
+    #[arg(long, value_name = "N")]
+    pub(crate) nproc: Option<usize>,
 }
 
 impl PhaseArgs {
@@ -45,9 +48,16 @@ pub(crate) fn show(x: Option<f64>) -> String {
 
 /// `rlhf sft`.
 pub fn sft(args: PhaseArgs) -> anyhow::Result<()> {
+    if crate::launcher::launched(args.nproc)? {
+        return Ok(());
+    }
     let (source, sets) = args.source_and_sets("sft");
     let cfg = SftConfig::load(&source, &sets)?;
-    let s = run_sft(cfg)?;
+    let world = crate::common::world()?;
+    let s = run_sft(cfg, &world)?;
+    if !world.is_main() {
+        return Ok(());
+    }
     println!(
         "eval perplexity: before {}, after {} ({} eval examples; {} train examples, {} steps)",
         show(s.eval_ppl_before),

@@ -29,6 +29,9 @@ pub struct TrainArgs {
     /// `RUN/checkpoints/` needs --run-dir.
     #[arg(long, value_name = "DIR|latest")]
     resume: Option<PathBuf>,
+    /// Start N data-parallel ranks on this machine (Gloo on CPU, NCCL on CUDA); for several machines use torchrun.
+    #[arg(long, value_name = "N")]
+    nproc: Option<usize>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -56,6 +59,10 @@ fn source_of(config: &Option<PathBuf>, algo: &Option<String>) -> ConfigSource {
 }
 
 pub fn train(args: TrainArgs) -> anyhow::Result<()> {
+    if crate::launcher::launched(args.nproc)? {
+        return Ok(());
+    }
+    let world = crate::common::world()?;
     let mut sets = args.sets.clone();
     if let Some(dir) = &args.run_dir {
         sets.push(format!("run.run_dir={}", toml_string(&dir.display().to_string())));
@@ -72,12 +79,17 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             };
             // A run still going on owns its directory (and prunes its checkpoints): say so first.
             let named = [Some(spec.as_path()).filter(|p| p.as_os_str() != "latest"), run_dir.as_deref()];
-            for d in named.into_iter().chain([args.run_dir.as_deref()]).flatten() {
-                RunLock::check_free(d)?;
+            // (Rank 0 checks: the other ranks would find rank 0 holding it.)
+            if world.is_main() {
+                for d in named.into_iter().chain([args.run_dir.as_deref()]).flatten() {
+                    RunLock::check_free(d)?;
+                }
             }
             let dir = checkpoint::resolve(spec, run_dir.as_deref())?;
             let ckpt_run_dir = resumed_run_dir(&dir, args.run_dir.as_deref())?;
-            RunLock::check_free(&ckpt_run_dir)?;
+            if world.is_main() {
+                RunLock::check_free(&ckpt_run_dir)?;
+            }
             let ckpt = checkpoint::load(&dir)?;
             let cfg = if configured {
                 RlConfig::load(&source_of(&args.config, &args.algo), args.algo.as_deref(), &sets)?
@@ -98,9 +110,12 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             anyhow::bail!("unknown --algo `{algo}`: {e} (presets: {})", presets.join(", "));
         }
     }
-    let trainer = Trainer::new(cfg, &reg, resume.as_ref())?;
+    let trainer = Trainer::new(cfg, &reg, resume.as_ref(), world.clone())?;
     tracing::info!("run dir: {}", trainer.run_dir().display());
     let summary = trainer.run()?;
+    if !world.is_main() {
+        return Ok(());
+    }
     println!(
         "reward: first 10% of steps {:.3}, last 10% {:.3} ({} steps)",
         summary.reward_first, summary.reward_last, summary.steps

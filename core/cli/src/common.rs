@@ -48,3 +48,31 @@ impl ModelArgs {
             .with_context(|| format!("loading the tokenizer of {}", self.model.display()))
     }
 }
+
+/// This process's place among the data-parallel ranks: the world torchrun (or `--nproc`)
+/// described in the environment, or a single process. `RLHF_DIST_TIMEOUT` (seconds, default
+/// 600) bounds the rendezvous and every collective, so a rank whose peer died or hangs exits
+/// with an error instead of waiting forever.
+pub fn world() -> anyhow::Result<std::sync::Arc<rlhf_collective::World>> {
+    let secs = match std::env::var("RLHF_DIST_TIMEOUT") {
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| *s > 0.0 && s.is_finite())
+            .ok_or_else(|| anyhow::anyhow!("RLHF_DIST_TIMEOUT={v:?}: expected a number of seconds > 0"))?,
+        Err(_) => 600.0,
+    };
+    let opts = rlhf_collective::InitOptions { timeout: std::time::Duration::from_secs_f64(secs), threads: 1 };
+    let world = rlhf_collective::World::from_env(&opts)?;
+    if world.is_distributed() {
+        tracing::info!(
+            "rank {}/{} (local rank {}), rendezvous at {}",
+            world.rank(),
+            world.size(),
+            world.local_rank(),
+            world.master().unwrap_or("-")
+        );
+    }
+    Ok(std::sync::Arc::new(world))
+}

@@ -30,6 +30,9 @@ pub enum TrainerError {
     Torch(#[from] tch::TchError),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// A collective failed or ranks disagree (message names the rank).
+    #[error("{0}")]
+    Distributed(String),
     /// Anything else that stops training, e.g. every sample dropped.
     #[error("{0}")]
     Run(String),

@@ -2,8 +2,8 @@
 //! pieces that depend on neither — [`config`] (every command's layered configuration), [`optim`]
 //! (AdamW and schedules), [`checkpoint`], [`data`] (prompts), [`builtin`] (the embedded task and
 //! model), [`plugins`] (loader and the plain-type seam to plugin instances), [`metrics`],
-//! [`progress`], [`plugin_log`], [`run_lock`] (one process per run directory) and [`tabular`] (Parquet
-//! rows and the data column mapping).
+//! [`progress`], [`plugin_log`], [`run_lock`] (one process per run directory), [`tabular`] (Parquet
+//! rows and the data column mapping) and [`dist`] (data parallelism over c10d ranks).
 //!
 //! An RL step reads as the modules of [`rl`]: prompts → rollout → score → experience →
 //! advantages → optimise (minibatch loss → optimizer step) → metrics/checkpoint.
@@ -12,6 +12,7 @@ pub mod builtin;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod error;
 pub mod metrics;
 pub mod optim;

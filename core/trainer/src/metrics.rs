@@ -54,6 +54,16 @@ impl StepMetrics {
         self.sums.get(name).map(|(s, n)| s / *n as f64)
     }
 
+    /// Every name with the sum and the number of its observations.
+    pub fn observations(&self) -> impl Iterator<Item = (&str, f64, usize)> {
+        self.sums.iter().map(|(k, (s, n))| (k.as_str(), *s, *n))
+    }
+
+    /// Sets `name` to `count` observations summing to `sum` (metrics merged over processes).
+    pub fn set_observations(&mut self, name: &str, sum: f64, count: usize) {
+        self.sums.insert(name.to_string(), (sum, count));
+    }
+
     /// All means.
     pub fn means(&self) -> BTreeMap<String, f64> {
         self.sums.iter().map(|(k, (s, n))| (k.clone(), s / *n as f64)).collect()

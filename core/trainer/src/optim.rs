@@ -164,6 +164,12 @@ impl Optim {
         })
     }
 
+    /// The trained variables, in name order (the order every data-parallel rank reduces their
+    /// gradients in).
+    pub fn params(&self) -> Vec<Tensor> {
+        self.params.iter().map(|p| p.var.shallow_clone()).collect()
+    }
+
     /// The learning rate of the next step.
     pub fn current_lr(&self) -> f64 {
         self.base_lr * lr_factor(self.schedule, self.steps, self.warmup, self.total)

@@ -115,7 +115,7 @@ pub fn run(cfg: RlConfig, repeats: usize) -> anyhow::Result<RlResult> {
             );
         }
     }
-    let mut trainer = Trainer::new(cfg, &reg, None)?;
+    let mut trainer = Trainer::new(cfg, &reg, None, std::sync::Arc::new(rlhf_collective::World::single()))?;
     let mut steps = Vec::with_capacity(repeats);
     for i in 0..=repeats {
         let m = trainer.train_step()?;

@@ -97,9 +97,9 @@ pub struct Selected {
     pub group_ids: Tensor,
 }
 
-/// Runs the old policy, the reference and the critic over the batch without gradients, and sets
-/// `rollout/entropy`, `entropy`, `completions/mean_length`, `rollout/kl` and `kl` (the sequence
-/// sum of `log π_old − log π_ref`, averaged over samples).
+/// Runs the old policy, the reference and the critic over the batch without gradients. Returns
+/// the batch and the old policy's per-token entropy `[B, R]` (for [`metrics`]). A batch without
+/// rows (a data-parallel rank whose samples were all dropped) runs no model.
 ///
 /// # Shapes
 /// See [`Batch`].
@@ -108,12 +108,26 @@ pub fn compute(
     s: Selected,
     max_chunk_elements: i64,
     device: Device,
-    m: &mut StepMetrics,
-) -> Result<(Batch, ExperienceTimes)> {
+) -> Result<(Batch, Option<Tensor>, ExperienceTimes)> {
     let opts = LogProbOptions { max_chunk_elements, entropy: true };
     let (seq, attn, p_len) = (&s.sequences, &s.attention_mask, s.prompt_len);
-    let r_len = s.action_mask.size()[1];
+    let (b, r_len) = (s.action_mask.size()[0], s.action_mask.size()[1]);
     let mut times = ExperienceTimes::default();
+    if b == 0 {
+        let zeros = || s.action_mask.f_zeros_like();
+        let batch = Batch {
+            old_logprobs: zeros()?,
+            ref_logprobs: models.reference.map(|_| zeros()).transpose()?,
+            values: models.critic.map(|_| zeros()).transpose()?,
+            sequences: s.sequences,
+            attention_mask: s.attention_mask,
+            action_mask: s.action_mask.shallow_clone(),
+            prompt_len: p_len,
+            rewards: s.rewards,
+            group_ids: s.group_ids,
+        };
+        return Ok((batch, Some(zeros()?), times));
+    }
     let t = Instant::now();
     let old = tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?;
     times.old_logprobs = phase_secs(device, t);
@@ -133,32 +147,40 @@ pub fn compute(
         None => None,
     };
     times.values = phase_secs(device, t);
-    let old_logprobs = old.logprobs; // [B, R]
-    if let Some(e) = &old.entropy {
-        let ent = masked_mean_value(e, &s.action_mask)?;
-        m.set("rollout/entropy", ent);
-        m.set("entropy", ent);
-    }
-    let lengths = s.action_mask.f_sum_dim_intlist(1, false, Kind::Float)?; // [B]
-    m.set("completions/mean_length", lengths.f_mean(Kind::Float)?.double_value(&[]));
-    if let Some(r) = &ref_logprobs {
-        let kl = old_logprobs.f_sub(r)?.f_mul(&s.action_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [B]
-        let kl = kl.f_mean(Kind::Float)?.double_value(&[]);
-        m.set("rollout/kl", kl);
-        m.set("kl", kl);
-    }
     let batch = Batch {
         sequences: s.sequences,
         attention_mask: s.attention_mask,
         action_mask: s.action_mask,
         prompt_len: p_len,
-        old_logprobs,
+        old_logprobs: old.logprobs,
         ref_logprobs,
         values,
         rewards: s.rewards,
         group_ids: s.group_ids,
     };
-    Ok((batch, times))
+    Ok((batch, old.entropy, times))
+}
+
+/// Sets `rollout/entropy`, `entropy`, `completions/mean_length`, `rollout/kl` and `kl` (the
+/// sequence sum of `log π_old − log π_ref`, averaged over samples) of the whole batch.
+///
+/// # Shapes
+/// `batch` as [`Batch`]; `entropy`: `[B, R]`.
+pub fn metrics(batch: &Batch, entropy: Option<&Tensor>, m: &mut StepMetrics) -> Result<()> {
+    if let Some(e) = entropy {
+        let ent = masked_mean_value(e, &batch.action_mask)?;
+        m.set("rollout/entropy", ent);
+        m.set("entropy", ent);
+    }
+    let lengths = batch.action_mask.f_sum_dim_intlist(1, false, Kind::Float)?; // [B]
+    m.set("completions/mean_length", lengths.f_mean(Kind::Float)?.double_value(&[]));
+    if let Some(r) = &batch.ref_logprobs {
+        let kl = batch.old_logprobs.f_sub(r)?.f_mul(&batch.action_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [B]
+        let kl = kl.f_mean(Kind::Float)?.double_value(&[]);
+        m.set("rollout/kl", kl);
+        m.set("kl", kl);
+    }
+    Ok(())
 }
 
 /// Masked mean of `x` over `mask` as a number (0 when the mask is empty).

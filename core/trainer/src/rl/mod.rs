@@ -9,6 +9,9 @@
 //! 7. metrics and checkpoints ([`state`]).
 //!
 //! [`setup`] builds a [`Trainer`] (plugins, models, optional [`warmup`], optimizers, resume).
+//! With several data-parallel ranks, [`shard`] splits the batch for rollout, scoring and
+//! experience, gathers the experience so stage 5 sees the whole batch, and stage 6 splits each
+//! minibatch and sums the gradients; rank 0 alone writes the run's files.
 
 pub mod advantages;
 pub mod experience;
@@ -18,11 +21,15 @@ pub mod ptx;
 pub mod rollout;
 pub mod score;
 pub mod setup;
+pub mod shard;
 pub mod state;
 pub mod warmup;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
+
+use rlhf_collective::World;
 
 use rlhf_models::{CausalLm, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
@@ -78,6 +85,10 @@ pub struct Trainer {
     reward_history: Vec<f64>,
     wandb: Option<rlhf_wandb::WandbSink>,
     progress: Option<RunProgress>,
+    /// This process's rank among the data-parallel ranks (a world of one by default).
+    world: Arc<World>,
+    /// Where a rank other than 0 writes what it must (a built-in model), removed at the end.
+    _scratch: Option<crate::dist::Scratch>,
 }
 
 /// Seconds since `start`, once the device has finished the work queued so far: CUDA runs
@@ -115,10 +126,15 @@ impl Trainer {
             self.finish_wandb(exit_code);
             return Err(e);
         }
-        if self.cfg.checkpoint.at_end && self.step > 0 {
+        if let Err(e) = self.check_ranks_identical() {
+            self.finish_wandb(1);
+            return Err(e);
+        }
+        let main = self.world.is_main();
+        if self.cfg.checkpoint.at_end && self.step > 0 && main {
             self.save_checkpoint()?;
         }
-        let actor_dir = if self.cfg.run.save_actor {
+        let actor_dir = if self.cfg.run.save_actor && main {
             let dir = self.run_dir.join("actor");
             self.actor.save(&dir)?;
             if let Some(e) = &self.ema {
@@ -128,9 +144,13 @@ impl Trainer {
         } else {
             None
         };
-        match rlhf_plot::plot_run(&self.run_dir, &self.run_dir.join("plots")) {
-            Ok(files) => tracing::info!("plots: {} charts in {}", files.len(), self.run_dir.join("plots").display()),
-            Err(e) => tracing::warn!("plots not written: {e}"),
+        if main {
+            match rlhf_plot::plot_run(&self.run_dir, &self.run_dir.join("plots")) {
+                Ok(files) => {
+                    tracing::info!("plots: {} charts in {}", files.len(), self.run_dir.join("plots").display())
+                }
+                Err(e) => tracing::warn!("plots not written: {e}"),
+            }
         }
         self.finish_wandb(0);
         let n = self.reward_history.len();
@@ -172,7 +192,8 @@ impl Trainer {
                 show("step_time"),
             );
             let every = self.cfg.checkpoint.every;
-            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.train.steps {
+            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.train.steps && self.world.is_main()
+            {
                 self.save_checkpoint()?;
             }
         }
@@ -190,24 +211,29 @@ impl Trainer {
         }
         let (pad, eos_ids) = (i64::from(self.tok.pad_token_id()), self.eos_ids());
 
-        // 1–2. Prompts and rollout.
+        // 1–2. Prompts and rollout: every rank draws the whole batch and samples its own groups.
         let (n_prompts, g) = (cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt);
-        let batch = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, device)?;
-        let rollout = rollout::sample(&self.actor, &batch, &cfg.rollout, &eos_ids, pad, &mut m)?;
+        let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, device)?;
+        let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
+        let rollout = rollout::sample(&self.actor, &batch, &cfg.rollout, &eos_ids, pad, part.window())?;
         let t_gen = phase_secs(device, t0);
         if let Some(p) = &self.progress {
             p.advance(1);
             p.phase("scoring", self.rewards.len() as u64);
         }
-        if rollout.kept_rows.is_empty() {
+
+        // 3. Score this rank's samples; combine every rank's scores.
+        let t1 = Instant::now();
+        let samples = score::samples(&rollout, &batch.group_of_row, &self.data, &self.tok)?;
+        let scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
+        let (kept_rows, scores) = shard::gather_scores(&self.world, part, &rollout.kept_rows, scores)?;
+        m.set("completions/dropped", (part.total - kept_rows.len()) as f64);
+        m.set("completions/count", kept_rows.len() as f64);
+        if kept_rows.is_empty() {
             tracing::warn!("step {}: every response was empty; nothing to train on", self.step + 1);
             return Ok(self.end_empty_step(m, t0));
         }
-
-        // 3. Score.
-        let t1 = Instant::now();
-        let samples = score::samples(&rollout, &batch.group_of_row, &self.data, &self.tok)?;
-        let scored = score::score(&mut self.rewards, &samples, &rollout.kept_rows, self.progress.as_ref(), &mut m)?;
+        let scored = score::combine(&self.rewards, &scores, &kept_rows, &mut m)?;
         if scored.rows.is_empty() {
             tracing::warn!("step {}: no sample could be scored; nothing to train on", self.step + 1);
             return Ok(self.end_empty_step(m, t0));
@@ -216,12 +242,14 @@ impl Trainer {
         m.set("reward", reward_mean);
         m.set("reward_std", reward_std);
         self.reward_history.push(reward_mean);
-        let selected = experience::select(&rollout, &scored, &batch.group_of_row, device)?;
+        let selected = experience::select(&rollout, &shard::local_scored(&scored, part), &batch.group_of_row, device)?;
         let t_score = phase_secs(device, t1);
 
-        // 4. Experience.
+        // 4. Experience of this rank's samples, then the whole batch on every rank.
         let models = Models { actor: &self.actor, reference: self.reference.as_ref(), critic: self.critic.as_ref() };
-        let (exp, times) = experience::compute(&models, selected, cfg.train.logprob_chunk_elements, device, &mut m)?;
+        let (exp, entropy, times) = experience::compute(&models, selected, cfg.train.logprob_chunk_elements, device)?;
+        let (exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
+        experience::metrics(&exp, entropy.as_ref(), &mut m)?;
 
         // 5. Advantages.
         let prepared = advantages::prepare(&mut self.algo, &exp, self.actor_opt.steps as u64, &mut m)?;
@@ -234,6 +262,7 @@ impl Trainer {
             critic: self.critic.as_ref().zip(self.critic_opt.as_mut()),
             ema: self.ema.as_ref().zip(cfg.train.ema_decay),
             ptx: self.ptx.as_ref(),
+            world: &self.world,
         };
         let rng = SplitMix(cfg.run.seed ^ (self.step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
         let req = self.algo.requirements();
@@ -264,6 +293,16 @@ impl Trainer {
         m.set("time/values", times.values);
         m.set("time/train", t_train);
         Ok(m)
+    }
+
+    /// Checks that every rank ends with bit-identical trained weights (they take the same steps
+    /// on the same summed gradients; a difference means a bug or a broken collective).
+    fn check_ranks_identical(&self) -> Result<()> {
+        crate::dist::check_identical(&self.world, &self.actor_opt, "actor")?;
+        if let Some(o) = &self.critic_opt {
+            crate::dist::check_identical(&self.world, o, "critic")?;
+        }
+        Ok(())
     }
 
     /// EOS ids of the tokenizer.

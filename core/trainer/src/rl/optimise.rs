@@ -11,8 +11,11 @@ use rlhf_models::{CausalLm, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
 
+use rlhf_collective::World;
+
 use crate::config::TrainConfig;
 use crate::data::SplitMix;
+use crate::dist;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
 use crate::optim::{ema_update, Optim};
@@ -29,6 +32,7 @@ pub struct Learner<'a> {
     /// The EMA copy of the actor and its decay.
     pub ema: Option<(&'a CausalLm, f64)>,
     pub ptx: Option<&'a PtxData>,
+    pub world: &'a World,
 }
 
 /// The rows `idx` of `t` (dim 0).
@@ -65,14 +69,15 @@ pub fn optimise(
     progress: Option<&RunProgress>,
     m: &mut StepMetrics,
 ) -> Result<()> {
-    let Learner { actor, actor_opt, mut critic, ema, ptx } = learner;
+    let Learner { actor, actor_opt, mut critic, ema, ptx, world } = learner;
     let device: Device = actor.device();
     let b = batch.len();
     let (p_len, r_len) = (batch.prompt_len, batch.response_len());
     let opts = LogProbOptions { max_chunk_elements: cfg.logprob_chunk_elements, entropy: req.entropy };
     let mut skipped = 0usize;
-    // The plugin's minibatch metrics are averaged over the step's minibatches.
-    let mut plugin_metrics = StepMetrics::default();
+    // This rank's minibatch metrics (the plugin's, losses, grad norms): averaged over the step's
+    // minibatches and the ranks.
+    let mut local = StepMetrics::default();
     if let Some(p) = progress {
         p.phase("optimise", (cfg.ppo_epochs * steps_per_epoch(b, cfg)) as u64);
     }
@@ -86,8 +91,8 @@ pub fn optimise(
         rng.shuffle(&mut order);
         let minibatches: Vec<&[i64]> = order.chunks(cfg.minibatch_size).collect();
         for step_chunks in minibatches.chunks(accumulation) {
-            let k = step_chunks.len();
-            // Valid response tokens in the whole accumulated batch (dapo's normaliser).
+            let k = step_chunks.len() * world.size();
+            // Valid response tokens in the whole accumulated batch, on every rank (dapo's normaliser).
             let step_tokens = if k > 1 {
                 let rows: Vec<i64> = step_chunks.concat();
                 let idx = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
@@ -96,7 +101,12 @@ pub fn optimise(
                 0.0 // unused: the minibatch is the whole step
             };
             let mut finite = true;
-            for chunk in step_chunks {
+            for minibatch in step_chunks {
+                let mine = dist::shard(minibatch.len(), world.rank(), world.size());
+                let chunk = &minibatch[mine.clone()];
+                if chunk.is_empty() {
+                    continue;
+                }
                 let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
                 let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
                 let lp = token_logprobs(actor, &seq, &attn, p_len, opts)?; // [b, R], grad
@@ -127,13 +137,14 @@ pub fn optimise(
                 };
                 let out = algo.loss(&mb)?;
                 let mut loss = out.loss;
-                if let Some(ptx) = ptx {
-                    let ptx_loss = ptx.loss(actor, &mut rng, chunk.len())?;
-                    m.add("loss/ptx", ptx_loss.double_value(&[]));
+                if let Some(ptx_loss) =
+                    ptx.map(|p| p.loss(actor, &mut rng, minibatch.len(), mine)).transpose()?.flatten()
+                {
+                    local.add("loss/ptx", ptx_loss.double_value(&[]));
                     loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef)?)?;
                 }
                 for (name, value) in &out.metrics {
-                    plugin_metrics.add(name, *value);
+                    local.add(name, *value);
                 }
                 let loss_value = loss.double_value(&[]);
                 if !loss_value.is_finite() {
@@ -141,11 +152,21 @@ pub fn optimise(
                     finite = false;
                     break;
                 }
-                m.add("loss/total", loss_value);
+                local.add("loss/total", loss_value);
                 if k > 1 {
                     loss = loss.f_div_scalar(k as f64)?;
                 }
                 loss.f_backward()?;
+            }
+            if world.is_distributed() {
+                // The same decision on every rank; the gradient of the whole step on every rank.
+                finite = dist::all(world, finite)?;
+                if finite {
+                    dist::all_reduce_grads(world, actor_opt)?;
+                    if let Some((_, o)) = &critic {
+                        dist::all_reduce_grads(world, o)?;
+                    }
+                }
             }
             if !finite {
                 // Drop what the step's earlier minibatches accumulated.
@@ -157,12 +178,12 @@ pub fn optimise(
                 continue;
             }
             let a = actor_opt.step()?;
-            m.add("grad_norm/actor", a.grad_norm);
+            local.add("grad_norm/actor", a.grad_norm);
             m.set("lr", a.lr);
             let mut skip = a.skipped;
             if let Some((_, o)) = &mut critic {
                 let c = o.step()?;
-                m.add("grad_norm/critic", c.grad_norm);
+                local.add("grad_norm/critic", c.grad_norm);
                 m.set("lr/critic", c.lr);
                 skip |= c.skipped;
             }
@@ -182,9 +203,7 @@ pub fn optimise(
     if let Some((c, _)) = &critic {
         c.set_training(false);
     }
-    for (k, v) in plugin_metrics.means() {
-        m.set(&k, v);
-    }
+    dist::merge_metrics(world, &local, m)?;
     m.set("skipped_steps", skipped as f64);
     Ok(())
 }

@@ -56,17 +56,29 @@ impl PtxData {
         Ok(PtxData { texts, pad: i64::from(tok.pad_token_id()) })
     }
 
-    /// Mean NLL of `n` texts drawn with `rng`, under `actor` (with gradients).
+    /// Mean NLL, under `actor` (with gradients), of the texts `keep` of `n` drawn with `rng` (all
+    /// `n` are drawn, so every data-parallel rank's `rng` stays in step; one process keeps
+    /// `0..n`). `None` when `keep` is empty.
     ///
     /// # Shapes
     /// Returns a scalar f32.
-    pub fn loss(&self, actor: &CausalLm, rng: &mut SplitMix, n: usize) -> Result<Tensor> {
-        let batch: Vec<Vec<i64>> =
+    pub fn loss(
+        &self,
+        actor: &CausalLm,
+        rng: &mut SplitMix,
+        n: usize,
+        keep: std::ops::Range<usize>,
+    ) -> Result<Option<Tensor>> {
+        let drawn: Vec<Vec<i64>> =
             (0..n.max(1)).map(|_| self.texts[(rng.next_u64() % self.texts.len() as u64) as usize].clone()).collect();
-        let padded = right_pad(&batch, self.pad, actor.device())?;
+        let batch = &drawn[keep.start.min(drawn.len())..keep.end.min(drawn.len())];
+        if batch.is_empty() {
+            return Ok(None);
+        }
+        let padded = right_pad(batch, self.pad, actor.device())?;
         let t = padded.input_ids.size()[1];
         let lp = token_logprobs(actor, &padded.input_ids, &padded.attention_mask, 1, LogProbOptions::default())?;
         let mask = padded.attention_mask.f_narrow(1, 1, t - 1)?.f_to_kind(Kind::Float)?; // [n, t - 1]
-        Ok(masked_nll_mean(&lp.logprobs, &mask)?)
+        Ok(Some(masked_nll_mean(&lp.logprobs, &mask)?))
     }
 }

@@ -3,12 +3,11 @@
 //! only EOS has one token: it is kept and scored, so a policy cannot escape its rewards by
 //! stopping at once.
 
-use rlhf_generation::{batch::to_rows, generate, GenerateConfig, Generated, GenerationError, Sampling};
+use rlhf_generation::{batch::to_rows, generate, GenerateConfig, Generated, GenerationError, RowWindow, Sampling};
 use rlhf_models::CausalLm;
 
 use crate::config::RolloutConfig;
 use crate::error::{Result, TrainerError};
-use crate::metrics::StepMetrics;
 use crate::rl::prompts::PromptBatch;
 
 /// The sampled batch and the rows worth scoring.
@@ -21,8 +20,8 @@ pub struct Rollout {
     pub responses: Vec<(Vec<u32>, Vec<u32>)>,
 }
 
-/// Samples responses with the rollout settings and sets `completions/dropped` and
-/// `completions/count`.
+/// Samples responses with the rollout settings; `rows` places this batch in a larger one split
+/// across data-parallel ranks (see [`rlhf_generation::Sampling::next_tokens_in`]).
 ///
 /// # Shapes
 /// `batch.padded`: `[N, P]`; the result's `generated.sequences`: `[N, P + R]`, `response_mask`:
@@ -33,7 +32,7 @@ pub fn sample(
     cfg: &RolloutConfig,
     eos_ids: &[i64],
     pad: i64,
-    m: &mut StepMetrics,
+    rows: Option<RowWindow>,
 ) -> Result<Rollout> {
     let gen_cfg = GenerateConfig {
         max_new_tokens: cfg.max_new_tokens,
@@ -46,6 +45,7 @@ pub fn sample(
         pad_token_id: pad,
         seed: None,
         sync_every: 0,
+        rows,
     };
     let generated =
         generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg).map_err(|e| match e {
@@ -68,7 +68,5 @@ pub fn sample(
         kept_rows.push(r);
         responses.push((content, tokens));
     }
-    m.set("completions/dropped", (resp_rows.len() - kept_rows.len()) as f64);
-    m.set("completions/count", kept_rows.len() as f64);
     Ok(Rollout { generated, kept_rows, responses })
 }

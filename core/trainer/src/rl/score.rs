@@ -1,6 +1,8 @@
 //! Stage 3, **score**: every reward source scores every kept sample; the reward of a sample is
 //! the weighted sum of its scores. A NaN score means the source could not score that sample (an
 //! HTTP reward with `on_error = "skip"`, say): the sample is dropped and counted; ±inf is an error.
+//! Sources are called on this rank's samples ([`call_sources`]); their scores are combined, with
+//! the metrics, over the whole batch ([`combine`], after the ranks' scores are gathered).
 
 use rlhf_plugin_api::{ChatMessage, Sample};
 use rlhf_tokenizer::HfTokenizer;
@@ -66,19 +68,24 @@ pub fn samples(
     Ok(samples)
 }
 
-/// Scores `samples` (one per kept row) with every source and sets `rewards/<name>/{mean,std,skipped}`,
-/// the sources' own metrics, `completions/scored` and `completions/unscored`.
-pub fn score(
+/// What one reward source said about the samples: a score per sample (NaN: could not score)
+/// and the source's own metrics.
+#[derive(Debug, Clone, Default)]
+pub struct SourceScores {
+    pub scores: Vec<f64>,
+    pub metrics: Vec<(String, f64)>,
+}
+
+/// Calls every source on `samples` (one per kept row); a source is not called without samples.
+/// ±inf is an error naming the source.
+pub fn call_sources(
     sources: &mut [RewardSource],
     samples: &[Sample],
-    kept_rows: &[usize],
     progress: Option<&RunProgress>,
-    m: &mut StepMetrics,
-) -> Result<Scored> {
-    let mut total = vec![0f64; samples.len()];
-    let mut unscored = vec![false; samples.len()];
+) -> Result<Vec<SourceScores>> {
+    let mut all = Vec::with_capacity(sources.len());
     for src in sources.iter_mut() {
-        let out = src.handle.score(samples)?;
+        let out = if samples.is_empty() { Default::default() } else { src.handle.score(samples)? };
         if let Some(p) = progress {
             p.advance(1);
         }
@@ -89,6 +96,25 @@ pub fn score(
                 message: format!("returned a non-finite score ({}) for sample {bad}", out.scores[bad]),
             });
         }
+        all.push(SourceScores { scores: out.scores, metrics: out.metrics });
+    }
+    Ok(all)
+}
+
+/// Combines the sources' scores of the samples of `kept_rows` (one per row, in order) into the
+/// weighted reward, dropping samples some source could not score, and sets
+/// `rewards/<name>/{mean,std,skipped}`, the sources' own metrics (averaged),
+/// `completions/scored` and `completions/unscored`.
+pub fn combine(
+    sources: &[RewardSource],
+    scores: &[SourceScores],
+    kept_rows: &[usize],
+    m: &mut StepMetrics,
+) -> Result<Scored> {
+    let n = kept_rows.len();
+    let mut total = vec![0f64; n];
+    let mut unscored = vec![false; n];
+    for (src, out) in sources.iter().zip(scores) {
         let valid: Vec<f64> = out.scores.iter().copied().filter(|s| s.is_finite()).collect();
         let (mean, std) = mean_std(&valid);
         m.set(&format!("rewards/{}/mean", src.name), mean);
@@ -105,9 +131,9 @@ pub fn score(
             }
         }
     }
-    let kept: Vec<usize> = (0..samples.len()).filter(|&k| !unscored[k]).collect();
+    let kept: Vec<usize> = (0..n).filter(|&k| !unscored[k]).collect();
     m.set("completions/scored", kept.len() as f64);
-    m.set("completions/unscored", (samples.len() - kept.len()) as f64);
+    m.set("completions/unscored", (n - kept.len()) as f64);
     Ok(Scored { rows: kept.iter().map(|&k| kept_rows[k]).collect(), rewards: kept.iter().map(|&k| total[k]).collect() })
 }
 

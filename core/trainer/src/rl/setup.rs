@@ -12,8 +12,10 @@
 //! them as they were.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use rlhf_models::{parse_device, parse_dtype, CausalLm, ScalarHeadModel};
+use rlhf_collective::World;
+use rlhf_models::{parse_dtype, CausalLm, ScalarHeadModel};
 use rlhf_plugin_api::{PluginKind, Requirements};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind};
@@ -241,8 +243,24 @@ impl Trainer {
     /// Prepares models, plugins, data and optimizers; with `resume`, restores a checkpoint of this
     /// run (see [`crate::checkpoint`]) so the following steps equal those of an uninterrupted run.
     /// The trainer owns the run directory (its lock) until it is dropped.
-    pub fn new(cfg: RlConfig, registry: &PluginRegistry, resume: Option<&Loaded>) -> Result<Self> {
-        let device = parse_device(&cfg.run.device)?;
+    ///
+    /// Data-parallel (`world` of several ranks): rank 0 owns the run directory and writes into
+    /// it; the other ranks read from it only to resume, and write what they must (a built-in
+    /// model) into a scratch directory. Every rank builds the same trainer, rank 0's initial
+    /// weights are broadcast, and the ranks agree that setup succeeded everywhere before the
+    /// first step.
+    pub fn new(cfg: RlConfig, registry: &PluginRegistry, resume: Option<&Loaded>, world: Arc<World>) -> Result<Self> {
+        let result = Self::new_on_rank(cfg, registry, resume, world.clone());
+        crate::dist::agree(&world, "setup", result)
+    }
+
+    fn new_on_rank(
+        cfg: RlConfig,
+        registry: &PluginRegistry,
+        resume: Option<&Loaded>,
+        world: Arc<World>,
+    ) -> Result<Self> {
+        let device = crate::dist::device(&world, &cfg.run.device)?;
         let kind = parse_dtype(&cfg.run.dtype)?;
         tch::manual_seed(cfg.run.seed as i64);
         if let Some(ckpt) = resume.filter(|c| c.step > cfg.train.steps) {
@@ -256,13 +274,30 @@ impl Trainer {
             )));
         }
         check_actor_spec(&cfg)?;
+        if cfg.rollout.prompts_per_batch < world.size() {
+            return Err(TrainerError::Config(format!(
+                "{}: rollout.prompts_per_batch = {} is below the {} data-parallel ranks: every rank needs a prompt",
+                cfg.source_of("rollout.prompts_per_batch"),
+                cfg.rollout.prompts_per_batch,
+                world.size()
+            )));
+        }
         let plugins = load_plugins(&cfg, registry)?;
         let raw = raw_prompts(&cfg)?;
+        if !world.is_main() {
+            // Rank 0 owns the run directory; this rank reads it only to resume.
+            let scratch = crate::dist::Scratch::new(&world)?;
+            let run_dir = run_dir_of(&cfg);
+            let mut t = Self::build(cfg, run_dir, scratch.dir(), plugins, raw, resume, device, kind, world)?;
+            t._scratch = Some(scratch);
+            return Ok(t);
+        }
         let lock = RunLock::acquire(&run_dir_of(&cfg))?;
         if resume.is_none() {
             check_fresh(lock.dir())?;
         }
-        match Self::build(cfg, lock.dir().to_path_buf(), plugins, raw, resume, device, kind) {
+        let dir = lock.dir().to_path_buf();
+        match Self::build(cfg, dir.clone(), &dir, plugins, raw, resume, device, kind, world) {
             Ok(mut trainer) => {
                 trainer._lock = Some(lock);
                 Ok(trainer)
@@ -276,21 +311,25 @@ impl Trainer {
         }
     }
 
-    /// [`Trainer::new`] once the run directory is ours.
+    /// [`Trainer::new`] once the run directory is ours (rank 0), or with a scratch directory for
+    /// what this rank writes (`out_dir`).
+    #[allow(clippy::too_many_arguments)]
     fn build(
         cfg: RlConfig,
         run_dir: PathBuf,
+        out_dir: &Path,
         (algo, rewards): (AlgorithmHandle, Vec<RewardSource>),
         raw: Vec<RawPrompt>,
         resume: Option<&Loaded>,
         device: Device,
         kind: Kind,
+        world: Arc<World>,
     ) -> Result<Self> {
         // The resolved config is written only once everything below has loaded (see the end), so a
         // refused resume leaves the run's config.toml and metrics.jsonl as they were.
         let resolved =
             toml::to_string(&cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
-        let actor_dir = actor_dir_of(&cfg, &run_dir)?;
+        let actor_dir = actor_dir_of(&cfg, out_dir)?;
         let tok = HfTokenizer::from_dir(&actor_dir)?;
         let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
         if cfg.rollout.prompts_per_batch > data.records.len() {
@@ -302,9 +341,18 @@ impl Trainer {
                 cfg.data.prompts
             );
         }
+        let warmup_dir = if resume.is_some() { &run_dir } else { out_dir };
         let (mut actor, actor_dir) =
-            warmed_up_actor(&cfg, &run_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
+            warmed_up_actor(&cfg, warmup_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
         let (reference, critic, ema) = companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
+        // Ranks start from rank 0's weights (before the optimizers copy them into masters).
+        crate::dist::broadcast_weights(&world, &actor.vs)?;
+        if let Some(c) = &critic {
+            crate::dist::broadcast_weights(&world, &c.vs)?;
+        }
+        if let Some(e) = &ema {
+            crate::dist::broadcast_weights(&world, &e.vs)?;
+        }
 
         // Optimizer steps per generation batch: ppo_epochs × ⌈⌈batch / minibatch⌉ / accumulation⌉.
         let batch = cfg.rollout.prompts_per_batch * cfg.rollout.samples_per_prompt;
@@ -337,9 +385,14 @@ impl Trainer {
             reward_history: Vec::new(),
             wandb: None,
             progress: None,
+            world,
+            _scratch: None,
         };
         if let Some(ckpt) = resume {
             trainer.restore(ckpt)?;
+        }
+        if !trainer.world.is_main() {
+            return Ok(trainer);
         }
         let wandb = trainer.wandb_settings(resume)?;
         // Nothing can fail past this point but I/O: only now touch the run's files.

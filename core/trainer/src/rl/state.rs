@@ -37,6 +37,7 @@ impl Trainer {
             "rewards": rewards,
             "reward_history": self.reward_history,
             "seed": self.cfg.run.seed,
+            "world_size": self.world.size(),
             "wandb_run_id": self.wandb.as_ref().map(|w| w.run_id().to_string()),
         });
         let config_toml =
@@ -60,6 +61,17 @@ impl Trainer {
         let get_usize = |v: Option<&serde_json::Value>, what: &str| {
             v.and_then(serde_json::Value::as_u64).map(|x| x as usize).ok_or_else(|| bad(&format!("missing {what}")))
         };
+        // Every rank keeps the whole state, so a checkpoint is rank 0's; resuming it with another
+        // number of ranks would change how batches split (and so the float sums): refused.
+        let ranks = st.get("world_size").and_then(serde_json::Value::as_u64).unwrap_or(1) as usize;
+        if ranks != self.world.size() {
+            return Err(TrainerError::Checkpoint(format!(
+                "{}: written by a run of {ranks} data-parallel rank(s), this one has {}: resume with the same \
+                 number (`--nproc {ranks}` or torchrun --nproc-per-node/--nnodes giving {ranks} ranks)",
+                ckpt.dir.display(),
+                self.world.size()
+            )));
+        }
         ckpt.restore_vars("actor", &self.actor.vs)?;
         self.actor_opt.load_state(
             ckpt.tensors("optimizer-actor")?,

@@ -19,16 +19,19 @@
 use std::path::{Path, PathBuf};
 
 use rlhf_generation::{token_logprobs, LogProbOptions};
-use rlhf_models::{parse_device, parse_dtype, CausalLm};
+use rlhf_models::{parse_dtype, CausalLm};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
 use super::pairs::{build_split_pairs, pair_sets, PairOptions, SplitPair};
 use super::phase::{
-    finite, in_run_dir, load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps,
-    write_summary, MicroOut, PhaseTask, Splits,
+    finite, load_splits, lora_error, prepare_run_dir, resolve_model_dir, total_steps, write_summary, Splits,
 };
+use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
 pub use crate::config::{DpoConfig, DpoLossType, DpoModelConfig, DpoTrainConfig};
+use rlhf_collective::World;
+
+use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
@@ -352,17 +355,27 @@ pub struct DpoSummary {
 
 /// Trains a policy with DPO (or IPO, SimPO) as configured. The data files are read before the run
 /// directory is created; the run owns the directory (its lock) until it returns.
-pub fn run_dpo(cfg: DpoConfig) -> Result<DpoSummary> {
-    let device: Device = parse_device(&cfg.run.device)?;
+pub fn run_dpo(cfg: DpoConfig, world: &World) -> Result<DpoSummary> {
+    let device: Device = dist::device(world, &cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
     let d = &cfg.data;
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
-    let lock = prepare_run_dir(&cfg.run.run_dir, "dpo", &cfg)?;
-    in_run_dir(lock, |run_dir| dpo_in(&cfg, run_dir, splits, device, kind))
+    in_phase_dir(
+        world,
+        || prepare_run_dir(&cfg.run.run_dir, "dpo", &cfg),
+        |run_dir| dpo_in(&cfg, run_dir, splits, device, kind, world),
+    )
 }
 
-fn dpo_in(cfg: &DpoConfig, run_dir: &Path, splits: Splits, device: Device, kind: Kind) -> Result<DpoSummary> {
+fn dpo_in(
+    cfg: &DpoConfig,
+    run_dir: &Path,
+    splits: Splits,
+    device: Device,
+    kind: Kind,
+    world: &World,
+) -> Result<DpoSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
@@ -405,6 +418,7 @@ fn dpo_in(cfg: &DpoConfig, run_dir: &Path, splits: Splits, device: Device, kind:
         tracing::info!("LoRA: {t} of {n} parameters train");
     }
     let total = total_steps(train.len(), t);
+    dist::broadcast_weights(world, &policy.vs)?;
     let mut opt = Optim::new(&policy.vs, &t.optim(), total)?;
     tracing::info!(
         "dpo: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, beta {}, reference {}, run dir {}",
@@ -430,7 +444,7 @@ fn dpo_in(cfg: &DpoConfig, run_dir: &Path, splits: Splits, device: Device, kind:
         params: DpoLossParams::of(&cfg.train),
         eval_batch_size: t.eval_batch_size,
     };
-    let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics)?;
+    let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));
     let summary = DpoSummary {
         run_dir: run_dir.clone(),

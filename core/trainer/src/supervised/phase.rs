@@ -3,7 +3,6 @@
 //! the per-kind report of bad input lines, and the epoch / gradient-accumulation plan.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -11,8 +10,6 @@ use serde_json::Value;
 pub use crate::config::{lora_error, Overlong, PhaseModelConfig, PhaseRunConfig, PhaseTrainConfig};
 use crate::data::SplitMix;
 use crate::error::{Result, TrainerError};
-use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::Optim;
 use crate::run_lock::RunLock;
 use crate::tabular::Columns;
 
@@ -360,157 +357,6 @@ pub fn epoch_plan(n: usize, t: &PhaseTrainConfig, seed: u64, epoch: usize) -> Ve
 /// Where checkpoint `step` goes.
 pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step-{step}"))
-}
-
-/// One micro-batch's forward and backward.
-#[derive(Debug, Clone, Copy)]
-pub struct MicroOut {
-    /// The micro-batch's loss summed over its items (tokens for SFT, pairs for RM), before scaling.
-    pub loss_sum: f64,
-    /// Real tokens processed.
-    pub tokens: usize,
-}
-
-/// A supervised phase as the shared loop drives it.
-pub trait PhaseTask {
-    /// Loss weight of a micro-batch (target tokens for SFT, pairs for RM). A step's loss is the sum
-    /// of its micro-batches' losses divided by the total weight, so gradient accumulation equals
-    /// one large batch.
-    fn weight(&self, items: &[usize]) -> f64;
-    /// Forward, loss scaled by `1 / total_weight`, backward. Returns `None` without a backward pass
-    /// when the loss is not finite (the step is then skipped).
-    fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>>;
-    /// Metrics on the eval split (`eval/...`), or `None` without one.
-    fn evaluate(&mut self) -> Result<Option<StepMetrics>>;
-    /// Saves the model in Hugging Face format.
-    fn save(&self, dir: &Path) -> Result<()>;
-}
-
-/// What [`run_phase`] did.
-#[derive(Debug, Clone)]
-pub struct LoopSummary {
-    pub steps: usize,
-    /// Eval metrics before the first step and after the last.
-    pub eval_before: Option<StepMetrics>,
-    pub eval_after: Option<StepMetrics>,
-    /// Training loss of the first and last step.
-    pub loss_first: f64,
-    pub loss_last: f64,
-    /// The final model.
-    pub model_dir: PathBuf,
-}
-
-/// The loop shared by the supervised phases: evaluate (step 0) → per optimizer step, the
-/// micro-batches of [`epoch_plan`] with gradient accumulation → optimizer and schedule step →
-/// `metrics.jsonl` line (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `epoch`, and `eval/...` every
-/// `eval_every` steps and at the end) → checkpoint every `save_every` steps → the final model in
-/// `<run_dir>/model`.
-pub fn run_phase<T: PhaseTask>(
-    task: &mut T,
-    n: usize,
-    t: &PhaseTrainConfig,
-    seed: u64,
-    opt: &mut Optim,
-    run_dir: &Path,
-    metrics: &mut MetricsWriter,
-) -> Result<LoopSummary> {
-    let total = total_steps(n, t);
-    let eval_before = task.evaluate()?;
-    if let Some(m) = &eval_before {
-        metrics.write(0, m)?;
-        tracing::info!("step 0/{total}  {}", show(m));
-    }
-    let mut eval_after = eval_before.clone();
-    let (mut step, mut loss_first, mut loss_last) = (0usize, f64::NAN, f64::NAN);
-    let log_every = (total / 20).max(1);
-    'epochs: for epoch in 0..t.epochs {
-        let plan = epoch_plan(n, t, seed, epoch);
-        let per_epoch = plan.len();
-        for (k, group) in plan.into_iter().enumerate() {
-            if step >= total {
-                break 'epochs;
-            }
-            let t0 = Instant::now();
-            let mut m = StepMetrics::default();
-            let weight: f64 = group.iter().map(|g| task.weight(g)).sum();
-            let (mut loss_sum, mut tokens, mut finite) = (0f64, 0usize, true);
-            for micro in &group {
-                match task.micro_step(micro, weight.max(1e-12), &mut m)? {
-                    Some(o) => {
-                        loss_sum += o.loss_sum;
-                        tokens += o.tokens;
-                    }
-                    None => {
-                        finite = false;
-                        break;
-                    }
-                }
-            }
-            step += 1;
-            if finite {
-                let info = opt.step()?;
-                m.set("lr", info.lr);
-                m.set("grad_norm", info.grad_norm);
-                if info.skipped {
-                    tracing::warn!("step {step}: non-finite gradient; optimizer step skipped");
-                    m.set("skipped_steps", 1.0);
-                }
-                let loss = loss_sum / weight.max(1e-12);
-                m.set("loss", loss);
-                if loss_first.is_nan() {
-                    loss_first = loss;
-                }
-                loss_last = loss;
-            } else {
-                opt.zero_grad();
-                tracing::warn!("step {step}: non-finite loss; optimizer step skipped");
-                m.set("skipped_steps", 1.0);
-            }
-            m.set("epoch", epoch as f64 + (k + 1) as f64 / per_epoch as f64);
-            let elapsed = t0.elapsed().as_secs_f64();
-            m.set("tokens_per_s", tokens as f64 / elapsed.max(1e-9));
-            m.set("step_time", elapsed);
-            let last = step == total;
-            if (t.eval_every > 0 && step % t.eval_every == 0) || last {
-                if let Some(e) = task.evaluate()? {
-                    for (key, v) in e.means() {
-                        m.set(&key, v);
-                    }
-                    eval_after = Some(e);
-                }
-            }
-            if t.save_every > 0 && step % t.save_every == 0 && !last {
-                let dir = checkpoint_dir(run_dir, step);
-                task.save(&dir)?;
-                tracing::info!("checkpoint: {}", dir.display());
-            }
-            metrics.write(step, &m)?;
-            if step % log_every == 0 || last || m.get("eval/loss").is_some() {
-                tracing::info!("step {step}/{total}  {}", show(&m));
-            }
-        }
-    }
-    let model_dir = run_dir.join("model");
-    task.save(&model_dir)?;
-    let plots = run_dir.join("plots");
-    match rlhf_plot::plot_run(run_dir, &plots) {
-        Ok(files) => tracing::info!("plots: {} charts in {}", files.len(), plots.display()),
-        Err(e) => tracing::warn!("plots not written: {e}"),
-    }
-    Ok(LoopSummary { steps: step, eval_before, eval_after, loss_first, loss_last, model_dir })
-}
-
-/// `key value` pairs of the interesting metrics of a step, for the log.
-fn show(m: &StepMetrics) -> String {
-    let mut parts = Vec::new();
-    for (k, v) in m.means() {
-        if k == "lr" {
-            parts.push(format!("lr {v:.3e}"));
-        } else if k == "loss" || k.starts_with("eval/") || k == "train/accuracy" {
-            parts.push(format!("{k} {v:.4}"));
-        }
-    }
-    parts.join("  ")
 }
 
 pub(crate) fn finite(x: f64) -> Option<f64> {

@@ -9,16 +9,19 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_models::{parse_device, parse_dtype, ScalarHeadModel};
+use rlhf_models::{parse_dtype, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
 use super::pairs::{build_pairs, collate_pairs, pair_sets, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
 use super::phase::{
-    finite, in_run_dir, load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps,
-    write_summary, MicroOut, PhaseTask, Splits,
+    finite, load_splits, lora_error, prepare_run_dir, resolve_model_dir, total_steps, write_summary, Splits,
 };
+use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
 pub use crate::config::{RmConfig, RmDataConfig, RmTrainConfig};
+use rlhf_collective::World;
+
+use crate::dist;
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
@@ -133,17 +136,27 @@ impl PhaseTask for RmTask {
 
 /// Trains a reward model as configured. The data files are read before the run directory is
 /// created; the run owns the directory (its lock) until it returns.
-pub fn run_rm(cfg: RmConfig) -> Result<RmSummary> {
-    let device: Device = parse_device(&cfg.run.device)?;
+pub fn run_rm(cfg: RmConfig, world: &World) -> Result<RmSummary> {
+    let device: Device = dist::device(world, &cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
     let d = &cfg.data;
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
-    let lock = prepare_run_dir(&cfg.run.run_dir, "rm", &cfg)?;
-    in_run_dir(lock, |run_dir| rm_in(&cfg, run_dir, splits, device, kind))
+    in_phase_dir(
+        world,
+        || prepare_run_dir(&cfg.run.run_dir, "rm", &cfg),
+        |run_dir| rm_in(&cfg, run_dir, splits, device, kind, world),
+    )
 }
 
-fn rm_in(cfg: &RmConfig, run_dir: &Path, splits: Splits, device: Device, kind: Kind) -> Result<RmSummary> {
+fn rm_in(
+    cfg: &RmConfig,
+    run_dir: &Path,
+    splits: Splits,
+    device: Device,
+    kind: Kind,
+    world: &World,
+) -> Result<RmSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
@@ -158,6 +171,7 @@ fn rm_in(cfg: &RmConfig, run_dir: &Path, splits: Splits, device: Device, kind: K
     }
     let t = &cfg.train.common();
     let total = total_steps(train.len(), t);
+    dist::broadcast_weights(world, &model.vs)?;
     let mut opt = Optim::new(&model.vs, &t.optim(), total)?;
     tracing::info!(
         "rm: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, run dir {}",
@@ -176,7 +190,7 @@ fn rm_in(cfg: &RmConfig, run_dir: &Path, splits: Splits, device: Device, kind: K
         loss: cfg.train.loss,
         eval_batch_size: t.eval_batch_size,
     };
-    let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics)?;
+    let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));
     let summary = RmSummary {
         run_dir: run_dir.clone(),

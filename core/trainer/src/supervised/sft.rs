@@ -9,16 +9,19 @@
 use std::path::{Path, PathBuf};
 
 use rlhf_generation::{token_logprobs, LogProbOptions};
-use rlhf_models::{parse_device, parse_dtype, CausalLm};
+use rlhf_models::{parse_dtype, CausalLm};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind};
 
 use super::phase::{
-    finite, in_run_dir, load_splits, lora_error, prepare_run_dir, resolve_model_dir, run_phase, total_steps,
-    write_summary, DataReport, MicroOut, PhaseTask, Splits,
+    finite, load_splits, lora_error, prepare_run_dir, resolve_model_dir, total_steps, write_summary, DataReport, Splits,
 };
+use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
 use super::sft_data::{build_sft_examples, collate, masked_nll_sum, pack, SftExample, SftTokenizeOptions};
 pub use crate::config::{SftConfig, SftDataConfig, PHASE_PRESETS};
+use rlhf_collective::World;
+
+use crate::dist;
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
@@ -121,17 +124,27 @@ fn examples_of(
 
 /// Runs SFT as configured. The data files are read before the run directory is created; the run
 /// owns the directory (its lock) until it returns.
-pub fn run_sft(cfg: SftConfig) -> Result<SftSummary> {
-    let device: Device = parse_device(&cfg.run.device)?;
+pub fn run_sft(cfg: SftConfig, world: &World) -> Result<SftSummary> {
+    let device: Device = dist::device(world, &cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
     let d = &cfg.data;
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
-    let lock = prepare_run_dir(&cfg.run.run_dir, "sft", &cfg)?;
-    in_run_dir(lock, |run_dir| sft_in(&cfg, run_dir, splits, device, kind))
+    in_phase_dir(
+        world,
+        || prepare_run_dir(&cfg.run.run_dir, "sft", &cfg),
+        |run_dir| sft_in(&cfg, run_dir, splits, device, kind, world),
+    )
 }
 
-fn sft_in(cfg: &SftConfig, run_dir: &Path, splits: Splits, device: Device, kind: Kind) -> Result<SftSummary> {
+fn sft_in(
+    cfg: &SftConfig,
+    run_dir: &Path,
+    splits: Splits,
+    device: Device,
+    kind: Kind,
+    world: &World,
+) -> Result<SftSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
@@ -161,6 +174,7 @@ fn sft_in(cfg: &SftConfig, run_dir: &Path, splits: Splits, device: Device, kind:
     }
     let t = &cfg.train;
     let total = total_steps(train.len(), t);
+    dist::broadcast_weights(world, &model.vs)?;
     let mut opt = Optim::new(&model.vs, &t.optim(), total)?;
     tracing::info!(
         "sft: {} train examples, {} eval examples, {total} optimizer steps, run dir {}",
@@ -173,7 +187,7 @@ fn sft_in(cfg: &SftConfig, run_dir: &Path, splits: Splits, device: Device, kind:
     let eval_examples = eval.len();
     let mut task =
         SftTask { model, train, eval, pad: i64::from(tok.pad_token_id()), eval_batch_size: t.eval_batch_size };
-    let s = run_phase(&mut task, n, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics)?;
+    let s = run_phase(&mut task, n, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
     let ppl = |m: &Option<StepMetrics>| m.as_ref().and_then(|m| m.get("eval/ppl"));
     let summary = SftSummary {
         metrics_path: metrics.path().to_path_buf(),
