@@ -136,10 +136,12 @@ fn from_env(dir: &Path) -> Result<Torch> {
 fn managed() -> Result<Torch> {
     let venv = Venv::new(cache_dir()?);
     if let Some(torch) = venv.installed_torch() {
+        ensure_cuda_headers(&venv);
         return Ok(torch);
     }
     let _lock = lock(&venv.cache)?;
     if let Some(torch) = venv.installed_torch() {
+        ensure_cuda_headers(&venv);
         return Ok(torch); // another xtask finished it while we waited
     }
     eprintln!("installing torch=={TORCH_VERSION} into {} (once; this downloads a few GB)", venv.dir.display());
@@ -156,7 +158,28 @@ fn managed() -> Result<Torch> {
     fs::write(&marker, format!("torch=={TORCH_VERSION}\n"))
         .with_context(|| format!("could not write {}", marker.display()))?;
     let python = venv.python();
+    ensure_cuda_headers(&venv);
     Ok(Torch::new(torch_dir, Some(python), Some(venv)))
+}
+
+/// The CUDA headers the torch wheel leaves out but `ProcessGroupNCCL.hpp` includes
+/// (`crt/host_config.h`, `<nv/target>`): with them the NCCL library of `rlhf-collective` is
+/// compiled (it is loaded only when a CUDA tensor is reduced). Versions match the wheel's
+/// `nvidia-cuda-runtime` 13.0. Without them (no registry) the build skips NCCL with a warning.
+const CUDA_HEADER_PACKAGES: &[&str] = &["nvidia-cuda-crt==13.0.88", "nvidia-cuda-cccl==13.0.85"];
+
+fn ensure_cuda_headers(venv: &Venv) {
+    let marker = venv.dir.join(".rlhf-cuda-headers-13.0");
+    if marker.is_file() {
+        return;
+    }
+    for package in CUDA_HEADER_PACKAGES {
+        if let Err(e) = venv.pip_install(package) {
+            eprintln!("warning: {package}: {e:#}; the NCCL library will not be built (CPU training is unaffected)");
+            return;
+        }
+    }
+    let _ = fs::write(&marker, CUDA_HEADER_PACKAGES.join("\n") + "\n");
 }
 
 /// Installs the Python packages the fixture tests need into the cache venv.

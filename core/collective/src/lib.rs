@@ -174,13 +174,16 @@ impl World {
         let inner = self.inner.as_ref().expect("distributed world");
         match device {
             Device::Cpu => Ok(GroupRef::Borrowed(&inner.cpu)),
-            Device::Cuda(_) => {
+            Device::Cuda(index) => {
                 let mut slot = inner.cuda.lock().unwrap_or_else(|e| e.into_inner());
                 if slot.is_none() {
-                    let g = nccl::group(&inner.store, self.rank, self.size, inner.timeout_ms).map_err(|e| match e {
-                        e @ CollectiveError::Nccl(_) => e,
-                        e => self.op_err(op, e.to_string()),
-                    })?;
+                    let g =
+                        nccl::group(&inner.store, self.rank, self.size, index, inner.timeout_ms).map_err(
+                            |e| match e {
+                                e @ CollectiveError::Nccl(_) => e,
+                                e => self.op_err(op, e.to_string()),
+                            },
+                        )?;
                     *slot = Some(std::sync::Arc::new(g));
                 }
                 Ok(GroupRef::Shared(slot.as_ref().expect("set").clone()))

@@ -45,13 +45,39 @@ fn library() -> Result<&'static libloading::Library> {
     .map_err(|m| CollectiveError::Nccl(m.clone()))
 }
 
-/// An NCCL group for this rank's CUDA device (`LOCAL_RANK` picks it, as torchrun expects).
-pub(crate) fn group(store: &ffi::Store, rank: usize, size: usize, timeout_ms: i64) -> Result<ffi::Group> {
+/// Loads the NCCL library and resolves its entry point (what the first CUDA collective does),
+/// without making a group. Returns the library's path.
+pub fn check_library() -> Result<std::path::PathBuf> {
+    let lib = library()?;
+    // SAFETY: only resolves the symbol.
+    unsafe { lib.get::<NewBackend>(b"rlhf_nccl_backend_new\0") }
+        .map_err(|e| CollectiveError::Nccl(format!("rlhf_nccl_backend_new: {e}")))?;
+    Ok(std::env::var_os("RLHF_NCCL_LIB")
+        .map(std::path::PathBuf::from)
+        .or_else(|| BUILT.map(std::path::PathBuf::from))
+        .unwrap_or_default())
+}
+
+/// Whether this build compiled the NCCL library.
+pub fn built() -> bool {
+    BUILT.is_some()
+}
+
+/// An NCCL group bound to CUDA device `device` (the device of the first tensor reduced: each
+/// rank's own, `cuda:LOCAL_RANK` with torchrun's convention, or `cuda:0` when every rank sees
+/// one GPU).
+pub(crate) fn group(
+    store: &ffi::Store,
+    rank: usize,
+    size: usize,
+    device: usize,
+    timeout_ms: i64,
+) -> Result<ffi::Group> {
     let lib = library()?;
     // SAFETY: the symbol has the `NewBackend` signature (see nccl.cpp).
     let new: libloading::Symbol<'_, NewBackend> = unsafe { lib.get(b"rlhf_nccl_backend_new\0") }
         .map_err(|e| CollectiveError::Nccl(format!("rlhf_nccl_backend_new: {e}")))?;
-    let device = std::env::var("LOCAL_RANK").ok().and_then(|v| v.parse::<c_int>().ok()).unwrap_or(0);
+    let device = device as c_int;
     let (mut out, mut err): (*mut c_void, *mut c_char) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: valid store pointer; out/err are written by the callee.
     let rc = unsafe { new(store.raw(), rank as c_int, size as c_int, device, timeout_ms, &mut out, &mut err) };

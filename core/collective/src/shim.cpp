@@ -22,6 +22,9 @@ struct Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   std::chrono::milliseconds timeout;
+  // NCCL: `wait()` orders the caller's CUDA stream after the collective (no CPU block); the
+  // backend's watchdog enforces the timeout. A timed wait would poll the GPU to completion.
+  bool device_stream = false;
 };
 
 char* copy_string(const std::string& s) {
@@ -50,6 +53,10 @@ int guarded(char** err, F&& f) {
 
 // Waits for `work`, failing after the group's timeout.
 void finish(const Group& g, const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  if (g.device_stream) {
+    work->wait();
+    return;
+  }
   if (!work->wait(g.timeout)) {
     throw std::runtime_error(std::string(what) + " did not finish within " +
                              std::to_string(g.timeout.count()) + " ms");
@@ -124,12 +131,21 @@ int rlhf_c10d_gloo_new(void* store, const char* prefix, int rank, int size, cons
 void* rlhf_c10d_group_from_backend(void* store, void* backend, int64_t timeout_ms) {
   auto* b = static_cast<c10::intrusive_ptr<c10d::Backend>*>(backend);
   auto* g = new Group{*static_cast<c10::intrusive_ptr<c10d::Store>*>(store), *b,
-                      std::chrono::milliseconds(timeout_ms)};
+                      std::chrono::milliseconds(timeout_ms), true};
   delete b;
   return g;
 }
 
-void rlhf_c10d_group_free(void* group) { delete static_cast<Group*>(group); }
+// Shuts the backend down before dropping it (NCCL otherwise warns and aborts its communicators;
+// Gloo's shutdown does nothing).
+void rlhf_c10d_group_free(void* group) {
+  auto* g = static_cast<Group*>(group);
+  try {
+    g->backend->shutdown();
+  } catch (...) {
+  }
+  delete g;
+}
 
 // In place over all ranks: op 0 sum, 1 max, 2 min.
 int rlhf_c10d_allreduce(void* group, void* tensor, int op, char** err) {
