@@ -53,6 +53,23 @@ pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
     Ok(x.f_mul(mask)?.f_sum(Kind::Float)?.f_div(&n)?)
 }
 
+/// The token mean of a loss over the **whole optimizer step**: `Σ x·mask / (N / k)` when the step
+/// has `k = accumulation_steps > 1` micro-batches (gradient accumulation, data-parallel ranks)
+/// with `N = step_tokens` valid tokens in all of them — the host divides each micro-batch's loss
+/// by `k`, so the step's gradient is that of the token mean over all `N` tokens, whatever each
+/// micro-batch holds. With one micro-batch it is [`masked_mean`].
+///
+/// # Shapes
+/// `x`, `mask`: `[b, R]`; returns a scalar.
+pub fn token_mean(x: &Tensor, mask: &Tensor, accumulation_steps: u64, step_tokens: f64) -> Result<Tensor> {
+    if accumulation_steps > 1 {
+        let share = (step_tokens / accumulation_steps as f64).max(f64::MIN_POSITIVE);
+        Ok(x.f_mul(mask)?.f_sum(Kind::Float)?.f_div_scalar(share)?)
+    } else {
+        masked_mean(x, mask)
+    }
+}
+
 /// Each row's sum over its valid tokens, `Σ_t x_t·mask_t`, in f32 (TRL's
 /// `(per_token_loss * mask).sum(-1)`).
 ///

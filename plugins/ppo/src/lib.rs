@@ -222,7 +222,9 @@ impl Algorithm for Ppo {
         let ratio = log_ratio.f_exp()?;
         let pg_losses1 = advantages.f_neg()?.f_mul(&ratio)?;
         let pg_losses2 = advantages.f_neg()?.f_mul(&ratio.f_clamp(1.0 - cfg.cliprange, 1.0 + cfg.cliprange)?)?;
-        let pg_loss = masked_mean(&pg_losses1.f_maximum(&pg_losses2)?, mask)?; // []
+        // Token means over the whole optimizer step (exact under accumulation and data parallelism).
+        let token_mean = |x: &Tensor| ops::token_mean(x, mask, mb.accumulation_steps, mb.step_tokens);
+        let pg_loss = token_mean(&pg_losses1.f_maximum(&pg_losses2)?)?; // []
 
         // critic_loss_fn
         let lo = old_values.f_sub_scalar(cfg.cliprange_value)?;
@@ -230,11 +232,11 @@ impl Algorithm for Ppo {
         let values_clipped = values.f_clamp_tensor(Some(&lo), Some(&hi))?; // [b, R]
         let vf_losses1 = values.f_sub(&returns)?.f_square()?;
         let vf_losses2 = values_clipped.f_sub(&returns)?.f_square()?;
-        let vf_loss = masked_mean(&vf_losses1.f_maximum(&vf_losses2)?, mask)?.f_mul_scalar(0.5)?; // []
+        let vf_loss = token_mean(&vf_losses1.f_maximum(&vf_losses2)?)?.f_mul_scalar(0.5)?; // []
 
         let mut loss = pg_loss.f_add(&vf_loss.f_mul_scalar(cfg.vf_coef)?)?;
         let entropy = match &mb.entropy {
-            Some(h) => Some(masked_mean(&masked(h, &valid)?, mask)?), // [], grad
+            Some(h) => Some(token_mean(&masked(h, &valid)?)?), // [], grad
             None if cfg.entropy_coef != 0.0 => return Err(ops::missing("entropy", "ppo")),
             None => None,
         };

@@ -205,7 +205,8 @@ impl Algorithm for ReinforcePp {
         let surr2 = ratio.f_clamp(low, high)?.f_mul(&advantages)?;
         let per_token_loss = surr1.f_minimum(&surr2)?.f_neg()?; // [b, R]
         let loss = if cfg.token_level_loss {
-            masked_mean(&per_token_loss, mask)?
+            // The token mean over the whole optimizer step (accumulation, data-parallel ranks).
+            ops::token_mean(&per_token_loss, mask, mb.accumulation_steps, mb.step_tokens)?
         } else {
             // Mean over the non-empty rows of each row's token mean (OpenRLHF's `aggregate_loss`).
             let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?; // [b]

@@ -219,7 +219,10 @@ impl Algorithm for Rloo {
             _ => None,
         };
         let loss = match &per_token_kl {
-            Some(kl) => policy_loss.f_add(&masked_mean(kl, mask)?.f_mul_scalar(cfg.beta)?)?,
+            Some(kl) => {
+                let kl = ops::token_mean(kl, mask, mb.accumulation_steps, mb.step_tokens)?;
+                policy_loss.f_add(&kl.f_mul_scalar(cfg.beta)?)?
+            }
             None => policy_loss.shallow_clone(),
         };
 
