@@ -41,7 +41,7 @@ and passes LIBTORCH, LIBTORCH_CXX11_ABI, LD_LIBRARY_PATH and RLHF_PYTHON on to c
 ";
 
 /// The sections `rlhf bench` takes as a bare first argument (`cargo xtask bench gen` = `--only gen`).
-pub(crate) const BENCHES: &[&str] = &["gen", "train", "rl", "all"];
+pub(crate) const BENCHES: &[&str] = &["gen", "train", "rl", "dp", "all"];
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Command {
@@ -284,7 +284,7 @@ mod tests {
         assert_eq!(p(&["bench", "gen", "--batch", "4"]), Ok(Command::Bench { args: v(&["gen", "--batch", "4"]) }));
         assert_eq!(p(&["bench", "--", "rl", "--no-record"]), Ok(Command::Bench { args: v(&["rl", "--no-record"]) }));
         let err = p(&["bench", "decode"]).unwrap_err();
-        assert_eq!(err.to_string(), "unknown bench section `decode`; available: gen, train, rl, all");
+        assert_eq!(err.to_string(), "unknown bench section `decode`; available: gen, train, rl, dp, all");
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //! - **train**: forward + backward + AdamW step (with grad-norm clipping, the trainer's optimizer)
 //!   over B·G × (prompt + new) random tokens; tokens/s and MFU ([`report`] has the formula).
 //! - **rl**: the real GRPO `Trainer` ([`rl`]) with a per-phase split.
+//! - **dp**: that GRPO step on 1 rank and on `--ranks` data-parallel ranks, one thread each
+//!   ([`dp`]): step times, speed-up, and the collectives' seconds and bytes per step.
 //!
 //! `--vs-trl` runs TRL's `GRPOTrainer` on the same weights, prompts, B, G and lengths ([`trl`])
 //! and prints TRL step / our step. `--record FILE` appends a row to a Markdown table.
 
+mod dp;
 mod measure;
 mod report;
 mod rl;
@@ -34,6 +37,7 @@ pub enum Section {
     Gen,
     Train,
     Rl,
+    Dp,
     All,
 }
 
@@ -65,7 +69,10 @@ pub struct BenchArgs {
     /// Timed runs per figure (the median is reported), after one untimed warm-up run.
     #[arg(long, visible_alias = "runs", default_value_t = 3)]
     repeats: usize,
-    /// Sections to run, comma-separated: gen, train, rl, all.
+    /// Ranks of the dp section (each on one thread, against one rank on one thread).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Sections to run, comma-separated: gen, train, rl, dp, all.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
     /// Prompts JSONL for the RL section (`prompt` or `messages`, and `label`); default: the built-in
@@ -103,13 +110,13 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     /// Which sections run, in order.
-    fn sections(&self) -> [bool; 3] {
+    fn sections(&self) -> [bool; 4] {
         let mut picked: Vec<Section> = self.only.clone();
         picked.extend(self.section);
         if picked.is_empty() || picked.contains(&Section::All) {
-            return [true; 3];
+            return [true; 4];
         }
-        [Section::Gen, Section::Train, Section::Rl].map(|s| picked.contains(&s))
+        [Section::Gen, Section::Train, Section::Rl, Section::Dp].map(|s| picked.contains(&s))
     }
 }
 
@@ -234,7 +241,7 @@ fn hbm_gbps(name: &str) -> Option<f64> {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let [do_gen, do_train, do_rl] = args.sections();
+    let [do_gen, do_train, do_rl, do_dp] = args.sections();
     if args.batch < 1 || args.group < 1 || args.prompt_len < 1 || args.new_tokens < 1 || args.repeats < 1 {
         bail!("--batch, --group, --prompt-len, --new-tokens and --repeats must be >= 1");
     }
@@ -305,6 +312,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         run_dir: work.0.join("rl-run"),
     };
     let rl_cfg = if do_rl { Some(rl::config(&rl_setup)?) } else { None };
+    let dp_cfg = if do_dp { Some(rl::config(&rl_setup)?) } else { None };
     let rl_prompts = match &rl_cfg {
         Some(cfg) => Some(rl::prompts(cfg, &model_dir)?),
         None => None,
@@ -431,6 +439,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let dp = match &dp_cfg {
+        Some(cfg) => {
+            let r = dp::run(cfg, args.ranks, &work.0)?;
+            println!(
+                "dp:    1 rank × 1 thread {} s/step | {} ranks × 1 thread {} s/step ({} speed-up, {:.0}% scaling) | \
+                 collectives {} s and {:.3} MB per step",
+                fmt_secs(r.one_rank_s),
+                r.ranks,
+                fmt_secs(r.n_ranks_s),
+                report::fmt_ratio(r.speedup()),
+                100.0 * r.speedup() / r.ranks as f64,
+                fmt_secs(r.comm_s),
+                r.comm_bytes / 1e6
+            );
+            Some(r)
+        }
+        None => None,
+    };
     let vs_trl = match (&trl, &rl) {
         (Some(t), Some(r)) if r.figures.step_s > 0.0 => Some(t.step_s / r.figures.step_s),
         _ => None,
@@ -467,12 +493,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "gen": gen, "train": train, "rl": rl,
             "trl": trl,
             "vs_trl": vs_trl,
+            "dp": dp,
         });
         println!("{line}");
     }
     match &args.record {
         Some(path) if !args.no_record => {
-            report::append_row(path, &row)?;
+            if do_gen || do_train || do_rl {
+                report::append_row(path, &row)?;
+            }
+            if let Some(r) = &dp {
+                let settings = format!("{}, B={} G={}, new {}", args.dtype, args.batch, args.group, args.new_tokens);
+                dp::record(path, &dp::markdown_row(&row.date, &dev_name, &row.model, &settings, r))?;
+            }
             println!("recorded in {}", path.display());
         }
         _ => {}
@@ -498,11 +531,12 @@ mod tests {
     #[test]
     fn sections_and_defaults() {
         let all = parse(&[]);
-        assert_eq!(all.sections(), [true, true, true]);
+        assert_eq!(all.sections(), [true, true, true, true]);
         assert_eq!((all.model.as_str(), all.batch, all.group, all.repeats), ("builtin:tiny", 4, 4, 3));
-        assert_eq!(parse(&["gen"]).sections(), [true, false, false]);
-        assert_eq!(parse(&["--only", "gen,rl"]).sections(), [true, false, true]);
-        assert_eq!(parse(&["--only", "train", "--only", "all"]).sections(), [true, true, true]);
+        assert_eq!(parse(&["gen"]).sections(), [true, false, false, false]);
+        assert_eq!(parse(&["--only", "gen,rl"]).sections(), [true, false, true, false]);
+        assert_eq!(parse(&["dp"]).sections(), [false, false, false, true]);
+        assert_eq!(parse(&["--only", "train", "--only", "all"]).sections(), [true, true, true, true]);
         let a = parse(&["rl", "-g", "8", "--batch", "2", "--runs", "5", "--vs-trl", "--dtype", "bf16"]);
         assert_eq!((a.group, a.batch, a.repeats, a.vs_trl, a.dtype.as_str()), (8, 2, 5, true, "bf16"));
         assert!(Cli::try_parse_from(["bench", "--only", "decode"]).is_err());

@@ -28,6 +28,16 @@ pub fn device(world: &World, spec: &str) -> Result<tch::Device> {
     Ok(rlhf_models::parse_device(&spec)?)
 }
 
+/// Sets `time/comm` (seconds in collectives) and `comm/bytes` (bytes sent into them) since
+/// `before`, on a data-parallel run.
+pub fn comm_metrics(world: &World, before: rlhf_collective::CommStats, m: &mut StepMetrics) {
+    if world.is_distributed() {
+        let now = world.stats();
+        m.set("time/comm", now.seconds - before.seconds);
+        m.set("comm/bytes", (now.bytes - before.bytes) as f64);
+    }
+}
+
 /// A collective's error as the trainer's.
 pub fn err(e: rlhf_collective::CollectiveError) -> TrainerError {
     TrainerError::Distributed(e.to_string())
@@ -35,12 +45,18 @@ pub fn err(e: rlhf_collective::CollectiveError) -> TrainerError {
 
 /// Makes every rank learn whether every rank got here without an error: a rank that failed
 /// returns its own error; the others return one naming the ranks that failed. Called after each
-/// phase that can fail on one rank only (setup), so no rank waits forever on one that quit.
+/// phase that can fail on one rank only (setup), so no rank waits forever on one that quit. Every
+/// call is the same collective, so a rank that failed early (and agrees at the end of its setup)
+/// meets its peers at their next agreement point.
 pub fn agree<T>(world: &World, what: &str, result: Result<T>) -> Result<T> {
     if !world.is_distributed() {
         return result;
     }
-    let failed = world.all_gather_bytes(&[u8::from(result.is_err())]).map_err(err)?;
+    let failed = match world.all_gather_bytes(&[u8::from(result.is_err())]) {
+        Ok(f) => f,
+        // This rank's own error says more than the broken collective.
+        Err(e) => return result.and(Err(err(e))),
+    };
     let bad: Vec<String> =
         failed.iter().enumerate().filter(|(_, f)| f.first() == Some(&1)).map(|(r, _)| r.to_string()).collect();
     match result {

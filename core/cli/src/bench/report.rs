@@ -228,28 +228,32 @@ pub fn markdown_row(r: &Row) -> String {
     line
 }
 
-/// Appends `row` to `path`, writing [`HEADER`] first when the file is new or empty.
+/// `text` with `row` inserted after the last line of the table whose column line is `head`, or
+/// `None` when `text` has no such table.
+pub fn insert_into_table(text: &str, head: &str, row: &str) -> Option<String> {
+    let mut lines: Vec<&str> = text.lines().collect();
+    let start = lines.iter().position(|l| *l == head)?;
+    let end = lines[start..].iter().position(|l| !l.starts_with('|')).map_or(lines.len(), |k| start + k);
+    lines.insert(end, row);
+    Some(lines.join("\n") + "\n")
+}
+
+/// Adds `row` to the results table of `path` (other tables may follow it), writing [`HEADER`]
+/// first when the file is new or empty.
 pub fn append_row(path: &Path, row: &Row) -> anyhow::Result<()> {
-    use std::io::Write;
-    let fresh = std::fs::metadata(path).map(|m| m.len() == 0).unwrap_or(true);
-    let mut text = String::new();
-    if fresh {
-        text.push_str(HEADER);
-    } else {
-        let old = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        if !old.ends_with('\n') {
-            text.push('\n');
-        }
-    }
-    text.push_str(&markdown_row(row));
-    text.push('\n');
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    f.write_all(text.as_bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(())
+    let old = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => anyhow::bail!("{}: {e}", path.display()),
+    };
+    let line = markdown_row(row);
+    let head = HEADER.lines().rev().nth(1).unwrap_or("");
+    let text = match insert_into_table(&old, head, &line) {
+        Some(t) => t,
+        None if old.trim().is_empty() => format!("{HEADER}{line}\n"),
+        None => format!("{}\n{line}\n", old.trim_end_matches('\n')),
+    };
+    std::fs::write(path, text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -203,6 +203,7 @@ impl Trainer {
     /// One generation batch, stage by stage (see the module docs). Returns its metrics.
     pub fn train_step(&mut self) -> Result<StepMetrics> {
         let t0 = Instant::now();
+        let comm0 = self.world.stats();
         let mut m = StepMetrics::default();
         let (cfg, device) = (&self.cfg, self.device);
         seed_step(cfg.run.seed, self.step);
@@ -292,6 +293,7 @@ impl Trainer {
         m.set("time/reference", times.reference);
         m.set("time/values", times.values);
         m.set("time/train", t_train);
+        crate::dist::comm_metrics(&self.world, comm0, &mut m);
         Ok(m)
     }
 

@@ -345,7 +345,10 @@ impl Trainer {
         let (mut actor, actor_dir) =
             warmed_up_actor(&cfg, warmup_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
         let (reference, critic, ema) = companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
-        // Ranks start from rank 0's weights (before the optimizers copy them into masters).
+        // Every rank has its models (a rank that failed before here meets this agreement at the
+        // end of its setup); then they start from rank 0's weights, before the optimizers copy
+        // them into masters.
+        crate::dist::agree(&world, "loading the models", Ok(()))?;
         crate::dist::broadcast_weights(&world, &actor.vs)?;
         if let Some(c) = &critic {
             crate::dist::broadcast_weights(&world, &c.vs)?;

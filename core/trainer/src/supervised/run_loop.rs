@@ -107,6 +107,7 @@ pub fn run_phase<T: PhaseTask>(
                 break 'epochs;
             }
             let t0 = Instant::now();
+            let comm0 = world.stats();
             let mut m = StepMetrics::default();
             // The weight of the whole step, over every rank's items: each rank's loss is divided by
             // it, so the gradients summed over ranks are the one-process gradient of the step.
@@ -163,6 +164,7 @@ pub fn run_phase<T: PhaseTask>(
             let elapsed = t0.elapsed().as_secs_f64();
             m.set("tokens_per_s", tokens as f64 / elapsed.max(1e-9));
             m.set("step_time", elapsed);
+            dist::comm_metrics(world, comm0, &mut m);
             let last = step == total;
             if (t.eval_every > 0 && step % t.eval_every == 0) || last {
                 if let Some(e) = task.evaluate()? {
