@@ -317,3 +317,29 @@ fn bad_launch_environments_are_one_line_errors() {
         text(&o)
     );
 }
+
+/// `cargo xtask train --algo grpo --nproc 2` (which runs this command): the embedded task is
+/// learnt on 2 ranks as on one — the same rewards while the sampled tokens agree, and at least the
+/// +0.3 reward gain the one-process preset test asks for.
+#[test]
+fn the_embedded_grpo_task_learns_on_two_ranks_as_on_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    ok(&run(&["train", "--algo", "grpo"], &one, None));
+    let out = ok(&run(&["train", "--algo", "grpo"], &two, Some(2)));
+    assert!(out.contains("actor parameters identical on 2 ranks"), "{out}");
+    let reward = |rd: &Path| metrics(rd).iter().map(|l| l["reward"].as_f64().unwrap()).collect::<Vec<f64>>();
+    let (r1, r2) = (reward(&one), reward(&two));
+    assert_eq!(r1.len(), r2.len());
+    assert_eq!(r1[..10], r2[..10], "the first 10 steps sample the same tokens on 1 and 2 ranks");
+    let k = r2.len() / 10;
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let (first, last) = (mean(&r2[..k]), mean(&r2[r2.len() - k..]));
+    let same = r1.iter().zip(&r2).take_while(|(a, b)| a == b).count();
+    println!(
+        "2 ranks: reward first 10% {first:.3}, last 10% {last:.3}; 1 rank: last 10% {:.3}; identical rewards for {same} of {} steps",
+        mean(&r1[r1.len() - k..]),
+        r1.len()
+    );
+    assert!(last >= first + 0.3, "reward {first:.3} -> {last:.3} on 2 ranks (needs +0.3)");
+}

@@ -272,6 +272,10 @@ mod tests {
             p(&["train", "--algo", "grpo", "--steps", "3"]),
             Ok(Command::Train { args: v(&["--algo", "grpo", "--steps", "3"]) })
         );
+        assert_eq!(
+            p(&["train", "--algo", "grpo", "--nproc", "2"]),
+            Ok(Command::Train { args: v(&["--algo", "grpo", "--nproc", "2"]) })
+        );
     }
 
     #[test]
