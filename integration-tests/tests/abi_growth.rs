@@ -231,6 +231,7 @@ fn the_host_api_drives_the_frozen_plugin() {
             action_mask: mask.shallow_clone(),
             group_ids: Tensor::from_slice(&[7i64, 7, 3, 3]),
             step: 0,
+            behavior_logprobs: None,
         })
         .unwrap();
     assert_close(&values(&prepared.advantages), &[0.5, 0.5, 0., -0.5, 0., 0., -1., -1., -1., 1., 0., 0.]);
@@ -255,6 +256,7 @@ fn the_host_api_drives_the_frozen_plugin() {
             epoch: 1,
             accumulation_steps: 1,
             step_tokens: 7.0,
+            behavior_logprobs: None,
         })
         .unwrap();
     assert_close(&[out.loss.double_value(&[]) as f32], &[1. / 7.]);

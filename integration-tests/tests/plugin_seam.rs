@@ -43,6 +43,7 @@ fn experience(fill: f32) -> Experience {
         action_mask: mask(),
         group_ids: Tensor::from_slice(&[3i64, 3, 8, 8]),
         step: 0,
+        behavior_logprobs: None,
     }
 }
 
@@ -67,6 +68,7 @@ fn minibatch(exp: &Experience, advantages: &Tensor, returns: Option<&Tensor>, fi
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        behavior_logprobs: None,
     };
     (mb, lp)
 }

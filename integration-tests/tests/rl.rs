@@ -423,6 +423,7 @@ fn loss_on_a_fixed_batch_decreases() {
                 action_mask: action_mask.shallow_clone(),
                 group_ids: group_ids.shallow_clone(),
                 step: 0,
+                behavior_logprobs: None,
             })
             .unwrap();
         let (adv, ret) = (prepared.advantages, prepared.returns);
@@ -458,6 +459,7 @@ fn loss_on_a_fixed_batch_decreases() {
                     epoch: 0,
                     accumulation_steps: 1,
                     step_tokens: 0.0,
+                    behavior_logprobs: None,
                 })
                 .unwrap();
             let loss = out.loss;

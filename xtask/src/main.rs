@@ -16,6 +16,7 @@ mod plot;
 mod rlhf;
 mod setup;
 mod test;
+mod vllm;
 
 use std::{
     env,

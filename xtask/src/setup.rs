@@ -254,18 +254,18 @@ pub(crate) fn find_torch_dir(venv: &Path) -> Option<PathBuf> {
 
 /// The venv under the cache directory.
 #[derive(Debug)]
-struct Venv {
-    cache: PathBuf,
-    dir: PathBuf,
+pub(crate) struct Venv {
+    pub(crate) cache: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 impl Venv {
-    fn new(cache: PathBuf) -> Venv {
+    pub(crate) fn new(cache: PathBuf) -> Venv {
         let dir = cache.join("venv");
         Venv { cache, dir }
     }
 
-    fn python(&self) -> PathBuf {
+    pub(crate) fn python(&self) -> PathBuf {
         self.dir.join("bin").join("python")
     }
 
@@ -280,7 +280,7 @@ impl Venv {
     }
 
     /// `python3 -m venv <dir>`, unless the venv's python is already there.
-    fn create(&self) -> Result<()> {
+    pub(crate) fn create(&self) -> Result<()> {
         if self.python().is_file() {
             return Ok(());
         }
@@ -300,7 +300,7 @@ impl Venv {
         result
     }
 
-    fn pip_install(&self, requirement: &str) -> Result<()> {
+    pub(crate) fn pip_install(&self, requirement: &str) -> Result<()> {
         let mut command = Command::new(self.python());
         command.args(["-m", "pip", "install", "--disable-pip-version-check", requirement]);
         cmd::run(&mut command).with_context(|| {
@@ -318,7 +318,7 @@ fn is_not_found(err: &anyhow::Error) -> bool {
 
 /// An exclusive lock on `<cache>/install.lock`, held until the file is dropped,
 /// so concurrent xtask runs don't install at once. Released by the OS if we die.
-fn lock(cache: &Path) -> Result<File> {
+pub(crate) fn lock(cache: &Path) -> Result<File> {
     fs::create_dir_all(cache).with_context(|| format!("could not create {}", cache.display()))?;
     let path = cache.join("install.lock");
     let file = OpenOptions::new()

@@ -1,5 +1,7 @@
 //! `cargo xtask test [ARGS...]`: build everything (the workspace, every plugin and the frozen-ABI
 //! test plugin of `integration-tests/frozen-abi/`), then `cargo test --workspace ARGS...`.
+//! `cargo xtask test --vllm` instead runs the opt-in tests against a real vLLM engine
+//! (installed into its own cached venv, [`crate::vllm`]).
 
 use std::{env, fs, path::Path};
 
@@ -12,6 +14,9 @@ use crate::{
 };
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
+    let vllm = args.iter().any(|a| a == "--vllm");
+    let args: Vec<String> = args.iter().filter(|a| *a != "--vllm").cloned().collect();
+    let vllm_python = if vllm { Some(crate::vllm::ensure()?) } else { None };
     let torch = setup::setup()?;
     if torch.python.is_none() {
         eprintln!("warning: no Python for the fixture tests (LIBTORCH is set, RLHF_PYTHON is not, no venv)");
@@ -22,6 +27,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     cmd::run(torch.cargo().args(["build", "--workspace", "--all-targets"]))?;
     build_plugins(&torch)?;
     build_frozen_abi_plugin(&torch)?;
+    if let Some(python) = vllm_python {
+        let mut command = torch.cargo();
+        command.args(["test", "-p", "rlhf-integration-tests", "--test", "vllm_engine"]).args(&args);
+        command.args(["--", "--ignored", "--test-threads", "1", "--nocapture"]).env("RLHF_VLLM_PYTHON", python);
+        return cmd::run(&mut command);
+    }
     // --no-fail-fast: one run reports the failures of every crate.
     cmd::run(torch.cargo().args(["test", "--workspace", "--no-fail-fast"]).args(args))
 }

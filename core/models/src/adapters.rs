@@ -103,3 +103,44 @@ pub(crate) fn merge_in_place(layers: Vec<(String, &mut Linear)>) -> Result<()> {
         Ok(())
     })
 }
+
+/// The adapters of `layers` in PEFT's saved layout: `adapter_model.safetensors` tensors named
+/// `base_model.model.<path>.lora_{A,B}.weight` (`A [r, in]`, `B [out, r]`) and the
+/// `adapter_config.json` fields that go with them (`r`, `lora_alpha = scale · r`, the adapted
+/// module names). Errors when there are none, or for transposed (GPT-2 Conv1D) layers.
+pub(crate) fn peft_adapter(layers: Vec<(String, &Linear)>) -> Result<(serde_json::Value, Vec<(String, Tensor)>)> {
+    let mut tensors = Vec::new();
+    let mut modules: Vec<String> = Vec::new();
+    let mut rank_alpha: Option<(i64, f64)> = None;
+    for (path, l) in layers {
+        let Some(a) = &l.lora else { continue };
+        if l.transposed() {
+            return Err(ModelError::Input(format!(
+                "{path}: a PEFT adapter of a transposed (Conv1D) layer is not supported; use full weight sync"
+            )));
+        }
+        let r = a.a.size()[0];
+        rank_alpha.get_or_insert((r, a.scale * r as f64));
+        modules.push(path.rsplit('.').next().unwrap_or(&path).to_string());
+        tensors.push((format!("base_model.model.{path}.lora_A.weight"), a.a.f_detach()?.f_contiguous()?));
+        tensors.push((format!("base_model.model.{path}.lora_B.weight"), a.b.f_detach()?.f_contiguous()?));
+    }
+    let Some((r, alpha)) = rank_alpha else {
+        return Err(ModelError::Input("the model has no LoRA adapters to save".into()));
+    };
+    modules.sort();
+    modules.dedup();
+    let config = serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": r,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "target_modules": modules,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "modules_to_save": null,
+    });
+    Ok((config, tensors))
+}

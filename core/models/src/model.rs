@@ -304,6 +304,21 @@ impl CausalLm {
         self.save_sharded(dir, DEFAULT_MAX_SHARD_BYTES)
     }
 
+    /// Saves the LoRA adapters alone in PEFT's layout (`adapter_config.json`,
+    /// `adapter_model.safetensors`), loadable by PEFT and by vLLM's LoRA support on top of the
+    /// base model this one was loaded from.
+    pub fn save_lora_adapter(&self, dir: &Path) -> Result<()> {
+        let layers = self.backbone.linears(self.config.arch.family.backbone_prefix());
+        let (mut config, tensors) = adapters::peft_adapter(layers)?;
+        if let Some(obj) = config.as_object_mut() {
+            obj.insert("base_model_name_or_path".into(), Value::from(self.source_dir.display().to_string()));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        write_json(&dir.join("adapter_config.json"), &config)?;
+        let tensors: BTreeMap<String, Tensor> = tensors.into_iter().collect();
+        crate::weights::save_safetensors_file(&dir.join("adapter_model.safetensors"), &tensors)
+    }
+
     /// [`CausalLm::save`] with an explicit shard size.
     pub fn save_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<()> {
         let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;

@@ -262,6 +262,28 @@ pub fn save_safetensors(dir: &Path, tensors: &BTreeMap<String, Tensor>, max_shar
     write_json(&dir.join(INDEX_FILE), &index)
 }
 
+/// Writes named tensors into one safetensors file at `path` (e.g. PEFT's
+/// `adapter_model.safetensors`), in name order.
+pub fn save_safetensors_file(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
+    let mut items = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let dtype = dtype_of(t.kind())
+            .ok_or_else(|| ModelError::Input(format!("tensor `{name}` has unsupported kind {:?}", t.kind())))?;
+        let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+        items.push((name.clone(), dtype, shape, tensor_bytes(t)?));
+    }
+    let bad =
+        |e: safetensors::SafeTensorError| ModelError::Safetensors { path: path.to_path_buf(), message: e.to_string() };
+    let views = items
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            TensorView::new(*dtype, shape.clone(), data).map(|v| (name.clone(), v)).map_err(bad)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    safetensors::serialize_to_file(views, &metadata, path).map_err(bad)
+}
+
 /// Writes pretty JSON with a trailing newline.
 pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     let mut text = serde_json::to_string_pretty(value)

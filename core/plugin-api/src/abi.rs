@@ -42,7 +42,9 @@ pub const API_MAJOR: u32 = 4;
 /// - 4.0: keyed inputs, named requirements, JSON context.
 /// - 4.1: the `epoch`, `accumulation_steps` and `step_tokens` scalars of a minibatch; the optional
 ///   [`AlgorithmObj::resolved_config`].
-pub const API_MINOR: u32 = 1;
+/// - 4.2: the optional `behavior_logprobs` tensor of a batch and a minibatch (an external
+///   rollout engine's log-probs).
+pub const API_MINOR: u32 = 2;
 /// The tch version plugin-api is built with (the workspace pins it; a tidy test checks).
 pub const TCH_VERSION: &str = "0.24.0";
 /// The libtorch version plugin-api was compiled against.
@@ -83,6 +85,9 @@ pub mod keys {
     /// Scalar (4.1): valid response tokens in all the minibatches of this optimizer step, the
     /// normaliser of a token mean over the whole accumulated batch (TRL's `num_items_in_batch`).
     pub const STEP_TOKENS: &str = "step_tokens";
+    /// The rollout engine's log-probs of the sampled tokens, `[B, R]` (`[b, R]` in a minibatch)
+    /// f32 (4.2; only when an external engine such as vLLM generated the batch).
+    pub const BEHAVIOR_LOGPROBS: &str = "behavior_logprobs";
 
     /// Requirement: reference-model log-probs.
     pub const REFERENCE: &str = "reference";

@@ -92,6 +92,11 @@ pub struct Experience {
     pub action_mask: Tensor,
     pub group_ids: Tensor,
     pub step: u64,
+    /// The rollout engine's own log-probs of the sampled tokens (since 4.2; only from an
+    /// external engine such as vLLM, whose numerics differ from the trainer's): the behaviour
+    /// policy, for off-policy corrections. `None` with the trainer's own engine, where the
+    /// behaviour policy is `logprobs`.
+    pub behavior_logprobs: Option<Tensor>,
 }
 
 /// Per-token targets computed once per generation batch.
@@ -132,6 +137,9 @@ pub struct Minibatch {
     /// minibatch's from an older host): a token mean over the whole accumulated batch divides
     /// `Σ loss·mask` by `step_tokens / accumulation_steps` (the host's division completes it).
     pub step_tokens: f64,
+    /// The rollout engine's log-probs of these samples (since 4.2; see
+    /// [`Experience::behavior_logprobs`]).
+    pub behavior_logprobs: Option<Tensor>,
 }
 
 /// The loss to back-propagate and metrics to log (TRL's names where they exist:
@@ -243,6 +251,7 @@ impl Experience {
             action_mask: i.required(keys::ACTION_MASK)?,
             group_ids: i.required(keys::GROUP_IDS)?,
             step: i.scalar(keys::STEP).unwrap_or(0.0) as u64,
+            behavior_logprobs: i.tensor(keys::BEHAVIOR_LOGPROBS),
         };
         check_input(i.call, keys::REWARDS, &exp.rewards, &[b], Kind::Float)?;
         check_input(i.call, keys::GROUP_IDS, &exp.group_ids, &[b], Kind::Int64)?;
@@ -251,6 +260,7 @@ impl Experience {
             (keys::ACTION_MASK, Some(&exp.action_mask)),
             (keys::REF_LOGPROBS, exp.ref_logprobs.as_ref()),
             (keys::VALUES, exp.values.as_ref()),
+            (keys::BEHAVIOR_LOGPROBS, exp.behavior_logprobs.as_ref()),
         ] {
             if let Some(t) = t {
                 check_input(i.call, name, t, &[b, r], Kind::Float)?;
@@ -291,6 +301,7 @@ impl Minibatch {
             epoch: i.scalar(keys::EPOCH).unwrap_or(0.0) as u64,
             accumulation_steps: i.scalar(keys::ACCUMULATION_STEPS).unwrap_or(1.0).max(1.0) as u64,
             step_tokens,
+            behavior_logprobs: i.tensor(keys::BEHAVIOR_LOGPROBS),
         };
         check_input(i.call, keys::REWARDS, &mb.rewards, &[b], Kind::Float)?;
         for (name, t) in [
@@ -303,6 +314,7 @@ impl Minibatch {
             (keys::OLD_VALUES, mb.old_values.as_ref()),
             (keys::RETURNS, mb.returns.as_ref()),
             (keys::ENTROPY, mb.entropy.as_ref()),
+            (keys::BEHAVIOR_LOGPROBS, mb.behavior_logprobs.as_ref()),
         ] {
             if let Some(t) = t {
                 check_input(i.call, name, t, &[b, r], Kind::Float)?;
@@ -334,6 +346,7 @@ impl Experience {
             (keys::VALUES, self.values.as_ref()),
             (keys::ACTION_MASK, Some(&self.action_mask)),
             (keys::GROUP_IDS, Some(&self.group_ids)),
+            (keys::BEHAVIOR_LOGPROBS, self.behavior_logprobs.as_ref()),
         ]);
         let scalars = scalars(&[(keys::STEP, self.step as f64)]);
         f(InputsAbi { tensors: tensors.as_slice().into(), scalars: scalars.as_slice().into() })
@@ -354,6 +367,7 @@ impl Minibatch {
             (keys::ACTION_MASK, Some(&self.action_mask)),
             (keys::ENTROPY, self.entropy.as_ref()),
             (keys::REWARDS, Some(&self.rewards)),
+            (keys::BEHAVIOR_LOGPROBS, self.behavior_logprobs.as_ref()),
         ]);
         let scalars = scalars(&[
             (keys::STEP, self.step as f64),

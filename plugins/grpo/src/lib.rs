@@ -320,6 +320,7 @@ mod tests {
             ]),
             group_ids: Tensor::from_slice(&[7i64, 7, 3, 7, 7, 3]),
             step: 0,
+            behavior_logprobs: None,
         }
     }
 
@@ -403,6 +404,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            behavior_logprobs: None,
         };
         (mb, logp)
     }

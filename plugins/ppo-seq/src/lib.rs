@@ -261,6 +261,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            behavior_logprobs: None,
         };
         let out = a.loss(&mb).unwrap();
         let m = &out.metrics;
@@ -295,6 +296,7 @@ mod tests {
             action_mask: t2(&[&[1.0, 1.0], &[1.0, 0.0]]),
             group_ids: Tensor::from_slice(&[0i64, 1]),
             step: 0,
+            behavior_logprobs: None,
         };
         let p = a.prepare(&exp).unwrap();
         assert_close(&values_of(&p.advantages), &[0.75, 0.75, 0.5, 0.0], 1e-6);
@@ -318,6 +320,7 @@ mod tests {
             action_mask: t2(&[&[1.0, 1.0, 1.0]]),
             group_ids: Tensor::from_slice(&[0i64]),
             step: 0,
+            behavior_logprobs: None,
         };
         let p = a.prepare(&exp).unwrap();
         assert_close(&values_of(&p.advantages), &[1.5, 1.5, 1.5], 1e-6);
@@ -336,6 +339,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            behavior_logprobs: None,
         };
         let out = a.loss(&mb).unwrap();
         assert!((metric(&out.metrics, "loss/policy") + 1.5).abs() < 1e-6, "{:?}", out.metrics);
@@ -364,6 +368,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            behavior_logprobs: None,
         };
         let out = a.loss(&mb).unwrap();
         assert!(out.loss.double_value(&[]).is_finite());

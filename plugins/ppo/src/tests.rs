@@ -23,6 +23,7 @@ fn experience(score: &[f32], old: &[&[f32]], reff: &[&[f32]], values: &[&[f32]],
         action_mask: t2(mask),
         group_ids: Tensor::arange(score.len() as i64, (Kind::Int64, Device::Cpu)),
         step: 0,
+        behavior_logprobs: None,
     }
 }
 
@@ -167,6 +168,7 @@ fn loss_by_hand_with_clipping() {
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        behavior_logprobs: None,
     };
     let out = algo.loss(&mb).unwrap();
     let m = &out.metrics;
@@ -226,6 +228,7 @@ fn all_masked_row_is_finite() {
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        behavior_logprobs: None,
     };
     let out = algo.loss(&mb).unwrap();
     assert_eq!(out.loss.double_value(&[]), 0.0);

@@ -257,6 +257,7 @@ mod tests {
             action_mask: t2(&[&[1., 1., 1.], &[1., 1., 0.]]),
             group_ids: Tensor::from_slice(&[0i64, 1]),
             step: 0,
+            behavior_logprobs: None,
         }
     }
 
@@ -303,6 +304,7 @@ mod tests {
             ]),
             group_ids: Tensor::from_slice(&[7i64, 7, 3, 7, 7, 3, 42]),
             step: 0,
+            behavior_logprobs: None,
         }
     }
 
@@ -354,6 +356,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            behavior_logprobs: None,
         };
         (mb, logp)
     }

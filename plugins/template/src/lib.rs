@@ -179,6 +179,7 @@ mod tests {
             action_mask: t2(&[[1., 1., 0.], [1., 0., 0.], [1., 1., 1.], [1., 0., 0.]]),
             group_ids: Tensor::from_slice(&[7i64, 7, 3, 3]),
             step: 0,
+            behavior_logprobs: None,
         }
     }
 
@@ -208,6 +209,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            behavior_logprobs: None,
         };
         let out = algo.loss(&mb).unwrap();
         assert_close(&[out.loss.double_value(&[]) as f32], &[1. / 7.]);

@@ -17,11 +17,13 @@ use crate::error::{Result, TrainerError};
 mod dpo;
 mod phases;
 mod rl;
+mod rollout;
 
 pub use crate::optim::Schedule;
 pub use dpo::*;
 pub use phases::*;
 pub use rl::*;
+pub use rollout::*;
 
 /// Where the base configuration comes from.
 #[derive(Debug, Clone)]

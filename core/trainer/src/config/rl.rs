@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use rlhf_models::LoraConfig;
 use rlhf_wandb::WandbConfig;
 
+use super::rollout::RolloutConfig;
 use super::{base_layer, describe_figment, layer, schema, ConfigSource, KeySource, Layers, Named, SetOverride};
 use crate::error::{Result, TrainerError};
 use crate::optim::{OptimConfig, Schedule};
@@ -106,35 +107,6 @@ impl Default for DataConfig {
             prompt_key: "prompt".into(),
             messages_key: "messages".into(),
             label_key: "label".into(),
-        }
-    }
-}
-
-/// Generation during rollout.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RolloutConfig {
-    /// Distinct prompts per generation batch.
-    pub prompts_per_batch: usize,
-    /// Responses sampled per prompt (GRPO's G).
-    pub samples_per_prompt: usize,
-    pub max_new_tokens: i64,
-    pub temperature: f64,
-    /// 1.0 disables.
-    pub top_p: f64,
-    /// 0 disables.
-    pub top_k: i64,
-}
-
-impl Default for RolloutConfig {
-    fn default() -> Self {
-        RolloutConfig {
-            prompts_per_batch: 8,
-            samples_per_prompt: 4,
-            max_new_tokens: 64,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
         }
     }
 }
@@ -384,7 +356,7 @@ impl RlConfig {
     }
 
     fn validate(&self, src: &KeySource) -> Result<()> {
-        self.validate_rollout(src)?;
+        self.rollout.validate(self.model.lora.rank, src)?;
         self.validate_train(src)?;
         self.validate_rewards(src)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
@@ -398,30 +370,6 @@ impl RlConfig {
                 let field = msg.trim_start_matches('.').split(':').next().unwrap_or("");
                 return Err(TrainerError::Config(format!("{}: {key}{msg}", src.of(&format!("{key}.{field}")))));
             }
-        }
-        Ok(())
-    }
-
-    fn validate_rollout(&self, src: &KeySource) -> Result<()> {
-        let bad = |key: &str, msg: &str| Err(src.error(key, msg));
-        let r = &self.rollout;
-        if r.prompts_per_batch == 0 {
-            return bad("rollout.prompts_per_batch", "must be >= 1");
-        }
-        if r.samples_per_prompt == 0 {
-            return bad("rollout.samples_per_prompt", "must be >= 1");
-        }
-        if r.max_new_tokens < 1 {
-            return bad("rollout.max_new_tokens", "must be >= 1");
-        }
-        if r.temperature.is_nan() || r.temperature <= 0.0 {
-            return bad("rollout.temperature", "must be > 0 (RL needs sampling)");
-        }
-        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
-            return bad("rollout.top_p", "must be in (0, 1]");
-        }
-        if r.top_k < 0 {
-            return bad("rollout.top_k", "must be >= 0 (0 disables)");
         }
         Ok(())
     }

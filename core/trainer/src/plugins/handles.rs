@@ -104,6 +104,7 @@ impl AlgorithmHandle {
             action_mask: exp.action_mask.shallow_clone(),
             group_ids: exp.group_ids.shallow_clone(),
             step: exp.step,
+            behavior_logprobs: zero_padding_opt(&exp.behavior_logprobs, &valid)?,
         };
         let out = exp.with_abi(|inputs| self.obj.prepare(inputs)).into_result();
         let out = out.map_err(|e| call_err(&self.meta, e, "algorithm.config"))?;
@@ -152,6 +153,7 @@ impl AlgorithmHandle {
             epoch: mb.epoch,
             accumulation_steps: mb.accumulation_steps,
             step_tokens: mb.step_tokens,
+            behavior_logprobs: zero_padding_opt(&mb.behavior_logprobs, &valid)?,
         };
         let out = mb.with_abi(|inputs| self.obj.loss(inputs)).into_result();
         let out = out.map_err(|e| call_err(&self.meta, e, "algorithm.config"))?;

@@ -21,6 +21,7 @@ pub fn prepare(algo: &mut AlgorithmHandle, batch: &Batch, step: u64, m: &mut Ste
         action_mask: batch.action_mask.shallow_clone(),
         group_ids: batch.group_ids.shallow_clone(),
         step,
+        behavior_logprobs: batch.behavior_logprobs.as_ref().map(|t| t.shallow_clone()),
     };
     let prepared = algo.prepare(&exp)?;
     for (name, value) in &prepared.metrics {

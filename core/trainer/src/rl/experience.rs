@@ -20,7 +20,7 @@ use crate::rl::score::Scored;
 /// # Shapes
 /// `B` scored samples, prompt length `P`, `R` response slots:
 /// `sequences`, `attention_mask` `[B, P + R]` (i64); `action_mask`, `old_logprobs`,
-/// `ref_logprobs`, `values` `[B, R]` f32; `rewards [B]` f32; `group_ids [B]` i64.
+/// `ref_logprobs`, `values`, `behavior_logprobs` `[B, R]` f32; `rewards [B]` f32; `group_ids [B]` i64.
 pub struct Batch {
     pub sequences: Tensor,
     pub attention_mask: Tensor,
@@ -31,6 +31,8 @@ pub struct Batch {
     pub values: Option<Tensor>,
     pub rewards: Tensor,
     pub group_ids: Tensor,
+    /// An external engine's log-probs of the sampled tokens (see [`crate::rl::rollout::Rollout`]).
+    pub behavior_logprobs: Option<Tensor>,
 }
 
 impl Batch {
@@ -84,6 +86,7 @@ pub fn select(rollout: &Rollout, scored: &Scored, group_of_row: &[(usize, i64)],
         prompt_len: gen.prompt_len,
         rewards,
         group_ids,
+        behavior_logprobs: rollout.behavior_logprobs.as_ref().map(|t| t.f_index_select(0, &index)).transpose()?,
     })
 }
 
@@ -95,6 +98,7 @@ pub struct Selected {
     pub prompt_len: i64,
     pub rewards: Tensor,
     pub group_ids: Tensor,
+    pub behavior_logprobs: Option<Tensor>,
 }
 
 /// Runs the old policy, the reference and the critic over the batch without gradients. Returns
@@ -125,6 +129,7 @@ pub fn compute(
             prompt_len: p_len,
             rewards: s.rewards,
             group_ids: s.group_ids,
+            behavior_logprobs: s.behavior_logprobs,
         };
         return Ok((batch, Some(zeros()?), times));
     }
@@ -157,6 +162,7 @@ pub fn compute(
         values,
         rewards: s.rewards,
         group_ids: s.group_ids,
+        behavior_logprobs: s.behavior_logprobs,
     };
     Ok((batch, old.entropy, times))
 }

@@ -14,6 +14,8 @@
 //! minibatch and sums the gradients; rank 0 alone writes the run's files.
 
 pub mod advantages;
+pub mod correction;
+pub mod engine;
 pub mod experience;
 pub mod optimise;
 pub mod prompts;
@@ -85,6 +87,8 @@ pub struct Trainer {
     reward_history: Vec<f64>,
     wandb: Option<rlhf_wandb::WandbSink>,
     progress: Option<RunProgress>,
+    /// Who samples the responses (the trainer itself, or vLLM servers).
+    engine: engine::Engine,
     /// This process's rank among the data-parallel ranks (a world of one by default).
     world: Arc<World>,
     /// Where a rank other than 0 writes what it must (a built-in model), removed at the end.
@@ -216,7 +220,9 @@ impl Trainer {
         let (n_prompts, g) = (cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt);
         let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, device)?;
         let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
-        let rollout = rollout::sample(&self.actor, &batch, &cfg.rollout, &eos_ids, pad, part.window())?;
+        let probe = &self.data.records[0].ids;
+        self.engine.ensure_synced(&self.actor, self.actor_opt.steps, probe, &self.world, &mut m)?;
+        let rollout = self.engine.sample(&self.actor, &batch, part, &cfg.rollout, &eos_ids, pad)?;
         let t_gen = phase_secs(device, t0);
         if let Some(p) = &self.progress {
             p.advance(1);
@@ -253,7 +259,11 @@ impl Trainer {
         experience::metrics(&exp, entropy.as_ref(), &mut m)?;
 
         // 5. Advantages.
-        let prepared = advantages::prepare(&mut self.algo, &exp, self.actor_opt.steps as u64, &mut m)?;
+        let mut prepared = advantages::prepare(&mut self.algo, &exp, self.actor_opt.steps as u64, &mut m)?;
+        let behavior = exp.behavior_logprobs.as_ref();
+        let adv = prepared.advantages.shallow_clone();
+        prepared.advantages =
+            correction::apply(&cfg.rollout.is_correction, &exp.old_logprobs, behavior, &exp.action_mask, adv, &mut m)?;
 
         // 6–7. Minibatch losses and optimizer steps.
         let t5 = Instant::now();

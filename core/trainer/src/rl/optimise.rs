@@ -134,6 +134,7 @@ pub fn optimise(
                     step: actor_opt.steps as u64,
                     epoch: epoch as u64,
                     accumulation_steps: k as u64,
+                    behavior_logprobs: pick_opt(&batch.behavior_logprobs, &idx)?,
                 };
                 let out = algo.loss(&mb)?;
                 let mut loss = out.loss;

@@ -18,6 +18,10 @@ pub struct Rollout {
     pub kept_rows: Vec<usize>,
     /// Per kept row: (response ids without EOS, for the text; response ids with EOS).
     pub responses: Vec<(Vec<u32>, Vec<u32>)>,
+    /// The engine's own log-probs of the sampled tokens, `[P·G, R]` (0 on padding): the
+    /// behaviour policy of an external engine (vLLM); `None` from the trainer's own decode,
+    /// whose behaviour policy is the actor itself.
+    pub behavior_logprobs: Option<tch::Tensor>,
 }
 
 /// Samples responses with the rollout settings; `rows` places this batch in a larger one split
@@ -55,6 +59,15 @@ pub fn sample(
             )),
             e => e.into(),
         })?;
+    finish(generated, None, eos_ids)
+}
+
+/// The rows worth scoring of a generated batch (any engine): rows with at least one response
+/// token, their response ids with and without EOS.
+///
+/// # Shapes
+/// `generated` as [`sample`] returns it; `behavior_logprobs`: `[N, R]`.
+pub fn finish(generated: Generated, behavior_logprobs: Option<tch::Tensor>, eos_ids: &[i64]) -> Result<Rollout> {
     let resp_rows = to_rows(&generated.responses()?)?;
     let mask_rows = to_rows(&generated.response_mask)?;
     let mut kept_rows = Vec::new();
@@ -68,5 +81,5 @@ pub fn sample(
         kept_rows.push(r);
         responses.push((content, tokens));
     }
-    Ok(Rollout { generated, kept_rows, responses })
+    Ok(Rollout { generated, kept_rows, responses, behavior_logprobs })
 }

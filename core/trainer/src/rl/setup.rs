@@ -366,6 +366,7 @@ impl Trainer {
             Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
             _ => None,
         };
+        let (cfg_rollout, engine_dir) = (cfg.rollout.clone(), run_dir.clone());
         let mut trainer = Trainer {
             cfg,
             run_dir,
@@ -388,6 +389,7 @@ impl Trainer {
             reward_history: Vec::new(),
             wandb: None,
             progress: None,
+            engine: super::engine::Engine::new(&cfg_rollout, &engine_dir)?,
             world,
             _scratch: None,
         };

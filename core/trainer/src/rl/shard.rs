@@ -156,6 +156,7 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
         values: opt(&b.values)?,
         rewards: gather_rows(world, &b.rewards, &counts, None, 0.0)?,
         group_ids: gather_rows(world, &b.group_ids, &counts, None, 0.0)?,
+        behavior_logprobs: opt(&b.behavior_logprobs)?,
     };
     Ok((batch, opt(&entropy)?))
 }

@@ -149,6 +149,7 @@ fn bad_info_panics_come_back_as_errors() {
         action_mask: mask.shallow_clone(),
         group_ids: group_ids.shallow_clone(),
         step: 0,
+        behavior_logprobs: None,
     };
     let minibatch = Minibatch {
         logprobs: logprobs.shallow_clone(),
@@ -165,6 +166,7 @@ fn bad_info_panics_come_back_as_errors() {
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        behavior_logprobs: None,
     };
     let mut algo = ok((module.new_algorithm())(RStr::from_str("{}"), host_context()));
     assert_eq!(algo.requirements().len(), 0, "bad-info requires nothing");
