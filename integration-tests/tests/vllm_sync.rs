@@ -1,0 +1,193 @@
+//! Weight sync to vLLM servers against a mock server: the host writes a version, the server is
+//! told to load it and to drop its prefix cache, and the server must confirm it with a probe
+//! token's log-prob equal to the trainer's; a server that answers every call but still serves
+//! the old policy (its probe log-prob is the old one) is an error naming it. Old versions are
+//! pruned. The behaviour log-probs a step gets from the engine reach the metrics.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::Uri;
+use axum::response::IntoResponse;
+use axum::Router;
+use rlhf_generation::{token_logprobs, LogProbOptions};
+use rlhf_models::CausalLm;
+use rlhf_trainer::config::VllmConfig;
+use rlhf_trainer::rl::engine::client::VllmClient;
+use rlhf_trainer::rl::engine::sync::Weights;
+use serde_json::{json, Value};
+use tch::{Device, Kind, Tensor};
+
+/// What the mock answers the probe with, and the calls it saw.
+#[derive(Default)]
+struct Mock {
+    probe_logprob: f64,
+    probe_token: u32,
+    calls: Vec<String>,
+    loaded: Vec<String>,
+}
+
+async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axum::response::Response {
+    let mut m = m.lock().unwrap();
+    let path = uri.path().to_string();
+    m.calls.push(path.clone());
+    let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let reply = match path.as_str() {
+        "/collective_rpc" => {
+            m.loaded.push(req["kwargs"]["weights_path"].as_str().unwrap_or("").to_string());
+            json!({"results": [null]})
+        }
+        "/reset_prefix_cache" => json!({"success": true}),
+        "/v1/completions" if req["max_tokens"] == 1 => json!({"choices": [{
+            "index": 0, "text": "x", "finish_reason": "length", "token_ids": [m.probe_token],
+            "logprobs": {"token_logprobs": [m.probe_logprob], "tokens": ["x"], "top_logprobs": [], "text_offset": [0]}
+        }]}),
+        // A rollout: every sample of every prompt answers "5 <eos>" at log-prob -2 per token.
+        "/v1/completions" => {
+            let n = req["n"].as_u64().unwrap_or(1) * req["prompt"].as_array().map_or(0, |p| p.len() as u64);
+            let choices: Vec<Value> = (0..n)
+                .map(|i| json!({"index": i, "text": "5", "finish_reason": "stop", "token_ids": [9, 1],
+                    "logprobs": {"token_logprobs": [-2.0, -2.0], "tokens": ["5", "<eos>"], "top_logprobs": [], "text_offset": [0, 1]}}))
+                .collect();
+            json!({ "choices": choices })
+        }
+        _ => return (axum::http::StatusCode::NOT_FOUND, "no such path").into_response(),
+    };
+    axum::Json(reply).into_response()
+}
+
+/// A mock server on 127.0.0.1:0 and its state.
+fn serve() -> (String, Arc<Mutex<Mock>>) {
+    let state = Arc::new(Mutex::new(Mock::default()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let shared = Arc::clone(&state);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let app = Router::new().fallback(handle).with_state(shared);
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    let addr = rx.recv().unwrap();
+    (format!("http://{addr}"), state)
+}
+
+fn trainer_logprob(actor: &CausalLm, probe: &[u32], token: u32) -> f64 {
+    let ids: Vec<i64> = probe.iter().chain([&token]).map(|&t| i64::from(t)).collect();
+    let seq = Tensor::from_slice(&ids).view([1, -1]);
+    let attn = seq.ones_like().to_kind(Kind::Int64);
+    let opts = LogProbOptions { entropy: false, ..LogProbOptions::default() };
+    let lp = tch::no_grad(|| token_logprobs(actor, &seq, &attn, probe.len() as i64, opts)).unwrap();
+    lp.logprobs.double_value(&[0, 0])
+}
+
+#[test]
+fn a_server_must_confirm_each_version_and_old_versions_are_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("model");
+    rlhf_trainer::builtin::write_tiny_model(&model_dir, 7).unwrap();
+    let actor = CausalLm::from_dir(&model_dir, Device::Cpu, Kind::Float).unwrap();
+    let (url, mock) = serve();
+    let cfg = VllmConfig { urls: vec![url.clone()], keep_versions: 2, ..VllmConfig::default() };
+    let run_dir = dir.path().join("run");
+    let weights = Weights::new(&run_dir, &cfg);
+    let client = VllmClient::new(&url, Duration::from_secs(10), 0).unwrap();
+    let probe = [3u32, 4, 5];
+    let ours = trainer_logprob(&actor, &probe, 6);
+    {
+        let mut m = mock.lock().unwrap();
+        (m.probe_token, m.probe_logprob) = (6, ours + 1e-5);
+    }
+    for version in 1..=3 {
+        weights.push(&actor, version, &probe, std::slice::from_ref(&client)).unwrap();
+    }
+    let m = mock.lock().unwrap().calls.clone();
+    assert_eq!(&m[..3], ["/collective_rpc", "/reset_prefix_cache", "/v1/completions"], "{m:?}");
+    let loaded = mock.lock().unwrap().loaded.clone();
+    assert_eq!(loaded.len(), 3);
+    assert!(loaded[2].ends_with("rollout-weights/v000003"), "{loaded:?}");
+    let mut kept: Vec<String> = std::fs::read_dir(run_dir.join("rollout-weights"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["v000002", "v000003"], "only the newest keep_versions remain");
+    assert!(run_dir.join("rollout-weights/v000003/model.safetensors").is_file());
+
+    // The server acknowledges the reload but keeps serving another policy.
+    mock.lock().unwrap().probe_logprob = ours - 0.5;
+    let e = weights.push(&actor, 4, &probe, std::slice::from_ref(&client)).unwrap_err().to_string();
+    assert!(e.contains(&format!("{url} did not take weight version 4")) && e.contains("sync_tolerance"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn a_lora_version_is_a_peft_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("model");
+    rlhf_trainer::builtin::write_tiny_model(&model_dir, 7).unwrap();
+    let mut actor = CausalLm::from_dir(&model_dir, Device::Cpu, Kind::Float).unwrap();
+    let lora = rlhf_models::LoraConfig { rank: 2, alpha: 8.0, ..Default::default() };
+    assert!(actor.apply_lora(&lora).unwrap() > 0);
+    let out = dir.path().join("adapter");
+    actor.save_lora_adapter(&out).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (config["peft_type"].as_str(), config["r"].as_i64(), config["lora_alpha"].as_f64()),
+        (Some("LORA"), Some(2), Some(8.0))
+    );
+    assert_eq!(config["target_modules"], json!(["q_proj", "v_proj"]));
+    let tensors = Tensor::read_safetensors(out.join("adapter_model.safetensors")).unwrap();
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), "{names:?}");
+    let a = tensors.iter().find(|(n, _)| n.ends_with("layers.0.self_attn.q_proj.lora_A.weight")).unwrap();
+    assert_eq!(a.1.size()[0], 2);
+    // A model without adapters has nothing to export.
+    let plain = CausalLm::from_dir(&model_dir, Device::Cpu, Kind::Float).unwrap();
+    assert!(plain.save_lora_adapter(&dir.path().join("none")).unwrap_err().to_string().contains("no LoRA adapters"));
+}
+
+/// A run on the vLLM engine (a mock one): the policy of each optimizer step is pushed before the
+/// step samples, the engine's log-probs reach the importance-sampling metrics and correction.
+#[test]
+fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, mock) = serve();
+    let rd = dir.path().join("run");
+    let out = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+        .args(["train", "--algo", "grpo", "--run-dir", rd.to_str().unwrap()])
+        .args(["--set", "train.steps=2", "--set", "rollout.engine=\"vllm\""])
+        .args(["--set", &format!("rollout.vllm.urls=[\"{url}\"]")])
+        // The mock cannot compute the policy's log-prob of the probe.
+        .args(["--set", "rollout.vllm.sync_tolerance=1e9", "--set", "rollout.is_correction.mode=\"token_mask\""])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows: Vec<Value> = std::fs::read_to_string(rd.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    // The version is the optimizer steps taken: 2 per generation batch (128 samples, minibatches of 64).
+    for (k, r) in rows.iter().enumerate() {
+        assert_eq!(r["rollout/weights_version"].as_f64(), Some(2.0 * k as f64), "{r}");
+        assert_eq!(r["completions/mean_length"].as_f64(), Some(2.0), "{r}");
+        for key in ["is/ratio_mean", "is/logprob_diff_max", "is/masked_fraction"] {
+            assert!(r[key].as_f64().is_some_and(f64::is_finite), "{key}: {r}");
+        }
+    }
+    let loaded = mock.lock().unwrap().loaded.clone();
+    assert_eq!(loaded.len(), 2, "{loaded:?}");
+    assert!(
+        loaded[0].ends_with("rollout-weights/v000000") && loaded[1].ends_with("rollout-weights/v000002"),
+        "{loaded:?}"
+    );
+}
