@@ -190,4 +190,21 @@ fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
         loaded[0].ends_with("rollout-weights/v000000") && loaded[1].ends_with("rollout-weights/v000002"),
         "{loaded:?}"
     );
+
+    // On 2 data-parallel ranks rank 0 alone pushes each version; both ranks sample from the server.
+    let rd2 = dir.path().join("run2");
+    let before = mock.lock().unwrap().calls.iter().filter(|c| *c == "/v1/completions").count();
+    let out = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+        .args(["train", "--algo", "grpo", "--nproc", "2", "--run-dir", rd2.to_str().unwrap()])
+        .args(["--set", "train.steps=2", "--set", "rollout.engine=\"vllm\""])
+        .args(["--set", &format!("rollout.vllm.urls=[\"{url}\"]"), "--set", "rollout.vllm.sync_tolerance=1e9"])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = mock.lock().unwrap();
+    assert_eq!(m.loaded.len(), 4, "one reload per version, from rank 0 only: {:?}", m.loaded);
+    let completions = m.calls.iter().filter(|c| *c == "/v1/completions").count() - before;
+    // Per step: rank 0's probe, and one rollout request from each rank.
+    assert_eq!(completions, 2 * 3, "{:?}", m.calls);
 }
