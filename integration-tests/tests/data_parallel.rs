@@ -128,12 +128,12 @@ fn ppo_with_critic_on_two_ranks_equals_one_process() {
     assert!(d < 1e-4, "{d}");
 }
 
-/// SFT and RM: each micro-batch split over the ranks, losses normalised by the whole step's
+/// SFT, RM and DPO: each micro-batch split over the ranks, losses normalised by the whole step's
 /// tokens (pairs), gradients summed: the same steps as one process.
 #[test]
-fn sft_and_rm_on_two_ranks_equal_one_process() {
+fn sft_rm_and_dpo_on_two_ranks_equal_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for (phase, model) in [("sft", "model"), ("rm", "model")] {
+    for (phase, model) in [("sft", "model"), ("rm", "model"), ("dpo", "model")] {
         let (one, two) = (dir.path().join(format!("{phase}-1")), dir.path().join(format!("{phase}-2")));
         let args = [phase, "--set", "train.max_steps=6"];
         ok(&run(&args, &one, None));
