@@ -143,6 +143,11 @@ pub struct TrainConfig {
     pub ptx_data: Option<PathBuf>,
     /// Upper bound on `rows × vocab` fp32 logits materialised at once.
     pub logprob_chunk_elements: i64,
+    /// With one epoch of one minibatch holding the whole batch (no accumulation, one rank, no
+    /// LoRA dropout) the old log-probs are the minibatch's fresh ones detached: compute them in
+    /// that pass rather than in a second forward (TRL does the same). `false` forces the
+    /// separate pass.
+    pub reuse_old_logprobs: bool,
 }
 
 impl Default for TrainConfig {
@@ -164,6 +169,7 @@ impl Default for TrainConfig {
             ptx_coef: 0.0,
             ptx_data: None,
             logprob_chunk_elements: 1 << 26,
+            reuse_old_logprobs: true,
         }
     }
 }

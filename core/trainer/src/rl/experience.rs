@@ -3,7 +3,7 @@
 //! state before each response token — everything the algorithm's `prepare` and the minibatch
 //! losses compare against.
 
-use rlhf_generation::{token_logprobs, LogProbOptions};
+use rlhf_generation::{token_logprobs, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, ScalarHeadModel};
 use std::time::Instant;
 
@@ -33,6 +33,10 @@ pub struct Batch {
     pub group_ids: Tensor,
     /// An external engine's log-probs of the sampled tokens (see [`crate::rl::rollout::Rollout`]).
     pub behavior_logprobs: Option<Tensor>,
+    /// The actor's log-probs (and entropy) of the batch **with** their autograd graph, when the
+    /// step's only minibatch reuses them instead of a second forward pass ([`compute`]'s
+    /// `reuse`); `old_logprobs` are then these, detached.
+    pub policy: Option<TokenLogProbs>,
 }
 
 impl Batch {
@@ -105,6 +109,11 @@ pub struct Selected {
 /// the batch and the old policy's per-token entropy `[B, R]` (for [`metrics`]). A batch without
 /// rows (a data-parallel rank whose samples were all dropped) runs no model.
 ///
+/// With `reuse` — the step is one epoch of one minibatch holding the whole batch, so the
+/// minibatch's fresh log-probs are the old ones (TRL skips the old pass then) — the actor runs
+/// once, with gradients: `old_logprobs` are that pass detached, and the pass itself is kept in
+/// [`Batch::policy`] for the minibatch loss (without LoRA dropout, training mode changes nothing).
+///
 /// # Shapes
 /// See [`Batch`].
 pub fn compute(
@@ -112,6 +121,7 @@ pub fn compute(
     s: Selected,
     max_chunk_elements: i64,
     device: Device,
+    reuse: bool,
 ) -> Result<(Batch, Option<Tensor>, ExperienceTimes)> {
     let opts = LogProbOptions { max_chunk_elements, entropy: true };
     let (seq, attn, p_len) = (&s.sequences, &s.attention_mask, s.prompt_len);
@@ -130,11 +140,21 @@ pub fn compute(
             rewards: s.rewards,
             group_ids: s.group_ids,
             behavior_logprobs: s.behavior_logprobs,
+            policy: None,
         };
         return Ok((batch, Some(zeros()?), times));
     }
     let t = Instant::now();
-    let old = tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?;
+    let (old, policy) = if reuse {
+        let lp = token_logprobs(models.actor, seq, attn, p_len, opts)?; // with grad
+        let detached = TokenLogProbs {
+            logprobs: lp.logprobs.f_detach()?,
+            entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,
+        };
+        (detached, Some(lp))
+    } else {
+        (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None)
+    };
     times.old_logprobs = phase_secs(device, t);
     let t = Instant::now();
     let ref_logprobs = match models.reference {
@@ -163,6 +183,7 @@ pub fn compute(
         rewards: s.rewards,
         group_ids: s.group_ids,
         behavior_logprobs: s.behavior_logprobs,
+        policy,
     };
     Ok((batch, old.entropy, times))
 }

@@ -254,7 +254,16 @@ impl Trainer {
 
         // 4. Experience of this rank's samples, then the whole batch on every rank.
         let models = Models { actor: &self.actor, reference: self.reference.as_ref(), critic: self.critic.as_ref() };
-        let (exp, entropy, times) = experience::compute(&models, selected, cfg.train.logprob_chunk_elements, device)?;
+        // One epoch of one minibatch over the whole batch: the old log-probs are the minibatch's
+        // fresh ones detached, so the actor runs once (with gradients) instead of twice.
+        let t = &cfg.train;
+        let reuse = t.reuse_old_logprobs
+            && t.ppo_epochs == 1
+            && t.minibatch_size >= batch.group_of_row.len()
+            && t.gradient_accumulation_steps <= 1
+            && !self.world.is_distributed()
+            && cfg.model.lora.dropout == 0.0;
+        let (exp, entropy, times) = experience::compute(&models, selected, t.logprob_chunk_elements, device, reuse)?;
         let (exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
         experience::metrics(&exp, entropy.as_ref(), &mut m)?;
 

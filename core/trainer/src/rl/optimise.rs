@@ -6,7 +6,7 @@
 //! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
 //! the whole optimizer step and is logged.
 
-use rlhf_generation::{token_logprobs, LogProbOptions};
+use rlhf_generation::{token_logprobs, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
@@ -109,7 +109,15 @@ pub fn optimise(
                 }
                 let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
                 let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
-                let lp = token_logprobs(actor, &seq, &attn, p_len, opts)?; // [b, R], grad
+                // The step's only minibatch holds the whole batch: reuse the experience pass.
+                let whole = cfg.ppo_epochs == 1 && minibatches.len() == 1 && chunk.len() == b;
+                let lp = match batch.policy.as_ref().filter(|_| whole) {
+                    Some(p) => TokenLogProbs {
+                        logprobs: pick(&p.logprobs, &idx)?,
+                        entropy: if req.entropy { pick_opt(&p.entropy, &idx)? } else { None },
+                    },
+                    None => token_logprobs(actor, &seq, &attn, p_len, opts)?, // [b, R], grad
+                };
                 let values = match &critic {
                     Some((c, _)) => Some(c.values(&seq, &attn)?.f_narrow(1, p_len - 1, r_len)?), // [b, R], grad
                     None => None,

@@ -157,6 +157,8 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
         rewards: gather_rows(world, &b.rewards, &counts, None, 0.0)?,
         group_ids: gather_rows(world, &b.group_ids, &counts, None, 0.0)?,
         behavior_logprobs: opt(&b.behavior_logprobs)?,
+        // A data-parallel step never reuses the old pass (each rank's share is a sub-batch).
+        policy: None,
     };
     Ok((batch, opt(&entropy)?))
 }
