@@ -1,6 +1,7 @@
 //! `cargo xtask bench [ARGS...]`: the `rlhf` CLI measures; this builds it with `--release`
 //! together with the plugins its RL section loads (they land next to the release binary, where
-//! `rlhf` looks for them), then runs `rlhf bench ARGS... --record <root>/BENCHMARKS.md`.
+//! `rlhf` looks for them), then runs `rlhf bench ARGS... --record <root>/BENCHMARKS.md`. With
+//! `--vs-trl` it first installs the pinned TRL ([`setup::TRL_VERSION`]) into the cache venv.
 
 use std::{path::Path, process::Command};
 
@@ -16,6 +17,9 @@ const PLUGINS: &[&str] = &["rlhf-plugin-grpo", "rlhf-plugin-reward-rules"];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let torch = setup::setup()?;
+    if args.iter().any(|a| a == "--vs-trl") {
+        setup::ensure_trl(&torch)?;
+    }
     let binary = cmd::rlhf_binary(Profile::Release);
     let mut build = torch.cargo();
     build.args(["build", "--release", "-p", "rlhf-cli"]);

@@ -213,6 +213,31 @@ pub(crate) fn ensure_test_deps(torch: &Torch, force: bool) -> Result<()> {
     Ok(())
 }
 
+/// The TRL that `rlhf bench --vs-trl` compares against.
+pub(crate) const TRL_VERSION: &str = "1.16.0";
+
+/// Installs the pinned TRL into the cache venv (for `cargo xtask bench --vs-trl`), once.
+pub(crate) fn ensure_trl(torch: &Torch) -> Result<()> {
+    let Some(venv) = &torch.venv else {
+        eprintln!(
+            "--vs-trl: LIBTORCH is set; using the Python of RLHF_PYTHON/--python as it is (needs trl=={TRL_VERSION})"
+        );
+        return Ok(());
+    };
+    let marker = venv.dir.join(format!(".rlhf-trl-{TRL_VERSION}"));
+    if marker.is_file() {
+        return Ok(());
+    }
+    let _lock = lock(&venv.cache)?;
+    if marker.is_file() {
+        return Ok(());
+    }
+    venv.pip_install(&format!("trl=={TRL_VERSION}"))?;
+    fs::write(&marker, format!("trl=={TRL_VERSION}\n"))
+        .with_context(|| format!("could not write {}", marker.display()))?;
+    Ok(())
+}
+
 /// `${XDG_CACHE_HOME:-$HOME/.cache}/rlhf-rs`: everything xtask caches lies below it.
 pub(crate) fn cache_root() -> Result<PathBuf> {
     let dir = cache_dir()?;

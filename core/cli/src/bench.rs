@@ -15,6 +15,7 @@
 //! and prints TRL step / our step. `--record FILE` appends a row to a Markdown table.
 
 mod dp;
+mod machine;
 mod measure;
 mod report;
 mod rl;
@@ -60,9 +61,13 @@ pub struct BenchArgs {
     /// Samples per prompt (G); the gen and train sections run B·G sequences too.
     #[arg(long, short = 'g', default_value_t = 4)]
     group: i64,
-    /// Prompt tokens of the gen and train sections; the RL section truncates longer prompts to it.
+    /// Prompt tokens of the gen and train sections (random tokens).
     #[arg(long, default_value_t = 32)]
     prompt_len: i64,
+    /// The RL sections' `data.max_prompt_len`: longer prompts are cut from the left. The default
+    /// keeps chat prompts whole, system prompt included.
+    #[arg(long, default_value_t = 512)]
+    rl_prompt_len: i64,
     /// New tokens per sequence (the RL section's max_new_tokens).
     #[arg(long, default_value_t = 32)]
     new_tokens: i64,
@@ -245,6 +250,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.batch < 1 || args.group < 1 || args.prompt_len < 1 || args.new_tokens < 1 || args.repeats < 1 {
         bail!("--batch, --group, --prompt-len, --new-tokens and --repeats must be >= 1");
     }
+    if args.rl_prompt_len < 1 {
+        bail!("--rl-prompt-len must be >= 1");
+    }
     if args.vs_trl && !do_rl {
         bail!("--vs-trl compares RL steps: include the rl section (--only ...,rl)");
     }
@@ -281,7 +289,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let params = stored_params(&model_dir)?;
-    let dev_name = device_name(device);
+    let machine = machine::measure(device, kind);
+    let dev_name = format!(
+        "{}; GEMM {:.0} GFLOP/s, copy {:.0} GB/s",
+        device_name(device),
+        machine.gemm_tflops * 1e3,
+        machine.copy_gbps
+    );
     let rows = args.batch * args.group;
     println!(
         "model {model_name} ({} params, {:?}) | {} {} ({dev_name}) | B={} G={} ({rows} sequences), prompt {}, new {} \
@@ -297,6 +311,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.repeats
     );
 
+    println!(
+        "machine: {} {} GEMM {:.1} GFLOP/s, memory copy {:.1} GB/s (measured now; MFU and the decode bound are \
+         against these unless the GPU is known or --peak-tflops/--hbm-gbps say otherwise)",
+        args.device,
+        args.dtype,
+        machine.gemm_tflops * 1e3,
+        machine.copy_gbps
+    );
+
     // The RL config and prompts come first: --vs-trl runs TRL before anything of ours touches the
     // device, so it has the GPU to itself.
     let rl_setup = rl::RlSetup {
@@ -305,7 +328,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         dtype: &args.dtype,
         batch: args.batch,
         group: args.group,
-        prompt_len: args.prompt_len,
+        prompt_len: args.rl_prompt_len,
         new_tokens: args.new_tokens,
         repeats: args.repeats,
         prompts: args.prompts.as_deref(),
@@ -364,7 +387,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let model = CausalLm::from_dir(&model_dir, device, kind)?;
         tch::manual_seed(args.seed as i64);
         if do_gen {
-            let hbm = if device.is_cuda() { args.hbm_gbps.or_else(|| hbm_gbps(&dev_name)) } else { None };
+            // The decode bound: the GPU's HBM bandwidth from the table, else the measured copy bandwidth.
+            let hbm = args.hbm_gbps.or_else(|| if device.is_cuda() { hbm_gbps(&dev_name) } else { None });
+            let hbm = hbm.or(Some(machine.copy_gbps));
             let g = bench_gen(&model, rows, args.prompt_len, args.new_tokens, args.repeats, hbm)?;
             println!(
                 "gen:   {} tokens/s (median {} s per run of {rows}×{} new tokens, prefill {} s)",
@@ -374,7 +399,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 fmt_secs(g.prefill_s)
             );
             match g.hbm_fraction {
-                Some(f) => println!("       decode at {:.1} % of the HBM-bandwidth bound", 100.0 * f),
+                Some(f) => println!("       decode at {:.1} % of the memory-bandwidth bound", 100.0 * f),
                 None if device.is_cuda() => println!("       decode vs HBM bound: unknown GPU, pass --hbm-gbps"),
                 None => {}
             }
@@ -385,6 +410,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let n = report::matmul_params(&arch);
             let flops_per_token =
                 report::train_flops_per_token(n, arch.num_layers, arch.num_heads * arch.head_dim, seq);
+            // The datasheet peak of a known GPU, else this run's measured GEMM peak.
             let peak = args.peak_tflops.or_else(|| {
                 if device.is_cuda() {
                     report::peak_tflops(&dev_name, kind == Kind::BFloat16)
@@ -392,6 +418,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     None
                 }
             });
+            let peak = peak.or(Some(machine.gemm_tflops));
             let mfu = peak.map(|p| report::mfu(flops_per_token, tokens_per_s, p));
             println!(
                 "train: {} tokens/s (median {} s per forward+backward+AdamW step over {rows}×{seq} tokens)",
@@ -399,7 +426,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 fmt_secs(step_s)
             );
             let mfu_text = match (mfu, peak) {
-                (Some(m), Some(p)) => format!("{:.2} % of {p} TFLOP/s", 100.0 * m),
+                (Some(m), Some(p)) => format!("{:.2} % of {p:.3} TFLOP/s", 100.0 * m),
                 _ if device.is_cuda() => "n/a (unknown GPU: pass --peak-tflops)".into(),
                 _ => "n/a (CPU: pass --peak-tflops)".into(),
             };
@@ -493,6 +520,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "gen": gen, "train": train, "rl": rl,
             "trl": trl,
             "vs_trl": vs_trl,
+            "machine": machine,
             "dp": dp,
         });
         println!("{line}");

@@ -25,7 +25,7 @@ pub struct TrainArgs {
     /// Continue from a checkpoint: its directory, a run directory (its newest checkpoint), or
     /// `latest` (the newest in the configured run dir). Without --config/--algo the checkpoint's
     /// own config is used; with them, they must match it (train.steps, checkpoint.*, wandb.*,
-    /// run.run_dir, run.device and plugin_dirs may differ). A checkpoint outside
+    /// run.run_dir, run.device, plugin_dirs and where the vLLM servers are may differ). A checkpoint outside
     /// `RUN/checkpoints/` needs --run-dir.
     #[arg(long, value_name = "DIR|latest")]
     resume: Option<PathBuf>,
@@ -146,7 +146,18 @@ fn resumed_run_dir(ckpt: &std::path::Path, run_dir: Option<&std::path::Path>) ->
 }
 
 /// Keys that may differ between a checkpoint's config and the resuming one.
-const MAY_DIFFER: &[&str] = &["train.steps", "checkpoint.", "wandb.", "run.run_dir", "run.device", "plugin_dirs"];
+const MAY_DIFFER: &[&str] = &[
+    "train.steps",
+    "checkpoint.",
+    "wandb.",
+    "run.run_dir",
+    "run.device",
+    "plugin_dirs",
+    // Where the rollout servers are and how long to wait for them.
+    "rollout.vllm.urls",
+    "rollout.vllm.timeout_s",
+    "rollout.vllm.retries",
+];
 
 /// Refuses to resume a checkpoint written under a different configuration, naming the keys.
 fn check_same_config(dir: &std::path::Path, saved: &str, cfg: &RlConfig) -> anyhow::Result<()> {

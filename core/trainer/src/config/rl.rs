@@ -363,6 +363,16 @@ impl RlConfig {
 
     fn validate(&self, src: &KeySource) -> Result<()> {
         self.rollout.validate(self.model.lora.rank, src)?;
+        if self.rollout.engine == super::rollout::EngineKind::Vllm
+            && self.rollout.vllm.weight_sync == super::rollout::WeightSync::Lora
+            && self.warmup.steps > 0
+        {
+            return Err(src.error(
+                "rollout.vllm.weight_sync",
+                "\"lora\" serves the adapter on the server's base model, which a supervised warm-up changes: set \
+                 warmup.steps = 0, or use \"full\"",
+            ));
+        }
         self.validate_train(src)?;
         self.validate_rewards(src)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));

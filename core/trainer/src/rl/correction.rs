@@ -3,9 +3,13 @@
 //! host recomputes). The importance weight `w = π_old / π_behavior` (TRL's
 //! `vllm_importance_sampling_*`, the "truncated importance sampling" of Yao et al. 2025, "Your
 //! efficient RL framework secretly brings you off-policy RL training") multiplies the per-token
-//! advantages the loss sees. For the clipped surrogates of every in-tree algorithm that equals
-//! weighting the per-token policy-gradient loss, since `min(r·A, clip(r)·A)·w = min(r·(wA),
-//! clip(r)·(wA))` for `w ≥ 0`; value and KL terms are not weighted.
+//! advantages the loss sees. For the clipped token-level surrogates (grpo, ppo, reinforce-pp,
+//! the template) that equals weighting the per-token policy-gradient loss, since
+//! `min(r·A, clip(r)·A)·w = min(r·(wA), clip(r)·(wA))` for `w ≥ 0`; value and KL terms are not
+//! weighted. rloo and gspo read one advantage per sequence (its token mean), so a token mode
+//! weights their sequences by the mean token weight (the sequence modes are exact for them);
+//! ppo-seq recomputes its advantages inside `loss`, so the correction does not reach it (a
+//! plugin can read `behavior_logprobs` itself).
 //!
 //! - `token_truncate`: `w_t = min(exp(old_t − beh_t), cap)`;
 //! - `token_mask`: `w_t = exp(old_t − beh_t)` where it lies in `[low, cap]`, else 0;

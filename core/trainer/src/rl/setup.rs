@@ -282,6 +282,20 @@ impl Trainer {
                 world.size()
             )));
         }
+        let r = &cfg.rollout;
+        if r.engine == crate::config::EngineKind::Vllm
+            && r.is_correction.mode != crate::config::IsMode::None
+            && (r.temperature != 1.0 || r.top_k > 0 || r.top_p < 1.0)
+        {
+            tracing::warn!(
+                "rollout.is_correction with temperature {} / top_k {} / top_p {}: the trainer's log-probs are the \
+                 untempered policy's, so start vLLM with --logprobs-mode raw_logprobs for the ratio to measure only \
+                 the engine's numerics (processed_logprobs include the sampling transform)",
+                r.temperature,
+                r.top_k,
+                r.top_p
+            );
+        }
         let plugins = load_plugins(&cfg, registry)?;
         let raw = raw_prompts(&cfg)?;
         if !world.is_main() {
