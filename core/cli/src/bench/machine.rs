@@ -47,7 +47,7 @@ pub fn measure(device: Device, kind: Kind) -> Machine {
     let src = Tensor::ones([elems], (Kind::Float, device));
     let mut dst = src.zeros_like();
     let copy_s = best(device, reps, || {
-        let _ = dst.copy_(&src);
+        dst.copy_(&src);
     });
     Machine {
         gemm_tflops: 2.0 * (n as f64).powi(3) / gemm_s / 1e12,
