@@ -177,12 +177,12 @@ Every figure is the median of `--repeats` timed runs after one untimed warm-up r
 | column | meaning |
 | --- | --- |
 | date | UTC day of the run |
-| device | CPU model name (`/proc/cpuinfo`, with the libtorch thread count) or CUDA device name |
+| device | CPU model name (`/proc/cpuinfo`, with the libtorch thread count) or CUDA device name; since 2026-11-23 also this machine's f32 (or bf16) GEMM peak and memory-copy bandwidth, measured in the same run |
 | model | model directory name and its stored parameter count |
 | settings | dtype; B = prompts per batch, G = samples per prompt (B·G sequences in every section); prompt/new = prompt and generated tokens of the gen and train sections; the RL prompts and their mean token length; repeats |
 | gen tok/s | generated tokens/s: B·G sequences of `prompt` random tokens, `new` tokens each sampled (temperature 1, no EOS) with the KV cache, prefill included |
 | train tok/s | trained tokens/s: forward + backward + AdamW step (with grad-norm clipping) over B·G × (prompt + new) tokens |
-| MFU | model FLOPs utilisation of the train section: (6·N + 12·L·H·T) × train tok/s / peak FLOP/s; N = matmul parameters (q, k, v, o, MLP, LM head), L layers, H = heads × head dim, T = sequence length; peak from `--peak-tflops` or the GPU table (dense bf16 / FP32); n/a on CPU without `--peak-tflops` |
+| MFU | model FLOPs utilisation of the train section: (6·N + 12·L·H·T) × train tok/s / peak FLOP/s; N = matmul parameters (q, k, v, o, MLP, LM head), L layers, H = heads × head dim, T = sequence length; peak from `--peak-tflops`, the GPU table (dense bf16 / FP32), or else the GEMM peak measured in the same run (CPU) |
 | RL step s | one GRPO step of the real `Trainer` (B prompts × G samples, up to `new` tokens, one optimizer step), then its phases: generate / score / old log-probs / reference / values / train (medians each, so they need not add up to the step) |
 | vs TRL | TRL `GRPOTrainer` step time / our RL step (`--vs-trl`, `xtask/scripts/trl_grpo_bench.py`): same weights, prompts, B, G, max new tokens, lr, beta, epsilon, loss_type `grpo`, one optimizer step per generation batch; TRL without gradient checkpointing and with the weights in the same dtype (no autocast); its steps timed between `on_step_end` callbacks; `2.00x` = ours twice as fast; — when not run |
 
