@@ -8,8 +8,9 @@
 //! - **train**: forward + backward + AdamW step (with grad-norm clipping, the trainer's optimizer)
 //!   over B·G × (prompt + new) random tokens; tokens/s and MFU ([`report`] has the formula).
 //! - **rl**: the real GRPO `Trainer` ([`rl`]) with a per-phase split.
-//! - **dp**: that GRPO step on 1 rank and on `--ranks` data-parallel ranks, one thread each
-//!   ([`dp`]): step times, speed-up, and the collectives' seconds and bytes per step.
+//! - **dp** (only when asked for, or with `all`): that GRPO step on 1 rank and on `--ranks`
+//!   data-parallel ranks, one thread each ([`dp`]): step times, speed-up, and the collectives'
+//!   seconds and bytes per step.
 //!
 //! `--vs-trl` runs TRL's `GRPOTrainer` on the same weights, prompts, B, G and lengths ([`trl`])
 //! and prints TRL step / our step. `--record FILE` appends a row to a Markdown table.
@@ -44,7 +45,8 @@ pub enum Section {
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Run only this section (`rlhf bench gen` = `--only gen`); default: all of them.
+    /// Run only this section (`rlhf bench gen` = `--only gen`); default: gen, train and rl (`all`
+    /// adds dp).
     #[arg(value_enum)]
     section: Option<Section>,
     /// Hugging Face model directory (Llama, Qwen2, GPT-2) or `builtin:tiny`.
@@ -118,7 +120,12 @@ impl BenchArgs {
     fn sections(&self) -> [bool; 4] {
         let mut picked: Vec<Section> = self.only.clone();
         picked.extend(self.section);
-        if picked.is_empty() || picked.contains(&Section::All) {
+        // `dp` starts `rlhf train` processes and needs a prompt per rank: asked for by name (or
+        // `all`), not run by default.
+        if picked.is_empty() {
+            return [true, true, true, false];
+        }
+        if picked.contains(&Section::All) {
             return [true; 4];
         }
         [Section::Gen, Section::Train, Section::Rl, Section::Dp].map(|s| picked.contains(&s))
@@ -252,6 +259,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.rl_prompt_len < 1 {
         bail!("--rl-prompt-len must be >= 1");
+    }
+    if do_dp && (args.ranks < 2 || (args.batch as usize) < args.ranks) {
+        bail!(
+            "the dp section needs --ranks >= 2 and --batch >= --ranks (a prompt per rank): got --ranks {} --batch {}",
+            args.ranks,
+            args.batch
+        );
     }
     if args.vs_trl && !do_rl {
         bail!("--vs-trl compares RL steps: include the rl section (--only ...,rl)");
@@ -559,7 +573,8 @@ mod tests {
     #[test]
     fn sections_and_defaults() {
         let all = parse(&[]);
-        assert_eq!(all.sections(), [true, true, true, true]);
+        assert_eq!(all.sections(), [true, true, true, false]);
+        assert_eq!(parse(&["all"]).sections(), [true, true, true, true]);
         assert_eq!((all.model.as_str(), all.batch, all.group, all.repeats), ("builtin:tiny", 4, 4, 3));
         assert_eq!(parse(&["gen"]).sections(), [true, false, false, false]);
         assert_eq!(parse(&["--only", "gen,rl"]).sections(), [true, false, true, false]);
