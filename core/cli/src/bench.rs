@@ -206,52 +206,6 @@ fn stored_params(dir: &Path) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-/// The CUDA device's name from the driver (`nvidia-smi`, else `/proc/driver/nvidia`).
-fn cuda_name(index: usize) -> Option<String> {
-    // nvidia-smi numbers devices physically; CUDA_VISIBLE_DEVICES maps ours onto them.
-    let physical = std::env::var("CUDA_VISIBLE_DEVICES")
-        .ok()
-        .and_then(|v| v.split(',').nth(index).map(|s| s.trim().to_string()))
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| index.to_string());
-    let smi = std::process::Command::new("nvidia-smi")
-        .args(["--query-gpu=name", "--format=csv,noheader", "-i", &physical])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|s| !s.is_empty());
-    smi.or_else(|| {
-        let mut gpus: Vec<PathBuf> =
-            std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.flatten().map(|e| e.path()).collect();
-        gpus.sort();
-        let info = std::fs::read_to_string(gpus.get(index)?.join("information")).ok()?;
-        Some(info.lines().find_map(|l| l.strip_prefix("Model:"))?.trim().to_string())
-    })
-}
-
-/// CUDA device name, or the CPU model with the libtorch thread count.
-fn device_name(device: Device) -> String {
-    match device {
-        Device::Cuda(i) => cuda_name(i).unwrap_or_else(|| format!("CUDA device {i}")),
-        _ => {
-            let cpu = std::fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|s| report::cpu_model_name(&s))
-                .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-            format!("{cpu} ({} threads)", tch::get_num_threads())
-        }
-    }
-}
-
-/// HBM bandwidth (GB/s) of known GPUs.
-fn hbm_gbps(name: &str) -> Option<f64> {
-    [("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100", 3350.0), ("A100", 2039.0), ("L40S", 864.0), ("A10", 600.0)]
-        .iter()
-        .find(|(k, _)| name.contains(k))
-        .map(|(_, v)| *v)
-}
-
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let [do_gen, do_train, do_rl, do_dp] = args.sections();
     if args.batch < 1 || args.group < 1 || args.prompt_len < 1 || args.new_tokens < 1 || args.repeats < 1 {
@@ -306,7 +260,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let machine = machine::measure(device, kind);
     let dev_name = format!(
         "{}; GEMM {:.0} GFLOP/s, copy {:.0} GB/s",
-        device_name(device),
+        machine::device_name(device),
         machine.gemm_tflops * 1e3,
         machine.copy_gbps
     );
@@ -402,7 +356,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         tch::manual_seed(args.seed as i64);
         if do_gen {
             // The decode bound: the GPU's HBM bandwidth from the table, else the measured copy bandwidth.
-            let hbm = args.hbm_gbps.or_else(|| if device.is_cuda() { hbm_gbps(&dev_name) } else { None });
+            let hbm = args.hbm_gbps.or_else(|| if device.is_cuda() { machine::hbm_gbps(&dev_name) } else { None });
             let hbm = hbm.or(Some(machine.copy_gbps));
             let g = bench_gen(&model, rows, args.prompt_len, args.new_tokens, args.repeats, hbm)?;
             println!(

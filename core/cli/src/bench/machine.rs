@@ -1,6 +1,6 @@
 //! The machine's own limits, measured in the same run with the same libtorch and thread count,
 //! so the other sections' figures read as fractions of what this machine can do and rows from
-//! different machines compare: the GEMM peak (an `n × n` matrix multiply in the benchmark's
+//! different machines compare; and what the machine is (CPU model, GPU name and bandwidth): the GEMM peak (an `n × n` matrix multiply in the benchmark's
 //! dtype, `2n³` FLOPs) and the memory bandwidth (a large tensor copy, read + write).
 
 use std::time::Instant;
@@ -8,7 +8,9 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use super::sync;
+use std::path::PathBuf;
+
+use super::{report, sync};
 
 /// Measured limits.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -53,4 +55,50 @@ pub fn measure(device: Device, kind: Kind) -> Machine {
         gemm_tflops: 2.0 * (n as f64).powi(3) / gemm_s / 1e12,
         copy_gbps: 2.0 * (elems as f64) * 4.0 / copy_s / 1e9,
     }
+}
+
+/// The CUDA device's name from the driver (`nvidia-smi`, else `/proc/driver/nvidia`).
+pub(super) fn cuda_name(index: usize) -> Option<String> {
+    // nvidia-smi numbers devices physically; CUDA_VISIBLE_DEVICES maps ours onto them.
+    let physical = std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .and_then(|v| v.split(',').nth(index).map(|s| s.trim().to_string()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| index.to_string());
+    let smi = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader", "-i", &physical])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty());
+    smi.or_else(|| {
+        let mut gpus: Vec<PathBuf> =
+            std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.flatten().map(|e| e.path()).collect();
+        gpus.sort();
+        let info = std::fs::read_to_string(gpus.get(index)?.join("information")).ok()?;
+        Some(info.lines().find_map(|l| l.strip_prefix("Model:"))?.trim().to_string())
+    })
+}
+
+/// CUDA device name, or the CPU model with the libtorch thread count.
+pub(super) fn device_name(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => cuda_name(i).unwrap_or_else(|| format!("CUDA device {i}")),
+        _ => {
+            let cpu = std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|s| report::cpu_model_name(&s))
+                .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+            format!("{cpu} ({} threads)", tch::get_num_threads())
+        }
+    }
+}
+
+/// HBM bandwidth (GB/s) of known GPUs.
+pub(super) fn hbm_gbps(name: &str) -> Option<f64> {
+    [("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100", 3350.0), ("A100", 2039.0), ("L40S", 864.0), ("A10", 600.0)]
+        .iter()
+        .find(|(k, _)| name.contains(k))
+        .map(|(_, v)| *v)
 }
