@@ -145,18 +145,6 @@ pub fn compute(
         return Ok((batch, Some(zeros()?), times));
     }
     let t = Instant::now();
-    let (old, policy) = if reuse {
-        let lp = token_logprobs(models.actor, seq, attn, p_len, opts)?; // with grad
-        let detached = TokenLogProbs {
-            logprobs: lp.logprobs.f_detach()?,
-            entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,
-        };
-        (detached, Some(lp))
-    } else {
-        (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None)
-    };
-    times.old_logprobs = phase_secs(device, t);
-    let t = Instant::now();
     let ref_logprobs = match models.reference {
         Some(r) => {
             let no_entropy = LogProbOptions { entropy: false, ..opts };
@@ -172,6 +160,20 @@ pub fn compute(
         None => None,
     };
     times.values = phase_secs(device, t);
+    // The actor last: with `reuse` its pass keeps an autograd graph, which the reference and
+    // critic passes need not share memory with.
+    let t = Instant::now();
+    let (old, policy) = if reuse {
+        let lp = token_logprobs(models.actor, seq, attn, p_len, opts)?; // with grad
+        let detached = TokenLogProbs {
+            logprobs: lp.logprobs.f_detach()?,
+            entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,
+        };
+        (detached, Some(lp))
+    } else {
+        (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None)
+    };
+    times.old_logprobs = phase_secs(device, t);
     let batch = Batch {
         sequences: s.sequences,
         attention_mask: s.attention_mask,
