@@ -60,3 +60,8 @@ pub fn hf_check(python: &Path, args: &[&str]) -> serde_json::Value {
 pub fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("read json")).expect("parse json")
 }
+
+/// A TCP port nobody listens on right now (bound on 127.0.0.1:0, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlhf_integration_tests::rlhf_bin;
+use rlhf_integration_tests::{free_port, rlhf_bin};
 use serde_json::Value;
 
 fn s(p: &Path) -> &str {
@@ -162,10 +162,6 @@ fn start_rank(rank: usize, port: u16, args: &[&str], run_dir: &Path, timeout_s: 
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn rank")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn checkpoints(run_dir: &Path) -> Vec<PathBuf> {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlhf_integration_tests::rlhf_bin;
+use rlhf_integration_tests::{free_port, rlhf_bin};
 use serde_json::Value;
 
 /// A vLLM OpenAI-compatible server, killed when dropped.
@@ -23,10 +23,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Starts vLLM on `model` (served as `policy`; LoRA adapters up to rank 8 allowed) and waits for

@@ -49,6 +49,17 @@ extern "C" {
     fn rlhf_c10d_ensure_grad(tensor: *mut c_void, err: *mut *mut c_char) -> c_int;
 }
 
+/// Takes a malloc'd error string from the shim (or the NCCL library, same allocator) and frees it.
+pub(crate) fn take_string(err: *mut c_char) -> String {
+    if err.is_null() {
+        return "failed (no message)".into();
+    }
+    // SAFETY: a NUL-terminated malloc'd string, freed here once.
+    let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+    unsafe { rlhf_c10d_free_string(err) };
+    msg
+}
+
 /// Runs a shim call and returns its error message, if any.
 fn call(f: impl FnOnce(*mut *mut c_char) -> c_int) -> Result<(), String> {
     let mut err: *mut c_char = std::ptr::null_mut();
@@ -56,13 +67,7 @@ fn call(f: impl FnOnce(*mut *mut c_char) -> c_int) -> Result<(), String> {
     if rc == 0 {
         return Ok(());
     }
-    if err.is_null() {
-        return Err("failed (no message)".into());
-    }
-    // SAFETY: the shim returns a NUL-terminated malloc'd string, freed here once.
-    let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
-    unsafe { rlhf_c10d_free_string(err) };
-    Err(msg)
+    Err(take_string(err))
 }
 
 fn tensor_ptr(t: &Tensor) -> *mut c_void {

@@ -3,7 +3,7 @@
 //! libtorch install has CUDA and NCCL headers) that is loaded the first time a collective sees
 //! a CUDA tensor. `RLHF_NCCL_LIB` overrides where it is looked for.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -82,21 +82,8 @@ pub(crate) fn group(
     // SAFETY: valid store pointer; out/err are written by the callee.
     let rc = unsafe { new(store.raw(), rank as c_int, size as c_int, device, timeout_ms, &mut out, &mut err) };
     if rc != 0 {
-        let msg = if err.is_null() {
-            "failed (no message)".to_string()
-        } else {
-            // SAFETY: malloc'd NUL-terminated string from the shim.
-            let m = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
-            unsafe { libc_free(err) };
-            m
-        };
-        return Err(CollectiveError::Nccl(crate::error::one_line(&msg)));
+        return Err(CollectiveError::Nccl(crate::error::one_line(&ffi::take_string(err))));
     }
     // SAFETY: `out` is an `intrusive_ptr<Backend>*`; the group takes ownership.
     Ok(ffi::Group::from_raw(unsafe { ffi::rlhf_c10d_group_from_backend(store.raw(), out, timeout_ms) }))
-}
-
-extern "C" {
-    #[link_name = "free"]
-    fn libc_free(p: *mut c_char);
 }

@@ -156,19 +156,18 @@ pub fn merge_metrics(world: &World, local: &StepMetrics, m: &mut StepMetrics) ->
     let obs: Vec<(String, u64, usize)> =
         local.observations().map(|(k, s, n)| (k.to_string(), s.to_bits(), n)).collect();
     let bytes = serde_json::to_vec(&obs).map_err(|e| TrainerError::Distributed(format!("metrics: {e}")))?;
-    let mut merged = StepMetrics::default();
+    let mut merged: std::collections::BTreeMap<String, (f64, usize)> = std::collections::BTreeMap::new();
     for part in world.all_gather_bytes(&bytes).map_err(err)? {
         let obs: Vec<(String, u64, usize)> =
             serde_json::from_slice(&part).map_err(|e| TrainerError::Distributed(format!("metrics: {e}")))?;
         for (k, s, n) in obs {
-            let s = f64::from_bits(s);
-            let (s0, n0) =
-                merged.observations().find(|(name, _, _)| *name == k).map(|(_, s, n)| (s, n)).unwrap_or((0.0, 0));
-            merged.set_observations(&k, s0 + s, n0 + n);
+            let e = merged.entry(k).or_insert((0.0, 0));
+            e.0 += f64::from_bits(s);
+            e.1 += n;
         }
     }
-    for (k, s, n) in merged.observations() {
-        m.set_observations(k, s, n);
+    for (k, (s, n)) in merged {
+        m.set_observations(&k, s, n);
     }
     Ok(())
 }

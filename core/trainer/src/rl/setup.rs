@@ -380,7 +380,7 @@ impl Trainer {
             Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
             _ => None,
         };
-        let (cfg_rollout, engine_dir) = (cfg.rollout.clone(), run_dir.clone());
+        let engine = super::engine::Engine::new(&cfg.rollout, &run_dir)?;
         let mut trainer = Trainer {
             cfg,
             run_dir,
@@ -403,7 +403,7 @@ impl Trainer {
             reward_history: Vec::new(),
             wandb: None,
             progress: None,
-            engine: super::engine::Engine::new(&cfg_rollout, &engine_dir)?,
+            engine,
             world,
             _scratch: None,
         };

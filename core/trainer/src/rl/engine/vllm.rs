@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use rlhf_collective::World;
-use rlhf_generation::{batch::to_rows, right_pad, Generated};
+use rlhf_generation::{batch::to_rows, Generated};
 use rlhf_models::CausalLm;
 use tch::{Kind, Tensor};
 
@@ -121,31 +121,21 @@ fn layout(batch: &PromptBatch, completions: Vec<Completion>, pad: i64, eos_ids: 
     if completions.len() != n {
         return Err(TrainerError::Run(format!("rollout.vllm: {} completions for {n} rows", completions.len())));
     }
-    let responses: Vec<Vec<i64>> =
-        completions.iter().map(|c| c.token_ids.iter().map(|&t| i64::from(t)).collect::<Vec<_>>()).collect();
-    let longest = responses.iter().map(Vec::len).max().unwrap_or(0).max(1);
     // At least one response slot, so every tensor keeps the [N, R] shape.
-    let mut padded_rows = responses.clone();
-    if padded_rows.iter().all(Vec::is_empty) {
-        padded_rows[0].push(pad);
-    }
-    let resp = right_pad(&padded_rows, pad, device)?;
-    let r = resp.input_ids.size()[1];
-    let response_mask = Tensor::f_zeros([n as i64, r], (Kind::Int64, device))?;
-    let mut lp = vec![0f32; n * r as usize];
+    let r = completions.iter().map(|c| c.token_ids.len()).max().unwrap_or(0).max(1);
+    let (mut ids, mut mask, mut lp) = (vec![pad; n * r], vec![0i64; n * r], vec![0f32; n * r]);
     for (i, c) in completions.iter().enumerate() {
-        let len = c.token_ids.len() as i64;
-        if len > 0 {
-            let _ = response_mask.f_narrow(0, i as i64, 1)?.f_narrow(1, 0, len)?.f_fill_(1)?;
-        }
-        for (t, &x) in c.logprobs.iter().enumerate() {
-            lp[i * r as usize + t] = x as f32;
+        for (t, (&id, &x)) in c.token_ids.iter().zip(&c.logprobs).enumerate() {
+            (ids[i * r + t], mask[i * r + t], lp[i * r + t]) = (i64::from(id), 1, x as f32);
         }
     }
-    debug_assert!(longest as i64 <= r);
-    let behavior = Tensor::f_from_slice(&lp)?.f_view([n as i64, r])?.f_to_device(device)?;
+    let r = r as i64;
+    let on_device = |t: Tensor| -> Result<Tensor> { Ok(t.f_view([n as i64, r])?.f_to_device(device)?) };
+    let response_ids = on_device(Tensor::f_from_slice(&ids)?)?;
+    let response_mask = on_device(Tensor::f_from_slice(&mask)?)?;
+    let behavior = on_device(Tensor::f_from_slice(&lp)?)?;
     let generated = Generated {
-        sequences: Tensor::f_cat(&[&batch.padded.input_ids, &resp.input_ids], 1)?,
+        sequences: Tensor::f_cat(&[&batch.padded.input_ids, &response_ids], 1)?,
         attention_mask: Tensor::f_cat(&[&batch.padded.attention_mask.f_to_kind(Kind::Int64)?, &response_mask], 1)?,
         response_mask,
         prompt_len: batch.padded.input_ids.size()[1],
