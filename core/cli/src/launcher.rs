@@ -162,9 +162,9 @@ pub fn launch(nproc: usize) -> anyhow::Result<()> {
     if result.is_ok() {
         result = match wait_all(&mut ranks) {
             Ok(None) => Ok(()),
-            Ok(Some((rank, status))) => {
+            Ok(Some(failure)) => {
                 let stopped = stop(&mut ranks);
-                Err(anyhow::anyhow!("rank {rank} exited with {status}{}", stopped_note(stopped)))
+                Err(anyhow::anyhow!("{failure}{}", stopped_note(stopped)))
             }
             Err(e) => {
                 let stopped = stop(&mut ranks);
@@ -329,22 +329,44 @@ impl RankProc {
     }
 }
 
-/// Polls until every rank has exited (`Ok(None)`) or one has failed: the first failure seen, by
-/// rank within one sweep.
-fn wait_all(ranks: &mut [RankProc]) -> anyhow::Result<Option<(usize, ExitStatus)>> {
+/// Polls until every rank has exited (`Ok(None)`) or one has failed. When several are seen failed
+/// in one sweep, the one ended by a signal is named first: a rank killed from outside is the cause,
+/// and its peers' "connection reset" exits are the consequence (a peer notices within
+/// milliseconds, so both are often dead by the time the launcher looks). The others follow.
+fn wait_all(ranks: &mut [RankProc]) -> anyhow::Result<Option<Failure>> {
     loop {
         let mut running = 0;
+        let mut failed = Vec::new();
         for r in ranks.iter_mut() {
             match r.poll().with_context(|| format!("rank {}", r.rank))? {
                 None => running += 1,
-                Some(status) if !status.success() => return Ok(Some((r.rank, status))),
+                Some(status) if !status.success() => failed.push((r.rank, status)),
                 Some(_) => {}
             }
+        }
+        if !failed.is_empty() {
+            // Stable: ranks ended by a signal first, then by rank.
+            failed.sort_by_key(|(_, status)| status.code().is_some());
+            return Ok(Some(Failure(failed)));
         }
         if running == 0 {
             return Ok(None);
         }
         std::thread::sleep(POLL);
+    }
+}
+
+/// The ranks seen failed in one sweep, the likely cause first.
+struct Failure(Vec<(usize, ExitStatus)>);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ((rank, status), also) = self.0.split_first().expect("a failure names a rank");
+        write!(f, "rank {rank} exited with {status}")?;
+        for (rank, status) in also {
+            write!(f, "; rank {rank} also exited with {status}")?;
+        }
+        Ok(())
     }
 }
 
@@ -406,6 +428,34 @@ mod tests {
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k: &str| map.get(k).cloned()
+    }
+
+    /// Rank 0 exits 1 because its peer went away; rank 1 was killed: rank 1 is named first even
+    /// though the sweep meets rank 0 first.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_rank_killed_by_a_signal_is_named_before_its_peers() {
+        let spawn = |rank, script: &str| RankProc {
+            rank,
+            child: Command::new("sh").args(["-c", script]).spawn().unwrap(),
+            exited: None,
+        };
+        let mut ranks = [spawn(0, "exit 1"), spawn(1, "kill -9 $$")];
+        // Both are zombies (ended, not yet reaped) before the launcher looks.
+        let zombie = |r: &RankProc| {
+            std::fs::read_to_string(format!("/proc/{}/stat", r.child.id()))
+                .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        };
+        let t0 = Instant::now();
+        while !ranks.iter().all(zombie) {
+            assert!(t0.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let failure = wait_all(&mut ranks).unwrap().expect("two ranks failed");
+        assert_eq!(
+            failure.to_string(),
+            "rank 1 exited with signal: 9 (SIGKILL); rank 0 also exited with exit status: 1"
+        );
     }
 
     #[test]
