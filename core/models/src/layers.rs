@@ -58,13 +58,45 @@ impl Linear {
                 None => y,
             }
         } else {
-            x.f_linear(&self.weight, self.bias.as_ref())?
+            linear(x, &self.weight, self.bias.as_ref())?
         };
         match &self.lora {
             Some(l) if !l.is_disabled() => l.forward(x)?.f_add(&y).map_err(Into::into),
             _ => Ok(y),
         }
     }
+}
+
+/// Rows up to which [`linear`] puts the weight on the left on the CPU.
+pub const FEW_ROWS: i64 = 16;
+
+/// `y = x Wᵀ + b` (torch's `F.linear`) with `W: [out, in]`.
+///
+/// On the CPU with at most [`FEW_ROWS`] rows — a decode step — it is computed as `(W xᵀ)ᵀ`.
+/// MKL's sgemm first copies ("packs") its right-hand operand into panels; in `x Wᵀ` that operand
+/// is the whole weight, re-packed on every call, which at 16 rows took about as long as the
+/// product itself. With the weight on the left it is streamed once and only the few rows of `x`
+/// are packed: 1.1–1.8× faster per layer of SmolLM2 at 4–16 rows, the same sums in another order
+/// (results within f32 rounding of `F.linear`'s). Larger inputs, and other devices, use `F.linear`.
+///
+/// # Shapes
+/// - `x`: `[..., in]`, `w`: `[out, in]`, `bias`: `[out]` → `[..., out]`
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (out, inp) = (w.size()[0], w.size()[1]);
+    let rows = if inp == 0 { 0 } else { x.numel() as i64 / inp };
+    if w.device() != tch::Device::Cpu || x.dim() == 0 || rows == 0 || rows > FEW_ROWS {
+        return Ok(x.f_linear(w, bias)?);
+    }
+    let y = w.f_mm(&x.f_reshape([rows, inp])?.f_transpose(0, 1)?)?.f_transpose(0, 1)?; // [rows, out], column-major
+    let y = match bias {
+        Some(b) => y.f_add(b)?,
+        None => y,
+    };
+    let mut shape = x.size();
+    if let Some(last) = shape.last_mut() {
+        *last = out;
+    }
+    Ok(y.f_contiguous()?.f_view(shape.as_slice())?)
 }
 
 /// Applies an MLP activation elementwise.

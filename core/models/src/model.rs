@@ -247,7 +247,7 @@ impl CausalLm {
     /// # Shapes
     /// - `hidden`: `[..., hidden]` → `[..., vocab]`
     pub fn logits_from_hidden(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(hidden.f_linear::<&Tensor>(self.lm_head_weight(), None)?)
+        crate::layers::linear(hidden, self.lm_head_weight(), None)
     }
 
     /// Full forward without a cache; positions come from the mask.
