@@ -10,7 +10,7 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm};
+use rlhf_models::{position_ids_from_mask, CausalLm, KvCache};
 
 use crate::error::{GenerationError, Result};
 use crate::sampling::{RowWindow, Sampling};
@@ -31,6 +31,12 @@ pub struct GenerateConfig {
     /// These rows are part of a larger batch split across processes (see
     /// [`Sampling::next_tokens_in`]); `None`: the batch is whole.
     pub rows: Option<RowWindow>,
+    /// The prompts come in runs of this many identical rows (GRPO's G samples of a prompt): each
+    /// prompt is prefilled once and its KV cache and first logits are repeated for its run, so
+    /// prefill costs `batch / group` rows instead of `batch` (HF `generate` prefills every copy;
+    /// vLLM shares them by prefix caching). 1: every row is prefilled. Rows that are not such runs
+    /// are an input error.
+    pub prefill_group: i64,
 }
 
 impl GenerateConfig {
@@ -44,6 +50,7 @@ impl GenerateConfig {
             seed: None,
             sync_every: 0,
             rows: None,
+            prefill_group: 1,
         }
     }
 }
@@ -97,6 +104,12 @@ pub fn generate(
         )));
     }
     let (batch, prompt_len) = (size[0], size[1]);
+    if cfg.prefill_group < 1 || batch % cfg.prefill_group != 0 {
+        return Err(GenerationError::Input(format!(
+            "prefill_group {} must be >= 1 and divide the batch of {batch} rows",
+            cfg.prefill_group
+        )));
+    }
     let device = model.device();
     if let Some(seed) = cfg.seed {
         tch::manual_seed(seed as i64);
@@ -110,14 +123,14 @@ pub fn generate(
         let prompt_ids = prompt_ids.f_to_device(device)?;
         let prompt_mask = prompt_mask.f_to_device(device)?.f_to_kind(Kind::Int64)?;
         let total = prompt_len + cfg.max_new_tokens;
-        let mut cache = model.new_cache(batch, total)?;
+        let group = cfg.prefill_group.max(1);
+        let mut cache = model.new_cache(batch / group, total)?;
         // Running key mask over prompt + generated slots; slots are switched on as they are filled.
         let mask = Tensor::f_zeros([batch, total], (Kind::Int64, device))?;
         mask.f_narrow(1, 0, prompt_len)?.f_copy_(&prompt_mask)?;
         let positions = position_ids_from_mask(&prompt_mask)?;
         let mut next_pos = positions.f_narrow(1, prompt_len - 1, 1)?.f_add_scalar(1)?; // [b, 1]
-        let hidden = model.hidden_states(&prompt_ids, &prompt_mask, &positions, Some(&mut cache))?;
-        let mut logits = model.logits_from_hidden(&hidden.f_select(1, prompt_len - 1)?)?; // [b, vocab]
+        let mut logits = prefill(model, &prompt_ids, &prompt_mask, &positions, &mut cache, cfg.prefill_group)?; // [b, vocab]
         let eos = Tensor::f_from_slice(&cfg.eos_token_ids)?.f_to_device(device)?;
         let mut finished = Tensor::f_zeros([batch], (Kind::Bool, device))?;
         let mut broken = Tensor::f_zeros([batch, 1], (Kind::Bool, device))?;
@@ -163,4 +176,45 @@ pub fn generate(
             prompt_len,
         })
     })
+}
+
+/// Runs the prompts through the model into `cache` and returns the logits of their last position.
+/// With `group > 1` the rows come in runs of `group` identical prompts: one row of each run is
+/// prefilled into a cache of `batch / group` rows, which is then repeated to `batch` rows in place
+/// of `cache`, as are the logits.
+///
+/// # Shapes
+/// - `ids`, `mask`, `positions`: `[batch, prompt_len]`; `cache`: `batch / group` rows on entry,
+///   `batch` rows on return; returns `[batch, vocab]`
+fn prefill(
+    model: &CausalLm,
+    ids: &Tensor,
+    mask: &Tensor,
+    positions: &Tensor,
+    cache: &mut KvCache,
+    group: i64,
+) -> Result<Tensor> {
+    let last = ids.size()[1] - 1;
+    if group == 1 {
+        let hidden = model.hidden_states(ids, mask, positions, Some(cache))?;
+        return Ok(model.logits_from_hidden(&hidden.f_select(1, last)?)?);
+    }
+    let (batch, len) = (ids.size()[0], ids.size()[1]);
+    let runs = batch / group;
+    // [runs, group, len]: every row of a run equals its first.
+    let same = |t: &Tensor| -> Result<bool> {
+        let t = t.f_view([runs, group, len])?;
+        Ok(bool::try_from(t.f_eq_tensor(&t.f_narrow(1, 0, 1)?)?.f_all()?)?)
+    };
+    if !same(ids)? || !same(mask)? {
+        return Err(GenerationError::Input(format!(
+            "prefill_group {group}: the {batch} prompt rows are not runs of {group} identical prompts"
+        )));
+    }
+    let firsts = Tensor::f_arange_start_step(0, batch, group, (Kind::Int64, ids.device()))?; // [runs]
+    let pick = |t: &Tensor| t.f_index_select(0, &firsts);
+    let hidden = model.hidden_states(&pick(ids)?, &pick(mask)?, &pick(positions)?, Some(cache))?;
+    let logits = model.logits_from_hidden(&hidden.f_select(1, last)?)?; // [runs, vocab]
+    cache.repeat_rows(group)?;
+    Ok(logits.f_repeat_interleave_self_int(group, 0, None)?)
 }

@@ -74,3 +74,35 @@ fn eos_stops_each_row_and_masks_the_rest() {
     assert!(len1 >= 1, "row 1 keeps generating");
     assert_eq!(out.attention_mask.size()[1], 7 + steps);
 }
+
+/// Prompts prefilled once per group of identical rows generate what prefilling every row does:
+/// the same tokens (sampled, same seed) and the same masks; rows that are not such groups are an
+/// input error.
+#[test]
+fn prefill_once_per_group_generates_what_every_row_does() {
+    let m = model();
+    let rows: Vec<Vec<i64>> = [vec![5, 9, 33, 120, 7, 64, 2], vec![300, 11, 12]]
+        .iter()
+        .flat_map(|r| std::iter::repeat_n(r.clone(), 3))
+        .collect();
+    let b = left_pad(&rows, 0, Device::Cpu).unwrap();
+    let mut cfg = GenerateConfig::greedy(8, vec![], 0);
+    cfg.sampling = rlhf_generation::Sampling::Sample { temperature: 1.0, top_k: None, top_p: None };
+    cfg.seed = Some(7);
+    let every = generate(&m, &b.input_ids, &b.attention_mask, &cfg).unwrap();
+    cfg.prefill_group = 3;
+    let once = generate(&m, &b.input_ids, &b.attention_mask, &cfg).unwrap();
+    assert!(every.sequences.equal(&once.sequences), "{} vs {}", every.sequences, once.sequences);
+    assert!(every.attention_mask.equal(&once.attention_mask));
+    // Samples of one prompt still differ from each other.
+    assert!(
+        !once.sequences.get(0).equal(&once.sequences.get(1)) || !once.sequences.get(1).equal(&once.sequences.get(2))
+    );
+    for (group, what) in
+        [(4, "divide the batch of 6 rows"), (2, "not runs of 2 identical prompts"), (0, "must be >= 1")]
+    {
+        cfg.prefill_group = group;
+        let e = generate(&m, &b.input_ids, &b.attention_mask, &cfg).unwrap_err().to_string();
+        assert!(e.contains(what), "{group}: {e}");
+    }
+}

@@ -335,6 +335,19 @@ impl KvCache {
         Ok((kb.f_narrow(2, 0, self.len + seq)?, vb.f_narrow(2, 0, self.len + seq)?))
     }
 
+    /// Repeats every row `times` times in place (`[r0, r0, r1, r1]` for 2), keeping what is
+    /// cached: prompts prefilled once, then decoded as several samples each.
+    ///
+    /// # Shapes
+    /// each buffer `[batch, kv_heads, max_len, head_dim]` → `[batch · times, kv_heads, max_len, head_dim]`
+    pub fn repeat_rows(&mut self, times: i64) -> Result<()> {
+        for (k, v) in self.layers.iter_mut() {
+            *k = k.f_repeat_interleave_self_int(times, 0, None)?;
+            *v = v.f_repeat_interleave_self_int(times, 0, None)?;
+        }
+        Ok(())
+    }
+
     /// Marks `seq` more tokens as cached; called once per forward after every layer appended.
     pub fn advance(&mut self, seq: i64) {
         self.len += seq;

@@ -43,6 +43,7 @@ pub(super) fn bench_gen(
         seed: None,
         sync_every: 0,
         rows: None,
+        prefill_group: 1,
     };
     let prefill = time_runs(device, repeats, || {
         tch::no_grad(|| -> anyhow::Result<()> {

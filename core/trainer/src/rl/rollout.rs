@@ -50,6 +50,9 @@ pub fn sample(
         seed: None,
         sync_every: 0,
         rows,
+        // `next_batch` lays out each prompt's G samples as adjacent identical rows, and a
+        // data-parallel rank holds whole groups.
+        prefill_group: cfg.samples_per_prompt as i64,
     };
     let generated =
         generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg).map_err(|e| match e {
