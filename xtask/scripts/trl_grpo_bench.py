@@ -19,7 +19,8 @@ it covers everything a step does (generation, reward, reference log-probs, forwa
 optimizer); the first `--warmup` steps are excluded and the median of the rest is reported.
 
 Output: progress on stderr, then one JSON line on stdout:
-  {"step_s": median, "step_times": [...], "mean_completion_length": x, "trl": "1.x", ...}
+  {"step_s": median, "step_times": [...], "mean_completion_length": x, "peak_rss_gb": x, "trl": "1.x", ...}
+(peak_rss_gb: the peak resident memory of the timed steps, after the warm-up, from Linux VmHWM)
 `--check` only checks that trl, transformers and datasets import (exit 3 with a one-line error
 naming the install command when they do not).
 """
@@ -92,6 +93,27 @@ def accuracy(completions, label, **kwargs):
     return out
 
 
+def reset_peak_rss():
+    """Resets the kernel's peak-RSS mark (VmHWM) of this process (Linux; best effort)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_gb():
+    """Peak resident memory since the last reset, in GB (10^9 bytes); None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only check that trl imports")
@@ -157,9 +179,13 @@ def main():
 
         def on_train_begin(self, *a, **kw):
             self._mark()
+            if args.warmup == 0:
+                reset_peak_rss()
 
         def on_step_end(self, *a, **kw):
             self._mark()
+            if len(self.marks) == args.warmup + 1:
+                reset_peak_rss()  # the timed steps start: measure their peak only, as rlhf does
 
         def on_log(self, args_, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
@@ -222,6 +248,7 @@ def main():
         "step_times": times,
         "warmup": args.warmup,
         "mean_completion_length": statistics.mean(lengths) if lengths else None,
+        "peak_rss_gb": peak_rss_gb(),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         **versions,
     }

@@ -430,6 +430,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 r.reward,
                 rl_prompts.as_ref().map_or(0.0, |p| p.1)
             );
+            rl::print_memory(f, trl.as_ref().and_then(|t| t.peak_rss_gb));
             Some(r)
         }
         None => None,
@@ -479,6 +480,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         mfu: train.as_ref().and_then(|t| t.mfu),
         rl: rl.as_ref().map(|r| r.figures.clone()),
         vs_trl,
+        trl_peak_rss_gb: trl.as_ref().and_then(|t| t.peak_rss_gb),
     };
     if args.json {
         let line = serde_json::json!({

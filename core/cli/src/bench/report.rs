@@ -133,6 +133,15 @@ pub fn fmt_secs(x: f64) -> String {
     }
 }
 
+/// `ours / TRL` peak memory in GB, with the ratio when both are known; — when ours is unknown.
+pub fn fmt_rss(ours: Option<f64>, trl: Option<f64>) -> String {
+    match (ours, trl) {
+        (Some(o), Some(t)) if t > 0.0 => format!("{o:.2} / {t:.2} ({:.2}x)", o / t),
+        (Some(o), _) => format!("{o:.2}"),
+        (None, _) => "—".into(),
+    }
+}
+
 /// The speed-up of ours over TRL, `N.NNx`.
 pub fn fmt_ratio(ratio: f64) -> String {
     format!("{ratio:.2}x")
@@ -148,6 +157,10 @@ pub struct RlFigures {
     pub reference: f64,
     pub values: f64,
     pub train: f64,
+    /// The largest peak resident memory of the timed steps, in GB, and per phase (in the order
+    /// of the fields above); `None` where the OS does not say.
+    pub peak_rss_gb: Option<f64>,
+    pub phase_peak_rss_gb: [Option<f64>; 6],
 }
 
 /// One line of `BENCHMARKS.md`.
@@ -165,6 +178,8 @@ pub struct Row {
     pub rl: Option<RlFigures>,
     /// TRL step time over ours.
     pub vs_trl: Option<f64>,
+    /// TRL's peak resident memory over its timed steps, in GB.
+    pub trl_peak_rss_gb: Option<f64>,
 }
 
 /// The header `BENCHMARKS.md` starts with: what the columns mean, then the table head.
@@ -185,11 +200,12 @@ Every figure is the median of `--repeats` timed runs after one untimed warm-up r
 | MFU | model FLOPs utilisation of the train section: (6·N + 12·L·H·T) × train tok/s / peak FLOP/s; N = matmul parameters (q, k, v, o, MLP, LM head), L layers, H = heads × head dim, T = sequence length; peak from `--peak-tflops`, the GPU table (dense bf16 / FP32), or else the GEMM peak measured in the same run (CPU) |
 | RL step s | one GRPO step of the real `Trainer` (B prompts × G samples, up to `new` tokens, one optimizer step), then its phases: generate / score / old log-probs / reference / values / train (medians each, so they need not add up to the step) |
 | vs TRL | TRL `GRPOTrainer` step time / our RL step (`--vs-trl`, `xtask/scripts/trl_grpo_bench.py`): same weights, prompts, B, G, max new tokens, lr, beta, epsilon, loss_type `grpo`, one optimizer step per generation batch; TRL without gradient checkpointing and with the weights in the same dtype (no autocast); its steps timed between `on_step_end` callbacks; `2.00x` = ours twice as fast; — when not run |
+| peak RSS GB | the process's peak resident memory during the timed RL steps (Linux `VmHWM`, reset when they start), ours then TRL's (`--vs-trl`); the same model weights, optimizer state and batch on both sides |
 
 Timings on a shared machine vary with its load; compare rows of the same device and settings.
 
-| date | device | model | settings | gen tok/s | train tok/s | MFU | RL step s (gen / score / old / ref / val / train) | vs TRL |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| date | device | model | settings | gen tok/s | train tok/s | MFU | RL step s (gen / score / old / ref / val / train) | vs TRL | peak RSS GB (ours / TRL) |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 ";
 
 /// A table cell: `|` escaped, no line breaks.
@@ -220,6 +236,7 @@ pub fn markdown_row(r: &Row) -> String {
         mfu,
         rl,
         r.vs_trl.map_or_else(dash, fmt_ratio),
+        fmt_rss(r.rl.as_ref().and_then(|f| f.peak_rss_gb), r.trl_peak_rss_gb),
     ];
     for c in cells {
         let _ = write!(line, "| {c} ");
@@ -338,13 +355,16 @@ mod tests {
                 reference: 0.1,
                 values: 0.0,
                 train: 0.75,
+                peak_rss_gb: Some(3.456),
+                phase_peak_rss_gb: [Some(3.0), None, None, None, None, Some(3.456)],
             }),
             vs_trl: Some(2.456),
+            trl_peak_rss_gb: Some(6.912),
         };
         assert_eq!(
             markdown_row(&full),
             "| 2025-11-22 | AMD EPYC (2 threads) | llama (180.5K) | f32, B=2, G=4 | 1234 | 98.76 | 12.3% \
-             | 1.50 (0.500 / 0.0010 / 0.100 / 0.100 / 0.0000 / 0.750) | 2.46x |"
+             | 1.50 (0.500 / 0.0010 / 0.100 / 0.100 / 0.0000 / 0.750) | 2.46x | 3.46 / 6.91 (0.50x) |"
         );
         let gen_only = Row {
             date: "d".into(),
@@ -354,9 +374,9 @@ mod tests {
             gen_tokens_per_s: Some(5.0),
             ..Row::default()
         };
-        assert_eq!(markdown_row(&gen_only), "| d | a\\|b | m | s | 5.000 | — | — | — | — |");
+        assert_eq!(markdown_row(&gen_only), "| d | a\\|b | m | s | 5.000 | — | — | — | — | — |");
         let cpu_train = Row { train_tokens_per_s: Some(10.0), ..gen_only };
-        assert!(markdown_row(&cpu_train).contains("| 10.00 | n/a | — | — |"), "{}", markdown_row(&cpu_train));
+        assert!(markdown_row(&cpu_train).contains("| 10.00 | n/a | — | — | — |"), "{}", markdown_row(&cpu_train));
         // The header's table has as many columns as a row.
         let head = HEADER.lines().rev().nth(1).unwrap();
         assert_eq!(head.matches(" | ").count(), markdown_row(&full).matches(" | ").count());

@@ -101,6 +101,29 @@ fn median_of(steps: &[StepMetrics], key: &str) -> f64 {
     median(&steps.iter().filter_map(|m| m.get(key)).collect::<Vec<_>>()).unwrap_or(0.0)
 }
 
+/// The trainer's phases, in [`RlFigures`]' order.
+const PHASES: [&str; 6] = ["generate", "score", "old_logprobs", "reference", "values", "train"];
+
+/// The largest value of `key` over the steps (a peak is a maximum, not a median).
+fn max_of(steps: &[StepMetrics], key: &str) -> Option<f64> {
+    steps.iter().filter_map(|m| m.get(key)).reduce(f64::max)
+}
+
+/// Prints the peak memory per phase and, when known, TRL's.
+pub fn print_memory(f: &RlFigures, trl_peak_rss_gb: Option<f64>) {
+    let Some(peak) = f.peak_rss_gb else {
+        println!("       peak memory: not measured (needs Linux /proc)");
+        return;
+    };
+    let phases: Vec<String> =
+        PHASES.iter().zip(&f.phase_peak_rss_gb).filter_map(|(p, gb)| gb.map(|gb| format!("{p} {gb:.2}"))).collect();
+    let trl = match trl_peak_rss_gb {
+        Some(t) if t > 0.0 => format!("; TRL {t:.2} GB, ours/TRL {:.2}x", peak / t),
+        _ => String::new(),
+    };
+    println!("       peak RSS {peak:.2} GB ({} GB){trl}", phases.join(" | "));
+}
+
 /// Runs one untimed step and `repeats` timed ones of the real trainer.
 pub fn run(cfg: RlConfig, repeats: usize) -> anyhow::Result<RlResult> {
     let dirs =
@@ -134,6 +157,8 @@ pub fn run(cfg: RlConfig, repeats: usize) -> anyhow::Result<RlResult> {
         reference: median_of(&steps, "time/reference"),
         values: median_of(&steps, "time/values"),
         train: median_of(&steps, "time/train"),
+        peak_rss_gb: max_of(&steps, "mem/peak_rss_gb"),
+        phase_peak_rss_gb: PHASES.map(|p| max_of(&steps, &format!("mem/peak_rss_gb/{p}"))),
     };
     Ok(RlResult {
         figures,

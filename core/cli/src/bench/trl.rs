@@ -40,6 +40,9 @@ pub struct TrlResult {
     pub step_s: f64,
     pub step_times: Vec<f64>,
     pub mean_completion_length: Option<f64>,
+    /// Peak resident memory over the timed steps, in GB (absent from older drivers).
+    #[serde(default)]
+    pub peak_rss_gb: Option<f64>,
     pub trl: String,
     pub transformers: String,
     pub torch: String,

@@ -5,13 +5,12 @@
 
 use rlhf_generation::{token_logprobs, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, ScalarHeadModel};
-use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 use crate::metrics::StepMetrics;
-use crate::rl::phase_secs;
+use crate::rl::phase::{PhaseClock, PhaseCost};
 use crate::rl::rollout::Rollout;
 use crate::rl::score::Scored;
 
@@ -63,12 +62,12 @@ pub struct Models<'a> {
     pub critic: Option<&'a ScalarHeadModel>,
 }
 
-/// Seconds spent per model.
+/// Time and peak memory per model.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ExperienceTimes {
-    pub old_logprobs: f64,
-    pub reference: f64,
-    pub values: f64,
+    pub old_logprobs: PhaseCost,
+    pub reference: PhaseCost,
+    pub values: PhaseCost,
 }
 
 /// Selects the scored rows of the rollout and computes their rewards and group ids as tensors.
@@ -144,7 +143,7 @@ pub fn compute(
         };
         return Ok((batch, Some(zeros()?), times));
     }
-    let t = Instant::now();
+    let t = PhaseClock::start(device);
     let ref_logprobs = match models.reference {
         Some(r) => {
             let no_entropy = LogProbOptions { entropy: false, ..opts };
@@ -152,17 +151,17 @@ pub fn compute(
         }
         None => None,
     };
-    times.reference = phase_secs(device, t);
-    let t = Instant::now();
+    times.reference = t.stop();
+    let t = PhaseClock::start(device);
     // The value of the state before each response token: positions P−1 .. P+R−2.
     let values = match models.critic {
         Some(c) => Some(tch::no_grad(|| c.values(seq, attn))?.f_narrow(1, p_len - 1, r_len)?), // [B, R]
         None => None,
     };
-    times.values = phase_secs(device, t);
+    times.values = t.stop();
     // The actor last: with `reuse` its pass keeps an autograd graph, which the reference and
     // critic passes need not share memory with.
-    let t = Instant::now();
+    let t = PhaseClock::start(device);
     let (old, policy) = if reuse {
         let lp = token_logprobs(models.actor, seq, attn, p_len, opts)?; // with grad
         let detached = TokenLogProbs {
@@ -173,7 +172,7 @@ pub fn compute(
     } else {
         (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None)
     };
-    times.old_logprobs = phase_secs(device, t);
+    times.old_logprobs = t.stop();
     let batch = Batch {
         sequences: s.sequences,
         attention_mask: s.attention_mask,

@@ -18,6 +18,7 @@ pub mod correction;
 pub mod engine;
 pub mod experience;
 pub mod optimise;
+pub mod phase;
 pub mod prompts;
 pub mod ptx;
 pub mod rollout;
@@ -47,6 +48,7 @@ use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
 use experience::Models;
 use optimise::Learner;
+use phase::PhaseClock;
 use ptx::PtxData;
 use score::RewardSource;
 
@@ -93,16 +95,6 @@ pub struct Trainer {
     world: Arc<World>,
     /// Where a rank other than 0 writes what it must (a built-in model), removed at the end.
     _scratch: Option<crate::dist::Scratch>,
-}
-
-/// Seconds since `start`, once the device has finished the work queued so far: CUDA runs
-/// asynchronously, so without the sync a phase's kernels would be charged to whichever later
-/// phase first waits on them (a no-op on CPU).
-pub(crate) fn phase_secs(device: Device, start: Instant) -> f64 {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-    start.elapsed().as_secs_f64()
 }
 
 /// Seeds libtorch for step `step` (0-based): every random draw of a step (sampling, dropout)
@@ -207,6 +199,7 @@ impl Trainer {
     /// One generation batch, stage by stage (see the module docs). Returns its metrics.
     pub fn train_step(&mut self) -> Result<StepMetrics> {
         let t0 = Instant::now();
+        let clock = PhaseClock::start(self.device);
         let comm0 = self.world.stats();
         let mut m = StepMetrics::default();
         let (cfg, device) = (&self.cfg, self.device);
@@ -223,14 +216,14 @@ impl Trainer {
         let probe = &self.data.records[0].ids;
         self.engine.ensure_synced(&self.actor, self.actor_opt.steps, probe, &self.world, &mut m)?;
         let rollout = self.engine.sample(&self.actor, &batch, part, &cfg.rollout, &eos_ids, pad)?;
-        let t_gen = phase_secs(device, t0);
+        let t_gen = clock.stop();
         if let Some(p) = &self.progress {
             p.advance(1);
             p.phase("scoring", self.rewards.len() as u64);
         }
 
         // 3. Score this rank's samples; combine every rank's scores.
-        let t1 = Instant::now();
+        let clock = PhaseClock::start(device);
         let samples = score::samples(&rollout, &batch.group_of_row, &self.data, &self.tok)?;
         let scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
         let (kept_rows, scores) = shard::gather_scores(&self.world, part, &rollout.kept_rows, scores)?;
@@ -250,7 +243,7 @@ impl Trainer {
         m.set("reward_std", reward_std);
         self.reward_history.push(reward_mean);
         let selected = experience::select(&rollout, &shard::local_scored(&scored, part), &batch.group_of_row, device)?;
-        let t_score = phase_secs(device, t1);
+        let t_score = clock.stop();
 
         // 4. Experience of this rank's samples, then the whole batch on every rank.
         let models = Models { actor: &self.actor, reference: self.reference.as_ref(), critic: self.critic.as_ref() };
@@ -275,7 +268,7 @@ impl Trainer {
             correction::apply(&cfg.rollout.is_correction, &exp.old_logprobs, behavior, &exp.action_mask, adv, &mut m)?;
 
         // 6–7. Minibatch losses and optimizer steps.
-        let t5 = Instant::now();
+        let clock = PhaseClock::start(device);
         let learner = Learner {
             actor: &self.actor,
             actor_opt: &mut self.actor_opt,
@@ -299,19 +292,19 @@ impl Trainer {
             progress,
             &mut m,
         )?;
-        let t_train = phase_secs(device, t5);
+        let t_train = clock.stop();
 
         self.step += 1;
         let step_time = t0.elapsed().as_secs_f64();
         let generated = exp.action_mask.f_sum(tch::Kind::Float)?.double_value(&[]);
         m.set("step_time", step_time);
         m.set("tokens_per_s", generated / step_time.max(1e-9));
-        m.set("time/generate", t_gen);
-        m.set("time/score", t_score);
-        m.set("time/old_logprobs", times.old_logprobs);
-        m.set("time/reference", times.reference);
-        m.set("time/values", times.values);
-        m.set("time/train", t_train);
+        t_gen.record("generate", &mut m);
+        t_score.record("score", &mut m);
+        times.old_logprobs.record("old_logprobs", &mut m);
+        times.reference.record("reference", &mut m);
+        times.values.record("values", &mut m);
+        t_train.record("train", &mut m);
         crate::dist::comm_metrics(&self.world, comm0, &mut m);
         Ok(m)
     }
