@@ -16,9 +16,13 @@ use std::process::Command;
 use rlhf_integration_tests::rlhf_bin;
 use serde_json::{json, Value};
 
-/// Metric keys that measure time, not behaviour.
+/// Metric keys that measure time or memory, not behaviour.
 fn is_timing(key: &str) -> bool {
-    key == "timestamp" || key == "step_time" || key == "tokens_per_s" || key.starts_with("time/")
+    key == "timestamp"
+        || key == "step_time"
+        || key == "tokens_per_s"
+        || key.starts_with("time/")
+        || key.starts_with("mem/")
 }
 
 /// Metrics renamed on purpose since the golden files were recorded: plugin metrics that collided

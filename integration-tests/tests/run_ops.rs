@@ -48,7 +48,9 @@ fn metrics(run: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
         .map(|l| {
             let mut m: serde_json::Map<String, serde_json::Value> = serde_json::from_str(l).unwrap();
             m.retain(|k, _| {
-                !(k.starts_with("time/") || ["timestamp", "step_time", "tokens_per_s"].contains(&k.as_str()))
+                !(k.starts_with("time/")
+                    || k.starts_with("mem/")
+                    || ["timestamp", "step_time", "tokens_per_s"].contains(&k.as_str()))
             });
             m
         })

@@ -11,7 +11,7 @@ use tch::Tensor;
 
 use crate::config::{Activation, ArchConfig};
 use crate::error::{ModelError, Result};
-use crate::layers::{activate, attention_mask, KvCache, LayerNorm, Linear};
+use crate::layers::{activate, attention_mask, KvCache, LayerNorm, LayerShared, Linear};
 use crate::weights::WeightLoader;
 
 #[derive(Debug)]
@@ -107,20 +107,19 @@ impl Gpt2Model {
         })
     }
 
-    /// Final hidden states (after `ln_f`).
+    /// Token plus position embeddings, and what every layer of this forward shares.
     ///
     /// # Shapes
     /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]`
     /// - returns `[batch, seq, hidden]`
-    pub fn forward(
+    pub fn embed(
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
         key_mask: &Tensor,
-        mut cache: Option<&mut KvCache>,
-    ) -> Result<Tensor> {
-        let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
-        let past = cache.as_ref().map_or(0, |c| c.len());
+        past: i64,
+    ) -> Result<(Tensor, LayerShared)> {
+        let s = input_ids.size()[1];
         // Positions never exceed the token index, so this bound needs no device sync.
         if past + s > self.max_positions {
             return Err(ModelError::Input(format!(
@@ -131,31 +130,46 @@ impl Gpt2Model {
         }
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
-        let mut h = tok.f_add(&pos)?;
         let mask = attention_mask(key_mask, past, s)?;
+        Ok((tok.f_add(&pos)?, LayerShared { mask, rotary: None }))
+    }
+
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Layer `i`: pre-norm attention and MLP, each added to the residual stream.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn layer(&self, i: usize, h: &Tensor, shared: &LayerShared, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let (b, s) = (h.size()[0], h.size()[1]);
+        let block = &self.blocks[i];
         let hidden = self.num_heads * self.head_dim;
-        for (i, block) in self.blocks.iter().enumerate() {
-            let x = block.ln_1.forward(&h)?;
-            let qkv = block.c_attn.forward(&x)?; // [b, s, 3h]
-            let parts = qkv.f_split(hidden, 2)?;
-            let heads = |t: &Tensor| -> Result<Tensor> {
-                Ok(t.f_view([b, s, self.num_heads, self.head_dim])?.f_transpose(1, 2)?)
-            };
-            let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
-            let (k, v) = match cache.as_deref_mut() {
-                Some(c) => c.append(i, &k, &v)?,
-                None => (k, v),
-            };
-            let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, block.scale, false)?;
-            let y = y.f_transpose(1, 2)?.f_reshape([b, s, hidden])?;
-            h = h.f_add(&block.attn_c_proj.forward(&y)?)?;
-            let x = block.ln_2.forward(&h)?;
-            let m = block.mlp_c_proj.forward(&activate(&block.c_fc.forward(&x)?, self.act)?)?;
-            h = h.f_add(&m)?;
-        }
-        if let Some(c) = cache {
-            c.advance(s);
-        }
-        self.ln_f.forward(&h)
+        let x = block.ln_1.forward(h)?;
+        let qkv = block.c_attn.forward(&x)?; // [b, s, 3h]
+        let parts = qkv.f_split(hidden, 2)?;
+        let heads =
+            |t: &Tensor| -> Result<Tensor> { Ok(t.f_view([b, s, self.num_heads, self.head_dim])?.f_transpose(1, 2)?) };
+        let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
+        let (k, v) = match cache {
+            Some(c) => c.append(i, &k, &v)?,
+            None => (k, v),
+        };
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(&shared.mask), 0.0, false, block.scale, false)?;
+        let y = y.f_transpose(1, 2)?.f_reshape([b, s, hidden])?;
+        let h = h.f_add(&block.attn_c_proj.forward(&y)?)?;
+        let x = block.ln_2.forward(&h)?;
+        let m = block.mlp_c_proj.forward(&activate(&block.c_fc.forward(&x)?, self.act)?)?;
+        Ok(h.f_add(&m)?)
+    }
+
+    /// `ln_f`.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        self.ln_f.forward(h)
     }
 }

@@ -273,6 +273,17 @@ pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
     Ok(pos.f_where_scalarother(&seg_start.f_ge(0)?, 0)?)
 }
 
+/// What the decoder layers of one forward share: the attention mask (see [`attention_mask`]) and,
+/// for rotary models, the cos/sin tables of the positions.
+///
+/// # Shapes
+/// `mask`: `[batch, 1, seq, past + seq]` (bool); `rotary`: `([batch, 1, seq, head_dim], same)`
+#[derive(Debug)]
+pub struct LayerShared {
+    pub mask: Tensor,
+    pub rotary: Option<(Tensor, Tensor)>,
+}
+
 /// Preallocated key/value buffers for incremental decoding.
 #[derive(Debug)]
 pub struct KvCache {

@@ -12,7 +12,7 @@ use tch::Tensor;
 
 use crate::config::{Activation, ArchConfig};
 use crate::error::{ModelError, Result};
-use crate::layers::{apply_rotary, attention_mask, KvCache, Linear, RmsNorm, Rotary};
+use crate::layers::{apply_rotary, attention_mask, KvCache, LayerShared, Linear, RmsNorm, Rotary};
 use crate::weights::WeightLoader;
 
 /// Self-attention with grouped key/value heads.
@@ -182,33 +182,49 @@ impl LlamaModel {
         out
     }
 
-    /// Final hidden states (after the last norm).
+    /// Token embeddings, and what every layer of this forward shares (mask, rotary tables).
     ///
     /// # Shapes
     /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]`
     /// - returns `[batch, seq, hidden]`
-    pub fn forward(
+    pub fn embed(
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
         key_mask: &Tensor,
-        mut cache: Option<&mut KvCache>,
-    ) -> Result<Tensor> {
+        past: i64,
+    ) -> Result<(Tensor, LayerShared)> {
         let seq = input_ids.size()[1];
-        let past = cache.as_ref().map_or(0, |c| c.len());
-        let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
-        let (cos, sin) = self.rotary.cos_sin(position_ids, h.kind())?;
+        let h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
+        let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
         let mask = attention_mask(key_mask, past, seq)?;
-        for (i, block) in self.layers.iter().enumerate() {
-            let x = block.input_layernorm.forward(&h)?;
-            let layer_cache = cache.as_deref_mut().map(|c| (c, i));
-            h = h.f_add(&block.self_attn.forward(&x, &cos, &sin, &mask, layer_cache)?)?;
-            let x = block.post_attention_layernorm.forward(&h)?;
-            h = h.f_add(&block.mlp.forward(&x)?)?;
-        }
-        if let Some(c) = cache {
-            c.advance(seq);
-        }
-        self.norm.forward(&h)
+        Ok((h, LayerShared { mask, rotary: Some(rotary) }))
+    }
+
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layer `i`: pre-norm attention and MLP, each added to the residual stream.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn layer(&self, i: usize, h: &Tensor, shared: &LayerShared, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let block = &self.layers[i];
+        let (cos, sin) =
+            shared.rotary.as_ref().ok_or_else(|| ModelError::Input("llama layer without rotary tables".into()))?;
+        let x = block.input_layernorm.forward(h)?;
+        let h = h.f_add(&block.self_attn.forward(&x, cos, sin, &shared.mask, cache.map(|c| (c, i)))?)?;
+        let x = block.post_attention_layernorm.forward(&h)?;
+        Ok(h.f_add(&block.mlp.forward(&x)?)?)
+    }
+
+    /// The last RMSNorm.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        self.norm.forward(h)
     }
 }

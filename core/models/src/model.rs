@@ -15,7 +15,7 @@ use crate::config::{ArchConfig, Family, ModelConfig};
 use crate::device::dtype_name;
 use crate::error::{ModelError, Result};
 use crate::gpt2::Gpt2Model;
-use crate::layers::{position_ids_from_mask, KvCache, Linear};
+use crate::layers::{position_ids_from_mask, KvCache, LayerShared, Linear};
 use crate::llama::LlamaModel;
 use crate::lora::{self, LoraConfig};
 use crate::weights::{save_safetensors, write_json, Checkpoint, WeightLoader};
@@ -50,12 +50,67 @@ impl Backbone {
         })
     }
 
+    /// Final hidden states: embeddings, every layer, the final norm.
+    ///
     /// # Shapes
     /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]` → `[batch, seq, hidden]`
-    fn forward(&self, ids: &Tensor, pos: &Tensor, key_mask: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+    fn forward(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        key_mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let past = cache.as_ref().map_or(0, |c| c.len());
+        let (mut h, shared) = self.embed(ids, pos, key_mask, past)?;
+        for i in 0..self.num_layers() {
+            h = self.layer(i, &h, &shared, cache.as_deref_mut())?;
+        }
+        if let Some(c) = cache {
+            c.advance(ids.size()[1]);
+        }
+        self.final_norm(&h)
+    }
+
+    /// Embeddings and what the layers share; see [`LlamaModel::embed`].
+    pub(crate) fn embed(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        key_mask: &Tensor,
+        past: i64,
+    ) -> Result<(Tensor, LayerShared)> {
         match self {
-            Backbone::Llama(m) => m.forward(ids, pos, key_mask, cache),
-            Backbone::Gpt2(m) => m.forward(ids, pos, key_mask, cache),
+            Backbone::Llama(m) => m.embed(ids, pos, key_mask, past),
+            Backbone::Gpt2(m) => m.embed(ids, pos, key_mask, past),
+        }
+    }
+
+    pub(crate) fn num_layers(&self) -> usize {
+        match self {
+            Backbone::Llama(m) => m.num_layers(),
+            Backbone::Gpt2(m) => m.num_layers(),
+        }
+    }
+
+    /// Layer `i`, `[batch, seq, hidden]` → `[batch, seq, hidden]`.
+    pub(crate) fn layer(
+        &self,
+        i: usize,
+        h: &Tensor,
+        shared: &LayerShared,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        match self {
+            Backbone::Llama(m) => m.layer(i, h, shared, cache),
+            Backbone::Gpt2(m) => m.layer(i, h, shared, cache),
+        }
+    }
+
+    pub(crate) fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            Backbone::Llama(m) => m.final_norm(h),
+            Backbone::Gpt2(m) => m.final_norm(h),
         }
     }
 
