@@ -9,7 +9,8 @@ exact match of the completion against the prompt's label (the reward-rules `exac
 `extract = "full"`).
 
 Deliberate departures from TRL's defaults, so both sides do the same work:
-  - gradient_checkpointing=False (TRL's configs default to True; `rlhf` does not checkpoint);
+  - gradient_checkpointing=False (TRL's configs default to True; `rlhf` does not checkpoint unless
+    asked), True with --gradient-checkpointing (`rlhf bench --gradient-checkpointing` on both sides);
   - bf16=False with the weights loaded in the benchmark dtype (pure f32 or pure bf16, as `rlhf`),
     instead of TRL's default bf16 autocast;
   - loss_type="grpo" and scale_rewards="group" (the `rlhf` grpo plugin's defaults).
@@ -132,6 +133,7 @@ def main():
     ap.add_argument("--adam-beta2", type=float, default=0.95)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--output-dir", default=None, help="TRL's output_dir (nothing is saved there)")
     args = ap.parse_args()
 
@@ -217,7 +219,7 @@ def main():
         adam_beta2=args.adam_beta2,
         adam_epsilon=1e-8,
         max_grad_norm=args.max_grad_norm,
-        gradient_checkpointing=False,
+        gradient_checkpointing=args.gradient_checkpointing,
         bf16=False,
         fp16=False,
         use_cpu=not cuda,

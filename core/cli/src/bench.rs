@@ -95,6 +95,10 @@ pub struct BenchArgs {
     /// Also time TRL's GRPOTrainer on the same model, prompts, B, G and lengths; prints TRL/ours.
     #[arg(long)]
     vs_trl: bool,
+    /// Activation checkpointing per decoder layer in the RL section (`train.gradient_checkpointing`),
+    /// and in TRL's with --vs-trl (its `gradient_checkpointing`).
+    #[arg(long)]
+    gradient_checkpointing: bool,
     /// Python for --vs-trl (default: $RLHF_PYTHON, else python3).
     #[arg(long)]
     python: Option<PathBuf>,
@@ -301,6 +305,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         repeats: args.repeats,
         prompts: args.prompts.as_deref(),
         run_dir: work.0.join("rl-run"),
+        gradient_checkpointing: args.gradient_checkpointing,
     };
     let rl_cfg = if do_rl { Some(rl::config(&rl_setup)?) } else { None };
     let dp_cfg = if do_dp { Some(rl::config(&rl_setup)?) } else { None };
@@ -332,6 +337,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 group: args.group,
                 new_tokens: args.new_tokens,
                 repeats: args.repeats,
+                gradient_checkpointing: args.gradient_checkpointing,
                 lr: cfg.train.actor_lr,
                 beta: algo.get("beta").and_then(|v| v.as_f64()).unwrap_or(0.04),
                 epsilon: algo.get("epsilon").and_then(|v| v.as_f64()).unwrap_or(0.2),
@@ -468,6 +474,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some((_, mean)) = &rl_prompts {
         settings.push_str(&format!(", RL prompts {prompt_source} ({mean:.1} tok)"));
     }
+    if args.gradient_checkpointing {
+        settings.push_str(", gradient checkpointing");
+    }
     settings.push_str(&format!(", {} reps", args.repeats));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let row = Row {
@@ -555,8 +564,10 @@ mod tests {
             repeats: 2,
             prompts: None,
             run_dir: PathBuf::from("/tmp/run"),
+            gradient_checkpointing: true,
         };
         let cfg = rl::config(&setup).unwrap();
+        assert!(cfg.train.gradient_checkpointing);
         assert_eq!(cfg.algorithm.name, "grpo");
         assert_eq!(cfg.model.actor, "/m");
         assert_eq!((cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt), (3, 5));

@@ -12,6 +12,8 @@ pub mod sampling;
 pub use batch::{left_pad, right_pad, PaddedBatch};
 pub use error::{GenerationError, Result};
 pub use generate::{generate, GenerateConfig, Generated};
-pub use logprobs::{masked_nll_mean, masked_nll_sum, token_logprobs, LogProbOptions, TokenLogProbs};
+pub use logprobs::{
+    masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, LogProbOptions, TokenLogProbs,
+};
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{RowWindow, Sampling};

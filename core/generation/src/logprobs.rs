@@ -6,7 +6,7 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm};
+use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed};
 
 use crate::error::{GenerationError, Result};
 
@@ -46,16 +46,56 @@ pub fn token_logprobs(
     from: i64,
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
+    check_from(input_ids, from)?;
+    let positions = position_ids_from_mask(attention_mask)?;
+    let hidden = model.hidden_states(input_ids, attention_mask, &positions, None)?; // [b, seq, h]
+    from_hidden(model, &hidden, input_ids, from, opts)
+}
+
+/// [`token_logprobs`] from a checkpointed pass of the model (activation checkpointing, see
+/// [`rlhf_models::checkpointing`]): the log-probs carry gradients back to the pass's output;
+/// backpropagate the loss, then hand the pass to [`CausalLm::backward_checkpointed`].
+///
+/// # Shapes
+/// As [`token_logprobs`].
+pub fn token_logprobs_checkpointed(
+    model: &CausalLm,
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    from: i64,
+    opts: LogProbOptions,
+) -> Result<(TokenLogProbs, Checkpointed)> {
+    check_from(input_ids, from)?;
+    let positions = position_ids_from_mask(attention_mask)?;
+    let ck = model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?;
+    let lp = from_hidden(model, ck.hidden(), input_ids, from, opts)?;
+    Ok((lp, ck))
+}
+
+fn check_from(input_ids: &Tensor, from: i64) -> Result<()> {
     let size = input_ids.size();
     if size.len() != 2 || from < 1 || from >= size[1] {
         return Err(GenerationError::Input(format!(
             "token_logprobs: ids {size:?}, from = {from}: need 1 <= from < seq"
         )));
     }
-    let (batch, seq) = (size[0], size[1]);
+    Ok(())
+}
+
+/// The LM head, log-softmax and gather over positions `from - 1 .. seq - 1` of `hidden`, in
+/// chunks of at most `opts.max_chunk_elements` logits.
+///
+/// # Shapes
+/// - `hidden`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]` → `[batch, seq - from]`
+fn from_hidden(
+    model: &CausalLm,
+    hidden: &Tensor,
+    input_ids: &Tensor,
+    from: i64,
+    opts: LogProbOptions,
+) -> Result<TokenLogProbs> {
+    let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
     let n = seq - from;
-    let positions = position_ids_from_mask(attention_mask)?;
-    let hidden = model.hidden_states(input_ids, attention_mask, &positions, None)?; // [b, seq, h]
     let h = hidden.f_narrow(1, from - 1, n)?.f_reshape([batch * n, -1])?; // [b*n, h]
     let targets = input_ids.f_narrow(1, from, n)?.f_reshape([batch * n, 1])?; // [b*n, 1]
     let vocab = model.arch().vocab_size;

@@ -12,6 +12,7 @@
 //! scores with references transformers produced for tiny random checkpoints of every family.
 
 pub mod adapters;
+pub mod checkpointing;
 pub mod config;
 pub mod device;
 pub mod error;
@@ -22,6 +23,7 @@ pub mod lora;
 pub mod model;
 pub mod weights;
 
+pub use checkpointing::Checkpointed;
 pub use config::{ArchConfig, Family, ModelConfig};
 pub use device::{parse_device, parse_dtype};
 pub use error::{ModelError, Result};

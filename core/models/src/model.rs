@@ -11,6 +11,7 @@ use serde_json::Value;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::adapters;
+use crate::checkpointing::{self, Checkpointed};
 use crate::config::{ArchConfig, Family, ModelConfig};
 use crate::device::dtype_name;
 use crate::error::{ModelError, Result};
@@ -297,6 +298,28 @@ impl CausalLm {
         self.backbone.forward(input_ids, position_ids, attention_mask, cache)
     }
 
+    /// [`CausalLm::hidden_states`] (without a cache) as a checkpointed pass: no autograd graph,
+    /// each layer's input kept; build the loss from [`Checkpointed::hidden`], backpropagate it,
+    /// then hand the pass to [`CausalLm::backward_checkpointed`] (see [`crate::checkpointing`]).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`, `position_ids`: `[batch, seq]`; hidden `[batch, seq, hidden]`
+    pub fn hidden_states_checkpointed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        position_ids: &Tensor,
+    ) -> Result<Checkpointed> {
+        check_ids(input_ids, attention_mask)?;
+        checkpointing::forward(&self.backbone, input_ids, position_ids, attention_mask)
+    }
+
+    /// Accumulates the parameter gradients of a checkpointed pass of this model once the loss
+    /// built on its hidden states has been backpropagated.
+    pub fn backward_checkpointed(&self, ck: &Checkpointed) -> Result<()> {
+        checkpointing::backward(&self.backbone, ck)
+    }
+
     /// Logits in the model's dtype.
     ///
     /// # Shapes
@@ -459,6 +482,25 @@ impl ScalarHeadModel {
         let pos = position_ids_from_mask(attention_mask)?;
         let h = self.backbone.forward(input_ids, &pos, attention_mask, None)?;
         Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
+    }
+
+    /// [`ScalarHeadModel::values`] from a checkpointed pass of the backbone (see
+    /// [`CausalLm::hidden_states_checkpointed`]); after the loss has been backpropagated, hand the
+    /// pass to [`ScalarHeadModel::backward_checkpointed`].
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
+    pub fn values_checkpointed(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Checkpointed)> {
+        check_ids(input_ids, attention_mask)?;
+        let pos = position_ids_from_mask(attention_mask)?;
+        let ck = checkpointing::forward(&self.backbone, input_ids, &pos, attention_mask)?;
+        let v = ck.hidden().f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?;
+        Ok((v, ck))
+    }
+
+    /// See [`CausalLm::backward_checkpointed`].
+    pub fn backward_checkpointed(&self, ck: &Checkpointed) -> Result<()> {
+        checkpointing::backward(&self.backbone, ck)
     }
 
     /// One score per sequence, read at its last non-pad token (works for left and right padding).

@@ -28,6 +28,8 @@ pub struct RlSetup<'a> {
     /// A prompts JSONL; `None`: the built-in addition task.
     pub prompts: Option<&'a Path>,
     pub run_dir: PathBuf,
+    /// `train.gradient_checkpointing`.
+    pub gradient_checkpointing: bool,
 }
 
 /// Medians over the timed steps.
@@ -67,6 +69,7 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
         "checkpoint.every=0".into(),
         "checkpoint.at_end=false".into(),
         "wandb.enabled=false".into(),
+        format!("train.gradient_checkpointing={}", s.gradient_checkpointing),
     ];
     Ok(RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets)?)
 }

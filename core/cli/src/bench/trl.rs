@@ -25,6 +25,8 @@ pub struct TrlSetup<'a> {
     pub group: i64,
     pub new_tokens: i64,
     pub repeats: usize,
+    /// TRL's `gradient_checkpointing` (off unless asked, like ours).
+    pub gradient_checkpointing: bool,
     pub lr: f64,
     pub beta: f64,
     pub epsilon: f64,
@@ -112,6 +114,7 @@ pub fn run(s: &TrlSetup<'_>) -> anyhow::Result<TrlResult> {
         .args(["--epsilon", &s.epsilon.to_string(), "--adam-beta2", &s.adam_beta2.to_string()])
         .args(["--max-grad-norm", &s.max_grad_norm.to_string(), "--seed", &s.seed.to_string()])
         .args(["--output-dir", &s.work_dir.join("trl-out").display().to_string()])
+        .args(s.gradient_checkpointing.then_some("--gradient-checkpointing"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

@@ -148,6 +148,10 @@ pub struct TrainConfig {
     /// that pass rather than in a second forward (TRL does the same). `false` forces the
     /// separate pass.
     pub reuse_old_logprobs: bool,
+    /// Activation checkpointing per decoder layer for the actor and the critic (transformers'
+    /// `gradient_checkpointing`): only each layer's input is kept through the forward, and each
+    /// layer is recomputed in backward — much less activation memory for one more forward.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for TrainConfig {
@@ -170,6 +174,7 @@ impl Default for TrainConfig {
             ptx_data: None,
             logprob_chunk_elements: 1 << 26,
             reuse_old_logprobs: true,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -419,6 +424,14 @@ impl RlConfig {
         }
         if t.logprob_chunk_elements < 1 {
             return bad("train.logprob_chunk_elements", "must be >= 1");
+        }
+        for (key, lora) in
+            [("model.lora.dropout", &self.model.lora), ("model.critic_lora.dropout", &self.model.critic_lora)]
+        {
+            if t.gradient_checkpointing && lora.rank > 0 && lora.dropout > 0.0 {
+                let msg = format!("needs {key} = 0 (the recomputed forward would draw other dropout masks)");
+                return bad("train.gradient_checkpointing", &msg);
+            }
         }
         if let Some(d) = t.ema_decay {
             if !(0.0..1.0).contains(&d) {

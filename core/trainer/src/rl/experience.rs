@@ -3,8 +3,8 @@
 //! state before each response token — everything the algorithm's `prepare` and the minibatch
 //! losses compare against.
 
-use rlhf_generation::{token_logprobs, LogProbOptions, TokenLogProbs};
-use rlhf_models::{CausalLm, ScalarHeadModel};
+use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions, TokenLogProbs};
+use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};
 
@@ -36,6 +36,9 @@ pub struct Batch {
     /// step's only minibatch reuses them instead of a second forward pass ([`compute`]'s
     /// `reuse`); `old_logprobs` are then these, detached.
     pub policy: Option<TokenLogProbs>,
+    /// With gradient checkpointing, the checkpointed pass behind `policy`: after the loss has
+    /// been backpropagated, [`rlhf_models::CausalLm::backward_checkpointed`] takes it.
+    pub policy_checkpoint: Option<Checkpointed>,
 }
 
 impl Batch {
@@ -111,7 +114,8 @@ pub struct Selected {
 /// With `reuse` — the step is one epoch of one minibatch holding the whole batch, so the
 /// minibatch's fresh log-probs are the old ones (TRL skips the old pass then) — the actor runs
 /// once, with gradients: `old_logprobs` are that pass detached, and the pass itself is kept in
-/// [`Batch::policy`] for the minibatch loss (without LoRA dropout, training mode changes nothing).
+/// [`Batch::policy`] for the minibatch loss (without LoRA dropout, training mode changes nothing);
+/// with `checkpointing` it is a checkpointed pass ([`Batch::policy_checkpoint`]).
 ///
 /// # Shapes
 /// See [`Batch`].
@@ -121,6 +125,7 @@ pub fn compute(
     max_chunk_elements: i64,
     device: Device,
     reuse: bool,
+    checkpointing: bool,
 ) -> Result<(Batch, Option<Tensor>, ExperienceTimes)> {
     let opts = LogProbOptions { max_chunk_elements, entropy: true };
     let (seq, attn, p_len) = (&s.sequences, &s.attention_mask, s.prompt_len);
@@ -140,6 +145,7 @@ pub fn compute(
             group_ids: s.group_ids,
             behavior_logprobs: s.behavior_logprobs,
             policy: None,
+            policy_checkpoint: None,
         };
         return Ok((batch, Some(zeros()?), times));
     }
@@ -162,15 +168,20 @@ pub fn compute(
     // The actor last: with `reuse` its pass keeps an autograd graph, which the reference and
     // critic passes need not share memory with.
     let t = PhaseClock::start(device);
-    let (old, policy) = if reuse {
-        let lp = token_logprobs(models.actor, seq, attn, p_len, opts)?; // with grad
+    let (old, policy, policy_checkpoint) = if reuse {
+        let (lp, ck) = if checkpointing {
+            let (lp, ck) = token_logprobs_checkpointed(models.actor, seq, attn, p_len, opts)?;
+            (lp, Some(ck))
+        } else {
+            (token_logprobs(models.actor, seq, attn, p_len, opts)?, None) // with grad
+        };
         let detached = TokenLogProbs {
             logprobs: lp.logprobs.f_detach()?,
             entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,
         };
-        (detached, Some(lp))
+        (detached, Some(lp), ck)
     } else {
-        (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None)
+        (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None, None)
     };
     times.old_logprobs = t.stop();
     let batch = Batch {
@@ -185,6 +196,7 @@ pub fn compute(
         group_ids: s.group_ids,
         behavior_logprobs: s.behavior_logprobs,
         policy,
+        policy_checkpoint,
     };
     Ok((batch, old.entropy, times))
 }

@@ -6,8 +6,8 @@
 //! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
 //! the whole optimizer step and is logged.
 
-use rlhf_generation::{token_logprobs, LogProbOptions, TokenLogProbs};
-use rlhf_models::{CausalLm, ScalarHeadModel};
+use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions, TokenLogProbs};
+use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
 
@@ -33,6 +33,16 @@ pub struct Learner<'a> {
     pub ema: Option<(&'a CausalLm, f64)>,
     pub ptx: Option<&'a PtxData>,
     pub world: &'a World,
+}
+
+/// A minibatch's checkpointed passes (`train.gradient_checkpointing`), to backpropagate through
+/// once its loss has been.
+#[derive(Default)]
+struct Passes {
+    actor: Option<Checkpointed>,
+    /// The actor's pass is the experience pass kept in [`Batch::policy_checkpoint`].
+    reused_actor: bool,
+    critic: Option<Checkpointed>,
 }
 
 /// The rows `idx` of `t` (dim 0).
@@ -111,14 +121,30 @@ pub fn optimise(
                 let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
                 // The step's only minibatch holds the whole batch: reuse the experience pass.
                 let whole = cfg.ppo_epochs == 1 && minibatches.len() == 1 && chunk.len() == b;
+                // With gradient checkpointing the passes keep only layer inputs; `passes` backpropagates
+                // through them after the loss.
+                let mut passes = Passes::default();
                 let lp = match batch.policy.as_ref().filter(|_| whole) {
-                    Some(p) => TokenLogProbs {
-                        logprobs: pick(&p.logprobs, &idx)?,
-                        entropy: if req.entropy { pick_opt(&p.entropy, &idx)? } else { None },
-                    },
+                    Some(p) => {
+                        passes.reused_actor = batch.policy_checkpoint.is_some();
+                        TokenLogProbs {
+                            logprobs: pick(&p.logprobs, &idx)?,
+                            entropy: if req.entropy { pick_opt(&p.entropy, &idx)? } else { None },
+                        }
+                    }
+                    None if cfg.gradient_checkpointing => {
+                        let (lp, ck) = token_logprobs_checkpointed(actor, &seq, &attn, p_len, opts)?;
+                        passes.actor = Some(ck);
+                        lp
+                    }
                     None => token_logprobs(actor, &seq, &attn, p_len, opts)?, // [b, R], grad
                 };
                 let values = match &critic {
+                    Some((c, _)) if cfg.gradient_checkpointing => {
+                        let (v, ck) = c.values_checkpointed(&seq, &attn)?;
+                        passes.critic = Some(ck);
+                        Some(v.f_narrow(1, p_len - 1, r_len)?) // [b, R], grad
+                    }
                     Some((c, _)) => Some(c.values(&seq, &attn)?.f_narrow(1, p_len - 1, r_len)?), // [b, R], grad
                     None => None,
                 };
@@ -166,6 +192,13 @@ pub fn optimise(
                     loss = loss.f_div_scalar(k as f64)?;
                 }
                 loss.f_backward()?;
+                let reused = batch.policy_checkpoint.as_ref().filter(|_| passes.reused_actor);
+                for ck in passes.actor.iter().chain(reused) {
+                    actor.backward_checkpointed(ck)?;
+                }
+                if let (Some(ck), Some((c, _))) = (&passes.critic, &critic) {
+                    c.backward_checkpointed(ck)?;
+                }
             }
             if world.is_distributed() {
                 // The same decision on every rank; the gradient of the whole step on every rank.

@@ -159,6 +159,7 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
         behavior_logprobs: opt(&b.behavior_logprobs)?,
         // A data-parallel step never reuses the old pass (each rank's share is a sub-batch).
         policy: None,
+        policy_checkpoint: None,
     };
     Ok((batch, opt(&entropy)?))
 }

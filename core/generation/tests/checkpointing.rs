@@ -1,0 +1,114 @@
+//! Activation checkpointing changes memory, not gradients: on every fixture family (Llama with and
+//! without tied embeddings, Qwen2, GPT-2), a loss on checkpointed log-probs (and on checkpointed
+//! critic values) gives the parameter gradients that the plain pass gives, within f32 rounding.
+
+use std::path::PathBuf;
+
+use rlhf_generation::{left_pad, token_logprobs, token_logprobs_checkpointed, LogProbOptions};
+use rlhf_models::{CausalLm, LoraConfig, ScalarHeadModel};
+use tch::{Device, Kind, Tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../integration-tests/fixtures/models").join(name)
+}
+
+fn batch() -> (Tensor, Tensor) {
+    let b = left_pad(&[vec![5, 9, 33, 120, 7, 64, 2], vec![300, 11, 12]], 0, Device::Cpu).unwrap();
+    (b.input_ids, b.attention_mask)
+}
+
+/// Every defined gradient of `vs`, by name, then cleared.
+fn take_grads(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut out: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .filter_map(|(n, v)| {
+            let g = v.grad();
+            g.defined().then(|| (n, g.copy()))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, v) in vs.variables() {
+        let mut g = v.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    out
+}
+
+fn assert_same_grads(what: &str, plain: &[(String, Tensor)], ck: &[(String, Tensor)]) {
+    assert!(!plain.is_empty(), "{what}: no gradients");
+    let names = |g: &[(String, Tensor)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(plain), names(ck), "{what}: the same parameters get gradients");
+    for ((name, a), (_, b)) in plain.iter().zip(ck) {
+        let scale = a.abs().max().double_value(&[]).max(1e-12);
+        let d = (a - b).abs().max().double_value(&[]);
+        assert!(d <= 1e-5 * scale, "{what}: {name}: max |Δ| {d} against max |g| {scale}");
+    }
+}
+
+/// A loss that uses the log-probs and the entropy with weights, as a policy loss does.
+fn loss(lp: &rlhf_generation::TokenLogProbs) -> Tensor {
+    let w = Tensor::arange(lp.logprobs.size()[1], (Kind::Float, Device::Cpu)).g_add_scalar(1.0);
+    (&lp.logprobs * &w).sum(Kind::Float) - 0.1 * lp.entropy.as_ref().unwrap().sum(Kind::Float)
+}
+
+#[test]
+fn checkpointed_logprobs_give_the_plain_gradients() {
+    let (ids, mask) = batch();
+    let opts = LogProbOptions { max_chunk_elements: 800, entropy: true };
+    for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
+        for lora in [false, true] {
+            let mut m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
+            if lora {
+                let cfg = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: vec!["all-linear".into()] };
+                assert!(m.apply_lora(&cfg).unwrap() > 0);
+                // Non-zero B so the adapters change the output and get gradients through it.
+                for (n, mut v) in m.vs.variables() {
+                    if n.contains("lora_B") {
+                        tch::no_grad(|| v.copy_(&(v.randn_like() * 0.1)));
+                    }
+                }
+            }
+            let what = format!("{name}{}", if lora { " + LoRA" } else { "" });
+            let plain_lp = token_logprobs(&m, &ids, &mask, 2, opts).unwrap();
+            loss(&plain_lp).backward();
+            let plain = take_grads(&m.vs);
+
+            let (lp, ck) = token_logprobs_checkpointed(&m, &ids, &mask, 2, opts).unwrap();
+            let d = (&lp.logprobs - &plain_lp.logprobs).abs().max().double_value(&[]);
+            assert!(d < 1e-6, "{what}: the checkpointed pass computes the same log-probs ({d})");
+            loss(&lp).backward();
+            m.backward_checkpointed(&ck).unwrap();
+            assert_same_grads(&what, &plain, &take_grads(&m.vs));
+        }
+    }
+}
+
+#[test]
+fn checkpointed_critic_values_give_the_plain_gradients() {
+    let (ids, mask) = batch();
+    for name in ["llama", "gpt2"] {
+        let m = ScalarHeadModel::from_causal_lm_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
+        let w = Tensor::arange(7, (Kind::Float, Device::Cpu)).g_sub_scalar(3.0);
+        let plain_v = m.values(&ids, &mask).unwrap();
+        (&plain_v * &w).square().sum(Kind::Float).backward();
+        let plain = take_grads(&m.vs);
+        let (v, ck) = m.values_checkpointed(&ids, &mask).unwrap();
+        assert!(v.allclose(&plain_v, 1e-6, 1e-6, false), "{name}: the same values");
+        (&v * &w).square().sum(Kind::Float).backward();
+        m.backward_checkpointed(&ck).unwrap();
+        assert_same_grads(&format!("{name} critic"), &plain, &take_grads(&m.vs));
+    }
+}
+
+/// A loss that does not reach the pass leaves every gradient untouched.
+#[test]
+fn a_pass_the_loss_does_not_use_changes_nothing() {
+    let m = CausalLm::from_dir(&fixture("llama"), Device::Cpu, Kind::Float).unwrap();
+    let (ids, mask) = batch();
+    let (_lp, ck) = token_logprobs_checkpointed(&m, &ids, &mask, 2, LogProbOptions::default()).unwrap();
+    m.backward_checkpointed(&ck).unwrap();
+    assert!(take_grads(&m.vs).is_empty());
+}
