@@ -345,12 +345,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 max_grad_norm: cfg.train.max_grad_norm,
                 seed: cfg.run.seed,
             })?;
-            println!(
-                "trl:   {} s/step (median of {} steps after 1 warm-up; mean completion {} tokens)",
-                fmt_secs(r.step_s),
-                r.step_times.len().saturating_sub(1),
-                r.mean_completion_length.map_or("?".into(), |x| format!("{x:.1}"))
-            );
+            trl::print(&r);
             Some(r)
         }
         _ => None,
@@ -364,7 +359,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             // The decode bound: the GPU's HBM bandwidth from the table, else the measured copy bandwidth.
             let hbm = args.hbm_gbps.or_else(|| if device.is_cuda() { machine::hbm_gbps(&dev_name) } else { None });
             let hbm = hbm.or(Some(machine.copy_gbps));
-            let g = bench_gen(&model, rows, args.prompt_len, args.new_tokens, args.repeats, hbm)?;
+            let peak = args.peak_tflops.or_else(|| {
+                if device.is_cuda() {
+                    report::peak_tflops(&dev_name, kind == Kind::BFloat16)
+                } else {
+                    Some(machine.gemm_tflops)
+                }
+            });
+            let g = bench_gen(&model, rows, args.prompt_len, args.new_tokens, args.repeats, hbm, peak)?;
             println!(
                 "gen:   {} tokens/s (median {} s per run of {rows}×{} new tokens, prefill {} s)",
                 fmt_rate(g.tokens_per_s),
@@ -372,6 +374,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 args.new_tokens,
                 fmt_secs(g.prefill_s)
             );
+            if let Some(f) = g.flops_fraction {
+                println!("       decode at {:.1} % of the peak FLOP/s", 100.0 * f);
+            }
             match g.hbm_fraction {
                 Some(f) => println!("       decode at {:.1} % of the memory-bandwidth bound", 100.0 * f),
                 None if device.is_cuda() => println!("       decode vs HBM bound: unknown GPU, pass --hbm-gbps"),
@@ -436,7 +441,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 r.reward,
                 rl_prompts.as_ref().map_or(0.0, |p| p.1)
             );
-            rl::print_memory(f, trl.as_ref().and_then(|t| t.peak_rss_gb));
+            rl::print_spread_and_memory(&r, trl.as_ref().and_then(|t| t.peak_rss_gb));
             Some(r)
         }
         None => None,

@@ -1,7 +1,7 @@
 //! PNG charts of a run's `metrics.jsonl`.
 //!
 //! [`plot_run`] reads `<run_dir>/metrics.jsonl` and writes, for whatever metrics the run logged,
-//! `reward.png`, `kl.png`, `loss.png`, `eval.png`, `lengths.png` and `throughput.png` (1000×600) into an output
+//! `reward.png`, `kl.png`, `loss.png`, `eval.png`, `lengths.png`, `throughput.png` and `memory.png` (1000×600) into an output
 //! directory, `<run_dir>/plots` by default. [`read_metrics`] and [`plot_metrics`] are the two
 //! halves, for callers that want the parse warnings themselves.
 //!
@@ -88,6 +88,7 @@ fn charts(m: &Metrics) -> Vec<(&'static str, Vec<Panel>)> {
         ("eval.png", vec![evals(m)]),
         ("lengths.png", vec![lengths(m)]),
         ("throughput.png", vec![tokens_per_s(m), step_times(m)]),
+        ("memory.png", vec![memory(m)]),
     ];
     candidates
         .into_iter()
@@ -188,4 +189,10 @@ fn step_times(m: &Metrics) -> Panel {
     let lines = m.get("step_time").map(|points| Line::new("step_time", points)).into_iter();
     let lines = lines.chain(matching(m, |name| name.starts_with("time/"))).collect();
     Panel { from_zero: true, ..panel("Time per step", "seconds", lines) }
+}
+
+/// The peak resident memory of each phase, `mem/peak_rss_gb/*` (Linux).
+fn memory(m: &Metrics) -> Panel {
+    let lines = matching(m, |name| name.starts_with("mem/peak_rss_gb/")).collect();
+    Panel { from_zero: true, ..panel("Peak resident memory per phase", "GB", lines) }
 }

@@ -27,8 +27,10 @@ fn synthetic_metrics(n: u64) -> String {
              \"approx_kl\":{akl},\"entropy\":{ent},\"clip_ratio\":{clip},\"loss/policy\":{lp},\
              \"loss/value\":{value_loss},\"loss/total\":{lt},\"completions/mean_length\":{ml},\
              \"completions/max_length\":{xl},\"tokens_per_s\":{tps},\"step_time\":0.5,\
-             \"time/generate\":0.3,\"time/score\":0.05,\"time/train\":0.15,\"lr\":0.0005}}",
+             \"time/generate\":0.3,\"time/score\":0.05,\"time/train\":0.15,\"lr\":0.0005,\
+             \"mem/peak_rss_gb\":{mt},\"mem/peak_rss_gb/generate\":2.5,\"mem/peak_rss_gb/train\":{mt}}}",
             ts = 1_700_000_000.0 + step as f64 * 0.5,
+            mt = 3.0 + 0.1 * t,
             fmt = 0.5 + wobble,
             akl = 0.01 + wobble.abs() * 0.1,
             ent = 1.5 - t,
@@ -80,7 +82,7 @@ fn plots_every_chart_of_a_run_with_a_truncated_last_line() {
     let run = run_dir_with(&text);
 
     let written = plot_run(run.path(), &default_out_dir(run.path())).unwrap();
-    assert_eq!(names(&written), ["reward.png", "kl.png", "loss.png", "lengths.png", "throughput.png"]);
+    assert_eq!(names(&written), ["reward.png", "kl.png", "loss.png", "lengths.png", "throughput.png", "memory.png"]);
     for path in &written {
         assert_eq!(path.parent().unwrap(), run.path().join("plots"));
         check_png(path);

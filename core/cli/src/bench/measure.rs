@@ -19,6 +19,9 @@ pub(super) struct GenResult {
     pub(super) prefill_s: f64,
     /// Decode time over its HBM-bandwidth floor (CUDA, known GPU).
     pub(super) hbm_fraction: Option<f64>,
+    /// Decode FLOP/s over the peak FLOP/s: with many rows decode is bound by arithmetic, not by
+    /// reading the weights.
+    pub(super) flops_fraction: Option<f64>,
 }
 
 /// Generation: `rows` random prompts `[rows, prompt_len]`, `new_tokens` sampled tokens each.
@@ -29,6 +32,7 @@ pub(super) fn bench_gen(
     new_tokens: i64,
     repeats: usize,
     hbm: Option<f64>,
+    peak_tflops: Option<f64>,
 ) -> anyhow::Result<GenResult> {
     let device = model.device();
     let a = model.arch().clone();
@@ -68,7 +72,13 @@ pub(super) fn bench_gen(
         let bound_s = (param_bytes + kv_bytes) * new_tokens as f64 / (gbps * 1e9);
         bound_s / (run_s - prefill_s).max(1e-9)
     });
-    Ok(GenResult { tokens_per_s: (rows * new_tokens) as f64 / run_s, run_s, prefill_s, hbm_fraction })
+    // Per generated token: 2 FLOPs per matmul parameter, and q·k plus p·v over the context.
+    let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
+    let per_token = 2.0 * super::report::matmul_params(&a) as f64
+        + 4.0 * (a.num_layers * a.num_heads * a.head_dim) as f64 * avg_ctx;
+    let flops_fraction =
+        peak_tflops.map(|peak| per_token * (rows * new_tokens) as f64 / (run_s - prefill_s).max(1e-9) / (peak * 1e12));
+    Ok(GenResult { tokens_per_s: (rows * new_tokens) as f64 / run_s, run_s, prefill_s, hbm_fraction, flops_fraction })
 }
 
 #[derive(Debug, serde::Serialize)]

@@ -38,6 +38,8 @@ pub struct RlResult {
     pub figures: RlFigures,
     pub mean_completion_length: f64,
     pub reward: f64,
+    /// Every timed step's seconds, in order: an outlier shows here, not in the median.
+    pub step_times: Vec<f64>,
 }
 
 fn toml_string(s: &str) -> String {
@@ -112,8 +114,15 @@ fn max_of(steps: &[StepMetrics], key: &str) -> Option<f64> {
     steps.iter().filter_map(|m| m.get(key)).reduce(f64::max)
 }
 
+/// Prints every timed step's time, the peak memory per phase and, when known, TRL's.
+pub fn print_spread_and_memory(r: &RlResult, trl_peak_rss_gb: Option<f64>) {
+    let times: Vec<String> = r.step_times.iter().map(|t| super::report::fmt_secs(*t)).collect();
+    println!("       step times (s): {}", times.join(", "));
+    print_memory(&r.figures, trl_peak_rss_gb);
+}
+
 /// Prints the peak memory per phase and, when known, TRL's.
-pub fn print_memory(f: &RlFigures, trl_peak_rss_gb: Option<f64>) {
+fn print_memory(f: &RlFigures, trl_peak_rss_gb: Option<f64>) {
     let Some(peak) = f.peak_rss_gb else {
         println!("       peak memory: not measured (needs Linux /proc)");
         return;
@@ -167,5 +176,6 @@ pub fn run(cfg: RlConfig, repeats: usize) -> anyhow::Result<RlResult> {
         figures,
         mean_completion_length: median_of(&steps, "completions/mean_length"),
         reward: median_of(&steps, "reward"),
+        step_times: steps.iter().filter_map(|m| m.get("step_time")).collect(),
     })
 }

@@ -138,6 +138,19 @@ pub fn run(s: &TrlSetup<'_>) -> anyhow::Result<TrlResult> {
     serde_json::from_str(line).with_context(|| format!("--vs-trl: no result line from the driver (stdout: {line:?})"))
 }
 
+/// Prints the median step time and every timed step's.
+pub fn print(r: &TrlResult) {
+    use super::report::fmt_secs;
+    println!(
+        "trl:   {} s/step (median of {} steps after 1 warm-up; mean completion {} tokens)",
+        fmt_secs(r.step_s),
+        r.step_times.len().saturating_sub(1),
+        r.mean_completion_length.map_or("?".into(), |x| format!("{x:.1}"))
+    );
+    let times: Vec<String> = r.step_times.iter().skip(1).map(|t| fmt_secs(*t)).collect();
+    println!("       step times (s): {}", times.join(", "));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

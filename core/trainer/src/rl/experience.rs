@@ -115,7 +115,8 @@ pub struct Selected {
 /// minibatch's fresh log-probs are the old ones (TRL skips the old pass then) — the actor runs
 /// once, with gradients: `old_logprobs` are that pass detached, and the pass itself is kept in
 /// [`Batch::policy`] for the minibatch loss (without LoRA dropout, training mode changes nothing);
-/// with `checkpointing` it is a checkpointed pass ([`Batch::policy_checkpoint`]).
+/// with `checkpointing` it is a checkpointed pass ([`Batch::policy_checkpoint`]); its entropy is
+/// kept with its graph only when `entropy_grad` (the algorithm's loss uses it).
 ///
 /// # Shapes
 /// See [`Batch`].
@@ -126,6 +127,7 @@ pub fn compute(
     device: Device,
     reuse: bool,
     checkpointing: bool,
+    entropy_grad: bool,
 ) -> Result<(Batch, Option<Tensor>, ExperienceTimes)> {
     let opts = LogProbOptions { max_chunk_elements, entropy: true };
     let (seq, attn, p_len) = (&s.sequences, &s.attention_mask, s.prompt_len);
@@ -179,7 +181,10 @@ pub fn compute(
             logprobs: lp.logprobs.f_detach()?,
             entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,
         };
-        (detached, Some(lp), ck)
+        // An entropy the loss does not use would keep its part of the graph (the `[rows, vocab]`
+        // probabilities) alive until the step ends.
+        let policy = TokenLogProbs { logprobs: lp.logprobs, entropy: lp.entropy.filter(|_| entropy_grad) };
+        (detached, Some(policy), ck)
     } else {
         (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None, None)
     };

@@ -256,8 +256,15 @@ impl Trainer {
             && t.gradient_accumulation_steps <= 1
             && !self.world.is_distributed()
             && cfg.model.lora.dropout == 0.0;
-        let (exp, entropy, times) =
-            experience::compute(&models, selected, t.logprob_chunk_elements, device, reuse, t.gradient_checkpointing)?;
+        let (exp, entropy, times) = experience::compute(
+            &models,
+            selected,
+            t.logprob_chunk_elements,
+            device,
+            reuse,
+            t.gradient_checkpointing,
+            self.algo.requirements().entropy,
+        )?;
         let (exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
         experience::metrics(&exp, entropy.as_ref(), &mut m)?;
 
