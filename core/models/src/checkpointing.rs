@@ -18,9 +18,9 @@
 
 use tch::{Kind, Tensor};
 
+use crate::backbone::Backbone;
 use crate::error::{ModelError, Result};
 use crate::layers::LayerShared;
-use crate::model::Backbone;
 
 /// One checkpointed forward pass: the inputs of every layer and of the final norm, and the
 /// output leaf. Hand it back to the model that made it ([`crate::CausalLm::backward_checkpointed`]).

@@ -12,6 +12,7 @@
 //! scores with references transformers produced for tiny random checkpoints of every family.
 
 pub mod adapters;
+pub mod backbone;
 pub mod checkpointing;
 pub mod config;
 pub mod device;

@@ -1,0 +1,116 @@
+//! The decoder stack of each supported family behind one type: embeddings, layers and the final
+//! norm, composed into a forward pass here and layer by layer by [`crate::checkpointing`].
+
+use tch::Tensor;
+
+use crate::config::{ArchConfig, Family};
+use crate::error::Result;
+use crate::gpt2::Gpt2Model;
+use crate::layers::{KvCache, LayerShared, Linear};
+use crate::llama::LlamaModel;
+use crate::weights::WeightLoader;
+
+/// A decoder stack of one of the supported families.
+#[derive(Debug)]
+pub enum Backbone {
+    Llama(LlamaModel),
+    Gpt2(Gpt2Model),
+}
+
+impl Backbone {
+    pub(crate) fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
+        let w = w.pp(cfg.family.backbone_prefix());
+        Ok(match cfg.family {
+            Family::Llama | Family::Qwen2 => Backbone::Llama(LlamaModel::load(&w, cfg)?),
+            Family::Gpt2 => Backbone::Gpt2(Gpt2Model::load(&w, cfg)?),
+        })
+    }
+
+    /// Final hidden states: embeddings, every layer, the final norm.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]` → `[batch, seq, hidden]`
+    pub(crate) fn forward(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        key_mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let past = cache.as_ref().map_or(0, |c| c.len());
+        let (mut h, shared) = self.embed(ids, pos, key_mask, past)?;
+        for i in 0..self.num_layers() {
+            h = self.layer(i, &h, &shared, cache.as_deref_mut())?;
+        }
+        if let Some(c) = cache {
+            c.advance(ids.size()[1]);
+        }
+        self.final_norm(&h)
+    }
+
+    /// Embeddings and what the layers share; see [`LlamaModel::embed`].
+    pub(crate) fn embed(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        key_mask: &Tensor,
+        past: i64,
+    ) -> Result<(Tensor, LayerShared)> {
+        match self {
+            Backbone::Llama(m) => m.embed(ids, pos, key_mask, past),
+            Backbone::Gpt2(m) => m.embed(ids, pos, key_mask, past),
+        }
+    }
+
+    pub(crate) fn num_layers(&self) -> usize {
+        match self {
+            Backbone::Llama(m) => m.num_layers(),
+            Backbone::Gpt2(m) => m.num_layers(),
+        }
+    }
+
+    /// Layer `i`, `[batch, seq, hidden]` → `[batch, seq, hidden]`.
+    pub(crate) fn layer(
+        &self,
+        i: usize,
+        h: &Tensor,
+        shared: &LayerShared,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        match self {
+            Backbone::Llama(m) => m.layer(i, h, shared, cache),
+            Backbone::Gpt2(m) => m.layer(i, h, shared, cache),
+        }
+    }
+
+    pub(crate) fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        match self {
+            Backbone::Llama(m) => m.final_norm(h),
+            Backbone::Gpt2(m) => m.final_norm(h),
+        }
+    }
+
+    /// Every linear layer with its full weight path (`model.layers.0.self_attn.q_proj`).
+    pub(crate) fn linears_mut(&mut self, prefix: &str) -> Vec<(String, &mut Linear)> {
+        let layers = match self {
+            Backbone::Llama(m) => m.linears_mut(),
+            Backbone::Gpt2(m) => m.linears_mut(),
+        };
+        layers.into_iter().map(|(n, l)| (format!("{prefix}.{n}"), l)).collect()
+    }
+
+    pub(crate) fn linears(&self, prefix: &str) -> Vec<(String, &Linear)> {
+        let layers = match self {
+            Backbone::Llama(m) => m.linears(),
+            Backbone::Gpt2(m) => m.linears(),
+        };
+        layers.into_iter().map(|(n, l)| (format!("{prefix}.{n}"), l)).collect()
+    }
+
+    pub(crate) fn embeddings(&self) -> &Tensor {
+        match self {
+            Backbone::Llama(m) => &m.embed_tokens,
+            Backbone::Gpt2(m) => &m.wte,
+        }
+    }
+}
