@@ -99,6 +99,9 @@ pub struct BenchArgs {
     /// and in TRL's with --vs-trl (its `gradient_checkpointing`).
     #[arg(long)]
     gradient_checkpointing: bool,
+    /// Sample the RL section's rollouts with a bf16 copy of the policy (`rollout.decode_dtype = "bf16"`; ours only).
+    #[arg(long)]
+    bf16_decode: bool,
     /// Python for --vs-trl (default: $RLHF_PYTHON, else python3).
     #[arg(long)]
     python: Option<PathBuf>,
@@ -306,6 +309,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         prompts: args.prompts.as_deref(),
         run_dir: work.0.join("rl-run"),
         gradient_checkpointing: args.gradient_checkpointing,
+        bf16_decode: args.bf16_decode,
     };
     let rl_cfg = if do_rl { Some(rl::config(&rl_setup)?) } else { None };
     let dp_cfg = if do_dp { Some(rl::config(&rl_setup)?) } else { None };
@@ -479,8 +483,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some((_, mean)) = &rl_prompts {
         settings.push_str(&format!(", RL prompts {prompt_source} ({mean:.1} tok)"));
     }
-    if args.gradient_checkpointing {
-        settings.push_str(", gradient checkpointing");
+    for (on, what) in [(args.gradient_checkpointing, ", gradient checkpointing"), (args.bf16_decode, ", bf16 decode")] {
+        if on {
+            settings.push_str(what);
+        }
     }
     settings.push_str(&format!(", {} reps", args.repeats));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -570,9 +576,11 @@ mod tests {
             prompts: None,
             run_dir: PathBuf::from("/tmp/run"),
             gradient_checkpointing: true,
+            bf16_decode: true,
         };
         let cfg = rl::config(&setup).unwrap();
         assert!(cfg.train.gradient_checkpointing);
+        assert_eq!(cfg.rollout.decode_dtype, rlhf_trainer::config::DecodeDtype::Bf16);
         assert_eq!(cfg.algorithm.name, "grpo");
         assert_eq!(cfg.model.actor, "/m");
         assert_eq!((cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt), (3, 5));

@@ -61,6 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sync_every: 0,
         rows: None,
         prefill_group: 1,
+        logprobs: false,
     };
     let batch = left_pad(&prompts, cfg.pad_token_id, model.device())?;
     let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg).map_err(|e| match e {

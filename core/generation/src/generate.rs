@@ -37,6 +37,10 @@ pub struct GenerateConfig {
     /// vLLM shares them by prefix caching). 1: every row is prefilled. Rows that are not such runs
     /// are an input error.
     pub prefill_group: i64,
+    /// Also return the log-probability of each sampled token under the distribution it was
+    /// sampled from — `log_softmax(logits)` at the token, before temperature and truncation, as
+    /// the trainer's own log-probs are — in [`Generated::logprobs`].
+    pub logprobs: bool,
 }
 
 impl GenerateConfig {
@@ -51,6 +55,7 @@ impl GenerateConfig {
             sync_every: 0,
             rows: None,
             prefill_group: 1,
+            logprobs: false,
         }
     }
 }
@@ -66,6 +71,9 @@ pub struct Generated {
     pub response_mask: Tensor,
     /// Length of the (left-padded) prompt block.
     pub prompt_len: i64,
+    /// With [`GenerateConfig::logprobs`]: the sampled tokens' log-probs, f32 `[batch, steps]`, 0
+    /// after a sequence ended.
+    pub logprobs: Option<Tensor>,
 }
 
 impl Generated {
@@ -136,12 +144,18 @@ pub fn generate(
         let mut broken = Tensor::f_zeros([batch, 1], (Kind::Bool, device))?;
         let mut tokens = Vec::with_capacity(cfg.max_new_tokens as usize);
         let mut alive_steps = Vec::with_capacity(cfg.max_new_tokens as usize);
+        let mut token_lps = Vec::new();
         for step in 0..cfg.max_new_tokens {
             let bad = logits.f_isfinite()?.f_all_dim(-1, true)?.f_logical_not()?; // [b, 1]
             broken = broken.f_logical_or(&bad)?;
-            let next = cfg.sampling.next_tokens_in(&logits.f_masked_fill(&bad, 0.0)?, cfg.rows)?; // [b]
+            let logits_ok = logits.f_masked_fill(&bad, 0.0)?; // [b, vocab]
+            let next = cfg.sampling.next_tokens_in(&logits_ok, cfg.rows)?; // [b]
             let next = next.f_masked_fill(&finished, cfg.pad_token_id)?;
             let alive = finished.f_logical_not()?;
+            if cfg.logprobs {
+                let lp = logits_ok.f_log_softmax(-1, Kind::Float)?.f_gather(1, &next.f_unsqueeze(1)?, false)?; // [b, 1]
+                token_lps.push(lp.f_squeeze_dim(1)?.f_mul(&alive)?);
+            }
             if !cfg.eos_token_ids.is_empty() {
                 finished = finished.f_logical_or(&Tensor::f_isin(&next, &eos, false, false)?)?;
             }
@@ -174,6 +188,7 @@ pub fn generate(
             attention_mask: Tensor::f_cat(&[&prompt_mask, &response_mask], 1)?,
             response_mask,
             prompt_len,
+            logprobs: if cfg.logprobs { Some(Tensor::f_stack(&token_lps, 1)?) } else { None },
         })
     })
 }

@@ -106,3 +106,28 @@ fn prefill_once_per_group_generates_what_every_row_does() {
         assert!(e.contains(what), "{group}: {e}");
     }
 }
+
+/// The log-probs `generate` returns for its sampled tokens are the model's own log-probs of them
+/// (what `token_logprobs` computes over the finished sequences), 0 after a row's EOS.
+#[test]
+fn generated_logprobs_are_the_models_logprobs_of_the_sampled_tokens() {
+    let m = model();
+    let (ids, mask) = batch();
+    let mut cfg = GenerateConfig::greedy(6, vec![7], 0);
+    cfg.sampling = rlhf_generation::Sampling::Sample { temperature: 1.0, top_k: None, top_p: None };
+    cfg.seed = Some(3);
+    cfg.logprobs = true;
+    let out = generate(&m, &ids, &mask, &cfg).unwrap();
+    let lp = out.logprobs.as_ref().expect("asked for");
+    let steps = out.response_mask.size()[1];
+    assert_eq!(lp.size(), [2, steps]);
+    let want = tch::no_grad(|| {
+        token_logprobs(&m, &out.sequences, &out.attention_mask, out.prompt_len, LogProbOptions::default())
+    })
+    .unwrap()
+    .logprobs
+        * out.response_mask.to_kind(Kind::Float);
+    let d = (lp - &want).abs().max().double_value(&[]);
+    assert!(d < 1e-5, "max |Δ log-prob| {d}");
+    assert!(lp.lt(0.0).logical_and(&out.response_mask.ne(0)).any().int64_value(&[]) == 1);
+}

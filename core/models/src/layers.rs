@@ -72,21 +72,24 @@ pub const FEW_ROWS: i64 = 32;
 
 /// `y = x Wᵀ + b` (torch's `F.linear`) with `W: [out, in]`.
 ///
-/// On the CPU with at most [`FEW_ROWS`] rows — a decode step — it is computed as `(W xᵀ)ᵀ`.
+/// On the CPU in f32 with at most [`FEW_ROWS`] rows — a decode step — it is computed as `(W xᵀ)ᵀ`.
 /// MKL's sgemm first copies ("packs") its right-hand operand into panels; in `x Wᵀ` that operand
 /// is the whole weight, re-packed on every call, which at 16 rows took about as long as the
 /// product itself. With the weight on the left it is streamed once and only the few rows of `x`
 /// are packed: 1.1–1.8× faster per layer of SmolLM2 at 4–32 rows (its decode at 16 rows 1.25×,
 /// at 32 rows 1.1×; a 3M-parameter Qwen2's at 32 rows ~1.2×), the same sums in another order
 /// (results within f32 rounding of `F.linear`'s). From 64 rows on the two are even, and at 128
-/// `F.linear` wins, so larger inputs, and other devices, use `F.linear`.
+/// `F.linear` wins, so larger inputs, bf16 (oneDNN is faster there) and other devices use `F.linear`.
 ///
 /// # Shapes
 /// - `x`: `[..., in]`, `w`: `[out, in]`, `bias`: `[out]` → `[..., out]`
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let (out, inp) = (w.size()[0], w.size()[1]);
     let rows = if inp == 0 { 0 } else { x.numel() as i64 / inp };
-    if w.device() != tch::Device::Cpu || x.dim() == 0 || rows == 0 || rows > FEW_ROWS {
+    // bf16 goes to oneDNN's kernels through `F.linear`, which are faster there (SmolLM2's decode
+    // GEMMs at 16 rows: 17 ms with `F.linear`, 26 ms weight-on-the-left).
+    let f32_cpu = w.device() == tch::Device::Cpu && w.kind() == Kind::Float;
+    if !f32_cpu || x.dim() == 0 || rows == 0 || rows > FEW_ROWS {
         return Ok(x.f_linear(w, bias)?);
     }
     let y = w.f_mm(&x.f_reshape([rows, inp])?.f_transpose(0, 1)?)?.f_transpose(0, 1)?; // [rows, out], column-major

@@ -108,6 +108,9 @@ pub struct CausalLm {
     pub config: ModelConfig,
     backbone: Backbone,
     lm_head: Option<Tensor>, // [vocab, hidden]; None when tied
+    /// Replaces the output projection in [`CausalLm::logits_from_hidden`] (see
+    /// [`CausalLm::set_output_head`]).
+    output_head: Option<Tensor>,
     source_dir: PathBuf,
     /// Turns LoRA dropout on (training) or off (generation, evaluation).
     training: Arc<AtomicBool>,
@@ -140,6 +143,7 @@ impl CausalLm {
             config,
             backbone,
             lm_head,
+            output_head: None,
             source_dir: dir.to_path_buf(),
             training: Arc::default(),
             adapters_off: Arc::default(),
@@ -219,7 +223,22 @@ impl CausalLm {
     /// # Shapes
     /// - `hidden`: `[..., hidden]` → `[..., vocab]`
     pub fn logits_from_hidden(&self, hidden: &Tensor) -> Result<Tensor> {
-        crate::layers::linear(hidden, self.lm_head_weight(), None)
+        match &self.output_head {
+            Some(w) => crate::layers::linear(&hidden.f_to_kind(w.kind())?, w, None),
+            None => crate::layers::linear(hidden, self.lm_head_weight(), None),
+        }
+    }
+
+    /// Computes the logits with `weight` `[vocab, hidden]` (and in its dtype) instead of this
+    /// model's own output projection: a bf16 decode copy of an f32 policy samples from the f32
+    /// head of the policy itself (the same tensor, so it follows every optimizer step).
+    pub fn set_output_head(&mut self, weight: Tensor) -> Result<()> {
+        let want = [self.config.arch.vocab_size, self.config.arch.hidden_size];
+        if weight.size() != want {
+            return Err(ModelError::Input(format!("output head {:?}, expected {want:?}", weight.size())));
+        }
+        self.output_head = Some(weight);
+        Ok(())
     }
 
     /// Full forward without a cache; positions come from the mask.

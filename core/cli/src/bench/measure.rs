@@ -48,6 +48,7 @@ pub(super) fn bench_gen(
         sync_every: 0,
         rows: None,
         prefill_group: 1,
+        logprobs: false,
     };
     let prefill = time_runs(device, repeats, || {
         tch::no_grad(|| -> anyhow::Result<()> {

@@ -30,6 +30,8 @@ pub struct RlSetup<'a> {
     pub run_dir: PathBuf,
     /// `train.gradient_checkpointing`.
     pub gradient_checkpointing: bool,
+    /// `rollout.decode_dtype = "bf16"`.
+    pub bf16_decode: bool,
 }
 
 /// Medians over the timed steps.
@@ -72,6 +74,7 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
         "checkpoint.at_end=false".into(),
         "wandb.enabled=false".into(),
         format!("train.gradient_checkpointing={}", s.gradient_checkpointing),
+        format!("rollout.decode_dtype={}", if s.bf16_decode { "\"bf16\"" } else { "\"model\"" }),
     ];
     Ok(RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets)?)
 }

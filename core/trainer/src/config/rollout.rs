@@ -24,6 +24,10 @@ pub struct RolloutConfig {
     pub top_k: i64,
     /// `local` (the trainer's own decode) or `vllm` (`[rollout.vllm]`).
     pub engine: EngineKind,
+    /// The local engine's decode precision: `model` (the policy itself) or `bf16` (a bf16 copy of
+    /// the policy's weights, refreshed every optimizer step, with the policy's own f32 output
+    /// head; the sampled tokens' log-probs then travel as behaviour log-probs, as vLLM's do).
+    pub decode_dtype: DecodeDtype,
     pub vllm: VllmConfig,
     /// Correction for the engine's sampling policy differing from the trainer's.
     pub is_correction: IsCorrectionConfig,
@@ -39,6 +43,7 @@ impl Default for RolloutConfig {
             top_p: 1.0,
             top_k: 0,
             engine: EngineKind::Local,
+            decode_dtype: DecodeDtype::Model,
             vllm: VllmConfig::default(),
             is_correction: IsCorrectionConfig::default(),
         }
@@ -68,8 +73,27 @@ impl RolloutConfig {
         if r.top_k < 0 {
             return bad("rollout.top_k", "must be >= 0 (0 disables)");
         }
+        if r.decode_dtype == DecodeDtype::Bf16 {
+            if r.engine != EngineKind::Local {
+                return bad("rollout.decode_dtype", "\"bf16\" is the local engine's; vLLM has its own dtype");
+            }
+            if lora_rank > 0 {
+                return bad("rollout.decode_dtype", "\"bf16\" does not support model.lora.rank > 0 yet");
+            }
+        }
         validate_engine(r.engine, &r.vllm, &r.is_correction, lora_rank, src)
     }
+}
+
+/// The local engine's decode precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodeDtype {
+    /// The policy's own weights and dtype: the behaviour policy is the policy.
+    #[default]
+    Model,
+    /// A bf16 copy of the weights for the decoder layers, the policy's f32 output head.
+    Bf16,
 }
 
 /// Which engine generates the rollouts.

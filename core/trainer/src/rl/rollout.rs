@@ -25,7 +25,9 @@ pub struct Rollout {
 }
 
 /// Samples responses with the rollout settings; `rows` places this batch in a larger one split
-/// across data-parallel ranks (see [`rlhf_generation::Sampling::next_tokens_in`]).
+/// across data-parallel ranks (see [`rlhf_generation::Sampling::next_tokens_in`]). With
+/// `behavior`, the sampled tokens' log-probs under `actor` (a decode copy of the policy) are
+/// returned as the behaviour log-probs.
 ///
 /// # Shapes
 /// `batch.padded`: `[N, P]`; the result's `generated.sequences`: `[N, P + R]`, `response_mask`:
@@ -37,6 +39,7 @@ pub fn sample(
     eos_ids: &[i64],
     pad: i64,
     rows: Option<RowWindow>,
+    behavior: bool,
 ) -> Result<Rollout> {
     let gen_cfg = GenerateConfig {
         max_new_tokens: cfg.max_new_tokens,
@@ -53,8 +56,9 @@ pub fn sample(
         // `next_batch` lays out each prompt's G samples as adjacent identical rows, and a
         // data-parallel rank holds whole groups.
         prefill_group: cfg.samples_per_prompt as i64,
+        logprobs: behavior,
     };
-    let generated =
+    let mut generated =
         generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg).map_err(|e| match e {
             e @ GenerationError::NonFiniteLogits { .. } => TrainerError::Run(format!(
                 "{}: {e} (or, after training steps, training diverged)",
@@ -62,7 +66,8 @@ pub fn sample(
             )),
             e => e.into(),
         })?;
-    finish(generated, None, eos_ids)
+    let behavior_logprobs = generated.logprobs.take();
+    finish(generated, behavior_logprobs, eos_ids)
 }
 
 /// The rows worth scoring of a generated batch (any engine): rows with at least one response

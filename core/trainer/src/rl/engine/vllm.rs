@@ -139,6 +139,7 @@ fn layout(batch: &PromptBatch, completions: Vec<Completion>, pad: i64, eos_ids: 
         attention_mask: Tensor::f_cat(&[&batch.padded.attention_mask.f_to_kind(Kind::Int64)?, &response_mask], 1)?,
         response_mask,
         prompt_len: batch.padded.input_ids.size()[1],
+        logprobs: None, // the engine's, passed as the behaviour log-probs below
     };
     rollout::finish(generated, Some(behavior), eos_ids)
 }
