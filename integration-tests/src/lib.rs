@@ -65,3 +65,22 @@ pub fn read_json(path: &Path) -> serde_json::Value {
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
 }
+
+/// Whether a metric measures the machine (time, memory), not the training: runs that train the
+/// same differ only there.
+pub fn is_measurement(key: &str) -> bool {
+    ["timestamp", "step_time", "tokens_per_s"].contains(&key) || key.starts_with("time/") || key.starts_with("mem/")
+}
+
+/// `metrics.jsonl` of a run, one map per step, without [`is_measurement`] keys.
+pub fn behaviour_metrics(run: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_else(|e| panic!("{}: {e}", run.display()))
+        .lines()
+        .map(|l| {
+            let mut m: serde_json::Map<String, serde_json::Value> = serde_json::from_str(l).unwrap();
+            m.retain(|k, _| !is_measurement(k));
+            m
+        })
+        .collect()
+}

@@ -5,27 +5,10 @@
 
 use std::path::Path;
 
-use rlhf_integration_tests::rlhf;
+use rlhf_integration_tests::{behaviour_metrics, rlhf};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// metrics.jsonl without wall-clock and memory figures.
-fn metrics(run: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut m: serde_json::Map<String, serde_json::Value> = serde_json::from_str(l).unwrap();
-            m.retain(|k, _| {
-                !(k.starts_with("time/")
-                    || k.starts_with("mem/")
-                    || ["timestamp", "step_time", "tokens_per_s"].contains(&k.as_str()))
-            });
-            m
-        })
-        .collect()
 }
 
 fn run(dir: &Path, name: &str, args: &[&str], checkpointing: bool) -> std::path::PathBuf {
@@ -49,7 +32,7 @@ fn checkpointing_trains_bit_for_bit_as_without() {
     for (name, args) in cases {
         let plain = run(dir.path(), &format!("{name}-plain"), args, false);
         let ck = run(dir.path(), &format!("{name}-ck"), args, true);
-        let (a, b) = (metrics(&plain), metrics(&ck));
+        let (a, b) = (behaviour_metrics(&plain), behaviour_metrics(&ck));
         assert_eq!(a.len(), 3, "{name}");
         assert_eq!(a, b, "{name}: metrics differ with gradient checkpointing");
         let step = plain.join("checkpoints/step-000003");

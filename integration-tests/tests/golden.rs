@@ -13,17 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rlhf_integration_tests::rlhf_bin;
+use rlhf_integration_tests::{is_measurement, rlhf_bin};
 use serde_json::{json, Value};
-
-/// Metric keys that measure time or memory, not behaviour.
-fn is_timing(key: &str) -> bool {
-    key == "timestamp"
-        || key == "step_time"
-        || key == "tokens_per_s"
-        || key.starts_with("time/")
-        || key.starts_with("mem/")
-}
 
 /// Metrics renamed on purpose since the golden files were recorded: plugin metrics that collided
 /// with a host metric of the same name are now namespaced by the plugin's name (their values are
@@ -71,7 +62,7 @@ fn run(args: &[&str], model_sub: &str) -> Value {
         .lines()
         .map(|l| {
             let mut v: Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().retain(|k, _| !is_timing(k));
+            v.as_object_mut().unwrap().retain(|k, _| !is_measurement(k));
             v
         })
         .collect();

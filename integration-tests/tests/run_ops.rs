@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlhf_integration_tests::rlhf_bin;
+use rlhf_integration_tests::{behaviour_metrics, rlhf_bin};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -39,23 +39,6 @@ const SMALL: &[&str] = &[
     "--set",
     "algorithm.config.adaptive_kl={ target = 0.01, horizon = 100 }",
 ];
-
-/// metrics.jsonl by step, without wall-clock figures.
-fn metrics(run: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut m: serde_json::Map<String, serde_json::Value> = serde_json::from_str(l).unwrap();
-            m.retain(|k, _| {
-                !(k.starts_with("time/")
-                    || k.starts_with("mem/")
-                    || ["timestamp", "step_time", "tokens_per_s"].contains(&k.as_str()))
-            });
-            m
-        })
-        .collect()
-}
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -96,7 +79,7 @@ fn resumed_run_repeats_the_uninterrupted_one_bit_for_bit() {
         .unwrap();
     let o = rlhf(&["train", "--resume", s(&b.join("checkpoints/step-000003"))], &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (ma, mb) = (metrics(&a), metrics(&b));
+    let (ma, mb) = (behaviour_metrics(&a), behaviour_metrics(&b));
     assert_eq!((ma.len(), mb.len()), (6, 6), "steps 1-3 kept, 4-6 rewritten");
     assert!(mb.iter().all(|m| m["reward"] != serde_json::json!(999.0)), "the stale step-4 row is gone");
     for (x, y) in ma.iter().zip(&mb) {
@@ -193,7 +176,7 @@ fn kill_during_a_checkpoint_write_leaves_the_previous_one_usable() {
         String::from_utf8_lossy(&o.stderr).contains("resumed from")
             && String::from_utf8_lossy(&o.stderr).contains("step-000002")
     );
-    let lines = metrics(&run);
+    let lines = behaviour_metrics(&run);
     assert_eq!(lines.iter().map(|l| l["step"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 6]);
     assert!(tmp_dirs(&run).is_empty(), "the stale temp dir was cleaned");
 }
