@@ -72,13 +72,22 @@ pub fn is_measurement(key: &str) -> bool {
     ["timestamp", "step_time", "tokens_per_s"].contains(&key) || key.starts_with("time/") || key.starts_with("mem/")
 }
 
-/// `metrics.jsonl` of a run, one map per step, without [`is_measurement`] keys.
+/// `metrics.jsonl` of a run, one JSON object per step.
+pub fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    let path = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", path.display()))).collect()
+}
+
+/// [`metrics`] as maps, without [`is_measurement`] keys.
 pub fn behaviour_metrics(run: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_else(|e| panic!("{}: {e}", run.display()))
-        .lines()
-        .map(|l| {
-            let mut m: serde_json::Map<String, serde_json::Value> = serde_json::from_str(l).unwrap();
+    metrics(run)
+        .into_iter()
+        .map(|v| {
+            let mut m = match v {
+                serde_json::Value::Object(m) => m,
+                other => panic!("{}: a metrics line is not an object: {other}", run.display()),
+            };
             m.retain(|k, _| !is_measurement(k));
             m
         })

@@ -5,16 +5,11 @@
 
 use std::path::Path;
 
-use rlhf_integration_tests::rlhf;
+use rlhf_integration_tests::{metrics, rlhf};
 use serde_json::Value;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn metrics(run: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 #[test]

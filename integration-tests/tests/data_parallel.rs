@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlhf_integration_tests::{free_port, rlhf_bin};
+use rlhf_integration_tests::{free_port, metrics, rlhf_bin};
 use serde_json::Value;
 
 fn s(p: &Path) -> &str {
@@ -33,14 +33,6 @@ fn ok(o: &Output) -> String {
     let t = text(o);
     assert!(o.status.success(), "{t}");
     t
-}
-
-fn metrics(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// The largest absolute difference between the tensors of two safetensors files.

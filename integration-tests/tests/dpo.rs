@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use rlhf_integration_tests::{hf_check, python, read_json, rlhf};
+use rlhf_integration_tests::{hf_check, metrics, python, read_json, rlhf};
 use rlhf_models::CausalLm;
 use rlhf_trainer::dpo::{dpo_loss, DpoLossParams, DpoLossType};
 use tch::{Device, Kind, Tensor};
@@ -23,14 +23,6 @@ fn ok(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "rlhf failed:\n{}\n{err}", String::from_utf8_lossy(&o.stdout));
     String::from_utf8_lossy(&o.stdout).to_string()
-}
-
-fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn floats(v: &serde_json::Value) -> Vec<f64> {

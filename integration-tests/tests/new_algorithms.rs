@@ -5,20 +5,14 @@
 //! Needs the binary and the plugins built:
 //! `cargo build -p rlhf-cli -p rlhf-plugin-rloo -p rlhf-plugin-reinforce-pp -p rlhf-plugin-gspo -p rlhf-plugin-reward-rules`.
 
-use std::path::Path;
 use std::process::Output;
 
-use rlhf_integration_tests::rlhf;
+use rlhf_integration_tests::{metrics, rlhf};
 
 fn train(args: &[&str]) -> Output {
     let mut all = vec!["train", "--no-progress"];
     all.extend_from_slice(args);
     rlhf(&all)
-}
-
-fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).expect("metrics.jsonl");
-    text.lines().map(|l| serde_json::from_str(l).expect("metrics line is JSON")).collect()
 }
 
 /// Mean `reward` of the first and of the last 10 % of the steps.

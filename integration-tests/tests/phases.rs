@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use rlhf_integration_tests::{hf_check, model_dir, python, read_json, rlhf};
+use rlhf_integration_tests::{hf_check, metrics, model_dir, python, read_json, rlhf};
 use rlhf_models::{CausalLm, ScalarHeadModel};
 use tch::{Device, Kind, Tensor};
 
@@ -30,14 +30,6 @@ fn error_line(o: &Output) -> String {
     let e = stderr(o);
     assert!(!e.contains("panicked"), "rlhf panicked: {e}");
     e.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("no error line: {e}")).to_string()
-}
-
-fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn write_lines(path: &Path, lines: &[String]) {

@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rlhf_generation::{generate, GenerateConfig};
-use rlhf_integration_tests::{model_dir, read_json, rlhf_bin};
+use rlhf_integration_tests::{metrics, model_dir, read_json, rlhf_bin};
 use rlhf_models::CausalLm;
 use rlhf_reward::RewardModelScorer;
 use rlhf_tokenizer::HfTokenizer;
@@ -170,14 +170,6 @@ fn train_with(config: &Path, run_dir: &Path, env: &[(&str, &str)], extra: &[&str
         cmd.env(k, v);
     }
     cmd.output().unwrap()
-}
-
-fn metrics(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn number(line: &Value, key: &str) -> f64 {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use rlhf_integration_tests::{model_dir, rlhf};
+use rlhf_integration_tests::{metrics, model_dir, rlhf};
 
 fn plugin_dir() -> PathBuf {
     rlhf_integration_tests::rlhf_bin().parent().unwrap().to_path_buf()
@@ -216,14 +216,6 @@ fn config_errors_name_the_key() {
     let o = train(&["--config", s(&cfg), "--run-dir", s(&rd)], &[]);
     let e = error_line(&o);
     assert!(e.contains("rewards[0].config.exact") && e.contains("unknown field"), "{e}");
-}
-
-fn metrics(run_dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]

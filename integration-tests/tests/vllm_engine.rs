@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlhf_integration_tests::{free_port, rlhf_bin};
-use serde_json::Value;
+use rlhf_integration_tests::{free_port, metrics, rlhf_bin};
 
 /// A vLLM OpenAI-compatible server, killed when dropped.
 struct Server {
@@ -81,14 +80,6 @@ fn train(args: &[&str], run_dir: &Path) -> Output {
         .unwrap()
 }
 
-fn rows(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// Full weight sync: at every step the engine's log-probs of its own samples equal the
 /// trainer's recomputed ones (within 1e-4) although the policy changes every step — the engine
 /// serves each new version, confirmed by the probe — and the embedded task is learnt.
@@ -103,7 +94,7 @@ fn grpo_learns_on_vllm_with_the_engines_log_probs_equal_ours() {
     let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
     let o = train(&["--set", &actor, "--set", "rollout.engine=\"vllm\"", "--set", &urls], &rd);
     assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = rows(&rd);
+    let rows = metrics(&rd);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
     let versions: Vec<f64> = rows.iter().map(|r| r["rollout/weights_version"].as_f64().unwrap()).collect();
     let reward: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
@@ -154,7 +145,7 @@ fn a_lora_policy_is_served_through_its_adapter() {
     ];
     let o = train(&args, &rd);
     assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = rows(&rd);
+    let rows = metrics(&rd);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
     println!("vLLM LoRA: max |engine - trainer| log-prob {diff:e} over {} steps", rows.len());
     assert!(diff < 1e-4, "{diff}");
