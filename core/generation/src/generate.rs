@@ -216,12 +216,12 @@ fn prefill(
     }
     let (batch, len) = (ids.size()[0], ids.size()[1]);
     let runs = batch / group;
-    // [runs, group, len]: every row of a run equals its first.
-    let same = |t: &Tensor| -> Result<bool> {
+    // [runs, group, len]: every row of a run equals its first (one host sync for both checks).
+    let same = |t: &Tensor| -> Result<Tensor> {
         let t = t.f_view([runs, group, len])?;
-        Ok(bool::try_from(t.f_eq_tensor(&t.f_narrow(1, 0, 1)?)?.f_all()?)?)
+        Ok(t.f_eq_tensor(&t.f_narrow(1, 0, 1)?)?.f_all()?)
     };
-    if !same(ids)? || !same(mask)? {
+    if !bool::try_from(same(ids)?.f_logical_and(&same(mask)?)?)? {
         return Err(GenerationError::Input(format!(
             "prefill_group {group}: the {batch} prompt rows are not runs of {group} identical prompts"
         )));
