@@ -2,10 +2,14 @@
 //! embedded RL preset, a PPO run through every optional path of the step (critic, several epochs
 //! and minibatches, EMA, ptx), an SFT run and an RM run must equal the files recorded in
 //! `integration-tests/golden/` bit for bit. They were recorded before the RL host was split into
-//! stages, so any refactor of the host that changes a number fails here.
+//! stages, so any refactor of the host that changes a number fails here. The RL runs also run
+//! with `train.share_prompts = false` against the files recorded before prompt sharing existed
+//! (`<name>-unshared.json`); the default runs were re-recorded when it became the default (its
+//! passes equal the unshared ones within float rounding, not bit for bit).
 //!
 //! Re-record (only for an intended change of behaviour, said in the commit):
-//! `RLHF_GOLDEN_RECORD=1 cargo xtask test --test golden`.
+//! `RLHF_GOLDEN_RECORD=1 cargo xtask test --test golden`. The `-unshared` files are the
+//! historical reference and are never re-recorded.
 //!
 //! Each run uses one intra-op thread (`OMP_NUM_THREADS=1`): the reduction order of libtorch's CPU
 //! kernels depends on the thread count, and one thread makes it the same on every machine.
@@ -16,14 +20,15 @@ use std::process::Command;
 use rlhf_integration_tests::{is_measurement, rlhf_bin};
 use serde_json::{json, Value};
 
-/// Metrics renamed on purpose since the golden files were recorded: plugin metrics that collided
-/// with a host metric of the same name are now namespaced by the plugin's name (their values are
-/// unchanged; the host's own metric of that name now stands beside them).
+/// Metrics renamed on purpose since the `-unshared` golden files were recorded (as the RL
+/// goldens, before prompt sharing): plugin metrics that collided with a host metric of the same
+/// name are now namespaced by the plugin's name (their values are unchanged; the host's own metric
+/// of that name now stands beside them).
 fn renamed(run: &str, key: &str) -> Option<String> {
     let plugin = match run {
-        "grpo" => "grpo",
-        "ppo" | "ppo-all-paths" => "ppo",
-        "ppo-seq" => "ppo-seq",
+        "grpo-unshared" => "grpo",
+        "ppo-unshared" | "ppo-all-paths-unshared" => "ppo",
+        "ppo-seq-unshared" => "ppo-seq",
         _ => return None,
     };
     let collided: &[&str] = match plugin {
@@ -81,7 +86,7 @@ fn golden_path(name: &str) -> PathBuf {
 /// of every row bit for bit, no metric missing or new, and the same final weights.
 fn compare_or_record(name: &str, got: Value) {
     let path = golden_path(name);
-    if std::env::var("RLHF_GOLDEN_RECORD").is_ok_and(|v| v == "1") {
+    if std::env::var("RLHF_GOLDEN_RECORD").is_ok_and(|v| v == "1") && !name.ends_with("-unshared") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
         eprintln!("recorded {}", path.display());
@@ -123,19 +128,29 @@ fn is_new_metric(_key: &str) -> bool {
     false
 }
 
+/// The RL goldens run twice: as configured (each prompt's rows share one pass over it,
+/// `train.share_prompts`), and with that off, which must still give the files recorded before
+/// prompt sharing existed (`<name>-unshared`, the same numbers under the other arguments).
+fn check_rl(name: &str, args: &[&str]) {
+    check(name, args, "actor");
+    let mut unshared = args.to_vec();
+    unshared.extend(["--set", "train.share_prompts=false"]);
+    check(&format!("{name}-unshared"), &unshared, "actor");
+}
+
 #[test]
 fn golden_grpo() {
-    check("grpo", &["train", "--algo", "grpo", "--set", "train.steps=12"], "actor");
+    check_rl("grpo", &["train", "--algo", "grpo", "--set", "train.steps=12"]);
 }
 
 #[test]
 fn golden_ppo() {
-    check("ppo", &["train", "--algo", "ppo", "--set", "train.steps=8"], "actor");
+    check_rl("ppo", &["train", "--algo", "ppo", "--set", "train.steps=8"]);
 }
 
 #[test]
 fn golden_ppo_seq() {
-    check("ppo-seq", &["train", "--algo", "ppo-seq", "--set", "train.steps=10"], "actor");
+    check_rl("ppo-seq", &["train", "--algo", "ppo-seq", "--set", "train.steps=10"]);
 }
 
 /// PPO through every optional path of the step: critic, 2 epochs over 3 minibatches, EMA, ptx.
@@ -143,15 +158,20 @@ fn golden_ppo_seq() {
 fn golden_ppo_all_paths() {
     let ptx = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden").join("ptx.jsonl");
     let ptx_set = format!("train.ptx_data={}", ptx.display());
-    let mut args = vec!["train", "--algo", "ppo"];
-    for set in ["train.steps=4", "train.ppo_epochs=2", "train.minibatch_size=48", "train.ema_decay=0.9"] {
-        args.extend(["--set", set]);
+    for (name, share) in [("ppo-all-paths", true), ("ppo-all-paths-unshared", false)] {
+        let mut args = vec!["train", "--algo", "ppo"];
+        for set in ["train.steps=4", "train.ppo_epochs=2", "train.minibatch_size=48", "train.ema_decay=0.9"] {
+            args.extend(["--set", set]);
+        }
+        if !share {
+            args.extend(["--set", "train.share_prompts=false"]);
+        }
+        args.extend(["--set", "train.ptx_coef=0.5", "--set", &ptx_set]);
+        let mut got = run(&args, "actor");
+        // The ptx path is machine-specific: the golden file records it relative to integration-tests/.
+        *got["args"].as_array_mut().unwrap().last_mut().unwrap() = json!("train.ptx_data=golden/ptx.jsonl");
+        compare_or_record(name, got);
     }
-    args.extend(["--set", "train.ptx_coef=0.5", "--set", &ptx_set]);
-    let mut got = run(&args, "actor");
-    // The ptx path is machine-specific: the golden file records it relative to integration-tests/.
-    *got["args"].as_array_mut().unwrap().last_mut().unwrap() = json!("train.ptx_data=golden/ptx.jsonl");
-    compare_or_record("ppo-all-paths", got);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed};
+use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, SharedPrefixes};
 
 use crate::error::{GenerationError, Result};
 
@@ -17,11 +17,15 @@ pub struct LogProbOptions {
     pub max_chunk_elements: i64,
     /// Also compute the entropy of each predictive distribution.
     pub entropy: bool,
+    /// Compute a prompt (the first `from` tokens) that several rows share once for all of them
+    /// ([`CausalLm::hidden_states_after_prefix`]): GRPO's G samples of a prompt. Equal to the
+    /// plain pass within float rounding; without shared prompts it is the plain pass.
+    pub share_prefix: bool,
 }
 
 impl Default for LogProbOptions {
     fn default() -> Self {
-        LogProbOptions { max_chunk_elements: 1 << 26, entropy: false }
+        LogProbOptions { max_chunk_elements: 1 << 26, entropy: false, share_prefix: false }
     }
 }
 
@@ -47,6 +51,15 @@ pub fn token_logprobs(
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
     check_from(input_ids, from)?;
+    if opts.share_prefix {
+        let prefix = SharedPrefixes::find(input_ids, attention_mask, from)?;
+        if prefix.any_shared() {
+            let hidden = model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?; // [b, seq − from + 1, h]
+            let seq = input_ids.size()[1];
+            let ids = input_ids.f_narrow(1, from - 1, seq - from + 1)?; // positions from − 1 .. seq
+            return from_hidden(model, &hidden, &ids, 1, opts);
+        }
+    }
     let positions = position_ids_from_mask(attention_mask)?;
     let hidden = model.hidden_states(input_ids, attention_mask, &positions, None)?; // [b, seq, h]
     from_hidden(model, &hidden, input_ids, from, opts)
@@ -66,6 +79,16 @@ pub fn token_logprobs_checkpointed(
     opts: LogProbOptions,
 ) -> Result<(TokenLogProbs, Checkpointed)> {
     check_from(input_ids, from)?;
+    if opts.share_prefix {
+        let prefix = SharedPrefixes::find(input_ids, attention_mask, from)?;
+        if prefix.any_shared() {
+            let ck = model.hidden_states_checkpointed_after_prefix(input_ids, attention_mask, &prefix)?;
+            let seq = input_ids.size()[1];
+            let ids = input_ids.f_narrow(1, from - 1, seq - from + 1)?; // positions from − 1 .. seq
+            let lp = from_hidden(model, ck.hidden(), &ids, 1, opts)?;
+            return Ok((lp, ck));
+        }
+    }
     let positions = position_ids_from_mask(attention_mask)?;
     let ck = model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?;
     let lp = from_hidden(model, ck.hidden(), input_ids, from, opts)?;

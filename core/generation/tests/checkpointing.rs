@@ -54,10 +54,9 @@ fn loss(lp: &rlhf_generation::TokenLogProbs) -> Tensor {
     (&lp.logprobs * &w).sum(Kind::Float) - 0.1 * lp.entropy.as_ref().unwrap().sum(Kind::Float)
 }
 
-#[test]
-fn checkpointed_logprobs_give_the_plain_gradients() {
-    let (ids, mask) = batch();
-    let opts = LogProbOptions { max_chunk_elements: 800, entropy: true };
+/// Checkpointed log-probs of `ids` from `from` on, with `opts`, against the plain pass with the
+/// same options: the same log-probs and gradients on every family, with and without LoRA.
+fn check_logprobs(ids: &Tensor, mask: &Tensor, from: i64, opts: LogProbOptions) {
     for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
         for lora in [false, true] {
             let mut m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
@@ -71,12 +70,16 @@ fn checkpointed_logprobs_give_the_plain_gradients() {
                     }
                 }
             }
-            let what = format!("{name}{}", if lora { " + LoRA" } else { "" });
-            let plain_lp = token_logprobs(&m, &ids, &mask, 2, opts).unwrap();
+            let what = format!(
+                "{name}{}{}",
+                if lora { " + LoRA" } else { "" },
+                if opts.share_prefix { ", shared prompts" } else { "" }
+            );
+            let plain_lp = token_logprobs(&m, ids, mask, from, opts).unwrap();
             loss(&plain_lp).backward();
             let plain = take_grads(&m.vs);
 
-            let (lp, ck) = token_logprobs_checkpointed(&m, &ids, &mask, 2, opts).unwrap();
+            let (lp, ck) = token_logprobs_checkpointed(&m, ids, mask, from, opts).unwrap();
             let d = (&lp.logprobs - &plain_lp.logprobs).abs().max().double_value(&[]);
             assert!(d < 1e-6, "{what}: the checkpointed pass computes the same log-probs ({d})");
             loss(&lp).backward();
@@ -84,6 +87,26 @@ fn checkpointed_logprobs_give_the_plain_gradients() {
             assert_same_grads(&what, &plain, &take_grads(&m.vs));
         }
     }
+}
+
+#[test]
+fn checkpointed_logprobs_give_the_plain_gradients() {
+    let (ids, mask) = batch();
+    check_logprobs(&ids, &mask, 2, LogProbOptions { max_chunk_elements: 800, entropy: true, share_prefix: false });
+}
+
+/// With prompts shared by several rows ([`LogProbOptions::share_prefix`]) the checkpointed pass
+/// recomputes the prompts and the rest of the rows layer by layer together.
+#[test]
+fn checkpointed_shared_prompt_logprobs_give_the_plain_gradients() {
+    let (a, b) = (vec![5, 9, 33, 120, 7, 64, 2], vec![300, 11, 12]);
+    let prompts = left_pad(&[a.clone(), b.clone(), a.clone(), a, b], 0, Device::Cpu).unwrap();
+    let completions = [vec![17, 3, 99, 4], vec![8], vec![17, 250, 6], vec![40, 41, 42, 43], vec![8, 9]];
+    let rest = rlhf_generation::right_pad(&completions, 0, Device::Cpu).unwrap();
+    let ids = Tensor::cat(&[&prompts.input_ids, &rest.input_ids], 1);
+    let mask = Tensor::cat(&[&prompts.attention_mask, &rest.attention_mask], 1);
+    let opts = LogProbOptions { max_chunk_elements: 800, entropy: true, share_prefix: true };
+    check_logprobs(&ids, &mask, 7, opts);
 }
 
 #[test]

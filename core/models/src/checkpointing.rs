@@ -13,6 +13,11 @@
 //! activations goes from `layers × per-layer activations` to `layers × one hidden state + one
 //! layer's activations`, for one more forward pass of compute.
 //!
+//! With a prompt shared by several rows ([`crate::prefix`]) the pass has two segments: the
+//! distinct prompts, and the rest of every row on top of its prompt's keys and values. Layer `i`
+//! of both is recomputed together (the rows' attention reads the prompts' keys and values of the
+//! same layer) and one backward gives the gradients of both inputs.
+//!
 //! The recomputed forward must equal the first: nothing random may run in it (LoRA dropout is
 //! refused by the trainer's config check).
 
@@ -20,25 +25,69 @@ use tch::{Kind, Tensor};
 
 use crate::backbone::Backbone;
 use crate::error::{ModelError, Result};
-use crate::layers::LayerShared;
+use crate::layers::{KvCache, LayerShared};
+
+/// Rows of one checkpointed forward: their inputs and what their layers share.
+#[derive(Debug)]
+struct Segment {
+    ids: Tensor,
+    positions: Tensor,
+    key_mask: Tensor,
+    /// Tokens before `ids` that the segment attends to (the shared prefix's).
+    past: i64,
+    shared: LayerShared,
+    /// `[rows, seq, hidden]` each: the input of layer `i`, then the final norm's.
+    inputs: Vec<Tensor>,
+}
+
+impl Segment {
+    /// Embeds the segment (with a graph when the embeddings train).
+    fn embed(backbone: &Backbone, ids: &Tensor, positions: &Tensor, key_mask: &Tensor, past: i64) -> Result<Self> {
+        let (h, shared) = backbone.embed(ids, positions, key_mask, past)?;
+        let inputs = vec![h];
+        Ok(Segment {
+            ids: ids.shallow_clone(),
+            positions: positions.shallow_clone(),
+            key_mask: key_mask.shallow_clone(),
+            past,
+            shared,
+            inputs,
+        })
+    }
+
+    /// The current top of the segment.
+    fn top(&self) -> &Tensor {
+        &self.inputs[self.inputs.len() - 1]
+    }
+
+    /// The embeddings recomputed with a graph, `[rows, seq, hidden]`.
+    fn embeddings(&self, backbone: &Backbone) -> Result<Tensor> {
+        Ok(backbone.embed(&self.ids, &self.positions, &self.key_mask, self.past)?.0)
+    }
+}
+
+/// The distinct prefixes of a pass that shares them, and for each row the index of its prefix.
+#[derive(Debug)]
+struct SharedPart {
+    prefixes: Segment,
+    of_row: Tensor,
+}
 
 /// One checkpointed forward pass: the inputs of every layer and of the final norm, and the
 /// output leaf. Hand it back to the model that made it ([`crate::CausalLm::backward_checkpointed`]).
 #[derive(Debug)]
 pub struct Checkpointed {
-    ids: Tensor,
-    positions: Tensor,
-    key_mask: Tensor,
-    shared: LayerShared,
-    /// `[batch, seq, hidden]` each: the input of layer `i`, then the final norm's.
-    inputs: Vec<Tensor>,
+    rows: Segment,
+    prefix: Option<SharedPart>,
     /// The final hidden states, a leaf requiring a gradient.
     hidden: Tensor,
 }
 
 impl Checkpointed {
-    /// The final hidden states `[batch, seq, hidden]` (after the final norm), a leaf that requires
-    /// a gradient: build the head and the loss from it.
+    /// The final hidden states (after the final norm), a leaf that requires a gradient: build the
+    /// head and the loss from it. `[batch, seq, hidden]`, or with a shared prefix of `P` tokens
+    /// `[batch, seq − P + 1, hidden]` (positions `P − 1 ..`, see
+    /// [`crate::CausalLm::hidden_states_after_prefix`]).
     pub fn hidden(&self) -> &Tensor {
         &self.hidden
     }
@@ -54,26 +103,70 @@ pub(crate) fn forward(
     positions: &Tensor,
     key_mask: &Tensor,
 ) -> Result<Checkpointed> {
-    let (inputs, hidden, shared) = tch::no_grad(|| -> Result<_> {
-        let (mut h, shared) = backbone.embed(ids, positions, key_mask, 0)?;
-        let mut inputs = Vec::with_capacity(backbone.num_layers() + 1);
+    let (rows, hidden) = tch::no_grad(|| -> Result<_> {
+        let mut rows = Segment::embed(backbone, ids, positions, key_mask, 0)?;
         for i in 0..backbone.num_layers() {
-            let next = backbone.layer(i, &h, &shared, None)?;
-            inputs.push(h);
-            h = next;
+            let next = backbone.layer(i, rows.top(), &rows.shared, None)?;
+            rows.inputs.push(next);
         }
-        let hidden = backbone.final_norm(&h)?;
-        inputs.push(h);
-        Ok((inputs, hidden, shared))
+        let hidden = backbone.final_norm(rows.top())?;
+        Ok((rows, hidden))
     })?;
-    Ok(Checkpointed {
-        ids: ids.shallow_clone(),
-        positions: positions.shallow_clone(),
-        key_mask: key_mask.shallow_clone(),
-        shared,
-        inputs,
-        hidden: hidden.f_set_requires_grad(true)?,
-    })
+    Ok(Checkpointed { rows, prefix: None, hidden: hidden.f_set_requires_grad(true)? })
+}
+
+/// [`forward`] with each distinct prefix computed once: `prefix_*` are the distinct prefixes
+/// (`[u, p]`), `rest_*` the rest of every row (`[batch, seq − p]`, `key_mask` `[batch, seq]`),
+/// `of_row` (`[batch]`) the prefix of each row.
+///
+/// # Shapes
+/// → [`Checkpointed::hidden`] `[batch, seq − p + 1, hidden]`
+pub(crate) fn forward_after_prefix(
+    backbone: &Backbone,
+    prefix: (&Tensor, &Tensor, &Tensor),
+    rest: (&Tensor, &Tensor, &Tensor),
+    of_row: &Tensor,
+) -> Result<Checkpointed> {
+    let (p_ids, p_pos, p_mask) = prefix;
+    let (ids, positions, key_mask) = rest;
+    let p = p_ids.size()[1];
+    let (prefixes, rows, hidden) = tch::no_grad(|| -> Result<_> {
+        let mut pre = Segment::embed(backbone, p_ids, p_pos, p_mask, 0)?;
+        let mut rows = Segment::embed(backbone, ids, positions, key_mask, p)?;
+        for i in 0..backbone.num_layers() {
+            let (np, nr) = layer_pair(backbone, i, (pre.top(), &pre.shared), (rows.top(), &rows.shared), of_row)?;
+            pre.inputs.push(np);
+            rows.inputs.push(nr);
+        }
+        let hidden = final_pair(backbone, pre.top(), rows.top(), of_row)?;
+        Ok((pre, rows, hidden))
+    })?;
+    let prefix = Some(SharedPart { prefixes, of_row: of_row.shallow_clone() });
+    Ok(Checkpointed { rows, prefix, hidden: hidden.f_set_requires_grad(true)? })
+}
+
+/// Layer `i` of the prefixes `[u, p, hidden]`, then of the rows `[batch, s, hidden]` attending to
+/// their prefix's keys and values.
+fn layer_pair(
+    backbone: &Backbone,
+    i: usize,
+    prefixes: (&Tensor, &LayerShared),
+    rows: (&Tensor, &LayerShared),
+    of_row: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let mut cache = KvCache::growing();
+    let yp = backbone.layer(i, prefixes.0, prefixes.1, Some(&mut cache))?;
+    cache.select_rows(of_row)?;
+    let yr = backbone.layer(i, rows.0, rows.1, Some(&mut cache))?;
+    Ok((yp, yr))
+}
+
+/// The final norm of both segments, each row's prefix's last position first:
+/// `[u, p, hidden]`, `[batch, s, hidden]` → `[batch, s + 1, hidden]`.
+fn final_pair(backbone: &Backbone, prefixes: &Tensor, rows: &Tensor, of_row: &Tensor) -> Result<Tensor> {
+    let p = prefixes.size()[1];
+    let last = backbone.final_norm(prefixes)?.f_narrow(1, p - 1, 1)?.f_index_select(0, of_row)?; // [batch, 1, h]
+    Ok(Tensor::f_cat(&[&last, &backbone.final_norm(rows)?], 1)?)
 }
 
 /// Backpropagates the gradient the caller's loss left on [`Checkpointed::hidden`] through the
@@ -86,41 +179,71 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
         return Ok(());
     }
     let layers = backbone.num_layers();
-    if ck.inputs.len() != layers + 1 {
+    if ck.rows.inputs.len() != layers + 1 {
         return Err(ModelError::Input(format!(
             "checkpointed pass of {} layers handed to a model of {layers}",
-            ck.inputs.len().saturating_sub(1)
+            ck.rows.inputs.len().saturating_sub(1)
         )));
     }
-    let mut g = through(&ck.inputs[layers], &g, |x| backbone.final_norm(x))?;
-    for i in (0..layers).rev() {
-        g = through(&ck.inputs[i], &g, |x| backbone.layer(i, x, &ck.shared, None))?;
+    match &ck.prefix {
+        None => {
+            let mut g = through(&[&ck.rows.inputs[layers]], &[&g], |x| Ok(vec![backbone.final_norm(x[0])?]))?;
+            for i in (0..layers).rev() {
+                let f = |x: &[&Tensor]| Ok(vec![backbone.layer(i, x[0], &ck.rows.shared, None)?]);
+                g = through(&[&ck.rows.inputs[i]], &[&g[0]], f)?;
+            }
+            vjp(&[ck.rows.embeddings(backbone)?], &[&g[0]])
+        }
+        Some(SharedPart { prefixes: pre, of_row }) => {
+            let tops = [&pre.inputs[layers], &ck.rows.inputs[layers]];
+            let mut g = through(&tops, &[&g], |x| Ok(vec![final_pair(backbone, x[0], x[1], of_row)?]))?;
+            for i in (0..layers).rev() {
+                let f = |x: &[&Tensor]| {
+                    let (yp, yr) = layer_pair(backbone, i, (x[0], &pre.shared), (x[1], &ck.rows.shared), of_row)?;
+                    Ok(vec![yp, yr])
+                };
+                g = through(&[&pre.inputs[i], &ck.rows.inputs[i]], &[&g[0], &g[1]], f)?;
+            }
+            // Tied embeddings are used three times (LM head, rows, prefixes); one plain backward
+            // sums their gradients in that order, and so do these separate calls, bit for bit.
+            vjp(&[ck.rows.embeddings(backbone)?], &[&g[1]])?;
+            vjp(&[pre.embeddings(backbone)?], &[&g[0]])
+        }
     }
-    // Embeddings: recomputed with a graph when they are trained (not under LoRA, say).
-    let (h0, _) = backbone.embed(&ck.ids, &ck.positions, &ck.key_mask, 0)?;
-    if h0.requires_grad() {
-        vjp(&h0, &g)?;
-    }
-    Ok(())
 }
 
-/// Recomputes `f(x)` with a graph from `x` (as a leaf) and backpropagates `g` through it;
-/// returns `∂L/∂x` (zeros where nothing flowed).
+/// Recomputes `f(x)` with a graph from the `x` (as leaves) and backpropagates `g` (one per
+/// output) through it; returns `∂L/∂x` (zeros where nothing flowed).
 ///
 /// # Shapes
-/// `x`: the segment's input; `g`: like `f(x)`; returns like `x`
-fn through(x: &Tensor, g: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-    let x = x.f_detach()?.f_set_requires_grad(true)?;
-    let y = f(&x)?;
+/// `x`: the segment's inputs; `g`: like `f(x)`; returns like `x`
+fn through(x: &[&Tensor], g: &[&Tensor], f: impl Fn(&[&Tensor]) -> Result<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+    let leaves =
+        x.iter().map(|x| x.f_detach()?.f_set_requires_grad(true)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let y = f(&leaves.iter().collect::<Vec<_>>())?;
     vjp(&y, g)?;
-    let dx = x.grad();
-    Ok(if dx.defined() { dx } else { x.f_zeros_like()? })
+    leaves
+        .iter()
+        .map(|x| {
+            let dx = x.grad();
+            Ok(if dx.defined() { dx } else { x.f_zeros_like()? })
+        })
+        .collect()
 }
 
-/// Backpropagates `g` from `y`: the gradient of `Σ y ⊙ g` with respect to `y` is `g`.
-fn vjp(y: &Tensor, g: &Tensor) -> Result<()> {
-    if y.requires_grad() {
-        y.f_mul(g)?.f_sum(Kind::Float)?.f_backward()?;
+/// Backpropagates each `g` from its `y`: the gradient of `Σ y ⊙ g` with respect to `y` is `g`.
+/// Outputs without a graph (embeddings that do not train, under LoRA) are skipped.
+fn vjp(y: &[Tensor], g: &[&Tensor]) -> Result<()> {
+    let mut total: Option<Tensor> = None;
+    for (y, g) in y.iter().zip(g).filter(|(y, _)| y.requires_grad()) {
+        let term = y.f_mul(g)?.f_sum(Kind::Float)?;
+        total = Some(match total {
+            Some(t) => t.f_add(&term)?,
+            None => term,
+        });
+    }
+    if let Some(t) = total {
+        t.f_backward()?;
     }
     Ok(())
 }

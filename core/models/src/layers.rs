@@ -289,13 +289,16 @@ pub struct LayerShared {
     pub rotary: Option<(Tensor, Tensor)>,
 }
 
-/// Preallocated key/value buffers for incremental decoding.
+/// Key/value buffers for incremental decoding: preallocated and written in place ([`KvCache::new`],
+/// generation), or grown by concatenation ([`KvCache::growing`]) so that autograd can differentiate
+/// through what it holds (a shared prompt prefix computed with gradients).
 #[derive(Debug)]
 pub struct KvCache {
-    /// Per layer `(k, v)`, each `[batch, kv_heads, max_len, head_dim]`.
+    /// Per layer `(k, v)`, each `[batch, kv_heads, max_len, head_dim]` (growing: `[.., len, ..]`).
     layers: Vec<(Tensor, Tensor)>,
     len: i64,
     max_len: i64,
+    growing: bool,
 }
 
 impl KvCache {
@@ -315,7 +318,13 @@ impl KvCache {
             let v = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
             layers.push((k, v));
         }
-        Ok(KvCache { layers, len: 0, max_len })
+        Ok(KvCache { layers, len: 0, max_len, growing: false })
+    }
+
+    /// An empty cache without buffers: each append concatenates (no in-place write), so the cached
+    /// keys and values stay part of the autograd graph.
+    pub fn growing() -> Self {
+        KvCache { layers: Vec::new(), len: 0, max_len: i64::MAX, growing: true }
     }
 
     /// Tokens already cached.
@@ -339,6 +348,21 @@ impl KvCache {
     /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]` → `([batch, kv_heads, len + seq, head_dim], same)`
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let seq = k.size()[2];
+        if self.growing {
+            // Layers not seen yet hold undefined tensors (a layer may be run alone, as the
+            // checkpointed backward recomputes one layer at a time).
+            while self.layers.len() <= layer {
+                self.layers.push((Tensor::new(), Tensor::new()));
+            }
+            let (kb, vb) = &mut self.layers[layer];
+            if kb.defined() {
+                *kb = Tensor::f_cat(&[&*kb, k], 2)?;
+                *vb = Tensor::f_cat(&[&*vb, v], 2)?;
+            } else {
+                (*kb, *vb) = (k.shallow_clone(), v.shallow_clone());
+            }
+            return Ok((kb.shallow_clone(), vb.shallow_clone()));
+        }
         if self.len + seq > self.max_len {
             return Err(crate::error::ModelError::Input(format!(
                 "KV cache full: {} + {seq} tokens exceed its {} slots",
@@ -360,6 +384,20 @@ impl KvCache {
         for (k, v) in self.layers.iter_mut() {
             *k = k.f_repeat_interleave_self_int(times, 0, None)?;
             *v = v.f_repeat_interleave_self_int(times, 0, None)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the rows `index` in that order (`[r0, r0, r1]` for `[0, 0, 1]`): one cached prefix
+    /// given to every sequence that shares it. Differentiable: the gradient of a row sums over
+    /// its copies.
+    ///
+    /// # Shapes
+    /// `index`: `[rows]` (int64); each buffer `[batch, ..]` → `[rows, ..]`
+    pub fn select_rows(&mut self, index: &Tensor) -> Result<()> {
+        for (k, v) in self.layers.iter_mut().filter(|(k, _)| k.defined()) {
+            *k = k.f_index_select(0, index)?;
+            *v = v.f_index_select(0, index)?;
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 //! - [`llama`] (Llama, Mistral, SmolLM, Qwen2) and [`gpt2`]: the families.
 //! - [`lora`]: LoRA adapters on the linear layers, merged on save.
 //! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
+//! - [`prefix`]: prompts shared by several rows, computed once.
 //! - [`device`]: `cpu` / `cuda:N` and dtype parsing, loading libtorch's CUDA library on demand.
 //!
 //! Verified against transformers: `integration-tests` compares logits, greedy continuations and
@@ -22,6 +23,7 @@ pub mod layers;
 pub mod llama;
 pub mod lora;
 pub mod model;
+pub mod prefix;
 pub mod weights;
 
 pub use checkpointing::Checkpointed;
@@ -31,3 +33,4 @@ pub use error::{ModelError, Result};
 pub use layers::{position_ids_from_mask, KvCache};
 pub use lora::LoraConfig;
 pub use model::{last_token_index, CausalLm, ScalarHeadModel};
+pub use prefix::SharedPrefixes;

@@ -34,7 +34,7 @@ const AUX_FILES: &[&str] = &[
     "merges.txt",
 ];
 
-fn check_ids(ids: &Tensor, mask: &Tensor) -> Result<()> {
+pub(crate) fn check_ids(ids: &Tensor, mask: &Tensor) -> Result<()> {
     let (si, sm) = (ids.size(), mask.size());
     if si.len() != 2 || sm.len() != 2 || si[0] != sm[0] || sm[1] < si[1] {
         return Err(ModelError::Input(format!(
@@ -106,7 +106,7 @@ pub struct CausalLm {
     /// Owns every parameter, named as in the checkpoint.
     pub vs: nn::VarStore,
     pub config: ModelConfig,
-    backbone: Backbone,
+    pub(crate) backbone: Backbone,
     lm_head: Option<Tensor>, // [vocab, hidden]; None when tied
     /// Replaces the output projection in [`CausalLm::logits_from_hidden`] (see
     /// [`CausalLm::set_output_head`]).

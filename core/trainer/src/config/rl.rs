@@ -152,6 +152,11 @@ pub struct TrainConfig {
     /// `gradient_checkpointing`): only each layer's input is kept through the forward, and each
     /// layer is recomputed in backward — much less activation memory for one more forward.
     pub gradient_checkpointing: bool,
+    /// Compute a prompt once for all the rows that hold it (GRPO's G samples) in the log-prob
+    /// passes, its keys and values shared by the completions — the same numbers within float
+    /// rounding, in about `(B·P + B·G·R) / (B·G·(P + R))` of the work, with or without
+    /// gradient checkpointing. Off with LoRA dropout (the rows would share dropout masks).
+    pub share_prompts: bool,
 }
 
 impl Default for TrainConfig {
@@ -175,6 +180,7 @@ impl Default for TrainConfig {
             logprob_chunk_elements: 1 << 26,
             reuse_old_logprobs: true,
             gradient_checkpointing: false,
+            share_prompts: true,
         }
     }
 }

@@ -107,7 +107,8 @@ pub struct Selected {
     pub behavior_logprobs: Option<Tensor>,
 }
 
-/// Runs the old policy, the reference and the critic over the batch without gradients. Returns
+/// Runs the old policy, the reference and the critic over the batch without gradients (log-probs
+/// with `opts`: its chunk size and prompt sharing; entropy is always computed). Returns
 /// the batch and the old policy's per-token entropy `[B, R]` (for [`metrics`]). A batch without
 /// rows (a data-parallel rank whose samples were all dropped) runs no model.
 ///
@@ -123,13 +124,13 @@ pub struct Selected {
 pub fn compute(
     models: &Models<'_>,
     s: Selected,
-    max_chunk_elements: i64,
+    opts: LogProbOptions,
     device: Device,
     reuse: bool,
     checkpointing: bool,
     entropy_grad: bool,
 ) -> Result<(Batch, Option<Tensor>, ExperienceTimes)> {
-    let opts = LogProbOptions { max_chunk_elements, entropy: true };
+    let opts = LogProbOptions { entropy: true, ..opts };
     let (seq, attn, p_len) = (&s.sequences, &s.attention_mask, s.prompt_len);
     let (b, r_len) = (s.action_mask.size()[0], s.action_mask.size()[1]);
     let mut times = ExperienceTimes::default();

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rlhf_collective::World;
+use rlhf_generation::LogProbOptions;
 
 use rlhf_models::{CausalLm, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
@@ -256,10 +257,14 @@ impl Trainer {
             && t.gradient_accumulation_steps <= 1
             && !self.world.is_distributed()
             && cfg.model.lora.dropout == 0.0;
+        // A prompt's G rows share its pass (not its LoRA dropout masks).
+        let share_prompts = t.share_prompts && cfg.model.lora.dropout == 0.0;
+        let opts =
+            LogProbOptions { max_chunk_elements: t.logprob_chunk_elements, entropy: true, share_prefix: share_prompts };
         let (exp, entropy, times) = experience::compute(
             &models,
             selected,
-            t.logprob_chunk_elements,
+            opts,
             device,
             reuse,
             t.gradient_checkpointing,
@@ -284,6 +289,7 @@ impl Trainer {
             ema: self.ema.as_ref().zip(cfg.train.ema_decay),
             ptx: self.ptx.as_ref(),
             world: &self.world,
+            share_prompts,
         };
         let rng = SplitMix(cfg.run.seed ^ (self.step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
         let req = self.algo.requirements();

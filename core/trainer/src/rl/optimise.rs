@@ -33,6 +33,8 @@ pub struct Learner<'a> {
     pub ema: Option<(&'a CausalLm, f64)>,
     pub ptx: Option<&'a PtxData>,
     pub world: &'a World,
+    /// Compute each prompt once for the rows of a minibatch that hold it (`train.share_prompts`).
+    pub share_prompts: bool,
 }
 
 /// A minibatch's checkpointed passes (`train.gradient_checkpointing`), to backpropagate through
@@ -79,11 +81,15 @@ pub fn optimise(
     progress: Option<&RunProgress>,
     m: &mut StepMetrics,
 ) -> Result<()> {
-    let Learner { actor, actor_opt, mut critic, ema, ptx, world } = learner;
+    let Learner { actor, actor_opt, mut critic, ema, ptx, world, share_prompts } = learner;
     let device: Device = actor.device();
     let b = batch.len();
     let (p_len, r_len) = (batch.prompt_len, batch.response_len());
-    let opts = LogProbOptions { max_chunk_elements: cfg.logprob_chunk_elements, entropy: req.entropy };
+    let opts = LogProbOptions {
+        max_chunk_elements: cfg.logprob_chunk_elements,
+        entropy: req.entropy,
+        share_prefix: share_prompts,
+    };
     let mut skipped = 0usize;
     // This rank's minibatch metrics (the plugin's, losses, grad norms): averaged over the step's
     // minibatches and the ranks.
