@@ -464,7 +464,7 @@ fn loss_on_a_fixed_batch_decreases() {
             if req.critic && algo != "ppo-seq" {
                 copt.step().unwrap();
             } else {
-                copt.zero_grad();
+                copt.zero_grad().unwrap();
             }
         }
         println!("{algo}: losses {losses:?}");

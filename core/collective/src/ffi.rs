@@ -47,6 +47,7 @@ extern "C" {
     fn rlhf_c10d_barrier(group: *mut c_void, err: *mut *mut c_char) -> c_int;
     fn rlhf_c10d_quiet_logs();
     fn rlhf_c10d_ensure_grad(tensor: *mut c_void, err: *mut *mut c_char) -> c_int;
+    fn rlhf_c10d_release_grad(tensor: *mut c_void, err: *mut *mut c_char) -> c_int;
 }
 
 /// Takes a malloc'd error string from the shim (or the NCCL library, same allocator) and frees it.
@@ -199,6 +200,11 @@ impl Drop for Group {
 /// still takes part in the gradient all-reduce).
 pub(crate) fn ensure_grad(param: &Tensor) -> Result<(), String> {
     call(|err| unsafe { rlhf_c10d_ensure_grad(tensor_ptr(param), err) })
+}
+
+/// Drops `param`'s gradient (it becomes undefined), as `zero_grad(set_to_none=True)` does.
+pub(crate) fn release_grad(param: &Tensor) -> Result<(), String> {
+    call(|err| unsafe { rlhf_c10d_release_grad(tensor_ptr(param), err) })
 }
 
 /// Silences c10's own log of the failures the shim returns as errors.

@@ -400,6 +400,13 @@ fn bytes_of(t: &Tensor) -> usize {
     t.numel() * per
 }
 
+/// Drops the gradient of `param` — PyTorch's `zero_grad(set_to_none=True)`, which tch does not
+/// expose — so the next backward allocates it while the activations it consumes are freed. The
+/// one entry of the shim that is not a collective: it needs the same libtorch C++ API.
+pub fn release_grad(param: &Tensor) -> Result<()> {
+    ffi::release_grad(param).map_err(|message| CollectiveError::Torch(tch::TchError::Torch(message), 0))
+}
+
 /// Slices `0..n` into `size` contiguous parts whose lengths differ by at most one, and returns
 /// part `rank` (the first `n % size` parts get the extra item).
 pub fn shard(n: usize, rank: usize, size: usize) -> std::ops::Range<usize> {

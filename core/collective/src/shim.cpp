@@ -210,6 +210,13 @@ int rlhf_c10d_ensure_grad(void* tensor, char** err) {
   });
 }
 
+// Drops a parameter's gradient (`zero_grad(set_to_none=True)`, PyTorch's default): the next
+// backward allocates it afresh as the activations it needs are freed, instead of a zeroed
+// buffer of every parameter's size being held through the forward.
+int rlhf_c10d_release_grad(void* tensor, char** err) {
+  return guarded(err, [&] { static_cast<at::Tensor*>(tensor)->mutable_grad().reset(); });
+}
+
 }  // extern "C"
 
 extern "C" {

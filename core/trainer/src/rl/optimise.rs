@@ -218,9 +218,9 @@ pub fn optimise(
             }
             if !finite {
                 // Drop what the step's earlier minibatches accumulated.
-                actor_opt.zero_grad();
+                actor_opt.zero_grad()?;
                 if let Some((_, o)) = &mut critic {
-                    o.zero_grad();
+                    o.zero_grad()?;
                 }
                 skipped += 1;
                 continue;

@@ -156,7 +156,7 @@ pub fn run_phase<T: PhaseTask>(
                 }
                 loss_last = loss;
             } else {
-                opt.zero_grad();
+                opt.zero_grad()?;
                 tracing::warn!("step {step}: non-finite loss; optimizer step skipped");
                 m.set("skipped_steps", 1.0);
             }
