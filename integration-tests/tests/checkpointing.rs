@@ -1,7 +1,8 @@
 //! `train.gradient_checkpointing` changes memory, not training: PPO with a critic, GRPO reusing
 //! the experience pass (one minibatch holding the batch) and GRPO with several minibatches each
 //! train bit for bit as without it — the same metrics and the same weights and optimizer state —
-//! and a setting it cannot honour is a one-line error before anything is created.
+//! and so do SFT, reward-model and DPO training; a setting it cannot honour is a one-line error
+//! before anything is created.
 
 use std::path::Path;
 
@@ -76,4 +77,45 @@ fn lora_dropout_with_checkpointing_is_refused_up_front() {
     let last = err.lines().last().unwrap_or("");
     assert!(last.contains("train.gradient_checkpointing") && last.contains("model.lora.dropout = 0"), "{err}");
     assert!(!rd.exists(), "nothing is created for a refused config");
+}
+
+#[test]
+fn supervised_phases_train_bit_for_bit_with_checkpointing() {
+    let dir = tempfile::tempdir().unwrap();
+    for phase in ["sft", "rm", "dpo"] {
+        let mut runs = Vec::new();
+        for on in [false, true] {
+            let rd = dir.path().join(format!("{phase}-{on}"));
+            let flag = format!("train.gradient_checkpointing={on}");
+            let out = rlhf(&[phase, "--run-dir", s(&rd), "--set", "train.max_steps=4", "--set", &flag]);
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{phase}: {log}");
+            assert_eq!(log.contains("gradient checkpointing: each decoder layer"), on, "{phase}: {log}");
+            runs.push(rd);
+        }
+        let (a, b) = (behaviour_metrics(&runs[0]), behaviour_metrics(&runs[1]));
+        assert!(a.len() >= 4, "{phase}: {} metrics rows", a.len());
+        assert_eq!(a, b, "{phase}: metrics differ with gradient checkpointing");
+        let weights = |rd: &Path| std::fs::read(rd.join("model/model.safetensors")).unwrap();
+        assert!(weights(&runs[0]) == weights(&runs[1]), "{phase}: the trained model differs with checkpointing");
+    }
+}
+
+#[test]
+fn supervised_lora_dropout_with_checkpointing_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    for phase in ["sft", "rm", "dpo"] {
+        let rd = dir.path().join(phase);
+        let sets = ["train.gradient_checkpointing=true", "lora.rank=4", "lora.dropout=0.1"];
+        let mut args = vec![phase, "--run-dir", s(&rd)];
+        for set in &sets {
+            args.extend(["--set", set]);
+        }
+        let out = rlhf(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{phase}");
+        let last = err.lines().last().unwrap_or("");
+        assert!(last.contains("train.gradient_checkpointing") && last.contains("lora.dropout = 0"), "{phase}: {err}");
+        assert!(!rd.exists(), "{phase}: nothing is created for a refused config");
+    }
 }

@@ -5,7 +5,7 @@
 use rlhf_models::LoraConfig;
 use serde::{Deserialize, Serialize};
 
-use super::phases::{lora_error, PhaseRunConfig, PhaseTrainConfig, RmDataConfig, PHASE_PRESETS};
+use super::phases::{check_checkpointing, lora_error, PhaseRunConfig, PhaseTrainConfig, RmDataConfig, PHASE_PRESETS};
 use super::{load_layered_figment, ConfigSource, KeySource};
 use crate::error::Result;
 use crate::optim::Schedule;
@@ -71,6 +71,7 @@ pub struct DpoTrainConfig {
     pub eval_every: usize,
     pub save_every: usize,
     pub eval_batch_size: usize,
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for DpoTrainConfig {
@@ -95,6 +96,7 @@ impl Default for DpoTrainConfig {
             eval_every: c.eval_every,
             save_every: c.save_every,
             eval_batch_size: c.eval_batch_size,
+            gradient_checkpointing: c.gradient_checkpointing,
         }
     }
 }
@@ -117,6 +119,7 @@ impl DpoTrainConfig {
             eval_every: self.eval_every,
             save_every: self.save_every,
             eval_batch_size: self.eval_batch_size,
+            gradient_checkpointing: self.gradient_checkpointing,
         }
     }
 }
@@ -146,6 +149,7 @@ impl DpoConfig {
         let src = KeySource { fig: &fig, base: &label };
         cfg.train.common().validate(&src)?;
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
+        check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }

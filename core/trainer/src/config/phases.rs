@@ -85,6 +85,10 @@ pub struct PhaseTrainConfig {
     pub save_every: usize,
     /// Sequences (SFT) or pairs (RM) per forward pass during evaluation.
     pub eval_batch_size: usize,
+    /// Activation checkpointing per decoder layer of the trained model (transformers'
+    /// `gradient_checkpointing`): only each layer's input is kept through the forward, each layer
+    /// is recomputed in backward; the same gradients bit for bit, for one more forward.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for PhaseTrainConfig {
@@ -104,6 +108,7 @@ impl Default for PhaseTrainConfig {
             eval_every: 0,
             save_every: 0,
             eval_batch_size: 16,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -147,6 +152,16 @@ impl PhaseTrainConfig {
             max_grad_norm: self.max_grad_norm,
         }
     }
+}
+
+/// Checkpointing recomputes each layer's forward in backward, which must draw the same numbers:
+/// refused with LoRA dropout.
+pub fn check_checkpointing(src: &KeySource, checkpointing: bool, lora: &LoraConfig) -> Result<()> {
+    if checkpointing && lora.rank > 0 && lora.dropout > 0.0 {
+        let msg = "needs lora.dropout = 0 (the recomputed forward would draw other dropout masks)";
+        return Err(src.error("train.gradient_checkpointing", msg));
+    }
+    Ok(())
 }
 
 /// A LoRA config or application error as a config error (`{label}: lora.rank: must be >= 0`).
@@ -270,6 +285,7 @@ impl SftConfig {
         let src = KeySource { fig: &fig, base: &label };
         cfg.train.validate(&src)?;
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
+        check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }
@@ -355,6 +371,7 @@ pub struct RmTrainConfig {
     pub eval_every: usize,
     pub save_every: usize,
     pub eval_batch_size: usize,
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for RmTrainConfig {
@@ -376,6 +393,7 @@ impl Default for RmTrainConfig {
             eval_every: c.eval_every,
             save_every: c.save_every,
             eval_batch_size: c.eval_batch_size,
+            gradient_checkpointing: c.gradient_checkpointing,
         }
     }
 }
@@ -398,6 +416,7 @@ impl RmTrainConfig {
             eval_every: self.eval_every,
             save_every: self.save_every,
             eval_batch_size: self.eval_batch_size,
+            gradient_checkpointing: self.gradient_checkpointing,
         }
     }
 }
@@ -427,6 +446,7 @@ impl RmConfig {
         let src = KeySource { fig: &fig, base: &label };
         cfg.train.common().validate(&src)?;
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
+        check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }

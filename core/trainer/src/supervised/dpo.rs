@@ -18,8 +18,8 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_generation::{token_logprobs, LogProbOptions};
-use rlhf_models::{parse_dtype, CausalLm};
+use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions};
+use rlhf_models::{parse_dtype, CausalLm, Checkpointed};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
@@ -189,6 +189,18 @@ fn collate(pairs: &[&SplitPair], pad: i64, device: Device) -> Result<DpoBatch> {
 /// Summed response log-probs of every row, `([B] chosen, [B] rejected)`.
 fn response_logps(model: &CausalLm, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
     let lp = token_logprobs(model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?.logprobs;
+    sum_sides(&lp, b)
+}
+
+/// [`response_logps`] from a checkpointed pass (`train.gradient_checkpointing`), returned for
+/// [`CausalLm::backward_checkpointed`] once the loss is backpropagated.
+fn response_logps_checkpointed(model: &CausalLm, b: &DpoBatch) -> Result<((Tensor, Tensor), Checkpointed)> {
+    let (lp, ck) = token_logprobs_checkpointed(model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?;
+    Ok((sum_sides(&lp.logprobs, b)?, ck))
+}
+
+/// Per-row sums of the response log-probs `lp` `[2B, T − 1]`, split into `([B] chosen, [B] rejected)`.
+fn sum_sides(lp: &Tensor, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
     let sums = lp.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
     let n = sums.size()[0] / 2;
     Ok((sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?))
@@ -220,6 +232,8 @@ struct DpoTask {
     pad: i64,
     params: DpoLossParams,
     eval_batch_size: usize,
+    /// `train.gradient_checkpointing`.
+    checkpointing: bool,
 }
 
 /// Summed log-probs of `pairs` under `model`, without gradients, `eval_batch_size` at a time.
@@ -238,15 +252,27 @@ fn all_logps(model: &CausalLm, pairs: &[SplitPair], batch_size: usize, pad: i64)
 
 impl DpoTask {
     /// The loss of the pairs `items` of `split` (with gradients when `no_grad` is not active), the
-    /// policy's summed response log-probs (chosen, rejected; detached) and the batch's tokens.
-    fn forward(&self, split: Split, items: &[usize]) -> Result<(DpoLossOut, (Tensor, Tensor), usize)> {
+    /// policy's summed response log-probs (chosen, rejected; detached), the batch's tokens, and
+    /// with `train.gradient_checkpointing` on the train split the policy's checkpointed pass.
+    #[allow(clippy::type_complexity)]
+    fn forward(
+        &self,
+        split: Split,
+        items: &[usize],
+    ) -> Result<(DpoLossOut, (Tensor, Tensor), usize, Option<Checkpointed>)> {
         let pairs = match split {
             Split::Train => &self.train,
             Split::Eval => &self.eval,
         };
         let batch: Vec<&SplitPair> = items.iter().map(|&i| &pairs[i]).collect();
         let b = collate(&batch, self.pad, self.policy.device())?;
-        let (c, r) = response_logps(&self.policy, &b)?;
+        let ((c, r), ck) = match split {
+            Split::Train if self.checkpointing => {
+                let (sides, ck) = response_logps_checkpointed(&self.policy, &b)?;
+                (sides, Some(ck))
+            }
+            _ => (response_logps(&self.policy, &b)?, None),
+        };
         let reference = match &self.reference {
             Reference::Free => None,
             Reference::Model(m) => Some(tch::no_grad(|| response_logps(m, &b))?),
@@ -265,7 +291,7 @@ impl DpoTask {
         };
         let refs = reference.as_ref().map(|(a, b)| (a, b));
         let out = dpo_loss(&self.params, &c, &r, refs, &b.chosen_lens, &b.rejected_lens)?;
-        Ok((out, (c.f_detach()?, r.f_detach()?), b.tokens))
+        Ok((out, (c.f_detach()?, r.f_detach()?), b.tokens, ck))
     }
 }
 
@@ -292,13 +318,16 @@ impl PhaseTask for DpoTask {
 
     fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>> {
         self.policy.set_training(true);
-        let (out, _, tokens) = self.forward(Split::Train, items)?;
+        let (out, _, tokens, ck) = self.forward(Split::Train, items)?;
         let sum = out.losses.f_sum(Kind::Float)?; // scalar
         let value = sum.double_value(&[]);
         if !value.is_finite() {
             return Ok(None);
         }
         sum.f_div_scalar(total_weight)?.f_backward()?;
+        if let Some(ck) = &ck {
+            self.policy.backward_checkpointed(ck)?;
+        }
         record(&out, "", m)?;
         Ok(Some(MicroOut { loss_sum: value, tokens }))
     }
@@ -313,7 +342,7 @@ impl PhaseTask for DpoTask {
         let all: Vec<usize> = (0..self.eval.len()).collect();
         tch::no_grad(|| -> Result<()> {
             for chunk in all.chunks(self.eval_batch_size.max(1)) {
-                let (out, (c, r), _) = self.forward(Split::Eval, chunk)?;
+                let (out, (c, r), _, _) = self.forward(Split::Eval, chunk)?;
                 loss += out.losses.f_sum(Kind::Double)?.double_value(&[]);
                 record(&out, "eval/", &mut m)?;
                 logps_correct += c.f_gt_tensor(&r)?.f_sum(Kind::Double)?.double_value(&[]);
@@ -443,6 +472,7 @@ fn dpo_in(
         pad,
         params: DpoLossParams::of(&cfg.train),
         eval_batch_size: t.eval_batch_size,
+        checkpointing: t.gradient_checkpointing,
     };
     let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_models::{parse_dtype, ScalarHeadModel};
+use rlhf_models::{parse_dtype, Checkpointed, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
@@ -46,17 +46,29 @@ pub struct RmSummary {
     pub loss_last: f64,
 }
 
-/// Values of both sides of a batch and the loss.
+/// Values of both sides of a batch and the loss; with `checkpointing` from a checkpointed pass,
+/// returned for [`ScalarHeadModel::backward_checkpointed`] once the loss is backpropagated.
 ///
 /// # Shapes
 /// - `pairs.len() = B` → per-pair losses and scores `[B]`
-fn forward_pairs(model: &ScalarHeadModel, pairs: &[&PairExample], pad: i64, loss: RmLoss) -> Result<(PairLoss, usize)> {
+fn forward_pairs(
+    model: &ScalarHeadModel,
+    pairs: &[&PairExample],
+    pad: i64,
+    loss: RmLoss,
+    checkpointing: bool,
+) -> Result<(PairLoss, usize, Option<Checkpointed>)> {
     let b = collate_pairs(pairs, pad, model.device())?;
-    let values = model.values(&b.input_ids, &b.attention_mask)?; // [2B, T]
+    let (values, ck) = if checkpointing {
+        let (v, ck) = model.values_checkpointed(&b.input_ids, &b.attention_mask)?;
+        (v, Some(ck))
+    } else {
+        (model.values(&b.input_ids, &b.attention_mask)?, None)
+    }; // [2B, T]
     let n = pairs.len() as i64;
     let (chosen, rejected) = (values.f_narrow(0, 0, n)?, values.f_narrow(0, n, n)?); // [B, T] each
     let out = pairwise_loss(loss, &chosen, &rejected, &b.segment, &b.chosen_last, &b.rejected_last)?;
-    Ok((out, b.tokens))
+    Ok((out, b.tokens, ck))
 }
 
 /// Eval metrics of a reward model on `pairs`: `eval/accuracy`, `eval/chosen_score`,
@@ -72,7 +84,7 @@ pub fn evaluate_pairs(
     tch::no_grad(|| -> Result<()> {
         for chunk in pairs.chunks(batch_size.max(1)) {
             let batch: Vec<&PairExample> = chunk.iter().collect();
-            let (out, _) = forward_pairs(model, &batch, pad, loss)?;
+            let (out, _, _) = forward_pairs(model, &batch, pad, loss, false)?;
             let sum = |t: &Tensor| -> Result<f64> { Ok(t.f_sum(Kind::Double)?.double_value(&[])) };
             correct += sum(&out.chosen_scores.f_gt_tensor(&out.rejected_scores)?)?;
             chosen += sum(&out.chosen_scores)?;
@@ -97,6 +109,8 @@ struct RmTask {
     pad: i64,
     loss: RmLoss,
     eval_batch_size: usize,
+    /// `train.gradient_checkpointing`.
+    checkpointing: bool,
 }
 
 impl PhaseTask for RmTask {
@@ -107,13 +121,16 @@ impl PhaseTask for RmTask {
     fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>> {
         self.model.set_training(true);
         let batch: Vec<&PairExample> = items.iter().map(|&i| &self.train[i]).collect();
-        let (out, tokens) = forward_pairs(&self.model, &batch, self.pad, self.loss)?;
+        let (out, tokens, ck) = forward_pairs(&self.model, &batch, self.pad, self.loss, self.checkpointing)?;
         let sum = out.per_pair.f_sum(Kind::Float)?; // scalar
         let value = sum.double_value(&[]);
         if !value.is_finite() {
             return Ok(None);
         }
         sum.f_div_scalar(total_weight)?.f_backward()?;
+        if let Some(ck) = &ck {
+            self.model.backward_checkpointed(ck)?;
+        }
         let correct = out.chosen_scores.f_gt_tensor(&out.rejected_scores)?.f_to_kind(Kind::Float)?;
         for v in Vec::<f32>::try_from(&correct)? {
             m.add("train/accuracy", f64::from(v));
@@ -189,6 +206,7 @@ fn rm_in(
         pad: i64::from(tok.pad_token_id()),
         loss: cfg.train.loss,
         eval_batch_size: t.eval_batch_size,
+        checkpointing: t.gradient_checkpointing,
     };
     let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));

@@ -91,6 +91,9 @@ pub fn run_phase<T: PhaseTask>(
     world: &World,
 ) -> Result<LoopSummary> {
     let total = total_steps(n, t);
+    if t.gradient_checkpointing {
+        tracing::info!("gradient checkpointing: each decoder layer is recomputed in backward");
+    }
     let eval_before = task.evaluate()?;
     if let Some(m) = &eval_before {
         metrics.write(0, m)?;

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_generation::{token_logprobs, LogProbOptions};
+use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions};
 use rlhf_models::{parse_dtype, CausalLm};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind};
@@ -68,6 +68,8 @@ struct SftTask {
     eval: Vec<SftExample>,
     pad: i64,
     eval_batch_size: usize,
+    /// `train.gradient_checkpointing`.
+    checkpointing: bool,
 }
 
 impl PhaseTask for SftTask {
@@ -79,13 +81,22 @@ impl PhaseTask for SftTask {
         self.model.set_training(true);
         let batch: Vec<&SftExample> = items.iter().map(|&i| &self.train[i]).collect();
         let b = collate(&batch, self.pad, self.model.device())?;
-        let lp = token_logprobs(&self.model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?;
+        let (ids, mask, opts) = (&b.input_ids, &b.attention_mask, LogProbOptions::default());
+        let (lp, ck) = if self.checkpointing {
+            let (lp, ck) = token_logprobs_checkpointed(&self.model, ids, mask, 1, opts)?;
+            (lp, Some(ck))
+        } else {
+            (token_logprobs(&self.model, ids, mask, 1, opts)?, None)
+        };
         let nll = masked_nll_sum(&lp.logprobs, &b.target_mask)?; // scalar
         let value = nll.double_value(&[]);
         if !value.is_finite() {
             return Ok(None);
         }
         nll.f_div_scalar(total_weight)?.f_backward()?;
+        if let Some(ck) = &ck {
+            self.model.backward_checkpointed(ck)?;
+        }
         Ok(Some(MicroOut { loss_sum: value, tokens: b.tokens }))
     }
 
@@ -185,8 +196,14 @@ fn sft_in(
     let mut metrics = MetricsWriter::create(&run_dir)?;
     let n = train.len();
     let eval_examples = eval.len();
-    let mut task =
-        SftTask { model, train, eval, pad: i64::from(tok.pad_token_id()), eval_batch_size: t.eval_batch_size };
+    let mut task = SftTask {
+        model,
+        train,
+        eval,
+        pad: i64::from(tok.pad_token_id()),
+        eval_batch_size: t.eval_batch_size,
+        checkpointing: t.gradient_checkpointing,
+    };
     let s = run_phase(&mut task, n, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
     let ppl = |m: &Option<StepMetrics>| m.as_ref().and_then(|m| m.get("eval/ppl"));
     let summary = SftSummary {
