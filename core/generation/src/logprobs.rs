@@ -51,14 +51,9 @@ pub fn token_logprobs(
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
     check_from(input_ids, from)?;
-    if opts.share_prefix {
-        let prefix = SharedPrefixes::find(input_ids, attention_mask, from)?;
-        if prefix.any_shared() {
-            let hidden = model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?; // [b, seq − from + 1, h]
-            let seq = input_ids.size()[1];
-            let ids = input_ids.f_narrow(1, from - 1, seq - from + 1)?; // positions from − 1 .. seq
-            return from_hidden(model, &hidden, &ids, 1, opts);
-        }
+    if let Some(prefix) = shared_prefix(input_ids, attention_mask, from, opts)? {
+        let hidden = model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?; // [b, seq − from + 1, h]
+        return from_hidden(model, &hidden, &after_prefix(input_ids, from)?, 1, opts);
     }
     let positions = position_ids_from_mask(attention_mask)?;
     let hidden = model.hidden_states(input_ids, attention_mask, &positions, None)?; // [b, seq, h]
@@ -79,20 +74,57 @@ pub fn token_logprobs_checkpointed(
     opts: LogProbOptions,
 ) -> Result<(TokenLogProbs, Checkpointed)> {
     check_from(input_ids, from)?;
-    if opts.share_prefix {
-        let prefix = SharedPrefixes::find(input_ids, attention_mask, from)?;
-        if prefix.any_shared() {
-            let ck = model.hidden_states_checkpointed_after_prefix(input_ids, attention_mask, &prefix)?;
-            let seq = input_ids.size()[1];
-            let ids = input_ids.f_narrow(1, from - 1, seq - from + 1)?; // positions from − 1 .. seq
-            let lp = from_hidden(model, ck.hidden(), &ids, 1, opts)?;
-            return Ok((lp, ck));
-        }
+    if let Some(prefix) = shared_prefix(input_ids, attention_mask, from, opts)? {
+        let ck = model.hidden_states_checkpointed_after_prefix(input_ids, attention_mask, &prefix)?;
+        let lp = from_hidden(model, ck.hidden(), &after_prefix(input_ids, from)?, 1, opts)?;
+        return Ok((lp, ck));
     }
     let positions = position_ids_from_mask(attention_mask)?;
     let ck = model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?;
     let lp = from_hidden(model, ck.hidden(), input_ids, from, opts)?;
     Ok((lp, ck))
+}
+
+/// [`token_logprobs_checkpointed`] when `checkpointed`, else [`token_logprobs`] (with no pass to
+/// hand back): what a training step calls under `train.gradient_checkpointing`.
+///
+/// # Shapes
+/// As [`token_logprobs`].
+pub fn token_logprobs_pass(
+    model: &CausalLm,
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    from: i64,
+    opts: LogProbOptions,
+    checkpointed: bool,
+) -> Result<(TokenLogProbs, Option<Checkpointed>)> {
+    if checkpointed {
+        let (lp, ck) = token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts)?;
+        return Ok((lp, Some(ck)));
+    }
+    Ok((token_logprobs(model, input_ids, attention_mask, from, opts)?, None))
+}
+
+/// With [`LogProbOptions::share_prefix`], the rows' shared first `from` tokens — `None` when
+/// sharing is off or no prompt is held by more than one row (then the plain pass runs).
+fn shared_prefix(
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    from: i64,
+    opts: LogProbOptions,
+) -> Result<Option<SharedPrefixes>> {
+    if !opts.share_prefix {
+        return Ok(None);
+    }
+    let prefix = SharedPrefixes::find(input_ids, attention_mask, from)?;
+    Ok(prefix.any_shared().then_some(prefix))
+}
+
+/// The ids from position `from − 1` on, aligned with the hidden states a shared-prefix pass
+/// returns: `[batch, seq]` → `[batch, seq − from + 1]`.
+fn after_prefix(input_ids: &Tensor, from: i64) -> Result<Tensor> {
+    let seq = input_ids.size()[1];
+    Ok(input_ids.f_narrow(1, from - 1, seq - from + 1)?)
 }
 
 fn check_from(input_ids: &Tensor, from: i64) -> Result<()> {

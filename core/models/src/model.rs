@@ -411,6 +411,24 @@ impl ScalarHeadModel {
         Ok((v, ck))
     }
 
+    /// [`ScalarHeadModel::values_checkpointed`] when `checkpointed`, else
+    /// [`ScalarHeadModel::values`] (with no pass to hand back).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
+    pub fn values_pass(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        checkpointed: bool,
+    ) -> Result<(Tensor, Option<Checkpointed>)> {
+        if checkpointed {
+            let (v, ck) = self.values_checkpointed(input_ids, attention_mask)?;
+            return Ok((v, Some(ck)));
+        }
+        Ok((self.values(input_ids, attention_mask)?, None))
+    }
+
     /// See [`CausalLm::backward_checkpointed`].
     pub fn backward_checkpointed(&self, ck: &Checkpointed) -> Result<()> {
         checkpointing::backward(&self.backbone, ck)

@@ -3,7 +3,7 @@
 //! state before each response token — everything the algorithm's `prepare` and the minibatch
 //! losses compare against.
 
-use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions, TokenLogProbs};
+use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};
@@ -172,12 +172,7 @@ pub fn compute(
     // critic passes need not share memory with.
     let t = PhaseClock::start(device);
     let (old, policy, policy_checkpoint) = if reuse {
-        let (lp, ck) = if checkpointing {
-            let (lp, ck) = token_logprobs_checkpointed(models.actor, seq, attn, p_len, opts)?;
-            (lp, Some(ck))
-        } else {
-            (token_logprobs(models.actor, seq, attn, p_len, opts)?, None) // with grad
-        };
+        let (lp, ck) = token_logprobs_pass(models.actor, seq, attn, p_len, opts, checkpointing)?; // with grad
         let detached = TokenLogProbs {
             logprobs: lp.logprobs.f_detach()?,
             entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,

@@ -6,7 +6,7 @@
 //! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
 //! the whole optimizer step and is logged.
 
-use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions, TokenLogProbs};
+use rlhf_generation::{token_logprobs_pass, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
@@ -138,20 +138,19 @@ pub fn optimise(
                             entropy: if req.entropy { pick_opt(&p.entropy, &idx)? } else { None },
                         }
                     }
-                    None if cfg.gradient_checkpointing => {
-                        let (lp, ck) = token_logprobs_checkpointed(actor, &seq, &attn, p_len, opts)?;
-                        passes.actor = Some(ck);
-                        lp
+                    None => {
+                        let (lp, ck) =
+                            token_logprobs_pass(actor, &seq, &attn, p_len, opts, cfg.gradient_checkpointing)?;
+                        passes.actor = ck;
+                        lp // [b, R], grad
                     }
-                    None => token_logprobs(actor, &seq, &attn, p_len, opts)?, // [b, R], grad
                 };
                 let values = match &critic {
-                    Some((c, _)) if cfg.gradient_checkpointing => {
-                        let (v, ck) = c.values_checkpointed(&seq, &attn)?;
-                        passes.critic = Some(ck);
+                    Some((c, _)) => {
+                        let (v, ck) = c.values_pass(&seq, &attn, cfg.gradient_checkpointing)?;
+                        passes.critic = ck;
                         Some(v.f_narrow(1, p_len - 1, r_len)?) // [b, R], grad
                     }
-                    Some((c, _)) => Some(c.values(&seq, &attn)?.f_narrow(1, p_len - 1, r_len)?), // [b, R], grad
                     None => None,
                 };
                 let action_mask = pick(&batch.action_mask, &idx)?;

@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions};
+use rlhf_generation::{token_logprobs_pass, LogProbOptions};
 use rlhf_models::{parse_dtype, CausalLm, Checkpointed};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
@@ -188,22 +188,21 @@ fn collate(pairs: &[&SplitPair], pad: i64, device: Device) -> Result<DpoBatch> {
 
 /// Summed response log-probs of every row, `([B] chosen, [B] rejected)`.
 fn response_logps(model: &CausalLm, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
-    let lp = token_logprobs(model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?.logprobs;
-    sum_sides(&lp, b)
+    Ok(response_logps_pass(model, b, false)?.0)
 }
 
-/// [`response_logps`] from a checkpointed pass (`train.gradient_checkpointing`), returned for
-/// [`CausalLm::backward_checkpointed`] once the loss is backpropagated.
-fn response_logps_checkpointed(model: &CausalLm, b: &DpoBatch) -> Result<((Tensor, Tensor), Checkpointed)> {
-    let (lp, ck) = token_logprobs_checkpointed(model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?;
-    Ok((sum_sides(&lp.logprobs, b)?, ck))
-}
-
-/// Per-row sums of the response log-probs `lp` `[2B, T − 1]`, split into `([B] chosen, [B] rejected)`.
-fn sum_sides(lp: &Tensor, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
-    let sums = lp.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
+/// [`response_logps`], from a checkpointed pass when `checkpointed` (`train.gradient_checkpointing`),
+/// returned for [`CausalLm::backward_checkpointed`] once the loss is backpropagated.
+fn response_logps_pass(
+    model: &CausalLm,
+    b: &DpoBatch,
+    checkpointed: bool,
+) -> Result<((Tensor, Tensor), Option<Checkpointed>)> {
+    let opts = LogProbOptions::default();
+    let (lp, ck) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, 1, opts, checkpointed)?;
+    let sums = lp.logprobs.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
     let n = sums.size()[0] / 2;
-    Ok((sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?))
+    Ok(((sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?), ck))
 }
 
 /// Where the reference log-probs come from.
@@ -266,13 +265,8 @@ impl DpoTask {
         };
         let batch: Vec<&SplitPair> = items.iter().map(|&i| &pairs[i]).collect();
         let b = collate(&batch, self.pad, self.policy.device())?;
-        let ((c, r), ck) = match split {
-            Split::Train if self.checkpointing => {
-                let (sides, ck) = response_logps_checkpointed(&self.policy, &b)?;
-                (sides, Some(ck))
-            }
-            _ => (response_logps(&self.policy, &b)?, None),
-        };
+        let checkpointed = self.checkpointing && matches!(split, Split::Train);
+        let ((c, r), ck) = response_logps_pass(&self.policy, &b, checkpointed)?;
         let reference = match &self.reference {
             Reference::Free => None,
             Reference::Model(m) => Some(tch::no_grad(|| response_logps(m, &b))?),

@@ -59,12 +59,7 @@ fn forward_pairs(
     checkpointing: bool,
 ) -> Result<(PairLoss, usize, Option<Checkpointed>)> {
     let b = collate_pairs(pairs, pad, model.device())?;
-    let (values, ck) = if checkpointing {
-        let (v, ck) = model.values_checkpointed(&b.input_ids, &b.attention_mask)?;
-        (v, Some(ck))
-    } else {
-        (model.values(&b.input_ids, &b.attention_mask)?, None)
-    }; // [2B, T]
+    let (values, ck) = model.values_pass(&b.input_ids, &b.attention_mask, checkpointing)?; // [2B, T]
     let n = pairs.len() as i64;
     let (chosen, rejected) = (values.f_narrow(0, 0, n)?, values.f_narrow(0, n, n)?); // [B, T] each
     let out = pairwise_loss(loss, &chosen, &rejected, &b.segment, &b.chosen_last, &b.rejected_last)?;

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_generation::{token_logprobs, token_logprobs_checkpointed, LogProbOptions};
+use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions};
 use rlhf_models::{parse_dtype, CausalLm};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind};
@@ -81,13 +81,8 @@ impl PhaseTask for SftTask {
         self.model.set_training(true);
         let batch: Vec<&SftExample> = items.iter().map(|&i| &self.train[i]).collect();
         let b = collate(&batch, self.pad, self.model.device())?;
-        let (ids, mask, opts) = (&b.input_ids, &b.attention_mask, LogProbOptions::default());
-        let (lp, ck) = if self.checkpointing {
-            let (lp, ck) = token_logprobs_checkpointed(&self.model, ids, mask, 1, opts)?;
-            (lp, Some(ck))
-        } else {
-            (token_logprobs(&self.model, ids, mask, 1, opts)?, None)
-        };
+        let opts = LogProbOptions::default();
+        let (lp, ck) = token_logprobs_pass(&self.model, &b.input_ids, &b.attention_mask, 1, opts, self.checkpointing)?;
         let nll = masked_nll_sum(&lp.logprobs, &b.target_mask)?; // scalar
         let value = nll.double_value(&[]);
         if !value.is_finite() {
