@@ -1,18 +1,24 @@
 //! Golden runs: the metrics (without timings) and the final weights of fixed-seed CPU runs of every
 //! embedded RL preset, a PPO run through every optional path of the step (critic, several epochs
 //! and minibatches, EMA, ptx), an SFT run and an RM run must equal the files recorded in
-//! `integration-tests/golden/` bit for bit. They were recorded before the RL host was split into
-//! stages, so any refactor of the host that changes a number fails here. The RL runs also run
-//! with `train.share_prompts = false` against the files recorded before prompt sharing existed
-//! (`<name>-unshared.json`); the default runs were re-recorded when it became the default (its
-//! passes equal the unshared ones within float rounding, not bit for bit).
+//! `integration-tests/golden/` bit for bit, so any refactor of the host that changes a number
+//! fails here. The RL runs also run with `train.share_prompts = false` (`<name>-unshared.json`):
+//! the path every pass took before prompt sharing existed, whose numbers the shared passes equal
+//! only within float rounding.
 //!
 //! Re-record (only for an intended change of behaviour, said in the commit):
-//! `RLHF_GOLDEN_RECORD=1 cargo xtask test --test golden`. The `-unshared` files are the
-//! historical reference and are never re-recorded.
+//! `RLHF_GOLDEN_RECORD=1 cargo xtask test --test golden`. That leaves the `-unshared` files, the
+//! older reference, as they are; `RLHF_GOLDEN_RECORD=all` records them too, for a change of the
+//! arithmetic itself. All were last recorded on 2026-11-24 under [`PINNED_ISA`], after the
+//! `-unshared` runs were checked bit for bit against the commit before prompt sharing, built and
+//! run on the same machine under the same pin.
 //!
 //! Each run uses one intra-op thread (`OMP_NUM_THREADS=1`): the reduction order of libtorch's CPU
-//! kernels depends on the thread count, and one thread makes it the same on every machine.
+//! kernels depends on the thread count. It also depends on the vector width the kernels are built
+//! for, which libtorch, MKL and oneDNN each pick from the CPU at run time: the same binary summed
+//! differently on an AVX-512 machine (Zen 4) and an AVX2 one (Zen 3), and a CI run on the other
+//! kind failed every RL golden by one rounding. So every run is pinned to the AVX2 code paths
+//! ([`PINNED_ISA`]), which every x86-64 CPU this project runs on has.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,23 +26,12 @@ use std::process::Command;
 use rlhf_integration_tests::{is_measurement, rlhf_bin};
 use serde_json::{json, Value};
 
-/// Metrics renamed on purpose since the `-unshared` golden files were recorded (as the RL
-/// goldens, before prompt sharing): plugin metrics that collided with a host metric of the same
-/// name are now namespaced by the plugin's name (their values are unchanged; the host's own metric
-/// of that name now stands beside them).
-fn renamed(run: &str, key: &str) -> Option<String> {
-    let plugin = match run {
-        "grpo-unshared" => "grpo",
-        "ppo-unshared" | "ppo-all-paths-unshared" => "ppo",
-        "ppo-seq-unshared" => "ppo-seq",
-        _ => return None,
-    };
-    let collided: &[&str] = match plugin {
-        "grpo" => &["kl", "reward_std"],
-        _ => &["kl"],
-    };
-    collided.contains(&key).then(|| format!("{plugin}/{key}"))
-}
+/// The environment that makes a CPU run sum in the same order on every x86-64 machine with AVX2:
+/// libtorch's own kernels (`ATEN_CPU_CAPABILITY`, read by its CPU dispatch), MKL's BLAS in its
+/// conditional-numerical-reproducibility mode (`MKL_CBWR`; `STRICT` also makes the result
+/// independent of the operands' alignment), and oneDNN (`ONEDNN_MAX_CPU_ISA`).
+const PINNED_ISA: [(&str, &str); 3] =
+    [("ATEN_CPU_CAPABILITY", "avx2"), ("MKL_CBWR", "AVX2,STRICT"), ("ONEDNN_MAX_CPU_ISA", "AVX2")];
 
 /// FNV-1a of a file's bytes (the same hash the checkpoints use).
 fn fnv(path: &Path) -> String {
@@ -58,6 +53,7 @@ fn run(args: &[&str], model_sub: &str) -> Value {
         .args(args)
         .args(["--run-dir", run_dir.to_str().unwrap()])
         .env("OMP_NUM_THREADS", "1")
+        .envs(PINNED_ISA)
         .env("RUST_LOG", "warn")
         .output()
         .expect("spawn rlhf");
@@ -82,11 +78,12 @@ fn golden_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("golden").join(format!("{name}.json"))
 }
 
-/// Compares a run with its golden file (or records it with `RLHF_GOLDEN_RECORD=1`): every metric
+/// Compares a run with its golden file (or records it, see the module docs): every metric
 /// of every row bit for bit, no metric missing or new, and the same final weights.
 fn compare_or_record(name: &str, got: Value) {
     let path = golden_path(name);
-    if std::env::var("RLHF_GOLDEN_RECORD").is_ok_and(|v| v == "1") && !name.ends_with("-unshared") {
+    let record = std::env::var("RLHF_GOLDEN_RECORD").unwrap_or_default();
+    if record == "all" || (record == "1" && !name.ends_with("-unshared")) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
         eprintln!("recorded {}", path.display());
@@ -102,14 +99,12 @@ fn compare_or_record(name: &str, got: Value) {
         let step = &w["step"];
         let (g, w) = (g.as_object().unwrap(), w.as_object().unwrap());
         for (k, wv) in w {
-            let key = renamed(name, k).unwrap_or_else(|| k.clone());
-            let gv = g.get(&key).unwrap_or_else(|| panic!("{name}: step {step}: `{key}` is missing"));
+            let gv = g.get(k).unwrap_or_else(|| panic!("{name}: step {step}: `{k}` is missing"));
             // Bit for bit: serde_json writes the shortest string that reads back to the same f64.
-            assert_eq!(gv, wv, "{name}: step {step}: `{key}` changed");
+            assert_eq!(gv, wv, "{name}: step {step}: `{k}` changed");
         }
         for k in g.keys() {
-            let known = w.contains_key(k) || w.keys().any(|wk| renamed(name, wk).as_deref() == Some(k));
-            assert!(known || is_new_metric(k), "{name}: step {step}: new metric `{k}`");
+            assert!(w.contains_key(k) || is_new_metric(k), "{name}: step {step}: new metric `{k}`");
         }
         // The host's own `kl`, no longer replaced by the plugin's, is its rollout estimate.
         if let (Some(kl), Some(rollout_kl)) = (g.get("kl"), w.get("rollout/kl")) {
@@ -129,8 +124,8 @@ fn is_new_metric(_key: &str) -> bool {
 }
 
 /// The RL goldens run twice: as configured (each prompt's rows share one pass over it,
-/// `train.share_prompts`), and with that off, which must still give the files recorded before
-/// prompt sharing existed (`<name>-unshared`, the same numbers under the other arguments).
+/// `train.share_prompts`), and with that off (`<name>-unshared`), the path of every pass before
+/// prompt sharing existed.
 fn check_rl(name: &str, args: &[&str]) {
     check(name, args, "actor");
     let mut unshared = args.to_vec();
