@@ -13,8 +13,8 @@ pub use batch::{left_pad, right_pad, PaddedBatch};
 pub use error::{GenerationError, Result};
 pub use generate::{generate, GenerateConfig, Generated};
 pub use logprobs::{
-    masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass, LogProbOptions,
-    TokenLogProbs,
+    masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass,
+    CheckpointedLogProbs, LogProbOptions, TokenLogProbs,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{RowWindow, Sampling};

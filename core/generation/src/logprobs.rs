@@ -1,8 +1,13 @@
 //! Log-probabilities and entropy of given tokens.
 //!
 //! The LM head and the fp32 log-softmax are applied to a bounded number of rows at a time, so the
-//! `[tokens, vocab]` fp32 tensor never exists for the whole batch. Gradients flow when called
-//! outside `no_grad`.
+//! `[tokens, vocab]` fp32 tensor never exists for the whole batch in the forward. Gradients flow
+//! when called outside `no_grad`; autograd then keeps every chunk's logits for the backward.
+//! The checkpointed pass ([`token_logprobs_checkpointed`]) keeps none: its log-probs are
+//! computed without a graph, and its backward recomputes the head one chunk at a time (the
+//! chunked linear + log-softmax + gather of Liger-Kernel's fused linear cross-entropy, here with
+//! libtorch's own operators), so at most one chunk's `[rows, vocab]` logits and their gradient
+//! exist at once, in the forward and in the backward.
 
 use tch::{Kind, Tensor};
 
@@ -60,9 +65,11 @@ pub fn token_logprobs(
     from_hidden(model, &hidden, input_ids, from, opts)
 }
 
-/// [`token_logprobs`] from a checkpointed pass of the model (activation checkpointing, see
-/// [`rlhf_models::checkpointing`]): the log-probs carry gradients back to the pass's output;
-/// backpropagate the loss, then hand the pass to [`CausalLm::backward_checkpointed`].
+/// [`token_logprobs`] as a checkpointed pass (activation checkpointing, see
+/// [`rlhf_models::checkpointing`]): neither the layers nor the LM head keep an autograd graph.
+/// The returned log-probs (and entropy) are leaves that require a gradient: build the loss from
+/// them, backpropagate it, then call [`CheckpointedLogProbs::backward`], which recomputes the
+/// head chunk by chunk and then the layers one by one.
 ///
 /// # Shapes
 /// As [`token_logprobs`].
@@ -72,17 +79,94 @@ pub fn token_logprobs_checkpointed(
     attention_mask: &Tensor,
     from: i64,
     opts: LogProbOptions,
-) -> Result<(TokenLogProbs, Checkpointed)> {
+) -> Result<(TokenLogProbs, CheckpointedLogProbs)> {
     check_from(input_ids, from)?;
-    if let Some(prefix) = shared_prefix(input_ids, attention_mask, from, opts)? {
-        let ck = model.hidden_states_checkpointed_after_prefix(input_ids, attention_mask, &prefix)?;
-        let lp = from_hidden(model, ck.hidden(), &after_prefix(input_ids, from)?, 1, opts)?;
-        return Ok((lp, ck));
+    // The hidden states of a shared-prefix pass start at position `from − 1`: the head reads
+    // them with the ids from there on, predicting from index 1.
+    let (layers, ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
+        Some(prefix) => (
+            model.hidden_states_checkpointed_after_prefix(input_ids, attention_mask, &prefix)?,
+            after_prefix(input_ids, from)?,
+            1,
+        ),
+        None => {
+            let positions = position_ids_from_mask(attention_mask)?;
+            (model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?, input_ids.shallow_clone(), from)
+        }
+    };
+    let lp = tch::no_grad(|| from_hidden(model, layers.hidden(), &ids, from, opts))?;
+    let out = TokenLogProbs {
+        logprobs: lp.logprobs.f_detach()?.f_set_requires_grad(true)?,
+        entropy: lp.entropy.map(|e| e.f_detach()?.f_set_requires_grad(true)).transpose()?,
+    };
+    let leaves = TokenLogProbs {
+        logprobs: out.logprobs.shallow_clone(),
+        entropy: out.entropy.as_ref().map(Tensor::shallow_clone),
+    };
+    Ok((out, CheckpointedLogProbs { layers, ids, from, opts, leaves }))
+}
+
+/// A checkpointed log-prob pass waiting for its backward: the inputs of every layer
+/// ([`Checkpointed`]), and what the LM head needs to be recomputed.
+#[derive(Debug)]
+pub struct CheckpointedLogProbs {
+    layers: Checkpointed,
+    /// The ids aligned with `layers.hidden()`, and the first position whose token is predicted.
+    ids: Tensor,
+    from: i64,
+    opts: LogProbOptions,
+    /// The log-probs (and entropy) handed to the caller; the loss leaves its gradient on them.
+    leaves: TokenLogProbs,
+}
+
+impl CheckpointedLogProbs {
+    /// Accumulates the parameter gradients of the pass once the loss built on its log-probs has
+    /// been backpropagated: the head first, chunk by chunk — each chunk's logits recomputed with
+    /// a graph and `Σ logprobs ⊙ g (+ Σ entropy ⊙ g_entropy)` backpropagated through them, `g` the
+    /// gradient the loss left on the log-probs — which leaves `∂L/∂hidden` on the layers' output;
+    /// then the layers ([`CausalLm::backward_checkpointed`]). Nothing happens when the loss did not
+    /// use the log-probs. Call it once per backpropagated loss.
+    pub fn backward(&self, model: &CausalLm) -> Result<()> {
+        let grad = |t: &Tensor| Some(t.grad()).filter(Tensor::defined);
+        let g_lp = grad(&self.leaves.logprobs);
+        let g_ent = self.leaves.entropy.as_ref().and_then(grad);
+        if g_lp.is_none() && g_ent.is_none() {
+            return Ok(());
+        }
+        // The head's input as a leaf of its own: the chunks fill disjoint rows of its gradient,
+        // which then goes through the row selection to the layers' output in one backward.
+        let hidden = self.layers.hidden();
+        let (rows, targets) = tch::no_grad(|| head_rows(hidden, &self.ids, self.from))?;
+        let rows = rows.f_detach()?.f_set_requires_grad(true)?;
+        let total = rows.size()[0];
+        let flat = |g: Tensor| g.f_reshape([total]);
+        let (g_lp, g_ent) = (g_lp.map(flat).transpose()?, g_ent.map(flat).transpose()?);
+        // The last chunk first: the order in which one backward through every chunk's graph
+        // would sum their gradients into the head's weight.
+        for (start, len) in chunks(total, rows_per_chunk(model, self.opts)).into_iter().rev() {
+            let h = rows.f_narrow(0, start, len)?;
+            let (lp, ent) = chunk_logprobs(model, &h, &targets.f_narrow(0, start, len)?, g_ent.is_some())?;
+            let mut terms = Vec::with_capacity(2);
+            if let Some(g) = &g_lp {
+                terms.push(lp.f_mul(&g.f_narrow(0, start, len)?)?.f_sum(Kind::Float)?);
+            }
+            if let (Some(g), Some(ent)) = (&g_ent, &ent) {
+                terms.push(ent.f_mul(&g.f_narrow(0, start, len)?)?.f_sum(Kind::Float)?);
+            }
+            let term = match terms.as_slice() {
+                [one] => one.shallow_clone(),
+                [a, b] => a.f_add(b)?,
+                _ => continue,
+            };
+            term.f_backward()?;
+        }
+        let g_rows = rows.grad();
+        if g_rows.defined() {
+            let (selected, _) = head_rows(hidden, &self.ids, self.from)?;
+            selected.f_mul(&g_rows)?.f_sum(Kind::Float)?.f_backward()?;
+        }
+        Ok(model.backward_checkpointed(&self.layers)?)
     }
-    let positions = position_ids_from_mask(attention_mask)?;
-    let ck = model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?;
-    let lp = from_hidden(model, ck.hidden(), input_ids, from, opts)?;
-    Ok((lp, ck))
 }
 
 /// [`token_logprobs_checkpointed`] when `checkpointed`, else [`token_logprobs`] (with no pass to
@@ -97,10 +181,10 @@ pub fn token_logprobs_pass(
     from: i64,
     opts: LogProbOptions,
     checkpointed: bool,
-) -> Result<(TokenLogProbs, Option<Checkpointed>)> {
+) -> Result<(TokenLogProbs, Option<CheckpointedLogProbs>)> {
     if checkpointed {
-        let (lp, ck) = token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts)?;
-        return Ok((lp, Some(ck)));
+        let (lp, pass) = token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts)?;
+        return Ok((lp, Some(pass)));
     }
     Ok((token_logprobs(model, input_ids, attention_mask, from, opts)?, None))
 }
@@ -151,29 +235,61 @@ fn from_hidden(
 ) -> Result<TokenLogProbs> {
     let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
     let n = seq - from;
-    let h = hidden.f_narrow(1, from - 1, n)?.f_reshape([batch * n, -1])?; // [b*n, h]
-    let targets = input_ids.f_narrow(1, from, n)?.f_reshape([batch * n, 1])?; // [b*n, 1]
-    let vocab = model.arch().vocab_size;
-    let rows = (opts.max_chunk_elements / vocab).max(1);
+    let (h, targets) = head_rows(hidden, input_ids, from)?;
     let mut lps = Vec::new();
     let mut ents = Vec::new();
-    let mut start = 0;
-    while start < batch * n {
-        let len = rows.min(batch * n - start);
-        let logits = model.logits_from_hidden(&h.f_narrow(0, start, len)?)?.f_to_kind(Kind::Float)?; // [c, v]
-        let lse = logits.f_logsumexp([-1], true)?; // [c, 1]
-        let picked = logits.f_gather(1, &targets.f_narrow(0, start, len)?, false)?; // [c, 1]
-        lps.push(picked.f_sub(&lse)?.f_squeeze_dim(1)?);
-        if opts.entropy {
-            let p = logits.f_sub(&lse)?.f_exp()?;
-            let ent = lse.f_squeeze_dim(1)?.f_sub(&p.f_mul(&logits)?.f_sum_dim_intlist(-1, false, Kind::Float)?)?;
-            ents.push(ent);
-        }
-        start += len;
+    for (start, len) in chunks(batch * n, rows_per_chunk(model, opts)) {
+        let (lp, ent) =
+            chunk_logprobs(model, &h.f_narrow(0, start, len)?, &targets.f_narrow(0, start, len)?, opts.entropy)?;
+        lps.push(lp);
+        ents.extend(ent);
     }
     let logprobs = Tensor::f_cat(&lps, 0)?.f_view([batch, n])?;
     let entropy = if opts.entropy { Some(Tensor::f_cat(&ents, 0)?.f_view([batch, n])?) } else { None };
     Ok(TokenLogProbs { logprobs, entropy })
+}
+
+/// The head's input rows, positions `from − 1 .. seq − 1` of `hidden`, and the tokens they
+/// predict.
+///
+/// # Shapes
+/// - `hidden`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]`
+/// - returns (`[batch · (seq − from), hidden]`, `[batch · (seq − from), 1]`)
+fn head_rows(hidden: &Tensor, input_ids: &Tensor, from: i64) -> Result<(Tensor, Tensor)> {
+    let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
+    let n = seq - from;
+    let h = hidden.f_narrow(1, from - 1, n)?.f_reshape([batch * n, -1])?;
+    let targets = input_ids.f_narrow(1, from, n)?.f_reshape([batch * n, 1])?;
+    Ok((h, targets))
+}
+
+/// Rows of logits per chunk: `max_chunk_elements / vocab`, at least one.
+fn rows_per_chunk(model: &CausalLm, opts: LogProbOptions) -> i64 {
+    (opts.max_chunk_elements / model.arch().vocab_size).max(1)
+}
+
+/// `(start, len)` of consecutive chunks of at most `rows` covering `0..total`.
+fn chunks(total: i64, rows: i64) -> Vec<(i64, i64)> {
+    (0..total).step_by(rows as usize).map(|start| (start, rows.min(total - start))).collect()
+}
+
+/// `log p(target)` and, with `entropy`, `H(p)` of one chunk's predictive distributions
+/// `p = softmax(h Wᵀ)` (fp32): `log p(t) = logits[t] − logsumexp(logits)`,
+/// `H = logsumexp(logits) − Σ p · logits`.
+///
+/// # Shapes
+/// - `h`: `[rows, hidden]`; `targets`: `[rows, 1]` → (`[rows]`, `[rows]`)
+fn chunk_logprobs(model: &CausalLm, h: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
+    let logits = model.logits_from_hidden(h)?.f_to_kind(Kind::Float)?; // [c, v]
+    let lse = logits.f_logsumexp([-1], true)?; // [c, 1]
+    let picked = logits.f_gather(1, targets, false)?; // [c, 1]
+    let lp = picked.f_sub(&lse)?.f_squeeze_dim(1)?;
+    if !entropy {
+        return Ok((lp, None));
+    }
+    let p = logits.f_sub(&lse)?.f_exp()?;
+    let ent = lse.f_squeeze_dim(1)?.f_sub(&p.f_mul(&logits)?.f_sum_dim_intlist(-1, false, Kind::Float)?)?;
+    Ok((lp, Some(ent)))
 }
 
 /// The negative log-likelihood of the target tokens, `−Σ logprobs · mask`, summed in `kind`

@@ -1,6 +1,7 @@
 //! Activation checkpointing changes memory, not gradients: on every fixture family (Llama with and
 //! without tied embeddings, Qwen2, GPT-2), a loss on checkpointed log-probs (and on checkpointed
-//! critic values) gives the parameter gradients that the plain pass gives, within f32 rounding.
+//! critic values) gives the parameter gradients that the plain pass gives, within f32 rounding,
+//! with the LM head recomputed chunk by chunk in the backward.
 
 use std::path::PathBuf;
 
@@ -83,7 +84,7 @@ fn check_logprobs(ids: &Tensor, mask: &Tensor, from: i64, opts: LogProbOptions) 
             let d = (&lp.logprobs - &plain_lp.logprobs).abs().max().double_value(&[]);
             assert!(d < 1e-6, "{what}: the checkpointed pass computes the same log-probs ({d})");
             loss(&lp).backward();
-            m.backward_checkpointed(&ck).unwrap();
+            ck.backward(&m).unwrap();
             assert_same_grads(&what, &plain, &take_grads(&m.vs));
         }
     }
@@ -132,6 +133,34 @@ fn a_pass_the_loss_does_not_use_changes_nothing() {
     let m = CausalLm::from_dir(&fixture("llama"), Device::Cpu, Kind::Float).unwrap();
     let (ids, mask) = batch();
     let (_lp, ck) = token_logprobs_checkpointed(&m, &ids, &mask, 2, LogProbOptions::default()).unwrap();
-    m.backward_checkpointed(&ck).unwrap();
+    ck.backward(&m).unwrap();
     assert!(take_grads(&m.vs).is_empty());
+}
+
+/// The checkpointed pass keeps no graph of its LM head either: its log-probs and entropy are
+/// leaves, so no chunk's `[rows, vocab]` logits outlive the forward. Its backward recomputes the
+/// head chunk by chunk (here one row of logits per chunk) and gives the plain pass's gradients for
+/// a loss on the log-probs alone and on the entropy alone.
+#[test]
+fn the_checkpointed_head_is_recomputed_chunk_by_chunk() {
+    let (ids, mask) = batch();
+    let m = CausalLm::from_dir(&fixture("llama-tied"), Device::Cpu, Kind::Float).unwrap();
+    let vocab = m.arch().vocab_size;
+    let opts = LogProbOptions { max_chunk_elements: vocab, entropy: true, share_prefix: false };
+    let losses: [(&str, fn(&rlhf_generation::TokenLogProbs) -> Tensor); 2] = [
+        ("log-probs", |lp| lp.logprobs.square().sum(Kind::Float)),
+        ("entropy", |lp| lp.entropy.as_ref().unwrap().sum(Kind::Float)),
+    ];
+    for (what, loss) in losses {
+        let plain_lp = token_logprobs(&m, &ids, &mask, 2, opts).unwrap();
+        loss(&plain_lp).backward();
+        let plain = take_grads(&m.vs);
+        let (lp, ck) = token_logprobs_checkpointed(&m, &ids, &mask, 2, opts).unwrap();
+        for t in [&lp.logprobs, lp.entropy.as_ref().unwrap()] {
+            assert!(t.is_leaf() && t.requires_grad(), "{what}: the pass's outputs are graph-free leaves");
+        }
+        loss(&lp).backward();
+        ck.backward(&m).unwrap();
+        assert_same_grads(what, &plain, &take_grads(&m.vs));
+    }
 }

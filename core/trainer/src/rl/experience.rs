@@ -3,8 +3,8 @@
 //! state before each response token — everything the algorithm's `prepare` and the minibatch
 //! losses compare against.
 
-use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, TokenLogProbs};
-use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
+use rlhf_generation::{token_logprobs, token_logprobs_pass, CheckpointedLogProbs, LogProbOptions, TokenLogProbs};
+use rlhf_models::{CausalLm, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};
 
@@ -37,8 +37,8 @@ pub struct Batch {
     /// `reuse`); `old_logprobs` are then these, detached.
     pub policy: Option<TokenLogProbs>,
     /// With gradient checkpointing, the checkpointed pass behind `policy`: after the loss has
-    /// been backpropagated, [`rlhf_models::CausalLm::backward_checkpointed`] takes it.
-    pub policy_checkpoint: Option<Checkpointed>,
+    /// been backpropagated, [`CheckpointedLogProbs::backward`] takes it.
+    pub policy_checkpoint: Option<CheckpointedLogProbs>,
 }
 
 impl Batch {

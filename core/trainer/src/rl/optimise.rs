@@ -6,7 +6,7 @@
 //! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
 //! the whole optimizer step and is logged.
 
-use rlhf_generation::{token_logprobs_pass, LogProbOptions, TokenLogProbs};
+use rlhf_generation::{token_logprobs_pass, CheckpointedLogProbs, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
@@ -41,7 +41,7 @@ pub struct Learner<'a> {
 /// once its loss has been.
 #[derive(Default)]
 struct Passes {
-    actor: Option<Checkpointed>,
+    actor: Option<CheckpointedLogProbs>,
     /// The actor's pass is the experience pass kept in [`Batch::policy_checkpoint`].
     reused_actor: bool,
     critic: Option<Checkpointed>,
@@ -199,7 +199,7 @@ pub fn optimise(
                 loss.f_backward()?;
                 let reused = batch.policy_checkpoint.as_ref().filter(|_| passes.reused_actor);
                 for ck in passes.actor.iter().chain(reused) {
-                    actor.backward_checkpointed(ck)?;
+                    ck.backward(actor)?;
                 }
                 if let (Some(ck), Some((c, _))) = (&passes.critic, &critic) {
                     c.backward_checkpointed(ck)?;

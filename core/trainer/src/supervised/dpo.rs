@@ -18,8 +18,8 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_generation::{token_logprobs_pass, LogProbOptions};
-use rlhf_models::{parse_dtype, CausalLm, Checkpointed};
+use rlhf_generation::{token_logprobs_pass, CheckpointedLogProbs, LogProbOptions};
+use rlhf_models::{parse_dtype, CausalLm};
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
@@ -192,12 +192,12 @@ fn response_logps(model: &CausalLm, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
 }
 
 /// [`response_logps`], from a checkpointed pass when `checkpointed` (`train.gradient_checkpointing`),
-/// returned for [`CausalLm::backward_checkpointed`] once the loss is backpropagated.
+/// returned for [`CheckpointedLogProbs::backward`] once the loss is backpropagated.
 fn response_logps_pass(
     model: &CausalLm,
     b: &DpoBatch,
     checkpointed: bool,
-) -> Result<((Tensor, Tensor), Option<Checkpointed>)> {
+) -> Result<((Tensor, Tensor), Option<CheckpointedLogProbs>)> {
     let opts = LogProbOptions::default();
     let (lp, ck) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, 1, opts, checkpointed)?;
     let sums = lp.logprobs.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
@@ -258,7 +258,7 @@ impl DpoTask {
         &self,
         split: Split,
         items: &[usize],
-    ) -> Result<(DpoLossOut, (Tensor, Tensor), usize, Option<Checkpointed>)> {
+    ) -> Result<(DpoLossOut, (Tensor, Tensor), usize, Option<CheckpointedLogProbs>)> {
         let pairs = match split {
             Split::Train => &self.train,
             Split::Eval => &self.eval,
@@ -320,7 +320,7 @@ impl PhaseTask for DpoTask {
         }
         sum.f_div_scalar(total_weight)?.f_backward()?;
         if let Some(ck) = &ck {
-            self.policy.backward_checkpointed(ck)?;
+            ck.backward(&self.policy)?;
         }
         record(&out, "", m)?;
         Ok(Some(MicroOut { loss_sum: value, tokens }))

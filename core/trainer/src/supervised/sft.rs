@@ -90,7 +90,7 @@ impl PhaseTask for SftTask {
         }
         nll.f_div_scalar(total_weight)?.f_backward()?;
         if let Some(ck) = &ck {
-            self.model.backward_checkpointed(ck)?;
+            ck.backward(&self.model)?;
         }
         Ok(Some(MicroOut { loss_sum: value, tokens: b.tokens }))
     }
