@@ -81,16 +81,15 @@ pub(super) fn cuda_name(index: usize) -> Option<String> {
     })
 }
 
-/// CUDA device name, or the CPU model with the libtorch thread count.
+/// CUDA device name, or the CPU model and its vector extension with the libtorch thread count.
 pub(super) fn device_name(device: Device) -> String {
     match device {
         Device::Cuda(i) => cuda_name(i).unwrap_or_else(|| format!("CUDA device {i}")),
         _ => {
-            let cpu = std::fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|s| report::cpu_model_name(&s))
-                .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-            format!("{cpu} ({} threads)", tch::get_num_threads())
+            let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+            let cpu = report::cpu_model_name(&info).unwrap_or_else(|| std::env::consts::ARCH.to_string());
+            let isa = report::cpu_vector_isa(&info).map(|isa| format!(", {isa}")).unwrap_or_default();
+            format!("{cpu}{isa} ({} threads)", tch::get_num_threads())
         }
     }
 }
