@@ -7,6 +7,11 @@ use rlhf_generation::{generate, left_pad, token_logprobs, GenerateConfig, LogPro
 use rlhf_models::CausalLm;
 use tch::{Device, Kind, Tensor};
 
+/// libtorch's default generator is process-wide and the tests of this file run on parallel
+/// threads: a test that seeds it and samples holds this lock, or another test's draws land between
+/// its seed and its samples (seen once as the same tokens shifted by two rows).
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn model() -> CausalLm {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../integration-tests/fixtures/models/llama");
     CausalLm::from_dir(&dir, Device::Cpu, Kind::Float).unwrap()
@@ -87,6 +92,7 @@ fn eos_stops_each_row_and_masks_the_rest() {
 /// input error.
 #[test]
 fn prefill_once_per_group_generates_what_every_row_does() {
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
     let m = model();
     let rows: Vec<Vec<i64>> = [vec![5, 9, 33, 120, 7, 64, 2], vec![300, 11, 12]]
         .iter()
@@ -118,6 +124,7 @@ fn prefill_once_per_group_generates_what_every_row_does() {
 /// (what `token_logprobs` computes over the finished sequences), 0 after a row's EOS.
 #[test]
 fn generated_logprobs_are_the_models_logprobs_of_the_sampled_tokens() {
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
     let m = model();
     let (ids, mask) = batch();
     let mut cfg = GenerateConfig::greedy(6, vec![7], 0);
