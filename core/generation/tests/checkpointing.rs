@@ -147,7 +147,8 @@ fn the_checkpointed_head_is_recomputed_chunk_by_chunk() {
     let m = CausalLm::from_dir(&fixture("llama-tied"), Device::Cpu, Kind::Float).unwrap();
     let vocab = m.arch().vocab_size;
     let opts = LogProbOptions { max_chunk_elements: vocab, entropy: true, share_prefix: false };
-    let losses: [(&str, fn(&rlhf_generation::TokenLogProbs) -> Tensor); 2] = [
+    type Loss = fn(&rlhf_generation::TokenLogProbs) -> Tensor;
+    let losses: [(&str, Loss); 2] = [
         ("log-probs", |lp| lp.logprobs.square().sum(Kind::Float)),
         ("entropy", |lp| lp.entropy.as_ref().unwrap().sum(Kind::Float)),
     ];
