@@ -135,9 +135,8 @@ impl CheckpointedLogProbs {
         }
         // The head's input as a leaf of its own: the chunks fill disjoint rows of its gradient,
         // which then goes through the row selection to the layers' output in one backward.
-        let hidden = self.layers.hidden();
-        let (rows, targets) = tch::no_grad(|| head_rows(hidden, &self.ids, self.from))?;
-        let rows = rows.f_detach()?.f_set_requires_grad(true)?;
+        let (selected, targets) = head_rows(self.layers.hidden(), &self.ids, self.from)?;
+        let rows = selected.f_detach()?.f_set_requires_grad(true)?;
         let total = rows.size()[0];
         let flat = |g: Tensor| g.f_reshape([total]);
         let (g_lp, g_ent) = (g_lp.map(flat).transpose()?, g_ent.map(flat).transpose()?);
@@ -162,7 +161,6 @@ impl CheckpointedLogProbs {
         }
         let g_rows = rows.grad();
         if g_rows.defined() {
-            let (selected, _) = head_rows(hidden, &self.ids, self.from)?;
             selected.f_mul(&g_rows)?.f_sum(Kind::Float)?.f_backward()?;
         }
         Ok(model.backward_checkpointed(&self.layers)?)
