@@ -260,3 +260,41 @@ fn duplicate_reward_names_and_warnings() {
     assert!(stderr.contains("train.minibatch_size = 64 is more than a generation batch"), "{stderr}");
     assert!(stderr.contains("rollout.prompts_per_batch = 2 is more than the 1 prompts"), "{stderr}");
 }
+
+/// `run.save_rollouts` writes every scored sample of every step — its group, the prompt, the
+/// completion decoded from exactly the sampled ids, and its reward, which average to the step's
+/// `reward` — and changes no number of the run (metrics and final weights bit for bit).
+#[test]
+fn saved_rollouts_hold_every_sample_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (with, without) = (dir.path().join("with"), dir.path().join("without"));
+    let env = [("OMP_NUM_THREADS", "1")];
+    for (run, save) in [(&with, "true"), (&without, "false")] {
+        let set = format!("run.save_rollouts={save}");
+        let o = rlhf(&[FAST, &["--set", "train.steps=3", "--set", &set, "--run-dir", s(run)]].concat(), &env);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert!(!without.join("rollouts").exists());
+    let metrics = rlhf_integration_tests::behaviour_metrics(&with);
+    assert_eq!(metrics, rlhf_integration_tests::behaviour_metrics(&without));
+    let weights = |run: &Path| std::fs::read(run.join("actor").join("model.safetensors")).unwrap();
+    assert!(weights(&with) == weights(&without), "the final weights differ");
+    for row in &metrics {
+        let step = row["step"].as_u64().unwrap();
+        let path = with.join("rollouts").join(format!("step-{step}.jsonl"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let samples: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(samples.len() as f64, row["completions/count"].as_f64().unwrap(), "step {step}");
+        let mean = samples.iter().map(|v| v["reward"].as_f64().unwrap()).sum::<f64>() / samples.len() as f64;
+        assert!((mean - row["reward"].as_f64().unwrap()).abs() < 1e-12, "step {step}: mean reward {mean}");
+        let tokens: f64 = samples.iter().map(|v| v["completion_ids"].as_array().unwrap().len() as f64).sum();
+        let mean_len = row["completions/mean_length"].as_f64().unwrap();
+        assert!((tokens / samples.len() as f64 - mean_len).abs() < 1e-12, "step {step}: lengths");
+        for v in &samples {
+            assert_eq!(v["step"].as_u64(), Some(step));
+            assert!(v["group"].as_i64().is_some_and(|g| g >= 0), "{v}");
+            assert!(v["prompt"].as_str().is_some_and(|p| p.contains('+')), "{v}");
+            assert!(v["completion"].is_string(), "{v}");
+        }
+    }
+}

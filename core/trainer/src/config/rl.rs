@@ -29,11 +29,21 @@ pub struct RunConfig {
     pub dtype: String,
     /// Save the final actor in Hugging Face format under `<run_dir>/actor`.
     pub save_actor: bool,
+    /// Write every step's scored samples (prompt, completion, its token ids, reward) to
+    /// `<run_dir>/rollouts/step-<N>.jsonl`, as verl's `trainer.rollout_data_dir` does.
+    pub save_rollouts: bool,
 }
 
 impl Default for RunConfig {
     fn default() -> Self {
-        RunConfig { seed: 42, run_dir: None, device: "cpu".into(), dtype: "f32".into(), save_actor: true }
+        RunConfig {
+            seed: 42,
+            run_dir: None,
+            device: "cpu".into(),
+            dtype: "f32".into(),
+            save_actor: true,
+            save_rollouts: false,
+        }
     }
 }
 

@@ -22,6 +22,7 @@ pub mod phase;
 pub mod prompts;
 pub mod ptx;
 pub mod rollout;
+pub mod rollout_log;
 pub mod score;
 pub mod setup;
 pub mod shard;
@@ -272,6 +273,9 @@ impl Trainer {
         )?;
         let (exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
         experience::metrics(&exp, entropy.as_ref(), &mut m)?;
+        if cfg.run.save_rollouts && self.world.is_main() {
+            rollout_log::write(&self.run_dir, self.step + 1, &self.tok, &exp, &scored.rewards)?;
+        }
 
         // 5. Advantages.
         let mut prepared = advantages::prepare(&mut self.algo, &exp, self.actor_opt.steps as u64, &mut m)?;
