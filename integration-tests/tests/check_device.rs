@@ -39,6 +39,31 @@ fn cpu_f32_agrees_exactly_and_bf16_within_its_tolerance() {
     assert!(last.contains("over the tolerance 1.0e-6") && last.contains("cpu bf16 vs cpu f32"), "{last}");
 }
 
+/// The first line names the CPU and the capability libtorch's kernels dispatch to, and that
+/// capability follows `ATEN_CPU_CAPABILITY` (libtorch's own answer, not ours).
+#[test]
+fn names_the_cpu_and_the_kernels_libtorch_dispatches_to() {
+    let model = model_dir("llama");
+    let m = model.to_str().unwrap();
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let mut settings = vec![("default", "DEFAULT")];
+    if info.contains(" avx2") {
+        settings.push(("avx2", "AVX2"));
+    }
+    for (env, name) in settings {
+        let o = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+            .args(["check-device", "--model", m, "--dtype", "f32", "--json", "--batch", "1"])
+            .env("ATEN_CPU_CAPABILITY", env)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+        let first = out.lines().next().unwrap_or("");
+        assert!(first.starts_with("cpu: ") && first.ends_with(&format!("; ATen {name}")), "{first}");
+        assert_eq!(json_line(&out)["cpu"].as_str(), first.strip_prefix("cpu: "), "{out}");
+    }
+}
+
 #[test]
 fn bad_input_is_one_clear_line() {
     let model = model_dir("llama");

@@ -82,6 +82,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !dir.is_dir() {
         anyhow::bail!("{}: model directory not found", dir.display());
     }
+    // The CPU's kind decides the last bits of every float (see `crate::machine`).
+    let cpu = crate::machine::describe_cpu();
+    println!("cpu: {cpu}");
     let reference = CausalLm::from_dir(dir, Device::Cpu, Kind::Float)?;
     let target =
         CausalLm::from_dir(dir, device, kind).with_context(|| format!("{} on {}", dir.display(), args.model.device))?;
@@ -115,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"device": args.model.device, "dtype": args.model.dtype, "max_abs_diff": max_diff,
+            serde_json::json!({"device": args.model.device, "dtype": args.model.dtype, "cpu": cpu, "max_abs_diff": max_diff,
                 "max_abs_logit": scale, "relative": relative, "tolerance": tolerance, "positions": n_real,
                 "same_top": same_top, "greedy_equal": same_greedy, "greedy_total": greedy_total})
         );

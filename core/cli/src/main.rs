@@ -13,6 +13,7 @@ mod cmd_sft;
 mod cmd_train;
 mod common;
 mod launcher;
+mod machine;
 
 use std::process::ExitCode;
 

@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use std::path::PathBuf;
 
-use super::{report, sync};
+use super::sync;
 
 /// Measured limits.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -81,16 +81,12 @@ pub(super) fn cuda_name(index: usize) -> Option<String> {
     })
 }
 
-/// CUDA device name, or the CPU model and its vector extension with the libtorch thread count.
+/// CUDA device name, or the CPU ([`crate::machine::describe_cpu`]: model, vector extensions,
+/// libtorch's kernel capability) with the libtorch thread count.
 pub(super) fn device_name(device: Device) -> String {
     match device {
         Device::Cuda(i) => cuda_name(i).unwrap_or_else(|| format!("CUDA device {i}")),
-        _ => {
-            let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-            let cpu = report::cpu_model_name(&info).unwrap_or_else(|| std::env::consts::ARCH.to_string());
-            let isa = report::cpu_vector_isa(&info).map(|isa| format!(", {isa}")).unwrap_or_default();
-            format!("{cpu}{isa} ({} threads)", tch::get_num_threads())
-        }
+        _ => format!("{} ({} threads)", crate::machine::describe_cpu(), tch::get_num_threads()),
     }
 }
 

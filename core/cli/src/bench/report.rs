@@ -69,37 +69,6 @@ pub fn peak_tflops(name: &str, bf16: bool) -> Option<f64> {
     PEAKS.iter().find(|(k, _, _)| name.contains(k)).map(|&(_, b, f)| if bf16 { b } else { f })
 }
 
-/// The `model name` line of `/proc/cpuinfo`.
-pub fn cpu_model_name(cpuinfo: &str) -> Option<String> {
-    cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.split_whitespace().collect::<Vec<_>>().join(" "))
-        .filter(|s| !s.is_empty())
-}
-
-/// The widest x86 vector extension the CPU reports in `/proc/cpuinfo` (its `flags`), which is what
-/// libtorch's CPU kernels dispatch to (unless `ATEN_CPU_CAPABILITY` says otherwise) and oneDNN's
-/// bf16 GEMMs need: `AVX-512 BF16`, `AVX-512`, `AVX2`; `None` on other machines. Two CPUs of one
-/// model name can differ here (a VM's "AMD EPYC" is Zen 3 or Zen 4), and so do their figures.
-pub fn cpu_vector_isa(cpuinfo: &str) -> Option<&'static str> {
-    let flags: Vec<&str> = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.split_whitespace().collect())
-        .unwrap_or_default();
-    let has = |f: &str| flags.contains(&f);
-    if has("avx512f") {
-        Some(if has("avx512_bf16") { "AVX-512 BF16" } else { "AVX-512" })
-    } else if has("avx2") {
-        Some("AVX2")
-    } else {
-        None
-    }
-}
-
 /// `YYYY-MM-DD` (UTC) of a Unix time (Howard Hinnant's `civil_from_days`).
 pub fn utc_date(unix_secs: u64) -> String {
     let z = (unix_secs / 86_400) as i64 + 719_468;
@@ -336,14 +305,7 @@ mod tests {
     }
 
     #[test]
-    fn cpu_name_and_date() {
-        let info = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13 64-Core Processor\n";
-        assert_eq!(cpu_model_name(info).as_deref(), Some("AMD EPYC 7B13 64-Core Processor"));
-        assert_eq!(cpu_model_name("processor: 0\n"), None);
-        assert_eq!(cpu_vector_isa("flags\t\t: fpu sse2 avx avx2 fma\n"), Some("AVX2"));
-        assert_eq!(cpu_vector_isa("flags\t: avx2 avx512f avx512bw\n"), Some("AVX-512"));
-        assert_eq!(cpu_vector_isa("flags\t: avx2 avx512f avx512_bf16\n"), Some("AVX-512 BF16"));
-        assert_eq!(cpu_vector_isa("flags\t: fp asimd\n"), None);
+    fn utc_dates() {
         assert_eq!(utc_date(0), "1970-01-01");
         assert_eq!(utc_date(951_782_400), "2000-02-29");
         assert_eq!(utc_date(1_763_769_600), "2025-11-22");
