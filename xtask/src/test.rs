@@ -1,7 +1,9 @@
 //! `cargo xtask test [ARGS...]`: build everything (the workspace, every plugin and the frozen-ABI
 //! test plugin of `integration-tests/frozen-abi/`), then `cargo test --workspace ARGS...`.
 //! `cargo xtask test --vllm` instead runs the opt-in tests against a real vLLM engine
-//! (installed into its own cached venv, [`crate::vllm`]).
+//! (installed into its own cached venv, [`crate::vllm`]). `cargo xtask test --record-goldens`
+//! instead re-records the golden files of `integration-tests/golden/` and prints, per metric, what
+//! moved (`integration-tests/tests/golden.rs`).
 
 use std::{env, fs, path::Path};
 
@@ -15,7 +17,8 @@ use crate::{
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let vllm = args.iter().any(|a| a == "--vllm");
-    let args: Vec<String> = args.iter().filter(|a| *a != "--vllm").cloned().collect();
+    let record = args.iter().any(|a| a == "--record-goldens");
+    let args: Vec<String> = args.iter().filter(|a| *a != "--vllm" && *a != "--record-goldens").cloned().collect();
     let vllm_python = if vllm { Some(crate::vllm::ensure()?) } else { None };
     let torch = setup::setup()?;
     if torch.python.is_none() {
@@ -31,6 +34,14 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         let mut command = torch.cargo();
         command.args(["test", "-p", "rlhf-integration-tests", "--test", "vllm_engine"]).args(&args);
         command.args(["--", "--ignored", "--test-threads", "1", "--nocapture"]).env("RLHF_VLLM_PYTHON", python);
+        return cmd::run(&mut command);
+    }
+    if record {
+        // `all` (set by hand) also re-records the `-unshared` reference files.
+        let mode = env::var("RLHF_GOLDEN_RECORD").ok().filter(|v| v == "all").unwrap_or_else(|| "1".into());
+        let mut command = torch.cargo();
+        command.args(["test", "-p", "rlhf-integration-tests", "--test", "golden"]).args(&args);
+        command.args(["--", "--nocapture"]).env("RLHF_GOLDEN_RECORD", mode);
         return cmd::run(&mut command);
     }
     // --no-fail-fast: one run reports the failures of every crate.
