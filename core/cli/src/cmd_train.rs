@@ -205,7 +205,7 @@ fn flatten(v: &toml::Value, prefix: &str, out: &mut Vec<(String, String)>) {
     }
 }
 
-fn toml_string(s: &str) -> String {
+pub(crate) fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 

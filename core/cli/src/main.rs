@@ -5,6 +5,7 @@ mod bench;
 mod cmd_check;
 mod cmd_config;
 mod cmd_dpo;
+mod cmd_eval;
 mod cmd_generate;
 mod cmd_ppl;
 mod cmd_rm;
@@ -57,6 +58,8 @@ enum Command {
     Config(cmd_config::ConfigCommand),
     /// RL training with an algorithm plugin (`--algo grpo`, `ppo`, `ppo-seq`, ...).
     Train(cmd_train::TrainArgs),
+    /// Held-out evaluation of a saved policy: pass@k, maj@n, rewards per source and data source.
+    Eval(cmd_eval::EvalArgs),
     /// List the plugins found in the plugin directories.
     Plugins(cmd_train::PluginsArgs),
     /// Serve a reward model over HTTP (OpenRLHF `/get_reward`, LLaMA-Factory `/v1/score/evaluation`).
@@ -87,6 +90,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rm(args) => cmd_rm::rm(args),
         Command::Dpo(args) => cmd_dpo::dpo(args),
         Command::Train(args) => cmd_train::train(args),
+        Command::Eval(args) => cmd_eval::run(args),
         Command::Config(cmd) => cmd_config::run(cmd),
         Command::Plugins(args) => cmd_train::plugins(args),
         Command::ServeReward(args) => cmd_serve::run(args),

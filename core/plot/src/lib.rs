@@ -172,11 +172,20 @@ fn lengths(m: &Metrics) -> Panel {
     Panel { from_zero: true, ..panel("Completion length", "tokens", lines.collect()) }
 }
 
-/// The held-out figures of SFT and RM runs but the loss (`eval/ppl`, `eval/accuracy`,
-/// `eval/chosen_score`, ...), logged at step 0, every `eval_every` steps and at the end.
+/// The held-out scores, logged at step 0, every `eval_every` (`every_steps`) steps and at the
+/// end: of SFT and RM runs all but the loss and the token count (`eval/ppl`, `eval/accuracy`,
+/// `eval/chosen_score`, ...); of RL runs the rewards, pass@k and maj@n, without the per-`data_source`
+/// breakdown, the lengths and the prompt count.
 fn evals(m: &Metrics) -> Panel {
-    let lines = matching(m, |name| name.starts_with("eval/") && name != "eval/loss").collect();
+    let lines = matching(m, is_held_out_score).collect();
     panel("Held-out evaluation", "value", lines)
+}
+
+/// Whether `name` is one of the scores [`evals`] plots.
+fn is_held_out_score(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("eval/") else { return false };
+    let counted = ["loss", "tokens", "prompts"].contains(&rest) || rest.starts_with("length/");
+    !counted && (!rest.contains('/') || rest.starts_with("reward/"))
 }
 
 fn tokens_per_s(m: &Metrics) -> Panel {
@@ -195,4 +204,21 @@ fn step_times(m: &Metrics) -> Panel {
 fn memory(m: &Metrics) -> Panel {
     let lines = matching(m, |name| name.starts_with("mem/peak_rss_gb/")).collect();
     Panel { from_zero: true, ..panel("Peak resident memory per phase", "GB", lines) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_held_out_score;
+
+    #[test]
+    fn held_out_scores_without_counts_lengths_or_breakdowns() {
+        for name in
+            ["eval/ppl", "eval/accuracy", "eval/pass@1", "eval/maj@8", "eval/reward/mean", "eval/reward/accuracy"]
+        {
+            assert!(is_held_out_score(name), "{name}");
+        }
+        for name in ["eval/loss", "eval/tokens", "eval/prompts", "eval/length/mean", "eval/gsm8k/pass@1", "reward"] {
+            assert!(!is_held_out_score(name), "{name}");
+        }
+    }
 }

@@ -15,12 +15,14 @@ use serde::Serialize;
 use crate::error::{Result, TrainerError};
 
 mod dpo;
+mod eval;
 mod phases;
 mod rl;
 mod rollout;
 
 pub use crate::optim::Schedule;
 pub use dpo::*;
+pub use eval::*;
 pub use phases::*;
 pub use rl::*;
 pub use rollout::*;

@@ -1,5 +1,5 @@
 //! `rlhf train`: the RL run's sections (`[run]`, `[model]`, `[data]`, `[rollout]`, `[train]`,
-//! `[warmup]`, `[algorithm]`, `[[rewards]]`, `[checkpoint]`, `[wandb]`), the embedded presets, and
+//! `[warmup]`, `[algorithm]`, `[[rewards]]`, `[eval]`, `[checkpoint]`, `[wandb]`), the embedded presets, and
 //! loading with range checks.
 
 use std::path::PathBuf;
@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use rlhf_models::LoraConfig;
 use rlhf_wandb::WandbConfig;
 
+use super::eval::EvalConfig;
 use super::rollout::RolloutConfig;
 use super::{base_layer, describe_figment, layer, schema, ConfigSource, KeySource, Layers, Named, SetOverride};
 use crate::error::{Result, TrainerError};
@@ -306,6 +307,9 @@ pub struct RlConfig {
     pub algorithm: AlgorithmConfig,
     #[serde(default)]
     pub rewards: Vec<RewardConfig>,
+    /// Held-out evaluation (off unless `eval.data` is set).
+    #[serde(default)]
+    pub eval: EvalConfig,
     /// Directories scanned for plugin libraries; empty = the directory of the `rlhf` executable
     /// (where cargo puts the workspace's plugins).
     #[serde(default)]
@@ -396,7 +400,12 @@ impl RlConfig {
         }
         self.validate_train(src)?;
         self.validate_rewards(src)?;
+        let names: Vec<&str> = self.rewards.iter().map(|r| r.name.as_deref().unwrap_or(&r.plugin)).collect();
+        self.eval.validate(&names, src)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
+        if self.eval.enabled() && self.rollout.engine == super::rollout::EngineKind::Vllm {
+            return bad("eval.data", "evaluation generates with the trainer's own engine; rollout.engine = \"vllm\" is not supported with [eval] yet");
+        }
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be >= 1");
         }

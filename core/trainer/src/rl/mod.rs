@@ -16,6 +16,7 @@
 pub mod advantages;
 pub mod correction;
 pub mod engine;
+pub mod eval;
 pub mod experience;
 pub mod optimise;
 pub mod phase;
@@ -95,6 +96,8 @@ pub struct Trainer {
     engine: engine::Engine,
     /// This process's rank among the data-parallel ranks (a world of one by default).
     world: Arc<World>,
+    /// Held-out evaluation (`[eval]`), when configured.
+    evaluator: Option<eval::Evaluator>,
     /// Where a rank other than 0 writes what it must (a built-in model), removed at the end.
     _scratch: Option<crate::dist::Scratch>,
 }
@@ -166,15 +169,19 @@ impl Trainer {
     }
 
     fn run_steps(&mut self) -> Result<()> {
+        if self.step == 0 {
+            if let Some(m) = self.evaluate_if_due()? {
+                self.record(&m)?;
+            }
+        }
         while self.step < self.cfg.train.steps {
-            let m = self.train_step()?;
-            if let Some(w) = &mut self.metrics {
-                w.write(self.step, &m)?;
+            let mut m = self.train_step()?;
+            if let Some(e) = self.evaluate_if_due()? {
+                for (k, v) in e.means() {
+                    m.set(&k, v);
+                }
             }
-            if let Some(sink) = &self.wandb {
-                let map = m.means().into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
-                sink.log(self.step as u64, map);
-            }
+            self.record(&m)?;
             let show = |k: &str| m.get(k).map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
             if let Some(p) = &self.progress {
                 p.step_done(format!("reward {} kl {}", show("reward"), show("kl")));
@@ -325,6 +332,41 @@ impl Trainer {
         t_train.record("train", &mut m);
         crate::dist::comm_metrics(&self.world, comm0, &mut m);
         Ok(m)
+    }
+
+    /// The step's row of `metrics.jsonl` and its W&B log.
+    fn record(&mut self, m: &StepMetrics) -> Result<()> {
+        if let Some(w) = &mut self.metrics {
+            w.write(self.step, m)?;
+        }
+        if let Some(sink) = &self.wandb {
+            let map = m.means().into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
+            sink.log(self.step as u64, map);
+        }
+        Ok(())
+    }
+
+    /// Held-out evaluation of the policy as of `self.step`, when `[eval]` asks for one now.
+    fn evaluate_if_due(&mut self) -> Result<Option<StepMetrics>> {
+        let Some(evaluator) = self.evaluator.as_mut().filter(|e| e.due(self.step, self.cfg.train.steps)) else {
+            return Ok(None);
+        };
+        if let Some(p) = &self.progress {
+            p.phase("eval", 1);
+        }
+        let (pad, eos_ids) = (
+            i64::from(self.tok.pad_token_id()),
+            self.tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect::<Vec<_>>(),
+        );
+        let samples = self.run_dir.join("eval").join(format!("step-{}.jsonl", self.step));
+        let m = evaluator.evaluate(&self.actor, &self.tok, &eos_ids, pad, &self.world, Some(&samples), self.step)?;
+        tracing::info!(
+            "eval at step {}: reward {:.4}  pass@1 {:.4}",
+            self.step,
+            m.get("eval/reward/mean").unwrap_or(f64::NAN),
+            m.get("eval/pass@1").unwrap_or(f64::NAN)
+        );
+        Ok(Some(m))
     }
 
     /// Checks that every rank ends with bit-identical trained weights (they take the same steps

@@ -43,10 +43,15 @@ pub fn sample(
 ) -> Result<Rollout> {
     let gen_cfg = GenerateConfig {
         max_new_tokens: cfg.max_new_tokens,
-        sampling: Sampling::Sample {
-            temperature: cfg.temperature,
-            top_k: (cfg.top_k > 0).then_some(cfg.top_k),
-            top_p: (cfg.top_p < 1.0).then_some(cfg.top_p),
+        // Temperature 0 is greedy decoding (held-out evaluation; training requires > 0).
+        sampling: if cfg.temperature == 0.0 {
+            Sampling::Greedy
+        } else {
+            Sampling::Sample {
+                temperature: cfg.temperature,
+                top_k: (cfg.top_k > 0).then_some(cfg.top_k),
+                top_p: (cfg.top_p < 1.0).then_some(cfg.top_p),
+            }
         },
         eos_token_ids: eos_ids.to_vec(),
         pad_token_id: pad,

@@ -27,6 +27,7 @@ use crate::error::{Result, TrainerError};
 use crate::metrics::MetricsWriter;
 use crate::optim::Optim;
 use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry, RewardHandle};
+use crate::rl::eval::Evaluator;
 use crate::rl::optimise;
 use crate::rl::prompts::ids_i64;
 use crate::rl::ptx::PtxData;
@@ -82,7 +83,7 @@ fn check_fresh(run_dir: &Path) -> Result<()> {
 }
 
 /// The algorithm and the reward sources, each given its config section.
-fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<(AlgorithmHandle, Vec<RewardSource>)> {
+fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Plugins> {
     let g = cfg.rollout.samples_per_prompt as u32;
     let ctx = || host_context(&cfg.run.device, cfg.run.seed, g);
     let algo_plugin = registry.get(&cfg.algorithm.name, PluginKind::Algorithm)?;
@@ -92,6 +93,12 @@ fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<(AlgorithmH
     if !resolved.is_null() {
         tracing::info!("algorithm `{}`: {resolved}", algo.meta.name);
     }
+    Ok((algo, load_rewards(cfg, registry)?))
+}
+
+/// A new instance of every `[[rewards]]` source, each given its config section.
+fn load_rewards(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Vec<RewardSource>> {
+    let ctx = || host_context(&cfg.run.device, cfg.run.seed, cfg.rollout.samples_per_prompt as u32);
     let mut rewards = Vec::new();
     for (i, r) in cfg.rewards.iter().enumerate() {
         let p = registry.get(&r.plugin, PluginKind::Reward)?;
@@ -103,7 +110,34 @@ fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<(AlgorithmH
             handle,
         });
     }
-    Ok((algo, rewards))
+    Ok(rewards)
+}
+
+/// The algorithm and the training's reward sources.
+type Plugins = (AlgorithmHandle, Vec<RewardSource>);
+
+/// What held-out evaluation needs before the run directory exists: its prompts and its own
+/// instances of the reward sources it names (so a stateful source learns nothing from them).
+pub(crate) struct EvalInputs {
+    pub(crate) raw: Vec<RawPrompt>,
+    pub(crate) rewards: Vec<RewardSource>,
+}
+
+/// [`EvalInputs`] when `[eval]` is on.
+pub(crate) fn eval_inputs(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Option<EvalInputs>> {
+    if !cfg.eval.enabled() {
+        return Ok(None);
+    }
+    let data = crate::config::DataConfig { prompts: cfg.eval.data.clone(), ..cfg.data.clone() };
+    let raw = match data.prompts.strip_prefix("builtin:") {
+        Some(task) => crate::builtin::task_prompts(task),
+        None => read_prompt_data(&data),
+    }
+    .map_err(|e| TrainerError::Config(format!("{}: eval.data: {e}", cfg.source_of("eval.data"))))?;
+    let all = load_rewards(cfg, registry)?;
+    let wanted = &cfg.eval.rewards;
+    let rewards = all.into_iter().filter(|r| wanted.is_empty() || wanted.contains(&r.name)).collect();
+    Ok(Some(EvalInputs { raw, rewards }))
 }
 
 /// Refuses an unknown `builtin:` actor before anything is written.
@@ -298,11 +332,12 @@ impl Trainer {
         }
         let plugins = load_plugins(&cfg, registry)?;
         let raw = raw_prompts(&cfg)?;
+        let eval = eval_inputs(&cfg, registry)?;
         if !world.is_main() {
             // Rank 0 owns the run directory; this rank reads it only to resume.
             let scratch = crate::dist::Scratch::new(&world)?;
             let run_dir = run_dir_of(&cfg);
-            let mut t = Self::build(cfg, run_dir, scratch.dir(), plugins, raw, resume, device, kind, world)?;
+            let mut t = Self::build(cfg, run_dir, scratch.dir(), plugins, (raw, eval), resume, device, kind, world)?;
             t._scratch = Some(scratch);
             return Ok(t);
         }
@@ -311,7 +346,7 @@ impl Trainer {
             check_fresh(lock.dir())?;
         }
         let dir = lock.dir().to_path_buf();
-        match Self::build(cfg, dir.clone(), &dir, plugins, raw, resume, device, kind, world) {
+        match Self::build(cfg, dir.clone(), &dir, plugins, (raw, eval), resume, device, kind, world) {
             Ok(mut trainer) => {
                 trainer._lock = Some(lock);
                 Ok(trainer)
@@ -332,8 +367,8 @@ impl Trainer {
         cfg: RlConfig,
         run_dir: PathBuf,
         out_dir: &Path,
-        (algo, rewards): (AlgorithmHandle, Vec<RewardSource>),
-        raw: Vec<RawPrompt>,
+        (algo, rewards): Plugins,
+        (raw, eval): (Vec<RawPrompt>, Option<EvalInputs>),
         resume: Option<&Loaded>,
         device: Device,
         kind: Kind,
@@ -346,6 +381,14 @@ impl Trainer {
         let actor_dir = actor_dir_of(&cfg, out_dir)?;
         let tok = HfTokenizer::from_dir(&actor_dir)?;
         let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
+        let evaluator = match eval {
+            Some(e) => {
+                let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
+                let held_out = PromptDataset::new(e.raw, &tok, &unshuffled, cfg.run.seed)?;
+                Some(Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed)?)
+            }
+            None => None,
+        };
         if cfg.rollout.prompts_per_batch > data.records.len() {
             tracing::warn!(
                 "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \
@@ -405,6 +448,7 @@ impl Trainer {
             progress: None,
             engine,
             world,
+            evaluator,
             _scratch: None,
         };
         if let Some(ckpt) = resume {

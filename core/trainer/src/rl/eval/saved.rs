@@ -1,0 +1,80 @@
+//! `rlhf eval`: held-out evaluation of a saved policy outside a run, with the metrics and sample
+//! file of evaluation during training. The policy is a Hugging Face directory, a run directory
+//! (its exported `actor/`), or one of the run's checkpoints (the run's starting weights with the
+//! checkpoint's actor variables, LoRA adapters included).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rlhf_collective::World;
+use rlhf_models::{parse_dtype, CausalLm};
+use rlhf_tokenizer::HfTokenizer;
+
+use crate::checkpoint;
+use crate::config::{ConfigSource, RlConfig};
+use crate::error::{Result, TrainerError};
+use crate::plugins::PluginRegistry;
+use crate::rl::eval::Evaluator;
+
+/// What an evaluation of a saved policy found.
+pub struct SavedEval {
+    /// The `eval/*` metrics.
+    pub metrics: BTreeMap<String, f64>,
+    /// The directory the weights (or, for a checkpoint, the starting weights) came from.
+    pub model_dir: PathBuf,
+}
+
+/// Evaluates the policy at `path` on `cfg.eval` (whose `data` must be set) with `cfg`'s reward
+/// sources, on `cfg.run.device` in `cfg.run.dtype`; the main rank writes every answer to
+/// `samples` when given.
+pub fn evaluate_saved(
+    cfg: &RlConfig,
+    registry: &PluginRegistry,
+    path: &Path,
+    world: &World,
+    samples: Option<&Path>,
+) -> Result<SavedEval> {
+    let device = crate::dist::device(world, &cfg.run.device)?;
+    let kind = parse_dtype(&cfg.run.dtype)?;
+    let inputs = crate::rl::setup::eval_inputs(cfg, registry)?
+        .ok_or_else(|| TrainerError::Config("no held-out prompts: give --data FILE (or set eval.data)".into()))?;
+    let (actor, model_dir) = load_policy(path, device, kind)?;
+    let tok = HfTokenizer::from_dir(&model_dir)?;
+    let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
+    let data = crate::data::PromptDataset::new(inputs.raw, &tok, &unshuffled, cfg.run.seed)?;
+    let mut evaluator = Evaluator::new(&cfg.eval, data, inputs.rewards, &cfg.rollout, cfg.run.seed)?;
+    let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
+    let m = evaluator.evaluate(&actor, &tok, &eos, i64::from(tok.pad_token_id()), world, samples, 0)?;
+    Ok(SavedEval { metrics: m.means(), model_dir })
+}
+
+/// The policy at `path` and the Hugging Face directory its tokenizer (and starting weights) are in.
+fn load_policy(path: &Path, device: tch::Device, kind: tch::Kind) -> Result<(CausalLm, PathBuf)> {
+    if path.join("config.json").is_file() {
+        return Ok((CausalLm::from_dir(path, device, kind)?, path.to_path_buf()));
+    }
+    let exported = path.join("actor");
+    if exported.join("config.json").is_file() {
+        return Ok((CausalLm::from_dir(&exported, device, kind)?, exported));
+    }
+    if !path.join("manifest.json").is_file() {
+        return Err(TrainerError::Config(format!(
+            "{}: not a model directory (config.json), a run directory with an exported actor/ or a checkpoint \
+             (manifest.json)",
+            path.display()
+        )));
+    }
+    let ckpt = checkpoint::load(path)?;
+    let run_dir = path.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+    let cfg = RlConfig::load(&ConfigSource::File(path.join("config.toml")), None, &[])?;
+    // The actor's starting weights: the warm-up's output, the written-out built-in model, or the
+    // configured directory (as the run itself resumes).
+    let base = [run_dir.join("warmup-model"), run_dir.join("builtin-model")]
+        .into_iter()
+        .find(|d| d.join("config.json").is_file())
+        .unwrap_or_else(|| PathBuf::from(&cfg.model.actor));
+    let mut actor = CausalLm::from_dir(&base, device, kind)?;
+    actor.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))?;
+    ckpt.restore_vars("actor", &actor.vs)?;
+    Ok((actor, base))
+}
