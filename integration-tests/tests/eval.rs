@@ -243,3 +243,69 @@ fn rlhf_eval_bad_input_is_one_line() {
         assert!(errors[0].contains(want), "{args:?}: {}", errors[0]);
     }
 }
+
+/// A run resumed from its step-3 checkpoint (after a kill: rows and answers past step 3 lost)
+/// evaluates as the uninterrupted run does: the step-0 evaluation is not repeated, step 4 is
+/// evaluated, and every row, eval keys included, equals the uninterrupted run's.
+#[test]
+fn a_resumed_run_continues_the_evaluation_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = held_out(dir.path());
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let set = format!("eval.data={}", data.display());
+    let args = ["--set", &set, "--set", "eval.every_steps=2", "--set", "checkpoint.every=1"];
+    for run in [&a, &b] {
+        let o = grpo(run, &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let text = std::fs::read_to_string(b.join("metrics.jsonl")).unwrap();
+    let kept: Vec<&str> = text.lines().take(4).collect();
+    std::fs::write(b.join("metrics.jsonl"), kept.join("\n") + "\n").unwrap();
+    std::fs::remove_file(b.join("eval").join("step-4.jsonl")).unwrap();
+    let step0 = std::fs::metadata(b.join("eval").join("step-0.jsonl")).unwrap().modified().unwrap();
+    let ckpt = b.join("checkpoints").join("step-000003");
+    let o = rlhf(&["train", "--resume", ckpt.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = behaviour_metrics(&b);
+    let steps: Vec<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [0, 1, 2, 3, 4]);
+    assert_eq!(rows, behaviour_metrics(&a));
+    let evaluated: Vec<u64> =
+        rows.iter().filter(|r| r.contains_key("eval/pass@1")).map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(evaluated, [0, 2, 4]);
+    assert!(b.join("eval").join("step-4.jsonl").exists());
+    let again = std::fs::metadata(b.join("eval").join("step-0.jsonl")).unwrap().modified().unwrap();
+    assert_eq!(step0, again, "the resumed run evaluated step 0 again");
+}
+
+/// Training on 2 ranks evaluates as one process does: each rank answers a share of the held-out
+/// prompts with the whole chunk's sampling noise, and the answers are gathered. (Exact while
+/// the ranks' weights round as one process's do, as the training rewards are: 2 steps here.)
+#[test]
+fn two_ranks_evaluate_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = held_out(dir.path());
+    let sets = eval_sets(&data);
+    let mut rows = Vec::new();
+    for (name, nproc) in [("one", None), ("two", Some("2"))] {
+        let run = dir.path().join(name);
+        let mut args = vec!["train", "--algo", "grpo", "--run-dir", run.to_str().unwrap(), "--set", "train.steps=2"];
+        args.extend(sets.iter().map(String::as_str));
+        if let Some(n) = nproc {
+            args.extend(["--nproc", n]);
+        }
+        let o = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+            .args(&args)
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        let eval: Vec<Vec<(String, Value)>> = behaviour_metrics(&run)
+            .into_iter()
+            .map(|r| r.into_iter().filter(|(k, _)| k.starts_with("eval/") || k == "step").collect())
+            .collect();
+        rows.push(eval);
+    }
+    assert!(rows[0].iter().filter(|r| r.len() > 1).count() == 2, "steps 0 and 2 evaluated: {:?}", rows[0]);
+    assert_eq!(rows[0], rows[1]);
+}
