@@ -403,9 +403,6 @@ impl RlConfig {
         let names: Vec<&str> = self.rewards.iter().map(|r| r.name.as_deref().unwrap_or(&r.plugin)).collect();
         self.eval.validate(&names, src)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
-        if self.eval.enabled() && self.rollout.engine == super::rollout::EngineKind::Vllm {
-            return bad("eval.data", "evaluation generates with the trainer's own engine; rollout.engine = \"vllm\" is not supported with [eval] yet");
-        }
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be >= 1");
         }
@@ -592,7 +589,8 @@ mod tests {
         assert_eq!(cfg.source_of("algorithm.config.beta"), "--set algorithm.config.beta=-1");
         assert_eq!(cfg.source_of("algorithm.config.epsilon"), "preset grpo");
         assert_eq!(cfg.source_of("rewards[0].config.exact_match"), "preset grpo");
-        let cfg = grpo(&["rewards=[{ plugin = \"reward-rules\", config = { exact = 1 } }]"]).unwrap();
+        // (The preset's [eval] judges answers by its `accuracy` source, which this replaces.)
+        let cfg = grpo(&["rewards=[{ plugin = \"reward-rules\", config = { exact = 1 } }]", "eval.data=\"\""]).unwrap();
         assert!(cfg.source_of("rewards[0].config.exact").starts_with("--set rewards="));
         assert_eq!(RlConfig::default().source_of("algorithm.config.beta"), "");
     }

@@ -7,12 +7,14 @@
 use rlhf_plugin_api::{ChatMessage, Sample};
 use rlhf_tokenizer::HfTokenizer;
 
+use crate::config::RlConfig;
 use crate::data::PromptDataset;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
-use crate::plugins::RewardHandle;
+use crate::plugins::{host_context, PluginRegistry, RewardHandle};
 use crate::progress::RunProgress;
 use crate::rl::rollout::Rollout;
+use rlhf_plugin_api::PluginKind;
 
 /// A configured reward source.
 pub struct RewardSource {
@@ -20,6 +22,36 @@ pub struct RewardSource {
     pub name: String,
     pub weight: f64,
     pub handle: RewardHandle,
+}
+
+/// A new instance of every `[[rewards]]` source, each given its config section.
+pub(crate) fn load_rewards(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Vec<RewardSource>> {
+    let ctx = || host_context(&cfg.run.device, cfg.run.seed, cfg.rollout.samples_per_prompt as u32);
+    let mut rewards = Vec::new();
+    for (i, r) in cfg.rewards.iter().enumerate() {
+        let p = registry.get(&r.plugin, PluginKind::Reward)?;
+        let handle = RewardHandle::new(p, &r.config.to_string(), ctx(), &format!("rewards[{i}].config"))
+            .map_err(|e| config_error(cfg, e))?;
+        rewards.push(RewardSource {
+            name: r.name.clone().unwrap_or_else(|| r.plugin.clone()),
+            weight: r.weight,
+            handle,
+        });
+    }
+    Ok(rewards)
+}
+
+/// A plugin's refusal of its config section (`algorithm.config.beta: must be >= 0`), reported
+/// against the layer that set that key: the config file or preset, the `RLHF_` variable or the
+/// `--set`.
+pub(crate) fn config_error(cfg: &RlConfig, e: TrainerError) -> TrainerError {
+    match e {
+        TrainerError::PluginCall { name, path, message } if message.contains(".config.") && !cfg.source.is_empty() => {
+            let key = message.split(": ").next().unwrap_or("");
+            TrainerError::Config(format!("{}: {message} (plugin `{name}`, {})", cfg.source_of(key), path.display()))
+        }
+        e => e,
+    }
 }
 
 /// The samples that every source could score.

@@ -26,28 +26,15 @@ use crate::data::{read_prompt_data, PromptDataset, RawPrompt};
 use crate::error::{Result, TrainerError};
 use crate::metrics::MetricsWriter;
 use crate::optim::Optim;
-use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry, RewardHandle};
+use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry};
 use crate::rl::eval::Evaluator;
 use crate::rl::optimise;
 use crate::rl::prompts::ids_i64;
 use crate::rl::ptx::PtxData;
-use crate::rl::score::RewardSource;
+use crate::rl::score::{self, RewardSource};
 use crate::rl::warmup::sft_warmup;
 use crate::rl::Trainer;
 use crate::run_lock::RunLock;
-
-/// A plugin's refusal of its config section (`algorithm.config.beta: must be >= 0`), reported
-/// against the layer that set that key: the config file or preset, the `RLHF_` variable or the
-/// `--set`.
-fn config_error(cfg: &RlConfig, e: TrainerError) -> TrainerError {
-    match e {
-        TrainerError::PluginCall { name, path, message } if message.contains(".config.") && !cfg.source.is_empty() => {
-            let key = message.split(": ").next().unwrap_or("");
-            TrainerError::Config(format!("{}: {message} (plugin `{name}`, {})", cfg.source_of(key), path.display()))
-        }
-        e => e,
-    }
-}
 
 /// `run.run_dir`, or `runs/<algo>-<unix time>`.
 fn run_dir_of(cfg: &RlConfig) -> PathBuf {
@@ -65,6 +52,11 @@ fn run_dir_of(cfg: &RlConfig) -> PathBuf {
 /// directory.
 fn check_fresh(run_dir: &Path) -> Result<()> {
     let Some(step) = crate::metrics::logged_steps(run_dir) else { return Ok(()) };
+    // Only the held-out evaluation before training was logged: nothing was trained, so the run
+    // starts over (and its metrics.jsonl with it).
+    if step == 0 && crate::checkpoint::latest(run_dir)?.is_none() && !run_dir.join("actor").is_dir() {
+        return Ok(());
+    }
     let d = run_dir.display();
     Err(TrainerError::Config(match crate::checkpoint::latest(run_dir)? {
         Some(_) => format!(
@@ -88,57 +80,16 @@ fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Plugins> {
     let ctx = || host_context(&cfg.run.device, cfg.run.seed, g);
     let algo_plugin = registry.get(&cfg.algorithm.name, PluginKind::Algorithm)?;
     let algo = AlgorithmHandle::new(algo_plugin, &cfg.algorithm.config.to_string(), ctx(), "algorithm.config")
-        .map_err(|e| config_error(cfg, e))?;
+        .map_err(|e| score::config_error(cfg, e))?;
     let resolved = algo.resolved_config();
     if !resolved.is_null() {
         tracing::info!("algorithm `{}`: {resolved}", algo.meta.name);
     }
-    Ok((algo, load_rewards(cfg, registry)?))
-}
-
-/// A new instance of every `[[rewards]]` source, each given its config section.
-fn load_rewards(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Vec<RewardSource>> {
-    let ctx = || host_context(&cfg.run.device, cfg.run.seed, cfg.rollout.samples_per_prompt as u32);
-    let mut rewards = Vec::new();
-    for (i, r) in cfg.rewards.iter().enumerate() {
-        let p = registry.get(&r.plugin, PluginKind::Reward)?;
-        let handle = RewardHandle::new(p, &r.config.to_string(), ctx(), &format!("rewards[{i}].config"))
-            .map_err(|e| config_error(cfg, e))?;
-        rewards.push(RewardSource {
-            name: r.name.clone().unwrap_or_else(|| r.plugin.clone()),
-            weight: r.weight,
-            handle,
-        });
-    }
-    Ok(rewards)
+    Ok((algo, score::load_rewards(cfg, registry)?))
 }
 
 /// The algorithm and the training's reward sources.
 type Plugins = (AlgorithmHandle, Vec<RewardSource>);
-
-/// What held-out evaluation needs before the run directory exists: its prompts and its own
-/// instances of the reward sources it names (so a stateful source learns nothing from them).
-pub(crate) struct EvalInputs {
-    pub(crate) raw: Vec<RawPrompt>,
-    pub(crate) rewards: Vec<RewardSource>,
-}
-
-/// [`EvalInputs`] when `[eval]` is on.
-pub(crate) fn eval_inputs(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Option<EvalInputs>> {
-    if !cfg.eval.enabled() {
-        return Ok(None);
-    }
-    let data = crate::config::DataConfig { prompts: cfg.eval.data.clone(), ..cfg.data.clone() };
-    let raw = match data.prompts.strip_prefix("builtin:") {
-        Some(task) => crate::builtin::task_prompts(task),
-        None => read_prompt_data(&data),
-    }
-    .map_err(|e| TrainerError::Config(format!("{}: eval.data: {e}", cfg.source_of("eval.data"))))?;
-    let all = load_rewards(cfg, registry)?;
-    let wanted = &cfg.eval.rewards;
-    let rewards = all.into_iter().filter(|r| wanted.is_empty() || wanted.contains(&r.name)).collect();
-    Ok(Some(EvalInputs { raw, rewards }))
-}
 
 /// Refuses an unknown `builtin:` actor before anything is written.
 fn check_actor_spec(cfg: &RlConfig) -> Result<()> {
@@ -332,7 +283,7 @@ impl Trainer {
         }
         let plugins = load_plugins(&cfg, registry)?;
         let raw = raw_prompts(&cfg)?;
-        let eval = eval_inputs(&cfg, registry)?;
+        let eval = crate::rl::eval::inputs(&cfg, registry)?;
         if !world.is_main() {
             // Rank 0 owns the run directory; this rank reads it only to resume.
             let scratch = crate::dist::Scratch::new(&world)?;
@@ -368,7 +319,7 @@ impl Trainer {
         run_dir: PathBuf,
         out_dir: &Path,
         (algo, rewards): Plugins,
-        (raw, eval): (Vec<RawPrompt>, Option<EvalInputs>),
+        (raw, eval): (Vec<RawPrompt>, Option<crate::rl::eval::EvalInputs>),
         resume: Option<&Loaded>,
         device: Device,
         kind: Kind,
@@ -383,6 +334,9 @@ impl Trainer {
         let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
         let evaluator = match eval {
             Some(e) => {
+                if cfg.rollout.engine == crate::config::EngineKind::Vllm {
+                    tracing::info!("[eval] generates with the trainer's own decode, not the vLLM servers");
+                }
                 let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
                 let held_out = PromptDataset::new(e.raw, &tok, &unshuffled, cfg.run.seed)?;
                 Some(Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed)?)
@@ -461,6 +415,11 @@ impl Trainer {
         // Nothing can fail past this point but I/O: only now touch the run's files.
         if resume.is_some() {
             crate::metrics::truncate_after(&trainer.run_dir.join("metrics.jsonl"), trainer.step)?;
+        }
+        let metrics_path = trainer.run_dir.join("metrics.jsonl");
+        if resume.is_none() && metrics_path.is_file() {
+            // A fresh run here may find only a stopped run's step-0 evaluation (`check_fresh`).
+            std::fs::remove_file(&metrics_path).map_err(|e| TrainerError::io(&metrics_path, e))?;
         }
         let config_path = trainer.run_dir.join("config.toml");
         std::fs::write(&config_path, resolved).map_err(|e| TrainerError::io(&config_path, e))?;

@@ -26,11 +26,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tch::Device;
 
-use crate::config::{CorrectIf, EvalConfig, RolloutConfig};
+use crate::config::{CorrectIf, EvalConfig, RlConfig, RolloutConfig};
 use crate::data::PromptDataset;
+use crate::data::{read_prompt_data, RawPrompt};
 use crate::dist::err;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
+use crate::plugins::PluginRegistry;
 use crate::rl::prompts::{ids_i64, PromptBatch};
 use crate::rl::score::{self, RewardSource};
 use crate::rl::{rollout, shard};
@@ -237,6 +239,30 @@ impl Evaluator {
         drop(out);
         std::fs::rename(&tmp, file).map_err(|e| TrainerError::io(file, e))
     }
+}
+
+/// What held-out evaluation needs before the run directory exists: its prompts and its own
+/// instances of the reward sources it names (so a stateful source learns nothing from them).
+pub(crate) struct EvalInputs {
+    pub(crate) raw: Vec<RawPrompt>,
+    pub(crate) rewards: Vec<RewardSource>,
+}
+
+/// [`EvalInputs`] when `[eval]` is on.
+pub(crate) fn inputs(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Option<EvalInputs>> {
+    if !cfg.eval.enabled() {
+        return Ok(None);
+    }
+    let data = crate::config::DataConfig { prompts: cfg.eval.data.clone(), ..cfg.data.clone() };
+    let raw = match data.prompts.strip_prefix("builtin:") {
+        Some(task) => crate::builtin::task_prompts(task),
+        None => read_prompt_data(&data),
+    }
+    .map_err(|e| TrainerError::Config(format!("{}: eval.data: {e}", cfg.source_of("eval.data"))))?;
+    let all = score::load_rewards(cfg, registry)?;
+    let wanted = &cfg.eval.rewards;
+    let rewards = all.into_iter().filter(|r| wanted.is_empty() || wanted.contains(&r.name)).collect();
+    Ok(Some(EvalInputs { raw, rewards }))
 }
 
 /// JSON has no NaN: a score that could not be had is `null`.

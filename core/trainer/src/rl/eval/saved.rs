@@ -36,7 +36,7 @@ pub fn evaluate_saved(
 ) -> Result<SavedEval> {
     let device = crate::dist::device(world, &cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
-    let inputs = crate::rl::setup::eval_inputs(cfg, registry)?
+    let inputs = crate::rl::eval::inputs(cfg, registry)?
         .ok_or_else(|| TrainerError::Config("no held-out prompts: give --data FILE (or set eval.data)".into()))?;
     let (actor, model_dir) = load_policy(path, device, kind)?;
     let tok = HfTokenizer::from_dir(&model_dir)?;
