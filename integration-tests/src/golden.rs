@@ -129,7 +129,9 @@ pub fn capture(args: &[&str], model_sub: &str, kernels: &Kernels) -> Value {
     let rows: Vec<Value> = crate::behaviour_metrics(&run_dir).into_iter().map(Value::Object).collect();
     let mut got = json!({ "args": args, "metrics": rows });
     if rl {
-        got["samples"] = json!((1..=rows.len()).map(|step| samples(&run_dir, step)).collect::<Vec<_>>());
+        // Training steps only: a held-out evaluation before training is a row of step 0.
+        let steps = rows.iter().filter_map(|r| r["step"].as_u64()).filter(|&s| s > 0);
+        got["samples"] = json!(steps.map(|step| samples(&run_dir, step as usize)).collect::<Vec<_>>());
     }
     got["weights"] = weight_summaries(&run_dir.join(model_sub).join("model.safetensors"));
     got
@@ -310,9 +312,14 @@ pub fn changes(old: &Value, new: &Value) -> Vec<String> {
     // key -> (largest relative change, step, old, new, steps changed)
     let mut per_key: BTreeMap<String, (f64, Value, Value, Value, usize)> = BTreeMap::new();
     let empty = Vec::new();
-    let rows = old["metrics"].as_array().unwrap_or(&empty).iter().zip(new["metrics"].as_array().unwrap_or(&empty));
-    for (o, n) in rows {
-        let (Some(o), Some(n)) = (o.as_object(), n.as_object()) else { continue };
+    let new_rows = new["metrics"].as_array().unwrap_or(&empty);
+    for o in old["metrics"].as_array().unwrap_or(&empty) {
+        // Rows are matched by step, so a row added before the others shifts nothing.
+        let n = new_rows.iter().find(|n| n["step"] == o["step"]).unwrap_or(&Value::Null);
+        let (Some(o), Some(n)) = (o.as_object(), n.as_object()) else {
+            out.push(format!("step {}: no such row in the new run", o["step"]));
+            continue;
+        };
         for (k, ov) in o {
             let nv = n.get(k).cloned().unwrap_or(Value::Null);
             if *ov == nv {

@@ -92,7 +92,12 @@ fn reusing_the_experience_pass_changes_nothing_but_the_work() {
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let text = std::fs::read_to_string(rd.join("metrics.jsonl")).unwrap();
-        let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        // Training steps only: row 0 is the preset's held-out evaluation before training.
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|r: &serde_json::Value| r["step"] != 0)
+            .collect();
         let mut weights = Tensor::read_safetensors(rd.join("actor/model.safetensors")).unwrap();
         weights.sort_by(|a, b| a.0.cmp(&b.0));
         (rows, weights)

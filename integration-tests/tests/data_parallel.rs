@@ -50,6 +50,12 @@ fn max_weight_diff(a: &Path, b: &Path) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The training steps' rows of an RL run (row 0 is the preset's held-out evaluation before
+/// training).
+fn train_rows(rd: &Path) -> Vec<Value> {
+    metrics(rd).into_iter().filter(|r| r["step"] != 0).collect()
+}
+
 /// `metric` of every step agrees within `tol` (relative to max(1, |value|)); `exact` ones are equal.
 fn assert_metrics_agree(one: &[Value], two: &[Value], exact: &[&str], close: &[(&str, f64)]) {
     assert_eq!(one.len(), two.len(), "metrics rows");
@@ -78,8 +84,8 @@ fn grpo_on_two_ranks_equals_one_process() {
     assert!(out.contains("actor parameters identical on 2 ranks"), "{out}");
     assert!(!two.join("actor").join("..").join("rank1").exists());
     assert_metrics_agree(
-        &metrics(&one),
-        &metrics(&two),
+        &train_rows(&one),
+        &train_rows(&two),
         &["reward", "reward_std", "completions/count", "completions/mean_length", "rewards/accuracy/mean"],
         &[("loss/total", 1e-4), ("kl", 1e-5), ("entropy", 1e-5), ("grad_norm/actor", 1e-5)],
     );
@@ -110,8 +116,8 @@ fn ppo_with_critic_on_two_ranks_equals_one_process() {
     assert!(out.contains("actor parameters identical on 2 ranks"), "{out}");
     assert!(out.contains("critic parameters identical on 2 ranks"), "{out}");
     assert_metrics_agree(
-        &metrics(&one),
-        &metrics(&two),
+        &train_rows(&one),
+        &train_rows(&two),
         &["reward", "completions/count"],
         &[("loss/total", 1e-3), ("grad_norm/actor", 1e-4), ("grad_norm/critic", 1e-4)],
     );
@@ -208,7 +214,8 @@ fn a_killed_rank_stops_its_peer_and_the_run_resumes_on_two_ranks() {
     let rows = metrics(&rd);
     assert_eq!(rows.last().unwrap()["step"].as_u64(), Some(step as u64 + 3));
     let steps: Vec<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (1..=step as u64 + 3).collect::<Vec<_>>(), "metrics.jsonl lost or repeated a step");
+    // Step 0: the preset's held-out evaluation before training.
+    assert_eq!(steps, (0..=step as u64 + 3).collect::<Vec<_>>(), "metrics.jsonl lost or repeated a step");
 }
 
 /// The launcher stops every rank when one fails, and names it.
@@ -316,7 +323,7 @@ fn the_embedded_grpo_task_learns_on_two_ranks_as_on_one() {
     ok(&run(&["train", "--algo", "grpo"], &one, None));
     let out = ok(&run(&["train", "--algo", "grpo"], &two, Some(2)));
     assert!(out.contains("actor parameters identical on 2 ranks"), "{out}");
-    let reward = |rd: &Path| metrics(rd).iter().map(|l| l["reward"].as_f64().unwrap()).collect::<Vec<f64>>();
+    let reward = |rd: &Path| train_rows(rd).iter().map(|l| l["reward"].as_f64().unwrap()).collect::<Vec<f64>>();
     let (r1, r2) = (reward(&one), reward(&two));
     assert_eq!(r1.len(), r2.len());
     assert_eq!(r1[..10], r2[..10], "the first 10 steps sample the same tokens on 1 and 2 ranks");

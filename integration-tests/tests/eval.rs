@@ -50,7 +50,7 @@ fn evaluation_never_perturbs_training_and_reports_every_estimator() {
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let o = grpo(&with, &sets);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = grpo(&without, &[]);
+    let o = grpo(&without, &["--set", "eval.data=\"\""]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Training: the same rows, without the eval keys, and the same final weights, bit for bit.
@@ -119,8 +119,21 @@ fn one_sample_is_greedy() {
     let mut answers = Vec::new();
     for (name, temperature) in [("a", "rollout.temperature=1.0"), ("b", "rollout.temperature=3.0")] {
         let run = dir.path().join(name);
-        let o =
-            grpo(&run, &["--set", &set, "--set", "train.steps=1", "--set", "eval.at_end=false", "--set", temperature]);
+        let o = grpo(
+            &run,
+            &[
+                "--set",
+                &set,
+                "--set",
+                "train.steps=1",
+                "--set",
+                "eval.at_end=false",
+                "--set",
+                temperature,
+                "--set",
+                "eval.samples_per_prompt=1",
+            ],
+        );
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert!(!run.join("eval").join("step-1.jsonl").exists(), "at_end = false still evaluated the end");
         answers.push(std::fs::read_to_string(run.join("eval").join("step-0.jsonl")).unwrap());
@@ -181,7 +194,19 @@ fn rlhf_eval_scores_a_run_its_checkpoint_and_on_two_ranks() {
     let data = held_out(dir.path());
     let run = dir.path().join("run");
     let set = format!("eval.data={}", data.display());
-    let o = grpo(&run, &["--set", &set, "--set", "train.steps=3", "--set", "eval.before_train=false"]);
+    let o = grpo(
+        &run,
+        &[
+            "--set",
+            &set,
+            "--set",
+            "train.steps=3",
+            "--set",
+            "eval.before_train=false",
+            "--set",
+            "eval.samples_per_prompt=1",
+        ],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows = behaviour_metrics(&run);
     let last = rows.last().unwrap();
@@ -189,7 +214,8 @@ fn rlhf_eval_scores_a_run_its_checkpoint_and_on_two_ranks() {
 
     let d = data.to_str().unwrap();
     let out = dir.path().join("run-eval.json");
-    let o = eval_cmd(&["--model", run.to_str().unwrap(), "--data", d, "--out", out.to_str().unwrap()]);
+    let o =
+        eval_cmd(&["--model", run.to_str().unwrap(), "--data", d, "--samples", "1", "--out", out.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let got = summary(&out);
@@ -203,7 +229,16 @@ fn rlhf_eval_scores_a_run_its_checkpoint_and_on_two_ranks() {
 
     let ckpt = run.join("checkpoints").join("step-000003");
     let out_ckpt = dir.path().join("ckpt.json");
-    let o = eval_cmd(&["--model", ckpt.to_str().unwrap(), "--data", d, "--out", out_ckpt.to_str().unwrap()]);
+    let o = eval_cmd(&[
+        "--model",
+        ckpt.to_str().unwrap(),
+        "--data",
+        d,
+        "--samples",
+        "1",
+        "--out",
+        out_ckpt.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(summary(&out_ckpt), got, "the final checkpoint against the exported actor");
 

@@ -138,10 +138,18 @@ fn check(name: &str, args: &[&str], model_sub: &str, recorded_args: Option<Value
     assert!(failures.is_empty(), "{name}: {} difference(s) from the golden file:\n{shown:#?}", failures.len());
 }
 
+/// The RL goldens train on the whole built-in task, not the presets' 44-prompt split: the
+/// built-in model's random initialisation differs by 5e-7 between kernel settings (libtorch's
+/// vectorised `normal_`), and the 20-step warm-up on the split amplifies that to 6e-4 (1e-3 in the
+/// first step's KL), while on the whole task the runs stayed within 3e-5 (the table above). The
+/// presets' held-out evaluation stays on, so its metrics are compared too.
+const FULL_TASK: &[&str] = &["--set", "data.prompts=\"builtin:addition\""];
+
 /// The RL goldens run twice: as configured (each prompt's rows share one pass over it,
 /// `train.share_prompts`), and with that off (`<name>-unshared`).
 fn check_rl(name: &str, args: &[&str]) {
-    check(name, args, "actor", None);
+    let args = [args, FULL_TASK].concat();
+    check(name, &args, "actor", None);
     let mut unshared = args.to_vec();
     unshared.extend(["--set", "train.share_prompts=false"]);
     check(&format!("{name}-unshared"), &unshared, "actor", None);
@@ -175,6 +183,7 @@ fn golden_ppo_all_paths() {
         if !share {
             args.extend(["--set", "train.share_prompts=false"]);
         }
+        args.extend(FULL_TASK);
         args.extend(["--set", "train.ptx_coef=0.5", "--set", &ptx_set]);
         // The ptx path is machine-specific: the golden file records it relative to integration-tests/.
         let mut recorded = json!(args);
@@ -205,7 +214,7 @@ fn golden_tolerance_catches_a_learning_rate_or_kl_coefficient_off_by_a_thousandt
     }
     let want = read_golden("grpo");
     for set in ["train.actor_lr=0.0005005", "algorithm.config.beta=0.04004"] {
-        let args = ["train", "--algo", "grpo", "--set", "train.steps=12", "--set", set];
+        let args = [&["train", "--algo", "grpo", "--set", "train.steps=12", "--set", set], FULL_TASK].concat();
         let got = golden::capture(&args, "actor", NATIVE);
         let bad = golden::compare(&got, &want, true);
         let floats =

@@ -35,7 +35,8 @@ fn learns(label: &str, args: &[&str], expected: &[&str]) -> Result<(), String> {
     if !o.status.success() {
         return Err(format!("{label}: {}", String::from_utf8_lossy(&o.stderr)));
     }
-    let lines = metrics(&rd);
+    // Training steps only: the preset's held-out evaluation before training is row 0.
+    let lines: Vec<_> = metrics(&rd).into_iter().filter(|l| l["step"] != 0).collect();
     let (first, last) = first_and_last(&lines);
     let secs = started.elapsed().as_secs_f64();
     println!("{label}: reward first 10% {first:.3}, last 10% {last:.3} ({} steps, {secs:.1}s)", lines.len());

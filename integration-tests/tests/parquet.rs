@@ -81,7 +81,8 @@ fn the_shipped_fixture_reads_and_trains_without_python() {
         .unwrap();
     ok(&o);
     let metrics = std::fs::read_to_string(rd.join("metrics.jsonl")).unwrap();
-    assert_eq!(metrics.lines().count(), 2, "{metrics}");
+    // Two steps, after the preset's held-out evaluation before training (step 0).
+    assert_eq!(metrics.lines().count(), 3, "{metrics}");
 }
 
 /// Writes `rows` (JSON objects; pyarrow infers the schema, a key a row lacks is a null) as Parquet.

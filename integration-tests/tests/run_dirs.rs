@@ -37,6 +37,9 @@ const FAST: &[&str] = &[
     "train",
     "--algo",
     "grpo",
+    // The preset's held-out evaluation is off: these runs test other things, step by step.
+    "--set",
+    "eval.data=\"\"",
     "--set",
     "warmup.steps=0",
     "--set",

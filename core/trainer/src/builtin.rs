@@ -5,7 +5,9 @@
 //! real model takes; transformers loads it too.
 //!
 //! Task `builtin:addition`: prompts `a + b =` over single digits with `a + b <= 9`, label `a + b`;
-//! a response is correct when its number equals the label (scored by `reward-rules`).
+//! a response is correct when its number equals the label (scored by `reward-rules`). Its split
+//! `builtin:addition-train` / `builtin:addition-test` (44 / 11 prompts) is the presets' training
+//! and held-out evaluation data.
 //! Datasets `builtin:addition-sft` and `builtin:addition-pairs` ([`dataset`]) feed `rlhf sft` and
 //! `rlhf rm` (the `cargo xtask pipeline` default), each with a held-out eval split.
 
@@ -38,12 +40,20 @@ pub fn addition_prompts() -> Vec<RawPrompt> {
     out
 }
 
-/// Prompts of a named built-in task.
+/// Prompts of a named built-in task: `addition` (all 55), or its split into `addition-train`
+/// (44) and `addition-test` (the 11 prompts [`held_out`] of every built-in dataset), which share
+/// no prompt: the presets train on the first and evaluate on the second.
 pub fn task_prompts(name: &str) -> Result<Vec<RawPrompt>> {
+    let split = |test: bool| {
+        addition_prompts().into_iter().enumerate().filter(|&(i, _)| held_out(i) == test).map(|(_, p)| p).collect()
+    };
     match name {
         "addition" => Ok(addition_prompts()),
+        "addition-train" => Ok(split(false)),
+        "addition-test" => Ok(split(true)),
         other => Err(TrainerError::Config(format!(
-            "data.prompts: unknown built-in task `builtin:{other}` (available: builtin:addition)"
+            "data.prompts: unknown built-in task `builtin:{other}` (available: builtin:addition, builtin:addition-train, \
+             builtin:addition-test)"
         ))),
     }
 }
@@ -226,6 +236,31 @@ mod tests {
         assert_eq!(addition_prompts().len(), 55);
         // `prompt + response` without a space still splits the answer off (the reward model reads it).
         assert_eq!(tok.encode("3 + 4 =7", true).unwrap(), tok.encode("3 + 4 = 7", true).unwrap());
+    }
+
+    /// The presets' training and held-out prompts: together the task, sharing no prompt.
+    #[test]
+    fn addition_train_and_test_share_no_prompt() {
+        let text = |name: &str| -> Vec<String> {
+            task_prompts(name)
+                .unwrap()
+                .into_iter()
+                .map(|p| match p {
+                    RawPrompt::Text { prompt, .. } => prompt,
+                    RawPrompt::Chat { .. } => unreachable!(),
+                })
+                .collect()
+        };
+        let (train, test, all) = (text("addition-train"), text("addition-test"), text("addition"));
+        assert_eq!((train.len(), test.len()), (44, 11));
+        assert!(test.iter().all(|p| !train.contains(p)), "a held-out prompt is trained on");
+        let mut both = [train, test].concat();
+        both.sort();
+        let mut all = all;
+        all.sort();
+        assert_eq!(both, all);
+        // The supervised warm-up of a run on the split sees only its training prompts.
+        assert_eq!(task_demonstrations("addition-train").unwrap().len(), 44);
     }
 
     #[test]
