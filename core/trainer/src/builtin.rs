@@ -58,6 +58,15 @@ pub fn task_prompts(name: &str) -> Result<Vec<RawPrompt>> {
     }
 }
 
+/// The prompts `cfg.prompts` names: a built-in task (`builtin:NAME`) or a JSONL / Parquet file
+/// read with `cfg`'s columns.
+pub fn prompts_of(cfg: &crate::config::DataConfig) -> Result<Vec<RawPrompt>> {
+    match cfg.prompts.strip_prefix("builtin:") {
+        Some(task) => task_prompts(task),
+        None => crate::data::read_prompt_data(cfg),
+    }
+}
+
 /// (prompt, correct response) pairs for the supervised warm-up of a built-in task.
 pub fn task_demonstrations(name: &str) -> Result<Vec<(String, String)>> {
     Ok(task_prompts(name)?

@@ -139,7 +139,16 @@ pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
             kept.push('\n');
         }
     }
-    let tmp = path.with_extension("jsonl.tmp");
-    std::fs::write(&tmp, kept).map_err(|e| TrainerError::io(&tmp, e))?;
+    write_atomic(path, &kept)
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory (created if missing)
+/// renamed into place, so a reader or a killed run never sees half a file.
+pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
+    std::fs::write(&tmp, text).map_err(|e| TrainerError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| TrainerError::io(path, e))
 }

@@ -3,14 +3,13 @@
 //! `log_completions`), with the sampled token ids exactly as sampled, so a user can read what the
 //! policy answered and a test can compare two runs' samples token for token.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rlhf_tokenizer::HfTokenizer;
 use serde_json::json;
 use tch::{Kind, Tensor};
 
-use crate::error::{Result, TrainerError};
+use crate::error::Result;
 use crate::rl::experience::Batch;
 
 /// `<run_dir>/rollouts/step-<step>.jsonl`.
@@ -47,14 +46,7 @@ pub fn write(run_dir: &Path, step: usize, tok: &HfTokenizer, batch: &Batch, rewa
         text.push_str(&line.to_string());
         text.push('\n');
     }
-    let file = path(run_dir, step);
-    let dir = file.parent().expect("a step file has a directory");
-    std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
-    let tmp = dir.join(format!(".tmp-step-{step}-{}", std::process::id()));
-    let mut out = std::fs::File::create(&tmp).map_err(|e| TrainerError::io(&tmp, e))?;
-    out.write_all(text.as_bytes()).map_err(|e| TrainerError::io(&tmp, e))?;
-    drop(out);
-    std::fs::rename(&tmp, &file).map_err(|e| TrainerError::io(&file, e))
+    crate::metrics::write_atomic(&path(run_dir, step), &text)
 }
 
 /// The rows of a 2-D tensor as integers.

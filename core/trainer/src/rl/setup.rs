@@ -22,7 +22,7 @@ use tch::{Device, Kind};
 
 use crate::checkpoint::Loaded;
 use crate::config::RlConfig;
-use crate::data::{read_prompt_data, PromptDataset, RawPrompt};
+use crate::data::{PromptDataset, RawPrompt};
 use crate::error::{Result, TrainerError};
 use crate::metrics::MetricsWriter;
 use crate::optim::Optim;
@@ -118,10 +118,7 @@ fn actor_dir_of(cfg: &RlConfig, run_dir: &Path) -> Result<PathBuf> {
 /// The raw prompts of `data.prompts` (a file or a `builtin:` task), read before the run directory
 /// is created.
 fn raw_prompts(cfg: &RlConfig) -> Result<Vec<RawPrompt>> {
-    match cfg.data.prompts.strip_prefix("builtin:") {
-        Some(task) => crate::builtin::task_prompts(task),
-        None => read_prompt_data(&cfg.data),
-    }
+    crate::builtin::prompts_of(&cfg.data)
 }
 
 /// The actor after the optional warm-up, and the directory its weights come from (the warm-up's

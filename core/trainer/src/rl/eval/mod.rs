@@ -15,7 +15,6 @@
 pub mod estimators;
 pub mod saved;
 
-use std::io::Write;
 use std::path::Path;
 
 use rlhf_collective::World;
@@ -28,7 +27,7 @@ use tch::Device;
 
 use crate::config::{CorrectIf, EvalConfig, RlConfig, RolloutConfig};
 use crate::data::PromptDataset;
-use crate::data::{read_prompt_data, RawPrompt};
+use crate::data::RawPrompt;
 use crate::dist::err;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
@@ -208,7 +207,7 @@ impl Evaluator {
         Ok(all)
     }
 
-    /// The answers to `file`, written to a temporary file and renamed into place.
+    /// The answers to `file`, one line per prompt (written atomically).
     fn write_samples(&self, file: &Path, step: usize, results: &[PromptResult], s: &Summary) -> Result<()> {
         let mut text = String::new();
         for (p, r) in results.iter().enumerate() {
@@ -230,14 +229,7 @@ impl Evaluator {
             text.push_str(&line.to_string());
             text.push('\n');
         }
-        let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
-        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dir.join(format!(".tmp-{name}-{}", std::process::id()));
-        let mut out = std::fs::File::create(&tmp).map_err(|e| TrainerError::io(&tmp, e))?;
-        out.write_all(text.as_bytes()).map_err(|e| TrainerError::io(&tmp, e))?;
-        drop(out);
-        std::fs::rename(&tmp, file).map_err(|e| TrainerError::io(file, e))
+        crate::metrics::write_atomic(file, &text)
     }
 }
 
@@ -254,11 +246,8 @@ pub(crate) fn inputs(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Option
         return Ok(None);
     }
     let data = crate::config::DataConfig { prompts: cfg.eval.data.clone(), ..cfg.data.clone() };
-    let raw = match data.prompts.strip_prefix("builtin:") {
-        Some(task) => crate::builtin::task_prompts(task),
-        None => read_prompt_data(&data),
-    }
-    .map_err(|e| TrainerError::Config(format!("{}: eval.data: {e}", cfg.source_of("eval.data"))))?;
+    let raw = crate::builtin::prompts_of(&data)
+        .map_err(|e| TrainerError::Config(format!("{}: eval.data: {e}", cfg.source_of("eval.data"))))?;
     let all = score::load_rewards(cfg, registry)?;
     let wanted = &cfg.eval.rewards;
     let rewards = all.into_iter().filter(|r| wanted.is_empty() || wanted.contains(&r.name)).collect();
