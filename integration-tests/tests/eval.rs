@@ -344,3 +344,33 @@ fn two_ranks_evaluate_as_one_process() {
     assert!(rows[0].iter().filter(|r| r.len() > 1).count() == 2, "steps 0 and 2 evaluated: {:?}", rows[0]);
     assert_eq!(rows[0], rows[1]);
 }
+
+/// A run that failed in its first step after the evaluation before training trained nothing: a
+/// new run in its directory starts over (instead of refusing a dead end), and its metrics.jsonl
+/// holds one step-0 row, not the failed run's as well.
+#[test]
+fn a_run_that_stopped_after_only_the_evaluation_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = held_out(dir.path());
+    let run = dir.path().join("run");
+    let set = format!("eval.data={}", data.display());
+    let r = run.to_str().unwrap();
+    let common = ["--set", set.as_str(), "--set", "train.steps=2", "--set", "warmup.steps=0", "--run-dir", r];
+    let o = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+        .args([&["train", "--algo", "test-bad-info"], &common[..]].concat())
+        .env("RLHF_TEST_BAD_INFO", "loss-panic")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the plugin's loss was meant to panic");
+    let rows = behaviour_metrics(&run);
+    assert_eq!(rows.len(), 1, "only the evaluation before training was logged: {rows:?}");
+    assert!(rows[0]["eval/pass@1"].is_number());
+    let o = rlhf(&[&["train", "--algo", "grpo"], &common[..]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let steps: Vec<u64> = behaviour_metrics(&run).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [0, 1, 2]);
+    // A run that trained a step is still not started over.
+    let o = rlhf(&[&["train", "--algo", "grpo"], &common[..]].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("already holds a run"), "{err}");
+}
