@@ -111,8 +111,8 @@ fn malformed(c: u32, seed: u64) -> Vec<String> {
 /// - `addition-pairs`: DeepSpeed-Chat's format, `{"prompt": "3 + 4 =", "chosen": " 7", "rejected":
 ///   " 5"}` (responses with a leading space, as DSC writes them): per prompt, every wrong digit and
 ///   13 malformed answers (every non-digit word alone, `" 7 7"`, `" 7 ="`, random word strings) are
-///   rejected against the correct sum; eval = one wrong-digit pair of every prompt (55), train =
-///   the other 1155.
+///   rejected against the correct sum; eval = every pair of the 11 held-out prompts (242), train =
+///   those of the other 44 (968), so held-out accuracy is measured on prompts never trained on.
 pub fn dataset(name: &str) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
     let prompts = addition_prompts();
     let sums = prompts.iter().map(|p| match p {
@@ -134,17 +134,14 @@ pub fn dataset(name: &str) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Va
         "addition-pairs" => {
             for (i, (prompt, sum)) in sums.enumerate() {
                 let c: u32 = sum.parse().unwrap_or(0);
-                let eval_wrong = (c + 1 + (i as u32 % 9)) % 10;
-                for w in (0..10u32).filter(|&w| w != c) {
-                    let line = json!({"prompt": prompt, "chosen": format!(" {c}"), "rejected": format!(" {w}")});
-                    if w == eval_wrong {
-                        eval.push(line)
-                    } else {
-                        train.push(line)
-                    }
-                }
-                for bad in malformed(c, i as u64) {
-                    train.push(json!({"prompt": prompt, "chosen": format!(" {c}"), "rejected": bad}));
+                let wrong = (0..10u32).filter(|&w| w != c).map(|w| format!(" {w}"));
+                let lines = wrong
+                    .chain(malformed(c, i as u64))
+                    .map(|bad| json!({"prompt": prompt, "chosen": format!(" {c}"), "rejected": bad}));
+                if held_out(i) {
+                    eval.extend(lines)
+                } else {
+                    train.extend(lines)
                 }
             }
         }
@@ -278,7 +275,9 @@ mod tests {
         assert_eq!((train.len(), eval.len()), (44, 11));
         assert_eq!(train[0], json!({"prompt": "0 + 0 =", "response": "0"}));
         let (train, eval) = dataset("addition-pairs").unwrap();
-        assert_eq!((train.len(), eval.len()), (1155, 55));
+        assert_eq!((train.len(), eval.len()), (968, 242));
+        let prompts = |v: &[serde_json::Value]| v.iter().map(|l| l["prompt"].clone()).collect::<Vec<_>>();
+        assert!(prompts(&eval).iter().all(|p| !prompts(&train).contains(p)), "an eval prompt is trained on");
         assert!(eval.iter().all(|l| l["chosen"] != l["rejected"]));
         assert_eq!(dataset("addition-pairs").unwrap().1, eval);
         assert!(dataset("nope").unwrap_err().to_string().contains("builtin:addition-sft"));
