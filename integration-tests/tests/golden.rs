@@ -38,7 +38,7 @@
 //! | ppo-seq (3)           | 1.4e-5        | 5.5e-7             | 2.2e-5          |
 //! | ppo-all-paths (4)     | 2.1e-5        | 7.1e-7             | 1.1e-4          |
 //! | sft (12)              | 4.0e-8        | 2.1e-7             | 6.5e-6          |
-//! | rm (12)               | 6.1e-6        | 6.3e-8             | 3.0e-6          |
+//! | rm (12)               | 3.1e-6        | 7.8e-8             | 2.8e-6          |
 //! | Intel Xeon, grpo (12) | 3.8e-5        | —                  | —               |
 //!
 //! (`-unshared` runs: the same within 10 %.) The tolerances are 1e-3 for float metrics (26× the
