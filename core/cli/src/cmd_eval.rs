@@ -94,9 +94,9 @@ fn samples_path(out: &Path) -> PathBuf {
 fn print_table(model: &Path, m: &BTreeMap<String, f64>, n: usize) {
     let mut sources = vec![String::new()];
     sources.extend(m.keys().filter_map(|k| k.strip_prefix("eval/")?.strip_suffix("/prompts").map(String::from)));
-    let ks = std::iter::successors(Some(1usize), |k| k.checked_mul(2)).take_while(|&k| k <= n);
+    let ks = rlhf_trainer::rl::eval::estimators::pass_ks(n);
     let mut columns: Vec<String> = vec!["prompts".into(), "reward/mean".into()];
-    columns.extend(ks.map(|k| format!("pass@{k}")));
+    columns.extend(ks.iter().map(|k| format!("pass@{k}")));
     columns.extend([format!("maj@{n}"), "length/mean".into()]);
     println!("{}", model.display());
     println!("{:<16}{}", "source", columns.iter().map(|c| format!("{c:>13}")).collect::<String>());

@@ -348,16 +348,13 @@ impl Trainer {
 
     /// Held-out evaluation of the policy as of `self.step`, when `[eval]` asks for one now.
     fn evaluate_if_due(&mut self) -> Result<Option<StepMetrics>> {
+        let (pad, eos_ids) = (i64::from(self.tok.pad_token_id()), self.eos_ids());
         let Some(evaluator) = self.evaluator.as_mut().filter(|e| e.due(self.step, self.cfg.train.steps)) else {
             return Ok(None);
         };
         if let Some(p) = &self.progress {
             p.phase("eval", 1);
         }
-        let (pad, eos_ids) = (
-            i64::from(self.tok.pad_token_id()),
-            self.tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect::<Vec<_>>(),
-        );
         let samples = self.run_dir.join("eval").join(format!("step-{}.jsonl", self.step));
         let m = evaluator.evaluate(&self.actor, &self.tok, &eos_ids, pad, &self.world, Some(&samples), self.step)?;
         tracing::info!(

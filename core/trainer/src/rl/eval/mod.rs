@@ -23,7 +23,6 @@ use rlhf_models::CausalLm;
 use rlhf_tokenizer::HfTokenizer;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tch::Device;
 
 use crate::config::{CorrectIf, EvalConfig, RlConfig, RolloutConfig};
 use crate::data::PromptDataset;
@@ -160,15 +159,7 @@ impl Evaluator {
                 group_of_row.push((i, i as i64));
             }
         }
-        let global = PromptBatch { padded: left_pad(&rows, pad, Device::Cpu)?, group_of_row };
-        let device = actor.device();
-        let global = PromptBatch {
-            padded: rlhf_generation::PaddedBatch {
-                input_ids: global.padded.input_ids.f_to_device(device)?,
-                attention_mask: global.padded.attention_mask.f_to_device(device)?,
-            },
-            group_of_row: global.group_of_row,
-        };
+        let global = PromptBatch { padded: left_pad(&rows, pad, actor.device())?, group_of_row };
         let (batch, part) = shard::prompts(global, ids.len(), n, world)?;
         let mut local = Vec::with_capacity(part.rows);
         if part.rows > 0 {
@@ -357,12 +348,12 @@ fn summarize(
         let v = mean(&mut correct_counts.iter().map(|&c| estimators::pass_at_k(n, c, k)));
         m.set(&format!("{prefix}pass@{k}"), v);
     }
-    let maj = which.iter().map(|&p| {
+    let mut maj = which.iter().map(|&p| {
         let answers: Vec<Option<String>> =
             results[p].answers.iter().map(|a| estimators::extract_answer(&a.text, answer)).collect();
         f64::from(u8::from(estimators::majority_correct(&answers, &per_prompt[p].correct)))
     });
-    m.set(&format!("{prefix}maj@{n}"), mean(&mut maj.collect::<Vec<_>>().into_iter()));
+    m.set(&format!("{prefix}maj@{n}"), mean(&mut maj));
     m.set(
         &format!("{prefix}length/mean"),
         mean(&mut which.iter().flat_map(|&p| results[p].answers.iter().map(|a| a.ids.len() as f64))),
