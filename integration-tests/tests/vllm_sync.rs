@@ -175,9 +175,20 @@ fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    // The preset's held-out evaluation ran with the trainer's own decode: before training (row 0,
-    // no sync) and with the last step.
-    assert!(rows[0]["eval/pass@1"].is_number() && rows[2]["eval/pass@1"].is_number(), "{rows:?}");
+    // The preset's held-out evaluation ran on the engine, synced first: before training (row 0,
+    // version 0) and after the last step (version 4). Every held-out answer is the mock's.
+    for r in [&rows[0], &rows[2]] {
+        assert_eq!(r["eval/length/mean"].as_f64(), Some(2.0), "{r}");
+        assert!(r["eval/sync_s"].is_number() && r["eval/pass@1"].is_number(), "{r}");
+    }
+    let answers = std::fs::read_to_string(rd.join("eval/step-2.jsonl")).unwrap();
+    assert_eq!(answers.lines().count(), 11);
+    for line in answers.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        for c in v["completions"].as_array().unwrap() {
+            assert_eq!(c["ids"], json!([9, 1]), "{line}");
+        }
+    }
     let rows: Vec<Value> = rows.into_iter().filter(|r| r["step"] != 0).collect();
     assert_eq!(rows.len(), 2);
     // The version is the optimizer steps taken: 2 per generation batch (128 samples, minibatches of 64).
@@ -188,12 +199,13 @@ fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
             assert!(r[key].as_f64().is_some_and(f64::is_finite), "{key}: {r}");
         }
     }
+    // Version 0 (the evaluation before training; step 1 finds it served), 2 (step 2), 4 (the
+    // evaluation at the end).
     let loaded = mock.lock().unwrap().loaded.clone();
-    assert_eq!(loaded.len(), 2, "{loaded:?}");
-    assert!(
-        loaded[0].ends_with("rollout-weights/v000000") && loaded[1].ends_with("rollout-weights/v000002"),
-        "{loaded:?}"
-    );
+    assert_eq!(loaded.len(), 3, "{loaded:?}");
+    for (v, l) in [0, 2, 4].iter().zip(&loaded) {
+        assert!(l.ends_with(&format!("rollout-weights/v{v:06}")), "{loaded:?}");
+    }
 
     // On 2 data-parallel ranks rank 0 alone pushes each version; both ranks sample from the server.
     let rd2 = dir.path().join("run2");
@@ -207,8 +219,9 @@ fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let m = mock.lock().unwrap();
-    assert_eq!(m.loaded.len(), 4, "one reload per version, from rank 0 only: {:?}", m.loaded);
+    assert_eq!(m.loaded.len(), 6, "one reload per version, from rank 0 only: {:?}", m.loaded);
     let completions = m.calls.iter().filter(|c| *c == "/v1/completions").count() - before;
-    // Per step: rank 0's probe, and one rollout request from each rank.
-    assert_eq!(completions, 2 * 3, "{:?}", m.calls);
+    // Per sync rank 0's probe (versions 0, 2 and 4), and one request from each rank per training
+    // step and per evaluation (the 11 held-out prompts are one chunk, shared by the ranks).
+    assert_eq!(completions, 3 + 2 * 2 + 2 * 2, "{:?}", m.calls);
 }

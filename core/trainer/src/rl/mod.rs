@@ -49,6 +49,7 @@ use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::Optim;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
+use eval::OnEngine;
 use experience::Models;
 use optimise::Learner;
 use phase::PhaseClock;
@@ -356,7 +357,23 @@ impl Trainer {
             p.phase("eval", 1);
         }
         let samples = self.run_dir.join("eval").join(format!("step-{}.jsonl", self.step));
-        let m = evaluator.evaluate(&self.actor, &self.tok, &eos_ids, pad, &self.world, Some(&samples), self.step)?;
+        // On vLLM the servers answer (synced to this policy first); the local engine's bf16 decode
+        // copy does not: the evaluation scores the trained policy itself.
+        let engine = self.engine.is_external().then(|| OnEngine {
+            engine: &mut self.engine,
+            version: self.actor_opt.steps,
+            probe: &self.data.records[0].ids,
+        });
+        let m = evaluator.evaluate(
+            &self.actor,
+            engine,
+            &self.tok,
+            &eos_ids,
+            pad,
+            &self.world,
+            Some(&samples),
+            self.step,
+        )?;
         tracing::info!(
             "eval at step {}: reward {:.4}  pass@1 {:.4}",
             self.step,

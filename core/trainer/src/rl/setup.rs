@@ -331,9 +331,6 @@ impl Trainer {
         let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
         let evaluator = match eval {
             Some(e) => {
-                if cfg.rollout.engine == crate::config::EngineKind::Vllm {
-                    tracing::info!("[eval] generates with the trainer's own decode, not the vLLM servers");
-                }
                 let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
                 let held_out = PromptDataset::new(e.raw, &tok, &unshuffled, cfg.run.seed)?;
                 Some(Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed)?)

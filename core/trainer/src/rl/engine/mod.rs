@@ -71,6 +71,11 @@ impl Engine {
         }
     }
 
+    /// Whether responses come from outside the trainer (vLLM servers).
+    pub fn is_external(&self) -> bool {
+        matches!(self, Engine::Vllm(_))
+    }
+
     /// Samples responses for this rank's prompts (see [`rollout::sample`]).
     ///
     /// # Shapes

@@ -54,6 +54,8 @@ impl VllmEngine {
         m: &mut StepMetrics,
     ) -> Result<()> {
         if self.synced == Some(version) {
+            // Already served (e.g. synced by the held-out evaluation after the previous step).
+            m.set("rollout/weights_version", version as f64);
             return Ok(());
         }
         let t = std::time::Instant::now();

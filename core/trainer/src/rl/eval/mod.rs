@@ -5,6 +5,10 @@
 //! per `data_source` when the prompts have that field ([`estimators`] has the formulas). Every
 //! sample is written to `<run_dir>/eval/step-<N>.jsonl`, one line per prompt.
 //!
+//! The answers come from the trainer's own decode of the policy, or, when the run samples on
+//! vLLM servers, from the servers (brought to the current policy first, as a training step
+//! does), so the evaluation sees the engine the rollouts see.
+//!
 //! Evaluation never perturbs training: it reads the prompts of its own dataset in file order,
 //! seeds the sampler from (seed, step) for itself (every training step reseeds it before use), and
 //! its reward sources are separate instances, so a stateful source (a reward model's running
@@ -31,6 +35,7 @@ use crate::dist::err;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
 use crate::plugins::PluginRegistry;
+use crate::rl::engine::Engine;
 use crate::rl::prompts::{ids_i64, PromptBatch};
 use crate::rl::score::{self, RewardSource};
 use crate::rl::{rollout, shard};
@@ -47,6 +52,15 @@ pub struct Answer {
     pub ids: Vec<u32>,
     /// Per evaluation reward source, in order (NaN: could not score, or an empty answer).
     pub scores: Vec<f64>,
+}
+
+/// An external rollout engine that answers the held-out prompts instead of the trainer's decode.
+pub struct OnEngine<'a> {
+    pub engine: &'a mut Engine,
+    /// The optimizer steps of the policy being evaluated (the engine's weight version).
+    pub version: usize,
+    /// The probe prompt of the engine's weight sync.
+    pub probe: &'a [u32],
 }
 
 /// Generation and scoring of held-out prompts.
@@ -95,11 +109,12 @@ impl Evaluator {
 
     /// Evaluates `actor` as of step `step`: the `eval/*` metrics, and (on the main rank) every
     /// answer written to `samples` (a run's `<run_dir>/eval/step-<step>.jsonl`), one line per
-    /// prompt.
+    /// prompt. With `engine` the answers are sampled there, after syncing it to `actor`.
     #[allow(clippy::too_many_arguments)]
     pub fn evaluate(
         &mut self,
         actor: &CausalLm,
+        mut engine: Option<OnEngine>,
         tok: &HfTokenizer,
         eos_ids: &[i64],
         pad: i64,
@@ -115,11 +130,15 @@ impl Evaluator {
             0 => self.data.records.len(),
             m => m.min(self.data.records.len()),
         };
+        let mut sync = StepMetrics::default();
+        if let Some(e) = engine.as_mut() {
+            e.engine.ensure_synced(actor, e.version, e.probe, world, &mut sync)?;
+        }
         let chunk = self.generation.prompts_per_batch.max(world.size());
         let mut answers = Vec::with_capacity(prompts * n);
         for start in (0..prompts).step_by(chunk) {
             let ids: Vec<usize> = (start..(start + chunk).min(prompts)).collect();
-            answers.extend(self.answer_chunk(actor, tok, &ids, eos_ids, pad, world)?);
+            answers.extend(self.answer_chunk(actor, engine.as_mut(), tok, &ids, eos_ids, pad, world)?);
         }
         let names: Vec<(String, f64)> = self.rewards.iter().map(|r| (r.name.clone(), r.weight)).collect();
         let results: Vec<PromptResult> = (0..prompts)
@@ -132,18 +151,23 @@ impl Evaluator {
                 answers: answers[p * n..(p + 1) * n].to_vec(),
             })
             .collect();
-        let summary = Summary::new(&results, &names, &self.correct, &self.cfg.answer);
+        let mut summary = Summary::new(&results, &names, &self.correct, &self.cfg.answer);
         if let (Some(file), true) = (samples, world.is_main()) {
             self.write_samples(file, step, &results, &summary)?;
+        }
+        if let Some(s) = sync.get("rollout/sync_s") {
+            summary.metrics.set("eval/sync_s", s);
         }
         Ok(summary.metrics)
     }
 
     /// Answers of the prompts `ids` (dataset indices), `n` per prompt in order, gathered from
     /// every rank.
+    #[allow(clippy::too_many_arguments)]
     fn answer_chunk(
         &mut self,
         actor: &CausalLm,
+        engine: Option<&mut OnEngine>,
         tok: &HfTokenizer,
         ids: &[usize],
         eos_ids: &[i64],
@@ -163,7 +187,10 @@ impl Evaluator {
         let (batch, part) = shard::prompts(global, ids.len(), n, world)?;
         let mut local = Vec::with_capacity(part.rows);
         if part.rows > 0 {
-            let out = rollout::sample(actor, &batch, &self.generation, eos_ids, pad, part.window(), false)?;
+            let out = match engine {
+                Some(e) => e.engine.sample(actor, &batch, part, &self.generation, eos_ids, pad)?,
+                None => rollout::sample(actor, &batch, &self.generation, eos_ids, pad, part.window(), false)?,
+            };
             let samples = score::samples(&out, &batch.group_of_row, &self.data, tok)?;
             let scores = score::call_sources(&mut self.rewards, &samples, None)?;
             for r in 0..part.rows {
