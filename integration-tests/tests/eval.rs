@@ -374,3 +374,84 @@ fn a_run_that_stopped_after_only_the_evaluation_starts_over() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("already holds a run"), "{err}");
 }
+
+/// `rlhf eval` on committed Hugging Face checkpoints of three families (real byte-level BPE
+/// tokenizers): the greedy answers are transformers' greedy continuations token for token (the
+/// fixtures' `greedy_ids`, a batch of two left-padded prompts, as the evaluation batches them), and
+/// the default rule reward scores them against the labels: the second prompt's label is the
+/// decoded transformers answer, the first's is not, so pass@1 and maj@1 are 1/2 overall, 0 and 1
+/// per source.
+#[test]
+fn rlhf_eval_on_fixture_models_answers_as_transformers_greedy() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["llama", "qwen2", "gpt2"] {
+        let model = rlhf_integration_tests::model_dir(name);
+        let reference = rlhf_integration_tests::read_json(&model.join("reference.json"));
+        let prompts: Vec<&str> = reference["prompts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        let r: std::collections::HashMap<String, tch::Tensor> =
+            tch::Tensor::read_safetensors(model.join("reference.safetensors")).unwrap().into_iter().collect();
+        let prompt_len = r["input_ids"].size()[1];
+        let tok = rlhf_tokenizer::HfTokenizer::from_dir(&model).unwrap();
+        let eos: Vec<u32> = tok.eos_token_ids().to_vec();
+        // Transformers' answer of each row: up to and with its EOS, else all 8 tokens.
+        let want: Vec<Vec<u32>> = (0..2)
+            .map(|row| {
+                let ids = Vec::<i64>::try_from(r["greedy_ids"].get(row).narrow(0, prompt_len, 8)).unwrap();
+                let ids: Vec<u32> = ids.into_iter().map(|t| t as u32).collect();
+                match ids.iter().position(|t| eos.contains(t)) {
+                    Some(e) => ids[..=e].to_vec(),
+                    None => ids,
+                }
+            })
+            .collect();
+        let answer1 = tok.decode(&want[1], true).unwrap();
+        assert!(!answer1.trim().is_empty(), "{name}");
+        let data = dir.path().join(format!("{name}.jsonl"));
+        let lines = [
+            serde_json::json!({"prompt": prompts[0], "label": "no such answer", "data_source": "first"}),
+            serde_json::json!({"prompt": prompts[1], "label": answer1.trim(), "data_source": "second"}),
+        ];
+        std::fs::write(&data, lines.iter().map(|l| l.to_string() + "\n").collect::<String>()).unwrap();
+        let out = dir.path().join(format!("{name}.json"));
+        let o = eval_cmd(&[
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--samples",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--set",
+            "eval.max_new_tokens=8",
+            "--set",
+            "data.max_prompt_len=64",
+            "--set",
+            "data.apply_chat_template=false",
+            // maj@1 votes on the answer the rule scores: the whole text (the default last number
+            // finds none in these answers, and an answer without one does not vote).
+            "--set",
+            "eval.answer=\"full\"",
+        ]);
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        let answers = std::fs::read_to_string(dir.path().join(format!("{name}.samples.jsonl"))).unwrap();
+        let got: Vec<Vec<u32>> = answers
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["completions"][0]["ids"].clone())
+            .map(|ids| serde_json::from_value(ids).unwrap())
+            .collect();
+        assert_eq!(got, want, "{name}: greedy answers against transformers'");
+        let m = summary(&out);
+        let lengths = (want[0].len() + want[1].len()) as f64 / 2.0;
+        for (key, v) in [
+            ("eval/pass@1", 0.5),
+            ("eval/first/pass@1", 0.0),
+            ("eval/second/pass@1", 1.0),
+            ("eval/maj@1", 0.5),
+            ("eval/prompts", 2.0),
+            ("eval/length/mean", lengths),
+        ] {
+            assert_eq!(m[key].as_f64(), Some(v), "{name}: {key} in {m:?}");
+        }
+    }
+}
