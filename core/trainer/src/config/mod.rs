@@ -327,6 +327,23 @@ mod tests {
         assert_eq!(cfg.algorithm.name, "ppo");
     }
 
+    /// Every RL preset evaluates on held-out prompts that training (and so its warm-up, which
+    /// reads the training prompts' labels) never sees.
+    #[test]
+    fn presets_evaluate_on_prompts_training_never_sees() {
+        let texts = |data: &DataConfig| -> Vec<String> {
+            crate::builtin::prompts_of(data).unwrap().iter().map(|p| format!("{p:?}")).collect()
+        };
+        for (name, _) in PRESETS {
+            let cfg = RlConfig::load(&ConfigSource::Preset(name.to_string()), Some(name), &[]).unwrap();
+            assert!(cfg.eval.enabled(), "{name}: no [eval]");
+            let train = texts(&cfg.data);
+            let held_out = texts(&DataConfig { prompts: cfg.eval.data.clone(), ..cfg.data.clone() });
+            assert!(!held_out.is_empty() && train.len() > held_out.len(), "{name}");
+            assert!(held_out.iter().all(|p| !train.contains(p)), "{name}: a held-out prompt is trained on");
+        }
+    }
+
     #[test]
     fn errors_name_source_and_key() {
         let dir = tempfile::tempdir().unwrap();
