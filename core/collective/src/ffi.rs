@@ -44,6 +44,18 @@ extern "C" {
         input: *mut c_void,
         err: *mut *mut c_char,
     ) -> c_int;
+    fn rlhf_c10d_reduce_scatter(
+        group: *mut c_void,
+        output: *mut c_void,
+        input: *mut c_void,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    fn rlhf_c10d_allgather_into(
+        group: *mut c_void,
+        output: *mut c_void,
+        input: *mut c_void,
+        err: *mut *mut c_char,
+    ) -> c_int;
     fn rlhf_c10d_barrier(group: *mut c_void, err: *mut *mut c_char) -> c_int;
     fn rlhf_c10d_quiet_logs();
     fn rlhf_c10d_ensure_grad(tensor: *mut c_void, err: *mut *mut c_char) -> c_int;
@@ -182,6 +194,14 @@ impl Group {
         call(|err| unsafe {
             rlhf_c10d_allgather(self.0, ptrs.as_mut_ptr(), ptrs.len() as c_int, tensor_ptr(input), err)
         })
+    }
+
+    pub(crate) fn reduce_scatter(&self, output: &Tensor, input: &Tensor) -> Result<(), String> {
+        call(|err| unsafe { rlhf_c10d_reduce_scatter(self.0, tensor_ptr(output), tensor_ptr(input), err) })
+    }
+
+    pub(crate) fn all_gather_into(&self, output: &Tensor, input: &Tensor) -> Result<(), String> {
+        call(|err| unsafe { rlhf_c10d_allgather_into(self.0, tensor_ptr(output), tensor_ptr(input), err) })
     }
 
     pub(crate) fn barrier(&self) -> Result<(), String> {

@@ -1,8 +1,8 @@
 //! Data-parallel plumbing on libtorch's own c10d (the engine under `torch.distributed` and DDP):
 //! a TCPStore rendezvous from torchrun's environment ([`Launch`]), a Gloo process group for CPU
 //! tensors and NCCL for CUDA tensors ([`nccl`], loaded on first use), and the collectives the
-//! trainer needs — all-reduce (sum/mean/max/min), broadcast, all-gather, barrier — each bounded
-//! by the group's timeout.
+//! trainer needs — all-reduce (sum/mean/max/min), broadcast, all-gather, reduce-scatter and
+//! all-gather into one flat tensor (ZeRO's pair), barrier — each bounded by the group's timeout.
 //!
 //! A [`World`] of one (no launcher) needs no rendezvous and every collective is the identity, so
 //! single-process runs do exactly what they did before.
@@ -246,6 +246,61 @@ impl World {
             g.get().all_gather(&outs, &t).map_err(|m| self.op_err("all_gather", m))?;
             Ok(outs)
         })
+    }
+
+    /// Sums `input` (`[size · s]`, contiguous, alike on every rank) over the ranks and leaves
+    /// this rank's part of the sum, elements `rank · s .. (rank + 1) · s`, in `output` (`[s]`,
+    /// contiguous, same dtype and device) — `torch.distributed.reduce_scatter_tensor`, ZeRO's
+    /// gradient reduction: each rank receives only the shard it updates, half an all-reduce's
+    /// traffic. In a world of one `output` gets `input`.
+    pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor) -> Result<()> {
+        self.check_flat("reduce_scatter", output, input)?;
+        if !self.is_distributed() {
+            return tch::no_grad(|| output.shallow_clone().f_copy_(input).map(|_| ()).map_err(|e| self.torch_err(e)));
+        }
+        self.timed(bytes_of(input), || {
+            let g = self.group_for(input.device(), "reduce_scatter")?;
+            g.get().reduce_scatter(output, input).map_err(|m| self.op_err("reduce_scatter", m))
+        })
+    }
+
+    /// Every rank's `input` (`[s]`, contiguous) laid end to end in rank order into `output`
+    /// (`[size · s]`, contiguous, same dtype and device) — `torch.distributed.all_gather_into_tensor`,
+    /// how sharded parameters are put back together. In a world of one `output` gets `input`.
+    pub fn all_gather_into(&self, output: &Tensor, input: &Tensor) -> Result<()> {
+        self.check_flat("all_gather_into", input, output)?;
+        if !self.is_distributed() {
+            return tch::no_grad(|| output.shallow_clone().f_copy_(input).map(|_| ()).map_err(|e| self.torch_err(e)));
+        }
+        self.timed(bytes_of(output), || {
+            let g = self.group_for(input.device(), "all_gather_into")?;
+            g.get().all_gather_into(output, input).map_err(|m| self.op_err("all_gather_into", m))
+        })
+    }
+
+    /// `shard` and `full` are contiguous, of one dtype and device, and `full` holds `size` shards.
+    fn check_flat(&self, op: &'static str, shard: &Tensor, full: &Tensor) -> Result<()> {
+        let fits = shard.is_contiguous()
+            && full.is_contiguous()
+            && shard.kind() == full.kind()
+            && shard.device() == full.device()
+            && full.numel() == shard.numel() * self.size;
+        if fits {
+            return Ok(());
+        }
+        Err(self.op_err(
+            op,
+            format!(
+                "a {:?} {:?} shard of {} elements and a {:?} {:?} whole of {} do not fit {} ranks (both contiguous)",
+                shard.kind(),
+                shard.device(),
+                shard.numel(),
+                full.kind(),
+                full.device(),
+                full.numel(),
+                self.size
+            ),
+        ))
     }
 
     /// Waits until every rank gets here.

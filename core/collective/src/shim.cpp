@@ -187,6 +187,34 @@ int rlhf_c10d_allgather(void* group, void** outputs, int n, void* input, char** 
   });
 }
 
+// `output` (one rank's share, contiguous) receives its part of the sum over ranks of `input`
+// (world size × the share, contiguous): c10d's `_reduce_scatter_base`, which
+// `torch.distributed.reduce_scatter_tensor` calls (NCCL's ncclReduceScatter; Gloo's own).
+int rlhf_c10d_reduce_scatter(void* group, void* output, void* input, char** err) {
+  return guarded(err, [&] {
+    auto& g = *static_cast<Group*>(group);
+    auto& out = *static_cast<at::Tensor*>(output);
+    auto& in = *static_cast<at::Tensor*>(input);
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    opts.timeout = g.timeout;
+    finish(g, g.backend->_reduce_scatter_base(out, in, opts), "reduce_scatter");
+  });
+}
+
+// `output` (world size × the share, contiguous) receives every rank's `input` (the share) in
+// rank order: c10d's `_allgather_base` (`torch.distributed.all_gather_into_tensor`).
+int rlhf_c10d_allgather_into(void* group, void* output, void* input, char** err) {
+  return guarded(err, [&] {
+    auto& g = *static_cast<Group*>(group);
+    auto& out = *static_cast<at::Tensor*>(output);
+    auto& in = *static_cast<at::Tensor*>(input);
+    c10d::AllgatherOptions opts;
+    opts.timeout = g.timeout;
+    finish(g, g.backend->_allgather_base(out, in, opts), "all_gather_into");
+  });
+}
+
 int rlhf_c10d_barrier(void* group, char** err) {
   return guarded(err, [&] {
     auto& g = *static_cast<Group*>(group);

@@ -107,6 +107,26 @@ fn rank_collectives() {
     assert_eq!(values(&b.grad().view([-1])), [2.0; 4]);
     assert_eq!(values(&c.grad()), [2.0]);
 
+    // ZeRO's pair: rank r gets its half of the sum, then every rank the halves end to end, in
+    // f32 and in bf16; a shard that does not fit the whole is a one-line error.
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let input = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).f_mul_scalar(f64::from(r + 1.0)).unwrap();
+        let input = input.to_kind(kind);
+        let shard = Tensor::zeros([3], (kind, tch::Device::Cpu));
+        w.reduce_scatter(&shard, &input).unwrap();
+        let want = if w.rank() == 0 { [3.0, 6.0, 9.0] } else { [12.0, 15.0, 18.0] };
+        assert_eq!(values(&shard), want);
+        let whole = Tensor::zeros([6], (kind, tch::Device::Cpu));
+        w.all_gather_into(&whole, &shard).unwrap();
+        assert_eq!(values(&whole), [3.0, 6.0, 9.0, 12.0, 15.0, 18.0]);
+    }
+    let err = w.reduce_scatter(
+        &Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)),
+        &Tensor::zeros([6], (Kind::Float, tch::Device::Cpu)),
+    );
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("reduce_scatter") && err.contains("do not fit 2 ranks") && !err.contains('\n'), "{err}");
+
     // Parameters broadcast from rank 0.
     let p = Tensor::from_slice(&[r; 2]);
     w.broadcast_all(&[p.shallow_clone()], 0).unwrap();
