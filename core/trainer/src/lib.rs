@@ -23,6 +23,7 @@ pub mod rl;
 pub mod run_lock;
 pub mod supervised;
 pub mod tabular;
+pub mod train_engine;
 
 pub use config::{ConfigSource, RlConfig};
 pub use error::{Result, TrainerError};

@@ -46,9 +46,9 @@ use crate::config::RlConfig;
 use crate::data::{PromptDataset, SplitMix};
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::Optim;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
+use crate::train_engine::TrainEngine;
 use eval::OnEngine;
 use experience::Models;
 use optimise::Learner;
@@ -84,8 +84,8 @@ pub struct Trainer {
     algo: AlgorithmHandle,
     rewards: Vec<RewardSource>,
     data: PromptDataset,
-    actor_opt: Optim,
-    critic_opt: Option<Optim>,
+    actor_opt: TrainEngine,
+    critic_opt: Option<TrainEngine>,
     ptx: Option<PtxData>,
     metrics: Option<MetricsWriter>,
     step: usize,
@@ -224,7 +224,7 @@ impl Trainer {
         let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, device)?;
         let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
         let probe = &self.data.records[0].ids;
-        self.engine.ensure_synced(&self.actor, self.actor_opt.steps, probe, &self.world, &mut m)?;
+        self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, &mut m)?;
         let rollout = self.engine.sample(&self.actor, &batch, part, &cfg.rollout, &eos_ids, pad)?;
         let t_gen = clock.stop();
         if let Some(p) = &self.progress {
@@ -286,7 +286,7 @@ impl Trainer {
         }
 
         // 5. Advantages.
-        let mut prepared = advantages::prepare(&mut self.algo, &exp, self.actor_opt.steps as u64, &mut m)?;
+        let mut prepared = advantages::prepare(&mut self.algo, &exp, self.actor_opt.steps() as u64, &mut m)?;
         let behavior = exp.behavior_logprobs.as_ref();
         let adv = prepared.advantages.shallow_clone();
         prepared.advantages =
@@ -361,7 +361,7 @@ impl Trainer {
         // copy does not: the evaluation scores the trained policy itself.
         let engine = self.engine.is_external().then(|| OnEngine {
             engine: &mut self.engine,
-            version: self.actor_opt.steps,
+            version: self.actor_opt.steps(),
             probe: &self.data.records[0].ids,
         });
         let m = evaluator.evaluate(
@@ -386,9 +386,9 @@ impl Trainer {
     /// Checks that every rank ends with bit-identical trained weights (they take the same steps
     /// on the same summed gradients; a difference means a bug or a broken collective).
     fn check_ranks_identical(&self) -> Result<()> {
-        crate::dist::check_identical(&self.world, &self.actor_opt, "actor")?;
+        self.actor_opt.check_identical(&self.world, "actor")?;
         if let Some(o) = &self.critic_opt {
-            crate::dist::check_identical(&self.world, o, "critic")?;
+            o.check_identical(&self.world, "critic")?;
         }
         Ok(())
     }

@@ -18,17 +18,18 @@ use crate::data::SplitMix;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
-use crate::optim::{ema_update, Optim};
+use crate::optim::ema_update;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
 use crate::rl::experience::Batch;
 use crate::rl::ptx::PtxData;
+use crate::train_engine::{self, TrainEngine};
 
 /// What the optimisation stage trains.
 pub struct Learner<'a> {
     pub actor: &'a CausalLm,
-    pub actor_opt: &'a mut Optim,
-    pub critic: Option<(&'a ScalarHeadModel, &'a mut Optim)>,
+    pub actor_opt: &'a mut TrainEngine,
+    pub critic: Option<(&'a ScalarHeadModel, &'a mut TrainEngine)>,
     /// The EMA copy of the actor and its decay.
     pub ema: Option<(&'a CausalLm, f64)>,
     pub ptx: Option<&'a PtxData>,
@@ -170,7 +171,7 @@ pub fn optimise(
                     action_mask,
                     entropy: lp.entropy,
                     rewards: pick(&batch.rewards, &idx)?,
-                    step: actor_opt.steps as u64,
+                    step: actor_opt.steps() as u64,
                     epoch: epoch as u64,
                     accumulation_steps: k as u64,
                     behavior_logprobs: pick_opt(&batch.behavior_logprobs, &idx)?,
@@ -205,31 +206,17 @@ pub fn optimise(
                     c.backward_checkpointed(ck)?;
                 }
             }
-            if world.is_distributed() {
-                // The same decision on every rank; the gradient of the whole step on every rank.
-                finite = dist::all(world, finite)?;
-                if finite {
-                    dist::all_reduce_grads(world, actor_opt)?;
-                    if let Some((_, o)) = &critic {
-                        dist::all_reduce_grads(world, o)?;
-                    }
-                }
-            }
-            if !finite {
-                // Drop what the step's earlier minibatches accumulated.
-                actor_opt.zero_grad()?;
-                if let Some((_, o)) = &mut critic {
-                    o.zero_grad()?;
-                }
+            let mut engines: Vec<&mut TrainEngine> = vec![&mut *actor_opt];
+            engines.extend(critic.as_mut().map(|(_, o)| &mut **o));
+            let Some(infos) = train_engine::finish_step(world, &mut engines, finite)? else {
                 skipped += 1;
                 continue;
-            }
-            let a = actor_opt.step()?;
+            };
+            let a = infos[0];
             local.add("grad_norm/actor", a.grad_norm);
             m.set("lr", a.lr);
             let mut skip = a.skipped;
-            if let Some((_, o)) = &mut critic {
-                let c = o.step()?;
+            if let Some(c) = infos.get(1) {
                 local.add("grad_norm/critic", c.grad_norm);
                 m.set("lr/critic", c.lr);
                 skip |= c.skipped;

@@ -25,7 +25,6 @@ use crate::config::RlConfig;
 use crate::data::{PromptDataset, RawPrompt};
 use crate::error::{Result, TrainerError};
 use crate::metrics::MetricsWriter;
-use crate::optim::Optim;
 use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry};
 use crate::rl::eval::Evaluator;
 use crate::rl::optimise;
@@ -35,6 +34,7 @@ use crate::rl::score::{self, RewardSource};
 use crate::rl::warmup::sft_warmup;
 use crate::rl::Trainer;
 use crate::run_lock::RunLock;
+use crate::train_engine::TrainEngine;
 
 /// `run.run_dir`, or `runs/<algo>-<unix time>`.
 fn run_dir_of(cfg: &RlConfig) -> PathBuf {
@@ -365,8 +365,9 @@ impl Trainer {
         // Optimizer steps per generation batch: ppo_epochs × ⌈⌈batch / minibatch⌉ / accumulation⌉.
         let batch = cfg.rollout.prompts_per_batch * cfg.rollout.samples_per_prompt;
         let total = cfg.train.steps * cfg.train.ppo_epochs * optimise::steps_per_epoch(batch, &cfg.train);
-        let actor_opt = Optim::new(&actor.vs, &cfg.train.actor_optim(), total)?;
-        let critic_opt = critic.as_ref().map(|c| Optim::new(&c.vs, &cfg.train.critic_optim(), total)).transpose()?;
+        let actor_opt = TrainEngine::new(&actor.vs, &cfg.train.actor_optim(), total)?;
+        let critic_opt =
+            critic.as_ref().map(|c| TrainEngine::new(&c.vs, &cfg.train.critic_optim(), total)).transpose()?;
         let ptx = match &cfg.train.ptx_data {
             Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
             _ => None,

@@ -32,7 +32,7 @@ impl Trainer {
             "step": self.step,
             "prompts_seen": self.prompts_seen,
             "data": {"epoch": epoch, "pos": pos},
-            "optimizer_steps": {"actor": self.actor_opt.steps, "critic": self.critic_opt.as_ref().map(|o| o.steps)},
+            "optimizer_steps": {"actor": self.actor_opt.steps(), "critic": self.critic_opt.as_ref().map(|o| o.steps())},
             "algorithm": {"name": self.algo.meta.name, "state": self.algo.state()?},
             "rewards": rewards,
             "reward_history": self.reward_history,

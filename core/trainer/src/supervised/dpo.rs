@@ -34,7 +34,7 @@ use rlhf_collective::World;
 use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::Optim;
+use crate::train_engine::TrainEngine;
 
 /// The settings of [`dpo_loss`].
 #[derive(Debug, Clone, Copy)]
@@ -442,7 +442,7 @@ fn dpo_in(
     }
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &policy.vs)?;
-    let mut opt = Optim::new(&policy.vs, &t.optim(), total)?;
+    let mut opt = TrainEngine::new(&policy.vs, &t.optim(), total)?;
     tracing::info!(
         "dpo: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, beta {}, reference {}, run dir {}",
         train.len(),

@@ -24,7 +24,7 @@ use rlhf_collective::World;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::Optim;
+use crate::train_engine::TrainEngine;
 
 /// Where a finished reward-model run left its outputs.
 #[derive(Debug, Clone)]
@@ -184,7 +184,7 @@ fn rm_in(
     let t = &cfg.train.common();
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &model.vs)?;
-    let mut opt = Optim::new(&model.vs, &t.optim(), total)?;
+    let mut opt = TrainEngine::new(&model.vs, &t.optim(), total)?;
     tracing::info!(
         "rm: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, run dir {}",
         train.len(),

@@ -12,9 +12,9 @@ use rlhf_collective::World;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::Optim;
 use crate::run_lock::RunLock;
 use crate::supervised::phase::{checkpoint_dir, epoch_plan, in_run_dir, total_steps, PhaseTrainConfig};
+use crate::train_engine::{self, TrainEngine};
 
 /// Runs `f` in the phase's run directory: rank 0's, which `create` makes and locks (see
 /// [`crate::supervised::phase::prepare_run_dir`]); another rank works in a private scratch
@@ -85,7 +85,7 @@ pub fn run_phase<T: PhaseTask>(
     n: usize,
     t: &PhaseTrainConfig,
     seed: u64,
-    opt: &mut Optim,
+    opt: &mut TrainEngine,
     run_dir: &Path,
     metrics: &mut MetricsWriter,
     world: &World,
@@ -134,18 +134,14 @@ pub fn run_phase<T: PhaseTask>(
                 }
             }
             if world.is_distributed() {
-                // Every rank takes the same decision on the same summed gradient.
-                finite = dist::all(world, finite)?;
                 let s = dist::sum(world, &[loss_sum, tokens as f64])?;
                 (loss_sum, tokens) = (s[0], s[1] as usize);
-                if finite {
-                    dist::all_reduce_grads(world, opt)?;
-                }
             }
+            // Every rank takes the same decision on the same combined gradient.
+            let stepped = train_engine::finish_step(world, &mut [&mut *opt], finite)?;
             dist::merge_metrics(world, &local, &mut m)?;
             step += 1;
-            if finite {
-                let info = opt.step()?;
+            if let Some(info) = stepped.map(|infos| infos[0]) {
                 m.set("lr", info.lr);
                 m.set("grad_norm", info.grad_norm);
                 if info.skipped {
@@ -159,7 +155,6 @@ pub fn run_phase<T: PhaseTask>(
                 }
                 loss_last = loss;
             } else {
-                opt.zero_grad()?;
                 tracing::warn!("step {step}: non-finite loss; optimizer step skipped");
                 m.set("skipped_steps", 1.0);
             }
@@ -188,7 +183,7 @@ pub fn run_phase<T: PhaseTask>(
             }
         }
     }
-    dist::check_identical(world, opt, "model")?;
+    opt.check_identical(world, "model")?;
     let model_dir = run_dir.join("model");
     if world.is_main() {
         task.save(&model_dir)?;

@@ -24,7 +24,7 @@ use rlhf_collective::World;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::Optim;
+use crate::train_engine::TrainEngine;
 
 /// Where a finished SFT run left its outputs.
 #[derive(Debug, Clone)]
@@ -181,7 +181,7 @@ fn sft_in(
     let t = &cfg.train;
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &model.vs)?;
-    let mut opt = Optim::new(&model.vs, &t.optim(), total)?;
+    let mut opt = TrainEngine::new(&model.vs, &t.optim(), total)?;
     tracing::info!(
         "sft: {} train examples, {} eval examples, {total} optimizer steps, run dir {}",
         train_examples,
