@@ -153,6 +153,8 @@ const MAY_DIFFER: &[&str] = &[
     "run.run_dir",
     "run.device",
     "plugin_dirs",
+    // How the ranks hold the optimizer state: a checkpoint holds it whole, re-sharded on load.
+    "distributed.",
     // Where the rollout servers are and how long to wait for them.
     "rollout.vllm.urls",
     "rollout.vllm.timeout_s",
@@ -169,6 +171,16 @@ fn check_same_config(dir: &std::path::Path, saved: &str, cfg: &RlConfig) -> anyh
     flatten(&now, "", &mut b);
     let a: std::collections::BTreeMap<_, _> = a.into_iter().collect();
     let b: std::collections::BTreeMap<_, _> = b.into_iter().collect();
+    let stage = |m: &std::collections::BTreeMap<String, String>| {
+        m.get("distributed.zero_stage").cloned().unwrap_or_else(|| "0".into())
+    };
+    if stage(&a) != stage(&b) {
+        tracing::info!(
+            "resuming a ZeRO stage {} checkpoint at stage {}: the optimizer state is re-laid out",
+            stage(&a),
+            stage(&b)
+        );
+    }
     let mut diffs = Vec::new();
     for key in a.keys().chain(b.keys()).collect::<std::collections::BTreeSet<_>>() {
         if MAY_DIFFER.iter().any(|p| key == p.trim_end_matches('.') || key.starts_with(p)) {

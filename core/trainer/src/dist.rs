@@ -109,12 +109,12 @@ pub fn digest(tensors: &[Tensor]) -> Result<u64> {
     Ok(h)
 }
 
-/// Checks that every rank holds bit-identical trained variables and logs their digest.
-pub fn check_identical(world: &World, opt: &Optim, what: &str) -> Result<()> {
+/// Checks that every rank holds bit-identical trained variables `params` and logs their digest.
+pub fn check_identical(world: &World, params: &[Tensor], what: &str) -> Result<()> {
     if !world.is_distributed() {
         return Ok(());
     }
-    let d = digest(&opt.params())?;
+    let d = digest(params)?;
     world.check_same(d, &format!("{what} parameters")).map_err(err)?;
     tracing::info!("{what} parameters identical on {} ranks (fnv1a {d:016x})", world.size());
     Ok(())

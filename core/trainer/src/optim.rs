@@ -170,6 +170,12 @@ impl Optim {
         self.params.iter().map(|p| p.var.shallow_clone()).collect()
     }
 
+    /// Bytes of optimizer state: the moments, and the f32 masters of reduced-precision variables.
+    pub fn state_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
+        self.params.iter().map(|p| bytes(&p.m) + bytes(&p.v) + p.master.as_ref().map_or(0, bytes)).sum()
+    }
+
     /// The learning rate of the next step.
     pub fn current_lr(&self) -> f64 {
         self.base_lr * lr_factor(self.schedule, self.steps, self.warmup, self.total)

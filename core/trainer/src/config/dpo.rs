@@ -135,6 +135,7 @@ pub struct DpoConfig {
     pub train: DpoTrainConfig,
     /// LoRA adapters on the policy (`rank = 0`: full fine-tuning); the saved model has them merged.
     pub lora: LoraConfig,
+    pub distributed: super::DistributedConfig,
 }
 
 impl DpoConfig {
@@ -150,6 +151,7 @@ impl DpoConfig {
         cfg.train.common().validate(&src)?;
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
+        cfg.distributed.validate(&src)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::error::{Result, TrainerError};
 
+mod distributed;
 mod dpo;
 mod eval;
 mod phases;
@@ -21,11 +22,23 @@ mod rl;
 mod rollout;
 
 pub use crate::optim::Schedule;
+pub use distributed::*;
 pub use dpo::*;
 pub use eval::*;
 pub use phases::*;
 pub use rl::*;
 pub use rollout::*;
+
+/// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("grpo", include_str!("../../../../configs/grpo.toml")),
+    ("ppo", include_str!("../../../../configs/ppo.toml")),
+    ("ppo-seq", include_str!("../../../../configs/ppo-seq.toml")),
+    ("rloo", include_str!("../../../../configs/rloo.toml")),
+    ("reinforce-pp", include_str!("../../../../configs/reinforce-pp.toml")),
+    ("gspo", include_str!("../../../../configs/gspo.toml")),
+    ("reinforce-pp-baseline", include_str!("../../../../configs/reinforce-pp-baseline.toml")),
+];
 
 /// Where the base configuration comes from.
 #[derive(Debug, Clone)]

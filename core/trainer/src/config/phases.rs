@@ -263,6 +263,7 @@ pub struct SftConfig {
     pub train: PhaseTrainConfig,
     /// LoRA adapters (`rank = 0`: full fine-tuning); the saved model has them merged.
     pub lora: LoraConfig,
+    pub distributed: super::DistributedConfig,
 }
 
 /// The embedded presets of the supervised phases (`configs/sft.toml`, `configs/rm.toml`,
@@ -286,6 +287,7 @@ impl SftConfig {
         cfg.train.validate(&src)?;
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
+        cfg.distributed.validate(&src)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }
@@ -432,6 +434,7 @@ pub struct RmConfig {
     pub train: RmTrainConfig,
     /// LoRA adapters on the backbone (`rank = 0`: full fine-tuning); the score head always trains.
     pub lora: LoraConfig,
+    pub distributed: super::DistributedConfig,
 }
 
 impl RmConfig {
@@ -447,6 +450,7 @@ impl RmConfig {
         cfg.train.common().validate(&src)?;
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
+        cfg.distributed.validate(&src)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }

@@ -12,7 +12,9 @@ use rlhf_wandb::WandbConfig;
 
 use super::eval::EvalConfig;
 use super::rollout::RolloutConfig;
-use super::{base_layer, describe_figment, layer, schema, ConfigSource, KeySource, Layers, Named, SetOverride};
+use super::{
+    base_layer, describe_figment, layer, schema, ConfigSource, KeySource, Layers, Named, SetOverride, PRESETS,
+};
 use crate::error::{Result, TrainerError};
 use crate::optim::{OptimConfig, Schedule};
 
@@ -310,6 +312,8 @@ pub struct RlConfig {
     /// Held-out evaluation (off unless `eval.data` is set).
     #[serde(default)]
     pub eval: EvalConfig,
+    #[serde(default)]
+    pub distributed: super::DistributedConfig,
     /// Directories scanned for plugin libraries; empty = the directory of the `rlhf` executable
     /// (where cargo puts the workspace's plugins).
     #[serde(default)]
@@ -326,17 +330,6 @@ pub struct RlConfig {
     #[serde(skip)]
     pub layers: Layers,
 }
-
-/// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
-pub const PRESETS: &[(&str, &str)] = &[
-    ("grpo", include_str!("../../../../configs/grpo.toml")),
-    ("ppo", include_str!("../../../../configs/ppo.toml")),
-    ("ppo-seq", include_str!("../../../../configs/ppo-seq.toml")),
-    ("rloo", include_str!("../../../../configs/rloo.toml")),
-    ("reinforce-pp", include_str!("../../../../configs/reinforce-pp.toml")),
-    ("gspo", include_str!("../../../../configs/gspo.toml")),
-    ("reinforce-pp-baseline", include_str!("../../../../configs/reinforce-pp-baseline.toml")),
-];
 
 impl RlConfig {
     /// Loads the base (file or preset), applies `--set` overrides, forces `algorithm.name` to
@@ -402,6 +395,7 @@ impl RlConfig {
         self.validate_rewards(src)?;
         let names: Vec<&str> = self.rewards.iter().map(|r| r.name.as_deref().unwrap_or(&r.plugin)).collect();
         self.eval.validate(&names, src)?;
+        self.distributed.validate(src)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be >= 1");

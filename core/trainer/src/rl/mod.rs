@@ -133,7 +133,7 @@ impl Trainer {
             return Err(e);
         }
         let main = self.world.is_main();
-        if self.cfg.checkpoint.at_end && self.step > 0 && main {
+        if self.cfg.checkpoint.at_end && self.step > 0 {
             self.save_checkpoint()?;
         }
         let actor_dir = if self.cfg.run.save_actor && main {
@@ -198,8 +198,7 @@ impl Trainer {
                 show("step_time"),
             );
             let every = self.cfg.checkpoint.every;
-            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.train.steps && self.world.is_main()
-            {
+            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.train.steps {
                 self.save_checkpoint()?;
             }
         }

@@ -239,5 +239,8 @@ pub fn optimise(
     }
     dist::merge_metrics(world, &local, m)?;
     m.set("skipped_steps", skipped as f64);
+    let mut engines: Vec<&TrainEngine> = vec![&*actor_opt];
+    engines.extend(critic.as_ref().map(|(_, o)| &**o));
+    train_engine::memory_metrics(world, &engines, m)?;
     Ok(())
 }

@@ -365,9 +365,12 @@ impl Trainer {
         // Optimizer steps per generation batch: ppo_epochs × ⌈⌈batch / minibatch⌉ / accumulation⌉.
         let batch = cfg.rollout.prompts_per_batch * cfg.rollout.samples_per_prompt;
         let total = cfg.train.steps * cfg.train.ppo_epochs * optimise::steps_per_epoch(batch, &cfg.train);
-        let actor_opt = TrainEngine::new(&actor.vs, &cfg.train.actor_optim(), total)?;
-        let critic_opt =
-            critic.as_ref().map(|c| TrainEngine::new(&c.vs, &cfg.train.critic_optim(), total)).transpose()?;
+        let strategy = cfg.distributed.strategy();
+        let actor_opt = TrainEngine::new(&actor.vs, &cfg.train.actor_optim(), total, strategy, &world)?;
+        let critic_opt = critic
+            .as_ref()
+            .map(|c| TrainEngine::new(&c.vs, &cfg.train.critic_optim(), total, strategy, &world))
+            .transpose()?;
         let ptx = match &cfg.train.ptx_data {
             Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
             _ => None,

@@ -15,10 +15,10 @@ impl Trainer {
     /// Everything a checkpoint holds (see [`crate::checkpoint`]).
     pub(crate) fn checkpoint_data(&self) -> Result<CheckpointData> {
         let mut tensors = vec![("actor", var_store_tensors(&self.actor.vs))];
-        tensors.push(("optimizer-actor", self.actor_opt.state_tensors()?));
+        tensors.push(("optimizer-actor", self.actor_opt.state_tensors(&self.world)?));
         if let (Some(c), Some(o)) = (&self.critic, &self.critic_opt) {
             tensors.push(("critic", var_store_tensors(&c.vs)));
-            tensors.push(("optimizer-critic", o.state_tensors()?));
+            tensors.push(("optimizer-critic", o.state_tensors(&self.world)?));
         }
         if let Some(e) = &self.ema {
             tensors.push(("ema", var_store_tensors(&e.vs)));
@@ -45,12 +45,17 @@ impl Trainer {
         Ok(CheckpointData { step: self.step, config_toml, state, tensors })
     }
 
-    /// Writes a checkpoint of the current step.
-    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+    /// Writes a checkpoint of the current step. Every rank calls it (a sharded optimizer state is
+    /// gathered first); the main rank writes it and returns its directory.
+    pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
         let t = Instant::now();
-        let dir = crate::checkpoint::write(&self.run_dir, &self.checkpoint_data()?, self.cfg.checkpoint.keep)?;
+        let data = self.checkpoint_data()?;
+        if !self.world.is_main() {
+            return Ok(None);
+        }
+        let dir = crate::checkpoint::write(&self.run_dir, &data, self.cfg.checkpoint.keep)?;
         tracing::info!("checkpoint: {} ({:.1}s)", dir.display(), t.elapsed().as_secs_f64());
-        Ok(dir)
+        Ok(Some(dir))
     }
 
     /// Restores a checkpoint: weights, optimizer moments and schedule positions, data position,

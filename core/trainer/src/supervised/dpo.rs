@@ -442,7 +442,7 @@ fn dpo_in(
     }
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &policy.vs)?;
-    let mut opt = TrainEngine::new(&policy.vs, &t.optim(), total)?;
+    let mut opt = TrainEngine::new(&policy.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
     tracing::info!(
         "dpo: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, beta {}, reference {}, run dir {}",
         train.len(),

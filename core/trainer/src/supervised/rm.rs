@@ -184,7 +184,7 @@ fn rm_in(
     let t = &cfg.train.common();
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &model.vs)?;
-    let mut opt = TrainEngine::new(&model.vs, &t.optim(), total)?;
+    let mut opt = TrainEngine::new(&model.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
     tracing::info!(
         "rm: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, run dir {}",
         train.len(),

@@ -140,6 +140,7 @@ pub fn run_phase<T: PhaseTask>(
             // Every rank takes the same decision on the same combined gradient.
             let stepped = train_engine::finish_step(world, &mut [&mut *opt], finite)?;
             dist::merge_metrics(world, &local, &mut m)?;
+            train_engine::memory_metrics(world, &[&*opt], &mut m)?;
             step += 1;
             if let Some(info) = stepped.map(|infos| infos[0]) {
                 m.set("lr", info.lr);

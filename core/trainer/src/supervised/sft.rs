@@ -181,7 +181,7 @@ fn sft_in(
     let t = &cfg.train;
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &model.vs)?;
-    let mut opt = TrainEngine::new(&model.vs, &t.optim(), total)?;
+    let mut opt = TrainEngine::new(&model.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
     tracing::info!(
         "sft: {} train examples, {} eval examples, {total} optimizer steps, run dir {}",
         train_examples,
