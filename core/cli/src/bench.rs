@@ -464,6 +464,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 fmt_secs(r.comm_s),
                 r.comm_bytes / 1e6
             );
+            for st in &r.stages {
+                println!(
+                    "       ZeRO stage {}: {} s/step, optimizer state {:.2} MB per rank, peak RSS {:.3} GB (rank 0)",
+                    st.stage,
+                    fmt_secs(st.step_s),
+                    st.optim_gb * 1e3,
+                    st.peak_rss_gb
+                );
+            }
             Some(r)
         }
         None => None,
@@ -522,7 +531,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             if let Some(r) = &dp {
                 let settings = format!("{}, B={} G={}, new {}", args.dtype, args.batch, args.group, args.new_tokens);
-                dp::record(path, &dp::markdown_row(&row.date, &dev_name, &row.model, &settings, r))?;
+                let stages = dp::stage_rows(&row.date, &dev_name, &row.model, &settings, r);
+                dp::record(path, &dp::markdown_row(&row.date, &dev_name, &row.model, &settings, r), &stages)?;
             }
             println!("recorded in {}", path.display());
         }

@@ -3,7 +3,9 @@
 //! N`: Gloo over loopback, the same global batch), side by side in one run. Reported: the median
 //! step time of each (first step excluded), the speed-up and its scaling efficiency (speed-up /
 //! N), and per step the seconds spent in collectives and the bytes sent into them (the
-//! experience gathers, the bucketed gradient all-reduce, the metric merges).
+//! experience gathers, the bucketed gradient all-reduce, the metric merges). The N-rank run is
+//! repeated at each ZeRO stage (`[distributed] zero_stage`): its step time, the optimizer state
+//! one rank holds (`mem/optim_gb`, the largest over the ranks) and rank 0's peak RSS.
 
 use std::path::Path;
 use std::process::Command;
@@ -25,6 +27,22 @@ pub struct DpResult {
     /// Seconds per step inside collectives, and bytes sent into them, per rank.
     pub comm_s: f64,
     pub comm_bytes: f64,
+    /// The N-rank run at each ZeRO stage (stage 0 is the run above).
+    pub stages: Vec<StageResult>,
+}
+
+/// The N-rank run at one ZeRO stage.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageResult {
+    pub stage: u8,
+    /// Median seconds per step.
+    pub step_s: f64,
+    /// Optimizer state (f32 masters, Adam moments) on the rank that holds the most, GB.
+    pub optim_gb: f64,
+    /// Rank 0's peak resident set over the run, GB.
+    pub peak_rss_gb: f64,
+    pub comm_s: f64,
+    pub comm_bytes: f64,
 }
 
 impl DpResult {
@@ -36,18 +54,31 @@ impl DpResult {
 
 /// The medians of `keys` over the steps after the first of the run in `run_dir`.
 fn medians(run_dir: &Path, keys: &[&str]) -> anyhow::Result<Vec<f64>> {
+    let rows = rows(run_dir)?;
+    keys.iter()
+        .map(|k| {
+            let xs: Vec<f64> = rows[1..].iter().filter_map(|r| r[*k].as_f64()).collect();
+            median(&xs).with_context(|| format!("{}: no `{k}`", run_dir.display()))
+        })
+        .collect()
+}
+
+/// The step rows of the run in `run_dir` (at least 2).
+fn rows(run_dir: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
     let path = run_dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
     let rows: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     if rows.len() < 2 {
         bail!("{}: fewer than 2 steps", path.display());
     }
-    keys.iter()
-        .map(|k| {
-            let xs: Vec<f64> = rows[1..].iter().filter_map(|r| r[*k].as_f64()).collect();
-            median(&xs).with_context(|| format!("{}: no `{k}`", path.display()))
-        })
-        .collect()
+    Ok(rows)
+}
+
+/// The N-rank run in `run_dir` at ZeRO stage `stage`.
+fn stage_result(run_dir: &Path, stage: u8) -> anyhow::Result<StageResult> {
+    let m = medians(run_dir, &["step_time", "time/comm", "comm/bytes", "mem/optim_gb_max"])?;
+    let peak = rows(run_dir)?.iter().filter_map(|r| r["mem/peak_rss_gb"].as_f64()).fold(f64::NAN, f64::max);
+    Ok(StageResult { stage, step_s: m[0], comm_s: m[1], comm_bytes: m[2], optim_gb: m[3], peak_rss_gb: peak })
 }
 
 /// Runs `cfg` with `rlhf train` on 1 and on `ranks` ranks, one thread each, in `work`.
@@ -58,13 +89,14 @@ pub fn run(cfg: &RlConfig, ranks: usize, work: &Path) -> anyhow::Result<DpResult
     let config = work.join("dp.toml");
     std::fs::write(&config, toml::to_string(cfg)?).with_context(|| format!("{}", config.display()))?;
     let exe = std::env::current_exe().context("the rlhf executable")?;
-    let train = |run_dir: &Path, nproc: usize| -> anyhow::Result<()> {
+    let train = |run_dir: &Path, nproc: usize, stage: u8| -> anyhow::Result<()> {
         let out = Command::new(&exe)
             .args(["train", "--config"])
             .arg(&config)
             .arg("--run-dir")
             .arg(run_dir)
             .args(["--nproc", &nproc.to_string(), "--log-level", "warn"])
+            .args(["--set", &format!("distributed.zero_stage={stage}")])
             .env("OMP_NUM_THREADS", "1")
             .output()
             .context("starting rlhf train")?;
@@ -75,11 +107,17 @@ pub fn run(cfg: &RlConfig, ranks: usize, work: &Path) -> anyhow::Result<DpResult
         Ok(())
     };
     let (one, many) = (work.join("dp-1"), work.join(format!("dp-{ranks}")));
-    train(&one, 1)?;
-    train(&many, ranks)?;
+    train(&one, 1, 0)?;
+    train(&many, ranks, 0)?;
     let one_rank_s = medians(&one, &["step_time"])?[0];
     let m = medians(&many, &["step_time", "time/comm", "comm/bytes"])?;
-    Ok(DpResult { ranks, one_rank_s, n_ranks_s: m[0], comm_s: m[1], comm_bytes: m[2] })
+    let mut stages = vec![stage_result(&many, 0)?];
+    for stage in [1u8] {
+        let dir = work.join(format!("dp-{ranks}-zero{stage}"));
+        train(&dir, ranks, stage)?;
+        stages.push(stage_result(&dir, stage)?);
+    }
+    Ok(DpResult { ranks, one_rank_s, n_ranks_s: m[0], comm_s: m[1], comm_bytes: m[2], stages })
 }
 
 /// The table the data-parallel rows go in.
@@ -102,6 +140,31 @@ pub fn markdown_row(date: &str, device: &str, model: &str, settings: &str, r: &D
     )
 }
 
+/// The table the ZeRO-stage rows go in.
+pub const STAGE_TABLE: &str = "\
+| date | device | model | settings | ZeRO stage | s/step | optimizer state MB per rank | peak RSS GB (rank 0) | collectives s/step | collectives MB/step |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+";
+
+/// The Markdown rows of the stages of a result.
+pub fn stage_rows(date: &str, device: &str, model: &str, settings: &str, r: &DpResult) -> Vec<String> {
+    r.stages
+        .iter()
+        .map(|s| {
+            format!(
+                "| {date} | {device} | {model} | {settings}, {} ranks | {} | {:.4} | {:.2} | {:.3} | {:.4} | {:.3} |",
+                r.ranks,
+                s.stage,
+                s.step_s,
+                s.optim_gb * 1e3,
+                s.peak_rss_gb,
+                s.comm_s,
+                s.comm_bytes / 1e6
+            )
+        })
+        .collect()
+}
+
 /// Inserts `row` at the end of the data-parallel table of `text`, or appends a `## Data-parallel`
 /// section with the table when there is none.
 pub fn insert_row(text: &str, table: &str, row: &str) -> String {
@@ -120,10 +183,25 @@ pub fn insert_row(text: &str, table: &str, row: &str) -> String {
     })
 }
 
-/// Adds `row` to the data-parallel table of `path`.
-pub fn record(path: &Path, row: &str) -> anyhow::Result<()> {
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, insert_row(&old, TABLE, row)).with_context(|| format!("{}", path.display()))
+/// Adds `row` to the data-parallel table of `path`, and `stages` to its ZeRO-stage table (made
+/// after the data-parallel section's text when missing).
+pub fn record(path: &Path, row: &str, stages: &[String]) -> anyhow::Result<()> {
+    let mut text = insert_row(&std::fs::read_to_string(path).unwrap_or_default(), TABLE, row);
+    let head = STAGE_TABLE.lines().next().unwrap_or("");
+    for r in stages {
+        text = super::report::insert_into_table(&text, head, r).unwrap_or_else(|| {
+            let mut out = text.trim_end().to_string();
+            out.push_str(
+                "\n\n### ZeRO stages\n\nThe N-rank run at each `[distributed] zero_stage`: median step time, the optimizer \
+                 state (f32 masters and Adam moments) on the rank holding the most, and rank 0's peak RSS.\n\n",
+            );
+            out.push_str(STAGE_TABLE);
+            out.push_str(r);
+            out.push('\n');
+            out
+        });
+    }
+    std::fs::write(path, text).with_context(|| format!("{}", path.display()))
 }
 
 #[cfg(test)]
@@ -143,8 +221,25 @@ mod tests {
 
     #[test]
     fn rows_show_speedup_and_efficiency() {
-        let r = DpResult { ranks: 2, one_rank_s: 0.2, n_ranks_s: 0.125, comm_s: 0.01, comm_bytes: 2.5e6 };
+        let stage = |stage, optim_gb| StageResult {
+            stage,
+            step_s: 0.125,
+            optim_gb,
+            peak_rss_gb: 1.5,
+            comm_s: 0.01,
+            comm_bytes: 2.5e6,
+        };
+        let r = DpResult {
+            ranks: 2,
+            one_rank_s: 0.2,
+            n_ranks_s: 0.125,
+            comm_s: 0.01,
+            comm_bytes: 2.5e6,
+            stages: vec![stage(0, 0.2), stage(1, 0.15)],
+        };
         let row = markdown_row("2026-11-23", "cpu", "m", "f32", &r);
         assert!(row.contains("| 0.2000 | 0.1250 | 1.60x (80%) | 0.0100 | 2.500 |"), "{row}");
+        let rows = stage_rows("2026-11-23", "cpu", "m", "f32", &r);
+        assert!(rows[1].contains("| f32, 2 ranks | 1 | 0.1250 | 150.00 | 1.500 | 0.0100 | 2.500 |"), "{}", rows[1]);
     }
 }
