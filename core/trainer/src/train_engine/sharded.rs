@@ -1,23 +1,25 @@
 //! ZeRO stage 1 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
 //! Parameter Models", P_os): the AdamW state — f32 masters and both moments — partitioned over
-//! the ranks. The trained variables are laid end to end in name order into one flat vector of
-//! `n` elements, padded to `n_pad = ⌈n / W⌉·W`; rank r owns elements `[r·s, (r+1)·s)` with
-//! `s = n_pad / W` and keeps only their state (12 bytes per owned element instead of 8–12 per
-//! element of the whole model). One step:
+//! the W ranks. As in FSDP2, every trained variable is sharded on its own: its `n` elements,
+//! padded to `W·c` with `c = ⌈n / W⌉`, are cut into W chunks of `c` and rank r owns chunk r of
+//! every variable. A rank's shard is its chunks laid end to end in name order (`Σ c ≈ n_total / W`
+//! elements), with 12 bytes of state per element (f32 master, m, v) instead of 8–12 per element
+//! of the whole model. Variables are grouped in buckets of at most 25 MiB (DDP's default), so no
+//! buffer is larger than a bucket plus this rank's shard. One step:
 //!
-//! 1. the gradients are copied into a flat buffer (each freed once copied) and
-//!    **reduce-scattered**: rank r receives the sum over ranks of its own slice only;
+//! 1. bucket by bucket, the gradients are copied rank-major into a buffer (chunk r of each
+//!    variable in the r-th `1/W` of it) and freed, and the buffer is **reduce-scattered**: rank r
+//!    receives the sum over ranks of its own chunks only, into its f32 gradient shard;
 //! 2. the global gradient norm is `√(Σ_ranks ‖g_r‖²)` (one all-reduce of a number), clipped as
 //!    `clip_grad_norm_` does; a non-finite norm skips the step on every rank;
-//! 3. AdamW updates the owned slice, with the very element-wise operations of [`Optim::step`]
-//!    (decoupled weight decay on the 2-D and larger variables only);
-//! 4. the updated slices, rounded to the variables' dtype, are **all-gathered** and copied back,
-//!    so every rank again holds the whole weights.
+//! 3. AdamW updates the shard with the very element-wise operations of [`Optim::step`]
+//!    (decoupled weight decay on the chunks of 2-D and larger variables);
+//! 4. bucket by bucket, the updated chunks, rounded to the variables' dtype, are **all-gathered**
+//!    and copied back, so every rank again holds the whole weights.
 //!
 //! Every variable takes part in every step (one missing a gradient on a rank gets zeros, as the
 //! replicated all-reduce gives it), so one step count `t` serves all. Checkpoints hold the state
-//! in [`Optim::state_tensors`]'s layout, gathered from the slices, so a run resumes at any stage
-//! and world size.
+//! in [`Optim::state_tensors`]'s layout, gathered from the shards, so a run resumes at any stage.
 //!
 //! [`Optim::step`]: crate::optim::Optim::step
 //! [`Optim::state_tensors`]: crate::optim::Optim::state_tensors
@@ -32,27 +34,39 @@ use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::optim::{lr_factor, OptimConfig, StepInfo};
 
-/// One trained variable's place in the flat vector.
+/// One trained variable and its chunk.
 struct Slot {
     name: String,
     var: Tensor,
-    /// First element in the flat vector, and the element count.
-    offset: i64,
+    /// Elements of the variable, and of each rank's chunk (`⌈numel / W⌉`).
     numel: i64,
+    chunk: i64,
+    /// Where this rank's chunk starts in its shard.
+    local: i64,
     decay: bool,
 }
 
-/// The AdamW state of this rank's slice of the flat trained variables.
+/// Consecutive slots whose gradients travel in one collective.
+struct Bucket {
+    slots: std::ops::Range<usize>,
+    /// Where the bucket's chunks start in the shard, and how many elements they hold.
+    local: i64,
+    len: i64,
+}
+
+/// The AdamW state of this rank's chunks of the trained variables.
 pub struct ShardedAdam {
     slots: Vec<Slot>,
+    buckets: Vec<Bucket>,
     /// The variables' dtype (one for all) and device.
     kind: Kind,
     device: tch::Device,
-    /// This rank's slice `[start, start + s)` of the padded flat vector of `n_pad` elements.
-    start: i64,
+    /// Ranks, and this rank.
+    world: i64,
+    rank: i64,
+    /// Elements of the shard.
     s: i64,
-    n_pad: i64,
-    /// f32 master weights, first and second moments of the slice, `[s]` each.
+    /// f32 master weights, first and second moments of the shard, `[s]` each.
     theta: Tensor,
     m: Tensor,
     v: Tensor,
@@ -63,62 +77,82 @@ pub struct ShardedAdam {
     pub(super) steps: usize,
 }
 
-fn shape_err(what: String) -> TrainerError {
+fn state_err(what: String) -> TrainerError {
     TrainerError::Checkpoint(format!("optimizer state: {what}"))
 }
 
 impl ShardedAdam {
-    /// The slice of the trainable variables of `vs` (name order) this rank of `world` owns.
+    /// This rank's chunks of the trainable variables of `vs` (name order).
     pub fn new(vs: &VarStore, settings: &OptimConfig, total: usize, world: &World) -> Result<Self> {
         let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
-        let Some((_, first)) = vars.first() else {
+        let Some((first_name, first)) = vars.first() else {
             return Err(TrainerError::Config("distributed.zero_stage: the model has no trained variables".into()));
         };
         let (kind, device) = (first.kind(), first.device());
         if let Some((name, t)) = vars.iter().find(|(_, t)| t.kind() != kind || t.device() != device) {
             return Err(TrainerError::Config(format!(
                 "distributed.zero_stage: the trained variables must share one dtype and device to be sharded \
-                 (`{name}` is {:?} on {:?}, `{}` {kind:?} on {device:?})",
+                 (`{name}` is {:?} on {:?}, `{first_name}` {kind:?} on {device:?})",
                 t.kind(),
                 t.device(),
-                vars[0].0
             )));
         }
-        let mut slots = Vec::with_capacity(vars.len());
-        let mut offset = 0i64;
-        for (name, var) in vars {
+        let (w, rank) = (world.size() as i64, world.rank() as i64);
+        let elt = kind.elt_size_in_bytes() as i64;
+        let (mut slots, mut buckets) = (Vec::with_capacity(vars.len()), Vec::new());
+        let mut local = 0i64;
+        for (i, (name, var)) in vars.into_iter().enumerate() {
             let numel = var.numel() as i64;
-            slots.push(Slot { name, decay: var.dim() >= 2, var, offset, numel });
-            offset += numel;
-        }
-        let w = world.size() as i64;
-        let n_pad = (offset + w - 1) / w * w;
-        let s = n_pad / w;
-        let start = world.rank() as i64 * s;
-        let theta = tch::no_grad(|| -> Result<Tensor> {
-            let flat = Tensor::f_zeros([n_pad], (Kind::Float, device))?;
-            for slot in &slots {
-                flat.f_narrow(0, slot.offset, slot.numel)?.f_copy_(&slot.var.f_reshape([-1])?)?;
+            let chunk = (numel + w - 1) / w;
+            let open = buckets.last().is_some_and(|b: &Bucket| (b.len + chunk) * w * elt <= dist::BUCKET_BYTES as i64);
+            match buckets.last_mut() {
+                Some(b) if open => {
+                    b.slots.end = i + 1;
+                    b.len += chunk;
+                }
+                _ => buckets.push(Bucket { slots: i..i + 1, local, len: chunk }),
             }
-            Ok(flat.f_narrow(0, start, s)?.f_contiguous()?)
-        })?;
-        let (m, v) = (theta.f_zeros_like()?, theta.f_zeros_like()?);
-        Ok(ShardedAdam {
+            slots.push(Slot { name, decay: var.dim() >= 2, var, numel, chunk, local });
+            local += chunk;
+        }
+        let engine = ShardedAdam {
             slots,
+            buckets,
             kind,
             device,
-            start,
-            s,
-            n_pad,
-            theta,
-            m,
-            v,
+            world: w,
+            rank,
+            s: local,
+            theta: Tensor::f_zeros([local], (Kind::Float, device))?,
+            m: Tensor::f_zeros([local], (Kind::Float, device))?,
+            v: Tensor::f_zeros([local], (Kind::Float, device))?,
             t: 0,
             settings: *settings,
             total,
             steps: 0,
-        })
+        };
+        tch::no_grad(|| -> Result<()> {
+            for slot in &engine.slots {
+                let mine = engine.chunk_of(slot, &slot.var.f_detach()?)?;
+                engine.theta.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&mine)?;
+            }
+            Ok(())
+        })?;
+        Ok(engine)
+    }
+
+    /// `whole` (a tensor of `slot`'s shape) flat, zero-padded to `W · chunk`, viewed `[W, chunk]`.
+    fn padded(&self, slot: &Slot, whole: &Tensor) -> Result<Tensor> {
+        let flat = whole.f_reshape([-1])?;
+        let pad = self.world * slot.chunk - slot.numel;
+        let flat = if pad > 0 { flat.f_constant_pad_nd([0, pad])? } else { flat };
+        Ok(flat.f_view([self.world, slot.chunk])?)
+    }
+
+    /// This rank's chunk `[chunk]` of `whole` (a tensor of `slot`'s shape).
+    fn chunk_of(&self, slot: &Slot, whole: &Tensor) -> Result<Tensor> {
+        Ok(self.padded(slot, whole)?.f_select(0, self.rank)?)
     }
 
     /// The learning rate of the next step.
@@ -126,7 +160,7 @@ impl ShardedAdam {
         self.settings.lr * lr_factor(self.settings.schedule, self.steps, self.settings.warmup_steps, self.total)
     }
 
-    /// Bytes of optimizer state on this rank (masters and moments of the slice).
+    /// Bytes of optimizer state on this rank (masters and moments of the shard).
     pub fn state_bytes(&self) -> usize {
         3 * self.s as usize * 4
     }
@@ -139,25 +173,30 @@ impl ShardedAdam {
     /// Drops every variable's gradient.
     pub fn zero_grad(&self) -> Result<()> {
         for s in &self.slots {
-            rlhf_collective::release_grad(&s.var).map_err(|e| TrainerError::Distributed(e.to_string()))?;
+            release(&s.var)?;
         }
         Ok(())
     }
 
-    /// This rank's slice of the gradient summed over the ranks, `[s]` in f32; every variable's
-    /// gradient is freed once copied into the flat buffer.
+    /// This rank's shard `[s]` (f32) of the gradient summed over the ranks; every variable's
+    /// gradient is freed once copied into its bucket.
     fn reduce_scatter_grads(&self, world: &World) -> Result<Tensor> {
-        let flat = Tensor::f_zeros([self.n_pad], (self.kind, self.device))?;
-        for slot in &self.slots {
-            let g = slot.var.grad();
-            if g.defined() {
-                flat.f_narrow(0, slot.offset, slot.numel)?.f_copy_(&g.f_reshape([-1])?)?;
+        let shard = Tensor::f_zeros([self.s], (Kind::Float, self.device))?;
+        for b in &self.buckets {
+            // Rank-major: row r holds chunk r of every variable of the bucket.
+            let input = Tensor::f_zeros([self.world, b.len], (self.kind, self.device))?;
+            for slot in &self.slots[b.slots.clone()] {
+                let g = slot.var.grad();
+                if g.defined() {
+                    input.f_narrow(1, slot.local - b.local, slot.chunk)?.f_copy_(&self.padded(slot, &g)?)?;
+                }
+                release(&slot.var)?;
             }
-            rlhf_collective::release_grad(&slot.var).map_err(|e| TrainerError::Distributed(e.to_string()))?;
+            let mine = Tensor::f_empty([b.len], (self.kind, self.device))?;
+            world.reduce_scatter(&mine, &input.f_view([-1])?).map_err(dist::err)?;
+            shard.f_narrow(0, b.local, b.len)?.f_copy_(&mine)?;
         }
-        let mine = Tensor::f_empty([self.s], (self.kind, self.device))?;
-        world.reduce_scatter(&mine, &flat).map_err(dist::err)?;
-        Ok(mine.f_to_kind(Kind::Float)?)
+        Ok(shard)
     }
 
     /// One optimizer step over the ranks' gradients (see the module docs).
@@ -179,122 +218,132 @@ impl ShardedAdam {
         } else {
             1.0
         };
-        let g = if clip != 1.0 { g.f_mul_scalar(clip)? } else { g };
         let (b1, b2) = c.betas;
         let (eps, wd) = (c.eps, c.weight_decay);
         self.t += 1;
-        if wd != 0.0 {
-            // Decoupled weight decay on the owned part of each 2-D (or larger) variable.
-            let factor = Tensor::from(1.0 - lr * wd);
-            for slot in self.slots.iter().filter(|s| s.decay) {
-                let (a, b) = (slot.offset.max(self.start), (slot.offset + slot.numel).min(self.start + self.s));
-                if a < b {
-                    let _ = self.theta.f_narrow(0, a - self.start, b - a)?.f_mul_(&factor)?;
+        let (bc1, bc2) = (1.0 - b1.powi(self.t as i32), 1.0 - b2.powi(self.t as i32));
+        let decay = Tensor::from(1.0 - lr * wd);
+        // Bucket by bucket, so the update's temporaries stay bucket-sized.
+        for b in &self.buckets {
+            let part = |t: &Tensor| t.f_narrow(0, b.local, b.len);
+            let g = part(&g)?;
+            let g = if clip != 1.0 { g.f_mul_scalar(clip)? } else { g };
+            let (mut theta, mut m, mut v) = (part(&self.theta)?, part(&self.m)?, part(&self.v)?);
+            if wd != 0.0 {
+                // Decoupled weight decay on the chunks of 2-D (or larger) variables.
+                for slot in self.slots[b.slots.clone()].iter().filter(|s| s.decay) {
+                    let _ = theta.f_narrow(0, slot.local - b.local, slot.chunk)?.f_mul_(&decay)?;
                 }
             }
+            // m ← β1 m + (1 − β1) g;  v ← β2 v + (1 − β2) g²;  θ ← θ − lr/bc1 · m / (√v / √bc2 + ε)
+            let _ = m.f_lerp_(&g, 1.0 - b1)?;
+            let _ = v.f_mul_(&Tensor::from(b2))?.f_addcmul_(&g, &g.f_mul_scalar(1.0 - b2)?)?;
+            let denom = v.f_sqrt()?.f_div_scalar(bc2.sqrt())?.f_add_scalar(eps)?;
+            let _ = theta.f_addcdiv_(&m.f_mul_scalar(-lr / bc1)?, &denom)?;
         }
-        // m ← β1 m + (1 − β1) g;  v ← β2 v + (1 − β2) g²;  θ ← θ − lr/bc1 · m / (√v / √bc2 + ε)
-        let _ = self.m.f_lerp_(&g, 1.0 - b1)?;
-        let _ = self.v.f_mul_(&Tensor::from(b2))?.f_addcmul_(&g, &g.f_mul_scalar(1.0 - b2)?)?;
-        let (bc1, bc2) = (1.0 - b1.powi(self.t as i32), 1.0 - b2.powi(self.t as i32));
-        let denom = self.v.f_sqrt()?.f_div_scalar(bc2.sqrt())?.f_add_scalar(eps)?;
-        let _ = self.theta.f_addcdiv_(&self.m.f_mul_scalar(-lr / bc1)?, &denom)?;
+        drop(g);
         self.gather_weights(world)?;
         self.steps += 1;
         Ok(StepInfo { grad_norm, skipped: false, lr })
     }
 
-    /// Every rank's updated slice, rounded to the variables' dtype, back into the variables.
+    /// Every rank's bucket `b` of the shard-shaped `t` (rounded to `kind`), as `[W, len]`.
+    fn gather_bucket(&self, world: &World, b: &Bucket, t: &Tensor, kind: Kind) -> Result<Tensor> {
+        let full = Tensor::f_empty([self.world, b.len], (kind, self.device))?;
+        let mine = t.f_narrow(0, b.local, b.len)?.f_to_kind(kind)?.f_contiguous()?;
+        world.all_gather_into(&full.f_view([-1])?, &mine).map_err(dist::err)?;
+        Ok(full)
+    }
+
+    /// `slot`'s whole tensor out of its bucket's gathered `[W, len]`.
+    fn whole_of(&self, slot: &Slot, b: &Bucket, gathered: &Tensor) -> Result<Tensor> {
+        let chunks = gathered.f_narrow(1, slot.local - b.local, slot.chunk)?.f_contiguous()?;
+        Ok(chunks.f_view([-1])?.f_narrow(0, 0, slot.numel)?.f_view_as(&slot.var)?)
+    }
+
+    /// Every rank's updated chunks, rounded to the variables' dtype, back into the variables.
     fn gather_weights(&self, world: &World) -> Result<()> {
-        let full = Tensor::f_empty([self.n_pad], (self.kind, self.device))?;
-        world.all_gather_into(&full, &self.theta.f_to_kind(self.kind)?).map_err(dist::err)?;
-        for slot in &self.slots {
-            slot.var.shallow_clone().f_copy_(&full.f_narrow(0, slot.offset, slot.numel)?.f_view_as(&slot.var)?)?;
+        for b in &self.buckets {
+            let full = self.gather_bucket(world, b, &self.theta, self.kind)?;
+            for slot in &self.slots[b.slots.clone()] {
+                slot.var.shallow_clone().f_copy_(&self.whole_of(slot, b, &full)?)?;
+            }
         }
         Ok(())
     }
 
-    /// A state tensor `[s]` of every rank, whole: `[n_pad]`.
-    fn gather(&self, world: &World, t: &Tensor) -> Result<Tensor> {
-        let full = Tensor::f_empty([self.n_pad], (Kind::Float, self.device))?;
-        world.all_gather_into(&full, t).map_err(dist::err)?;
-        Ok(full)
-    }
-
     /// The whole state in [`crate::optim::Optim::state_tensors`]'s names and shapes (a
-    /// collective: every rank calls it; each briefly holds the whole moments).
+    /// collective: every rank calls it and briefly holds the whole moments).
     pub fn state_tensors(&self, world: &World) -> Result<Vec<(String, Tensor)>> {
+        let with_master = matches!(self.kind, Kind::BFloat16 | Kind::Half);
         tch::no_grad(|| {
-            let (m, v) = (self.gather(world, &self.m)?, self.gather(world, &self.v)?);
-            let master = if matches!(self.kind, Kind::BFloat16 | Kind::Half) {
-                Some(self.gather(world, &self.theta)?)
-            } else {
-                None
-            };
-            let mut out = Vec::with_capacity(self.slots.len() * 3);
-            for slot in &self.slots {
-                let part = |t: &Tensor| -> Result<Tensor> {
-                    Ok(t.f_narrow(0, slot.offset, slot.numel)?.f_view_as(&slot.var)?.f_to_kind(Kind::Float)?)
-                };
-                out.push((format!("{}.exp_avg", slot.name), part(&m)?));
-                out.push((format!("{}.exp_avg_sq", slot.name), part(&v)?));
-                out.push((format!("{}.step", slot.name), Tensor::f_from_slice(&[self.t])?));
-                if let Some(master) = &master {
-                    out.push((format!("{}.master", slot.name), part(master)?));
+            let mut out = Vec::with_capacity(self.slots.len() * 4);
+            for b in &self.buckets {
+                let m = self.gather_bucket(world, b, &self.m, Kind::Float)?;
+                let v = self.gather_bucket(world, b, &self.v, Kind::Float)?;
+                let master =
+                    if with_master { Some(self.gather_bucket(world, b, &self.theta, Kind::Float)?) } else { None };
+                for slot in &self.slots[b.slots.clone()] {
+                    out.push((format!("{}.exp_avg", slot.name), self.whole_of(slot, b, &m)?));
+                    out.push((format!("{}.exp_avg_sq", slot.name), self.whole_of(slot, b, &v)?));
+                    out.push((format!("{}.step", slot.name), Tensor::f_from_slice(&[self.t])?));
+                    if let Some(master) = &master {
+                        out.push((format!("{}.master", slot.name), self.whole_of(slot, b, master)?));
+                    }
                 }
             }
             Ok(out)
         })
     }
 
-    /// Restores this rank's slice from the whole state of a checkpoint (written at any stage and
-    /// world size); a saved master also goes into the variable. Restore the weights first.
+    /// Restores this rank's chunks from the whole state of a checkpoint (written at any stage
+    /// and world size); a saved master also goes into the variable. Restore the weights first.
     pub fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: usize) -> Result<()> {
-        let missing = |k: &str| shape_err(format!("missing `{k}`"));
-        tch::no_grad(|| -> Result<()> {
-            let flat = |suffix: &str, fallback: bool| -> Result<Tensor> {
-                let out = Tensor::f_zeros([self.n_pad], (Kind::Float, self.device))?;
-                for slot in &self.slots {
-                    let key = format!("{}.{suffix}", slot.name);
-                    let saved = match state.get(&key) {
-                        Some(t) => t.shallow_clone(),
-                        None if fallback => slot.var.shallow_clone(),
-                        None => return Err(missing(&key)),
-                    };
-                    if saved.size() != slot.var.size() {
-                        return Err(shape_err(format!(
-                            "`{key}` has shape {:?}, the model {:?}",
-                            saved.size(),
-                            slot.var.size()
-                        )));
-                    }
-                    if fallback && state.contains_key(&key) {
-                        slot.var.shallow_clone().f_copy_(&saved)?;
-                    }
-                    out.f_narrow(0, slot.offset, slot.numel)?.f_copy_(&saved.f_reshape([-1])?)?;
+        let get = |key: &str, slot: &Slot| -> Result<Option<Tensor>> {
+            match state.get(key) {
+                Some(t) if t.size() != slot.var.size() => {
+                    Err(state_err(format!("`{key}` has shape {:?}, the model {:?}", t.size(), slot.var.size())))
                 }
-                Ok(out.f_narrow(0, self.start, self.s)?)
-            };
-            self.m.f_copy_(&flat("exp_avg", false)?)?;
-            self.v.f_copy_(&flat("exp_avg_sq", false)?)?;
-            // The master where saved (reduced-precision weights), else the restored weights.
-            self.theta.f_copy_(&flat("master", true)?)?;
-            let mut ts = Vec::with_capacity(self.slots.len());
+                Some(t) => Ok(Some(t.f_to_kind(Kind::Float)?)),
+                None => Ok(None),
+            }
+        };
+        let need = |key: String, slot: &Slot| get(&key, slot)?.ok_or_else(|| state_err(format!("missing `{key}`")));
+        let mut steps_seen = Vec::with_capacity(self.slots.len());
+        tch::no_grad(|| -> Result<()> {
             for slot in &self.slots {
+                let m = need(format!("{}.exp_avg", slot.name), slot)?;
+                let v = need(format!("{}.exp_avg_sq", slot.name), slot)?;
+                // The master where saved (reduced-precision weights), else the restored weights.
+                let theta = match get(&format!("{}.master", slot.name), slot)? {
+                    Some(master) => {
+                        slot.var.shallow_clone().f_copy_(&master)?;
+                        master
+                    }
+                    None => slot.var.f_detach()?.f_to_kind(Kind::Float)?,
+                };
                 let key = format!("{}.step", slot.name);
-                ts.push(state.get(&key).ok_or_else(|| missing(&key))?.f_int64_value(&[0])?);
+                steps_seen
+                    .push(state.get(&key).ok_or_else(|| state_err(format!("missing `{key}`")))?.f_int64_value(&[0])?);
+                for (dst, src) in [(&self.m, &m), (&self.v, &v), (&self.theta, &theta)] {
+                    dst.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, src)?)?;
+                }
             }
-            let t = ts.iter().copied().max().unwrap_or(0);
-            if ts.iter().any(|&x| x != t) {
-                tracing::info!(
-                    "optimizer state: per-variable step counts {}..{t} become {t} (sharded AdamW keeps one)",
-                    ts.iter().min().unwrap_or(&0)
-                );
-            }
-            self.t = t;
             Ok(())
         })?;
+        let t = steps_seen.iter().copied().max().unwrap_or(0);
+        if steps_seen.iter().any(|&x| x != t) {
+            tracing::info!(
+                "optimizer state: per-variable step counts {}..{t} become {t} (sharded AdamW keeps one)",
+                steps_seen.iter().min().unwrap_or(&0)
+            );
+        }
+        self.t = t;
         self.steps = steps;
         Ok(())
     }
+}
+
+fn release(var: &Tensor) -> Result<()> {
+    rlhf_collective::release_grad(var).map_err(|e| TrainerError::Distributed(e.to_string()))
 }
