@@ -464,15 +464,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 fmt_secs(r.comm_s),
                 r.comm_bytes / 1e6
             );
-            for st in &r.stages {
-                println!(
-                    "       ZeRO stage {}: {} s/step, optimizer state {:.2} MB per rank, peak RSS {:.3} GB (rank 0)",
-                    st.stage,
-                    fmt_secs(st.step_s),
-                    st.optim_gb * 1e3,
-                    st.peak_rss_gb
-                );
-            }
+            dp::print_stages(&r);
             Some(r)
         }
         None => None,

@@ -119,6 +119,19 @@ pub fn run(cfg: &RlConfig, ranks: usize, work: &Path) -> anyhow::Result<DpResult
     Ok(DpResult { ranks, one_rank_s, n_ranks_s: m[0], comm_s: m[1], comm_bytes: m[2], stages })
 }
 
+/// Prints one line per ZeRO stage of `r`.
+pub fn print_stages(r: &DpResult) {
+    for st in &r.stages {
+        println!(
+            "       ZeRO stage {}: {} s/step, optimizer state {:.2} MB per rank, peak RSS {:.3} GB (rank 0)",
+            st.stage,
+            super::report::fmt_secs(st.step_s),
+            st.optim_gb * 1e3,
+            st.peak_rss_gb
+        );
+    }
+}
+
 /// The table the data-parallel rows go in.
 pub const TABLE: &str = "\
 | date | device | model | settings | 1 rank × 1 thread s/step | N ranks × 1 thread s/step | speed-up (efficiency) | collectives s/step | collectives MB/step |
