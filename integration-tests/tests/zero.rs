@@ -1,6 +1,7 @@
 //! ZeRO stage 1 (`[distributed] zero_stage = 1`: f32 masters and Adam moments partitioned over
 //! the ranks) on 2 Gloo ranks: without gradient clipping it trains bit for bit as the replicated
-//! stage 0 does (the same sums, the same element-wise AdamW); with clipping only the global
+//! stage 0 does (the same sums, the same element-wise AdamW) — also with bf16 weights, LoRA,
+//! gradient checkpointing and accumulation, and in `rlhf rm` and `rlhf dpo`; with clipping only the global
 //! gradient norm is summed in another order, so metrics and weights agree within a tolerance; each
 //! rank holds its share of the optimizer state (`mem/optim_gb`); a checkpoint holds the whole
 //! state, so a run resumes bit-exactly at stage 1 and a stage-0 checkpoint resumes at stage 1;
@@ -194,5 +195,53 @@ fn unbuilt_and_bad_stages_are_one_line_errors_naming_the_key() {
         assert!(!o.status.success() && errors.len() == 1, "{cmd} {stage}: {err}");
         assert!(errors[0].contains("distributed.zero_stage") && errors[0].contains(want), "{}", errors[0]);
         assert!(!rd.exists(), "{cmd}: a run directory was created");
+    }
+}
+
+/// Without clipping, stage 1 is stage 0 bit for bit with the features that touch the trained
+/// state: bf16 weights with f32 masters, LoRA (only adapters train), gradient checkpointing and
+/// accumulation together in GRPO; and in `rlhf rm` and `rlhf dpo`.
+#[test]
+fn stage_one_keeps_bf16_lora_checkpointing_accumulation_rm_and_dpo_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let grpo = [
+        "train",
+        "--algo",
+        "grpo",
+        "--set",
+        "eval.data=\"\"",
+        "--set",
+        "train.steps=3",
+        "--set",
+        "train.max_grad_norm=0",
+        "--set",
+        "run.dtype=\"bf16\"",
+        "--set",
+        "model.lora.rank=4",
+        "--set",
+        "train.gradient_checkpointing=true",
+        "--set",
+        "train.gradient_accumulation_steps=2",
+    ];
+    let rm = ["rm", "--set", "train.max_steps=4", "--set", "train.max_grad_norm=0"];
+    let dpo = ["dpo", "--set", "train.max_steps=4", "--set", "train.max_grad_norm=0"];
+    for (label, args, weights) in [
+        ("grpo", &grpo[..], "actor/model.safetensors"),
+        ("rm", &rm[..], "model/model.safetensors"),
+        ("dpo", &dpo[..], "model/model.safetensors"),
+    ] {
+        let (a, b) = (tmp.path().join(format!("{label}0")), tmp.path().join(format!("{label}1")));
+        ok(&run(args, &a, 0));
+        ok(&run(args, &b, 1));
+        let (wa, wb) = (std::fs::read(a.join(weights)).unwrap(), std::fs::read(b.join(weights)).unwrap());
+        assert!(wa == wb, "{label}: stage 1 weights differ from stage 0's");
+        let (ma, mb) = (metrics(&a), metrics(&b));
+        let last = |m: &[Value]| m.last().unwrap()["mem/optim_gb"].as_f64().unwrap();
+        assert!(
+            last(&mb) < last(&ma),
+            "{label}: stage 1 holds {} GB of optimizer state, stage 0 {}",
+            last(&mb),
+            last(&ma)
+        );
     }
 }
