@@ -90,7 +90,8 @@ impl TrainEngine {
     }
 
     /// The optimizer state a checkpoint holds, whole, in [`Optim::state_tensors`]'s layout
-    /// whatever the strategy (a collective under sharding: every rank calls it).
+    /// whatever the strategy (a collective under sharding: every rank calls it, and only the main
+    /// rank, which writes checkpoints, gets the tensors).
     pub fn state_tensors(&self, world: &World) -> Result<Vec<(String, Tensor)>> {
         match &self.inner {
             Inner::Replicated(o) => o.state_tensors(),
