@@ -81,6 +81,16 @@ impl TrainEngine {
         }
     }
 
+    /// Bytes of the trained variables this rank holds (all of them at stages 0 and 1), which is
+    /// also what their gradients take after a backward pass (in the variables' dtype).
+    pub fn param_bytes(&self) -> usize {
+        let params = match &self.inner {
+            Inner::Replicated(o) => o.params(),
+            Inner::Sharded(s) => s.params(),
+        };
+        params.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum()
+    }
+
     /// Bytes of optimizer state (f32 masters and moments) this rank holds.
     pub fn state_bytes(&self) -> usize {
         match &self.inner {
@@ -138,9 +148,14 @@ impl TrainEngine {
     }
 }
 
-/// Sets `mem/optim_gb`, the optimizer state `engines` hold on this rank (the main rank's in the
-/// metrics file), and on data-parallel runs `mem/optim_gb_max`, the largest over the ranks.
+/// Sets the bytes of training state `engines` hold on this rank (the main rank's in the metrics
+/// file), GB: `mem/params_gb` (the trained variables), `mem/grads_gb` (their gradients after
+/// backward), `mem/optim_gb` (masters and moments); and on data-parallel runs `mem/optim_gb_max`,
+/// the largest optimizer state over the ranks.
 pub fn memory_metrics(world: &World, engines: &[&TrainEngine], m: &mut crate::metrics::StepMetrics) -> Result<()> {
+    let params = engines.iter().map(|e| e.param_bytes()).sum::<usize>() as f64 / 1e9;
+    m.set("mem/params_gb", params);
+    m.set("mem/grads_gb", params);
     let gb = engines.iter().map(|e| e.state_bytes()).sum::<usize>() as f64 / 1e9;
     m.set("mem/optim_gb", gb);
     if world.is_distributed() {
