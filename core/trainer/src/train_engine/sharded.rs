@@ -3,8 +3,9 @@
 //! the W ranks. As in FSDP2, every trained variable is sharded on its own: its `n` elements,
 //! padded to `W·c` with `c = ⌈n / W⌉`, are cut into W chunks of `c` and rank r owns chunk r of
 //! every variable. A rank's shard is its chunks laid end to end in name order (`Σ c ≈ n_total / W`
-//! elements), with 12 bytes of state per element (f32 master, m, v) instead of 8–12 per element
-//! of the whole model. Variables are grouped in buckets of at most 25 MiB (DDP's default), so no
+//! elements), with both moments (8 bytes per element) and for bf16/f16 variables their f32 master
+//! (4 more), instead of 8–12 bytes per element of the whole model. f32 variables are their own
+//! masters: each step reads their chunks afresh, bucket by bucket. Variables are grouped in buckets of at most 25 MiB (DDP's default), so no
 //! buffer is larger than a bucket plus this rank's shard. One step:
 //!
 //! 1. bucket by bucket, the gradients are copied rank-major into a buffer (chunk r of each
@@ -66,8 +67,10 @@ pub struct ShardedAdam {
     rank: i64,
     /// Elements of the shard.
     s: i64,
-    /// f32 master weights, first and second moments of the shard, `[s]` each.
-    theta: Tensor,
+    /// f32 master weights of the shard `[s]`, for reduced-precision (bf16, f16) variables only:
+    /// f32 variables are their own masters, their chunks read afresh at each step.
+    theta: Option<Tensor>,
+    /// First and second moments of the shard, `[s]` each.
     m: Tensor,
     v: Tensor,
     /// Updates taken (bias correction), the same for every variable.
@@ -124,7 +127,11 @@ impl ShardedAdam {
             world: w,
             rank,
             s: local,
-            theta: Tensor::f_zeros([local], (Kind::Float, device))?,
+            theta: if matches!(kind, Kind::BFloat16 | Kind::Half) {
+                Some(Tensor::f_zeros([local], (Kind::Float, device))?)
+            } else {
+                None
+            },
             m: Tensor::f_zeros([local], (Kind::Float, device))?,
             v: Tensor::f_zeros([local], (Kind::Float, device))?,
             t: 0,
@@ -132,13 +139,15 @@ impl ShardedAdam {
             total,
             steps: 0,
         };
-        tch::no_grad(|| -> Result<()> {
-            for slot in &engine.slots {
-                let mine = engine.chunk_of(slot, &slot.var.f_detach()?)?;
-                engine.theta.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&mine)?;
-            }
-            Ok(())
-        })?;
+        if let Some(theta) = &engine.theta {
+            tch::no_grad(|| -> Result<()> {
+                for slot in &engine.slots {
+                    let mine = engine.chunk_of(slot, &slot.var.f_detach()?.f_to_kind(Kind::Float)?)?;
+                    theta.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&mine)?;
+                }
+                Ok(())
+            })?;
+        }
         Ok(engine)
     }
 
@@ -160,9 +169,22 @@ impl ShardedAdam {
         self.settings.lr * lr_factor(self.settings.schedule, self.steps, self.settings.warmup_steps, self.total)
     }
 
-    /// Bytes of optimizer state on this rank (masters and moments of the shard).
+    /// Bytes of optimizer state on this rank (moments, and masters, of the shard).
     pub fn state_bytes(&self) -> usize {
-        3 * self.s as usize * 4
+        (2 + usize::from(self.theta.is_some())) * self.s as usize * 4
+    }
+
+    /// The f32 weights of bucket `b`'s chunks, `[len]`: a view of the masters (updated in place),
+    /// or for f32 variables a copy of their chunks.
+    fn bucket_theta(&self, b: &Bucket) -> Result<Tensor> {
+        if let Some(theta) = &self.theta {
+            return Ok(theta.f_narrow(0, b.local, b.len)?);
+        }
+        let out = Tensor::f_zeros([b.len], (Kind::Float, self.device))?;
+        for slot in &self.slots[b.slots.clone()] {
+            out.f_narrow(0, slot.local - b.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, &slot.var.f_detach()?)?)?;
+        }
+        Ok(out)
     }
 
     /// The trained variables, in name order.
@@ -228,7 +250,7 @@ impl ShardedAdam {
             let part = |t: &Tensor| t.f_narrow(0, b.local, b.len);
             let g = part(&g)?;
             let g = if clip != 1.0 { g.f_mul_scalar(clip)? } else { g };
-            let (mut theta, mut m, mut v) = (part(&self.theta)?, part(&self.m)?, part(&self.v)?);
+            let (mut theta, mut m, mut v) = (self.bucket_theta(b)?, part(&self.m)?, part(&self.v)?);
             if wd != 0.0 {
                 // Decoupled weight decay on the chunks of 2-D (or larger) variables.
                 for slot in self.slots[b.slots.clone()].iter().filter(|s| s.decay) {
@@ -240,17 +262,20 @@ impl ShardedAdam {
             let _ = v.f_mul_(&Tensor::from(b2))?.f_addcmul_(&g, &g.f_mul_scalar(1.0 - b2)?)?;
             let denom = v.f_sqrt()?.f_div_scalar(bc2.sqrt())?.f_add_scalar(eps)?;
             let _ = theta.f_addcdiv_(&m.f_mul_scalar(-lr / bc1)?, &denom)?;
+            // Every rank's updated chunks, rounded to the variables' dtype, back into them.
+            let full = self.gather_bucket(world, b, &theta, self.kind)?;
+            for slot in &self.slots[b.slots.clone()] {
+                slot.var.shallow_clone().f_copy_(&self.whole_of(slot, b, &full)?)?;
+            }
         }
-        drop(g);
-        self.gather_weights(world)?;
         self.steps += 1;
         Ok(StepInfo { grad_norm, skipped: false, lr })
     }
 
-    /// Every rank's bucket `b` of the shard-shaped `t` (rounded to `kind`), as `[W, len]`.
-    fn gather_bucket(&self, world: &World, b: &Bucket, t: &Tensor, kind: Kind) -> Result<Tensor> {
+    /// Every rank's `mine` (its bucket `b`, `[len]`, rounded to `kind`), as `[W, len]`.
+    fn gather_bucket(&self, world: &World, b: &Bucket, mine: &Tensor, kind: Kind) -> Result<Tensor> {
         let full = Tensor::f_empty([self.world, b.len], (kind, self.device))?;
-        let mine = t.f_narrow(0, b.local, b.len)?.f_to_kind(kind)?.f_contiguous()?;
+        let mine = mine.f_to_kind(kind)?.f_contiguous()?;
         world.all_gather_into(&full.f_view([-1])?, &mine).map_err(dist::err)?;
         Ok(full)
     }
@@ -261,28 +286,17 @@ impl ShardedAdam {
         Ok(chunks.f_view([-1])?.f_narrow(0, 0, slot.numel)?.f_view_as(&slot.var)?)
     }
 
-    /// Every rank's updated chunks, rounded to the variables' dtype, back into the variables.
-    fn gather_weights(&self, world: &World) -> Result<()> {
-        for b in &self.buckets {
-            let full = self.gather_bucket(world, b, &self.theta, self.kind)?;
-            for slot in &self.slots[b.slots.clone()] {
-                slot.var.shallow_clone().f_copy_(&self.whole_of(slot, b, &full)?)?;
-            }
-        }
-        Ok(())
-    }
-
     /// The whole state in [`crate::optim::Optim::state_tensors`]'s names and shapes (a
     /// collective: every rank calls it and briefly holds the whole moments).
     pub fn state_tensors(&self, world: &World) -> Result<Vec<(String, Tensor)>> {
-        let with_master = matches!(self.kind, Kind::BFloat16 | Kind::Half);
         tch::no_grad(|| {
             let mut out = Vec::with_capacity(self.slots.len() * 4);
             for b in &self.buckets {
-                let m = self.gather_bucket(world, b, &self.m, Kind::Float)?;
-                let v = self.gather_bucket(world, b, &self.v, Kind::Float)?;
+                let part = |t: &Tensor| t.f_narrow(0, b.local, b.len);
+                let m = self.gather_bucket(world, b, &part(&self.m)?, Kind::Float)?;
+                let v = self.gather_bucket(world, b, &part(&self.v)?, Kind::Float)?;
                 let master =
-                    if with_master { Some(self.gather_bucket(world, b, &self.theta, Kind::Float)?) } else { None };
+                    self.theta.as_ref().map(|t| self.gather_bucket(world, b, &part(t)?, Kind::Float)).transpose()?;
                 for slot in &self.slots[b.slots.clone()] {
                     out.push((format!("{}.exp_avg", slot.name), self.whole_of(slot, b, &m)?));
                     out.push((format!("{}.exp_avg_sq", slot.name), self.whole_of(slot, b, &v)?));
@@ -314,18 +328,21 @@ impl ShardedAdam {
             for slot in &self.slots {
                 let m = need(format!("{}.exp_avg", slot.name), slot)?;
                 let v = need(format!("{}.exp_avg_sq", slot.name), slot)?;
-                // The master where saved (reduced-precision weights), else the restored weights.
-                let theta = match get(&format!("{}.master", slot.name), slot)? {
-                    Some(master) => {
-                        slot.var.shallow_clone().f_copy_(&master)?;
-                        master
-                    }
-                    None => slot.var.f_detach()?.f_to_kind(Kind::Float)?,
-                };
+                if let Some(theta) = &self.theta {
+                    // The master where saved, else the restored reduced-precision weights.
+                    let master = match get(&format!("{}.master", slot.name), slot)? {
+                        Some(master) => {
+                            slot.var.shallow_clone().f_copy_(&master)?;
+                            master
+                        }
+                        None => slot.var.f_detach()?.f_to_kind(Kind::Float)?,
+                    };
+                    theta.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, &master)?)?;
+                }
                 let key = format!("{}.step", slot.name);
                 steps_seen
                     .push(state.get(&key).ok_or_else(|| state_err(format!("missing `{key}`")))?.f_int64_value(&[0])?);
-                for (dst, src) in [(&self.m, &m), (&self.v, &v), (&self.theta, &theta)] {
+                for (dst, src) in [(&self.m, &m), (&self.v, &v)] {
                     dst.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, src)?)?;
                 }
             }
