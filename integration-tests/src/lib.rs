@@ -25,6 +25,20 @@ pub fn rlhf_bin() -> PathBuf {
     bin
 }
 
+/// Copies directory `from` into `to`, recursively (a run directory as it was at some point).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
 /// Runs `rlhf` with arguments.
 pub fn rlhf(args: &[&str]) -> Output {
     Command::new(rlhf_bin()).args(args).output().expect("spawn rlhf")

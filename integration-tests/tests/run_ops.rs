@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlhf_integration_tests::{behaviour_metrics, rlhf_bin};
+use rlhf_integration_tests::{behaviour_metrics, copy_dir, rlhf_bin};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -42,19 +42,6 @@ const SMALL: &[&str] = &[
     "--set",
     "algorithm.config.adaptive_kl={ target = 0.01, horizon = 100 }",
 ];
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
-}
 
 #[test]
 fn resumed_run_repeats_the_uninterrupted_one_bit_for_bit() {
