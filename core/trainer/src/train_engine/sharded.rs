@@ -33,7 +33,7 @@ use tch::{Kind, Tensor};
 
 use crate::dist;
 use crate::error::{Result, TrainerError};
-use crate::optim::{lr_factor, OptimConfig, StepInfo};
+use crate::optim::{adam_update, clip_coef, lr_factor, OptimConfig, StepInfo};
 
 /// One trained variable and its chunk.
 struct Slot {
@@ -235,15 +235,9 @@ impl ShardedAdam {
             return Ok(StepInfo { grad_norm, skipped: true, lr });
         }
         let c = &self.settings;
-        let clip = if c.max_grad_norm > 0.0 && grad_norm > c.max_grad_norm {
-            c.max_grad_norm / (grad_norm + 1e-6)
-        } else {
-            1.0
-        };
-        let (b1, b2) = c.betas;
-        let (eps, wd) = (c.eps, c.weight_decay);
+        let clip = clip_coef(c.max_grad_norm, grad_norm);
+        let (betas, eps, wd) = (c.betas, c.eps, c.weight_decay);
         self.t += 1;
-        let (bc1, bc2) = (1.0 - b1.powi(self.t as i32), 1.0 - b2.powi(self.t as i32));
         let decay = Tensor::from(1.0 - lr * wd);
         // Bucket by bucket, so the update's temporaries stay bucket-sized.
         for b in &self.buckets {
@@ -257,11 +251,7 @@ impl ShardedAdam {
                     let _ = theta.f_narrow(0, slot.local - b.local, slot.chunk)?.f_mul_(&decay)?;
                 }
             }
-            // m ← β1 m + (1 − β1) g;  v ← β2 v + (1 − β2) g²;  θ ← θ − lr/bc1 · m / (√v / √bc2 + ε)
-            let _ = m.f_lerp_(&g, 1.0 - b1)?;
-            let _ = v.f_mul_(&Tensor::from(b2))?.f_addcmul_(&g, &g.f_mul_scalar(1.0 - b2)?)?;
-            let denom = v.f_sqrt()?.f_div_scalar(bc2.sqrt())?.f_add_scalar(eps)?;
-            let _ = theta.f_addcdiv_(&m.f_mul_scalar(-lr / bc1)?, &denom)?;
+            adam_update(&mut theta, &mut m, &mut v, &g, lr, betas, eps, self.t)?;
             // Every rank's updated chunks, rounded to the variables' dtype, back into them.
             let full = self.gather_bucket(world, b, &theta, self.kind)?;
             for slot in &self.slots[b.slots.clone()] {
