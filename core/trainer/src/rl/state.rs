@@ -48,11 +48,16 @@ impl Trainer {
     /// Writes a checkpoint of the current step. Every rank calls it (a sharded optimizer state is
     /// gathered first); the main rank writes it and returns its directory.
     pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
-        let t = Instant::now();
-        let data = self.checkpoint_data()?;
         if !self.world.is_main() {
+            // Only the collective part, in `checkpoint_data`'s order: the optimizer states.
+            self.actor_opt.state_tensors(&self.world)?;
+            if let Some(o) = &self.critic_opt {
+                o.state_tensors(&self.world)?;
+            }
             return Ok(None);
         }
+        let t = Instant::now();
+        let data = self.checkpoint_data()?;
         let dir = crate::checkpoint::write(&self.run_dir, &data, self.cfg.checkpoint.keep)?;
         tracing::info!("checkpoint: {} ({:.1}s)", dir.display(), t.elapsed().as_secs_f64());
         Ok(Some(dir))
