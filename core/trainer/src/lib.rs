@@ -8,6 +8,7 @@
 //! An RL step reads as the modules of [`rl`]: prompts → rollout → score → experience →
 //! advantages → optimise (minibatch loss → optimizer step) → metrics/checkpoint.
 
+pub mod adamw;
 pub mod builtin;
 pub mod checkpoint;
 pub mod config;

@@ -31,9 +31,10 @@ use rlhf_collective::World;
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
+use crate::adamw::{adam_update, clip_coef};
 use crate::dist;
 use crate::error::{Result, TrainerError};
-use crate::optim::{adam_update, clip_coef, lr_factor, OptimConfig, StepInfo};
+use crate::optim::{lr_factor, OptimConfig, StepInfo};
 
 /// One trained variable and its chunk.
 struct Slot {
