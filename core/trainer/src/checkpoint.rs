@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use tch::{nn, Tensor};
 
 use crate::error::{Result, TrainerError};
+use crate::train_engine::shard_files::{layout_file, shard_file, ShardLayout};
 
 /// Format version of the layout above.
 pub const FORMAT: u64 = 1;
@@ -82,6 +83,8 @@ pub struct CheckpointData {
     pub state: Value,
     /// Tensor files: (`actor`, named tensors) → `actor.safetensors`.
     pub tensors: Vec<(&'static str, Vec<(String, Tensor)>)>,
+    /// Other JSON files (file name, contents), e.g. the layout of sharded optimizer states.
+    pub json: Vec<(String, Value)>,
 }
 
 /// The variables of `vs` by name, for [`CheckpointData::tensors`].
@@ -93,11 +96,23 @@ pub fn var_store_tensors(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 
 /// Writes a checkpoint atomically and prunes to the last `keep`; returns its directory.
 pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathBuf> {
+    let tmp = begin(run_dir, data.step, std::process::id())?;
+    finish(run_dir, &tmp, data, &[], keep)
+}
+
+/// The temporary directory a checkpoint of `step` is written into by the process (or, with data
+/// parallelism, the main rank's process) `pid` before it is published.
+pub fn tmp_dir(run_dir: &Path, step: usize, pid: u32) -> PathBuf {
+    checkpoints_dir(run_dir).join(format!(".tmp-{}-{pid}", step_dir_name(step)))
+}
+
+/// Starts a checkpoint of `step`: removes what interrupted writes left and creates
+/// [`tmp_dir`]`(run_dir, step, pid)` (one writer per run dir).
+pub fn begin(run_dir: &Path, step: usize, pid: u32) -> Result<PathBuf> {
     let parent = checkpoints_dir(run_dir);
     std::fs::create_dir_all(&parent).map_err(|e| io(&parent, e))?;
-    let name = step_dir_name(data.step);
-    // Leftovers of an interrupted write (one writer per run dir) are incomplete by construction; a
-    // replaced checkpoint set aside (`.old-step-N`) goes once its successor is in place.
+    // Leftovers of an interrupted write are incomplete by construction; a replaced checkpoint
+    // set aside (`.old-step-N`) goes once its successor is in place.
     for entry in std::fs::read_dir(&parent).map_err(|e| io(&parent, e))?.flatten() {
         let file = entry.file_name().to_string_lossy().to_string();
         let replaced = file.strip_prefix(OLD_PREFIX).is_some_and(|n| parent.join(n).join("manifest.json").is_file());
@@ -105,23 +120,47 @@ pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathB
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
-    let tmp = parent.join(format!(".tmp-{name}-{}", std::process::id()));
+    let tmp = tmp_dir(run_dir, step, pid);
     std::fs::create_dir(&tmp).map_err(|e| io(&tmp, e))?;
+    Ok(tmp)
+}
 
+/// Writes named tensors to `dir/file` (safetensors) and fsyncs it.
+pub fn write_tensors(dir: &Path, file: &str, tensors: &[(String, Tensor)]) -> Result<()> {
+    let path = dir.join(file);
+    let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    Tensor::write_safetensors(&named, &path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+    File::open(&path).and_then(|f| f.sync_all()).map_err(|e| io(&path, e))
+}
+
+/// Completes a checkpoint begun with [`begin`]: writes `data` into `tmp`, seals it and the files
+/// other ranks already wrote there (`written`) in `manifest.json`, publishes the directory and
+/// prunes to the last `keep`; returns its directory.
+pub fn finish(run_dir: &Path, tmp: &Path, data: &CheckpointData, written: &[String], keep: usize) -> Result<PathBuf> {
+    let parent = checkpoints_dir(run_dir);
+    let name = step_dir_name(data.step);
     let mut files = serde_json::Map::new();
     let mut seal = |file: &str| -> Result<()> {
         let path = tmp.join(file);
+        if !path.is_file() {
+            return Err(err(format!(
+                "{}: {file} is missing: with sharded optimizer states every rank writes its shard there, so \
+                 the run directory must be on a filesystem all ranks share",
+                tmp.display()
+            )));
+        }
         File::open(&path).and_then(|f| f.sync_all()).map_err(|e| io(&path, e))?;
         let (bytes, fnv) = fnv1a(&path)?;
         files.insert(file.to_string(), json!({"bytes": bytes, "fnv1a64": format!("{fnv:016x}")}));
         test_delay();
         Ok(())
     };
+    for file in written {
+        seal(file)?;
+    }
     for (what, tensors) in &data.tensors {
         let file = format!("{what}.safetensors");
-        let path = tmp.join(&file);
-        let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        Tensor::write_safetensors(&named, &path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+        write_tensors(tmp, &file, tensors)?;
         seal(&file)?;
     }
     let write_text = |file: &str, text: &str| -> Result<()> {
@@ -129,6 +168,10 @@ pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathB
         let mut f = File::create(&path).map_err(|e| io(&path, e))?;
         f.write_all(text.as_bytes()).map_err(|e| io(&path, e))
     };
+    for (file, value) in &data.json {
+        write_text(file, &serde_json::to_string_pretty(value).unwrap_or_default())?;
+        seal(file)?;
+    }
     write_text("state.json", &serde_json::to_string_pretty(&data.state).unwrap_or_default())?;
     seal("state.json")?;
     write_text("config.toml", &data.config_toml)?;
@@ -137,7 +180,7 @@ pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathB
     write_text("manifest.json", &serde_json::to_string_pretty(&manifest).unwrap_or_default())?;
     let mpath = tmp.join("manifest.json");
     File::open(&mpath).and_then(|f| f.sync_all()).map_err(|e| io(&mpath, e))?;
-    fsync_dir(&tmp)?;
+    fsync_dir(tmp)?;
 
     let dest = parent.join(&name);
     let old = parent.join(format!("{OLD_PREFIX}{name}"));
@@ -148,7 +191,7 @@ pub fn write(run_dir: &Path, data: &CheckpointData, keep: usize) -> Result<PathB
         let _ = std::fs::remove_dir_all(&old);
         std::fs::rename(&dest, &old).map_err(|e| io(&dest, e))?;
     }
-    std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;
+    std::fs::rename(tmp, &dest).map_err(|e| io(&dest, e))?;
     fsync_dir(&parent)?;
     if old.exists() {
         let _ = std::fs::remove_dir_all(&old);
@@ -241,6 +284,8 @@ pub struct Loaded {
     pub state: Value,
     pub config_toml: String,
     tensors: HashMap<String, HashMap<String, Tensor>>,
+    /// Every file the manifest seals.
+    files: Vec<String>,
 }
 
 /// Reads and verifies a checkpoint: manifest present, every file with its size and checksum.
@@ -272,7 +317,9 @@ pub fn load(dir: &Path) -> Result<Loaded> {
                 dir.display()
             )));
         }
-        if let Some(what) = file.strip_suffix(".safetensors") {
+        // A rank's shard of an optimizer state is read by the ranks that need it, when they need it.
+        let shard = file.contains(".rank-");
+        if let Some(what) = file.strip_suffix(".safetensors").filter(|_| !shard) {
             let list = Tensor::read_safetensors(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
             tensors.insert(what.to_string(), list.into_iter().collect());
         }
@@ -286,13 +333,34 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     let state: Value = serde_json::from_str(&read("state.json")?)
         .map_err(|e| err(format!("{}: corrupt state.json: {e}", dir.display())))?;
     let config_toml = read("config.toml")?;
-    Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, tensors })
+    Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, tensors, files: files.keys().cloned().collect() })
 }
 
 impl Loaded {
     /// The named tensors of `<what>.safetensors`.
     pub fn tensors(&self, what: &str) -> Result<&HashMap<String, Tensor>> {
         self.tensors.get(what).ok_or_else(|| err(format!("{}: checkpoint holds no {what}", self.dir.display())))
+    }
+
+    /// The layout of the sharded optimizer state `what`, if the checkpoint holds it as shards
+    /// (each sealed by the manifest, so verified by [`load`]).
+    pub fn shard_layout(&self, what: &str) -> Result<Option<ShardLayout>> {
+        let file = layout_file(what);
+        if !self.files.contains(&file) {
+            return Ok(None);
+        }
+        let path = self.dir.join(&file);
+        let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| err(format!("{}: {e}", path.display())))?;
+        let layout = ShardLayout::from_json(&value, &path)?;
+        if let Some(r) = (0..layout.world).find(|&r| !self.files.contains(&shard_file(what, r, layout.world))) {
+            return Err(err(format!(
+                "{}: corrupt checkpoint: {} is not in the manifest",
+                self.dir.display(),
+                shard_file(what, r, layout.world)
+            )));
+        }
+        Ok(Some(layout))
     }
 
     /// Copies `<what>.safetensors` into the variables of `vs` (every variable must be there, with its shape).
@@ -328,6 +396,7 @@ mod tests {
             config_toml: "x = 1\n".into(),
             state: json!({"step": step}),
             tensors: vec![("actor", vec![("w".into(), Tensor::from_slice(&[1f32, 2., 3.]) * step as f64)])],
+            json: Vec::new(),
         }
     }
 

@@ -171,6 +171,11 @@ impl Optim {
         self.params.iter().map(|p| p.var.shallow_clone()).collect()
     }
 
+    /// The trained variables' names and shapes, in name order.
+    pub fn params_named(&self) -> Vec<(String, Vec<i64>)> {
+        self.params.iter().map(|p| (p.name.clone(), p.var.size())).collect()
+    }
+
     /// Bytes of optimizer state: the moments, and the f32 masters of reduced-precision variables.
     pub fn state_bytes(&self) -> usize {
         let bytes = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();

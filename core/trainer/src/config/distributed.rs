@@ -11,24 +11,21 @@ use crate::error::Result;
 #[serde(deny_unknown_fields, default)]
 pub struct DistributedConfig {
     /// ZeRO stage: 0 replicates the whole training state on every rank (DDP); 1 partitions the
-    /// f32 masters and Adam moments over the ranks. Stages 2 (gradients) and 3 (parameters) are
-    /// not built yet.
+    /// f32 masters and Adam moments over the ranks; 2 the gradients too. Stage 3 (parameters)
+    /// is not built yet.
     pub zero_stage: u8,
 }
 
 impl DistributedConfig {
     pub fn validate(&self, src: &KeySource) -> Result<()> {
         match self.zero_stage {
-            0 | 1 => Ok(()),
-            2 | 3 => Err(src.error(
+            0..=2 => Ok(()),
+            3 => Err(src.error(
                 "distributed.zero_stage",
-                &format!(
-                    "stage {} (sharded gradients{}) is not built yet: 0 (replicated) or 1 (optimizer state sharded)",
-                    self.zero_stage,
-                    if self.zero_stage == 3 { " and parameters" } else { "" }
-                ),
+                "stage 3 (sharded parameters) is not built yet: 0 (replicated), 1 (optimizer state sharded) or 2 \
+                 (optimizer state and gradients sharded)",
             )),
-            s => Err(src.error("distributed.zero_stage", &format!("{s} is not a ZeRO stage: 0 or 1"))),
+            s => Err(src.error("distributed.zero_stage", &format!("{s} is not a ZeRO stage: 0, 1 or 2"))),
         }
     }
 

@@ -57,6 +57,20 @@ fn pick_opt(t: &Option<Tensor>, idx: &Tensor) -> Result<Option<Tensor>> {
     t.as_ref().map(|t| pick(t, idx)).transpose()
 }
 
+/// Ends a micro-batch's backward pass for the actor's and the critic's engines (see
+/// [`TrainEngine::micro_done`]; every rank calls it once per micro-batch of a step).
+fn micro_done(
+    world: &World,
+    actor: &mut TrainEngine,
+    critic: &mut Option<(&ScalarHeadModel, &mut TrainEngine)>,
+) -> Result<()> {
+    actor.micro_done(world)?;
+    match critic {
+        Some((_, c)) => c.micro_done(world),
+        None => Ok(()),
+    }
+}
+
 /// Optimizer steps in one epoch over `batch` samples: `⌈⌈batch / minibatch⌉ / accumulation⌉`.
 pub fn steps_per_epoch(batch: usize, cfg: &TrainConfig) -> usize {
     batch.div_ceil(cfg.minibatch_size).div_ceil(cfg.gradient_accumulation_steps.max(1))
@@ -118,10 +132,14 @@ pub fn optimise(
                 0.0 // unused: the minibatch is the whole step
             };
             let mut finite = true;
-            for minibatch in step_chunks {
+            for (j, minibatch) in step_chunks.iter().enumerate() {
+                if j > 0 {
+                    // The previous micro-batch's backward is done (and the last one's after the loop).
+                    micro_done(world, actor_opt, &mut critic)?;
+                }
                 let mine = dist::shard(minibatch.len(), world.rank(), world.size());
                 let chunk = &minibatch[mine.clone()];
-                if chunk.is_empty() {
+                if chunk.is_empty() || !finite {
                     continue;
                 }
                 let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
@@ -191,7 +209,7 @@ pub fn optimise(
                 if !loss_value.is_finite() {
                     tracing::warn!("step {step}: non-finite loss ({loss_value}); optimizer step skipped");
                     finite = false;
-                    break;
+                    continue;
                 }
                 local.add("loss/total", loss_value);
                 if k > 1 {
@@ -206,6 +224,7 @@ pub fn optimise(
                     c.backward_checkpointed(ck)?;
                 }
             }
+            micro_done(world, actor_opt, &mut critic)?;
             let mut engines: Vec<&mut TrainEngine> = vec![&mut *actor_opt];
             engines.extend(critic.as_mut().map(|(_, o)| &mut **o));
             let Some(infos) = train_engine::finish_step(world, &mut engines, finite)? else {

@@ -7,18 +7,27 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use crate::checkpoint::{var_store_tensors, CheckpointData, Loaded};
+use crate::checkpoint::{var_store_tensors, write_tensors, CheckpointData, Loaded};
+use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::rl::Trainer;
+use crate::train_engine::shard_files::{layout_file, shard_file};
+use crate::train_engine::CheckpointPart;
 
 impl Trainer {
-    /// Everything a checkpoint holds (see [`crate::checkpoint`]).
-    pub(crate) fn checkpoint_data(&self) -> Result<CheckpointData> {
+    /// Everything a checkpoint holds (see [`crate::checkpoint`]) but the optimizer shards the
+    /// ranks write themselves: `parts` are the optimizer states' (whole, or the shards' layout).
+    fn checkpoint_data(&self, parts: Vec<(&'static str, CheckpointPart)>) -> Result<CheckpointData> {
         let mut tensors = vec![("actor", var_store_tensors(&self.actor.vs))];
-        tensors.push(("optimizer-actor", self.actor_opt.state_tensors(&self.world)?));
-        if let (Some(c), Some(o)) = (&self.critic, &self.critic_opt) {
+        let mut files = Vec::new();
+        for (what, part) in parts {
+            match part {
+                CheckpointPart::Whole(t) => tensors.push((what, t)),
+                CheckpointPart::Shard { layout, .. } => files.push((layout_file(what), layout.to_json())),
+            }
+        }
+        if let Some(c) = &self.critic {
             tensors.push(("critic", var_store_tensors(&c.vs)));
-            tensors.push(("optimizer-critic", o.state_tensors(&self.world)?));
         }
         if let Some(e) = &self.ema {
             tensors.push(("ema", var_store_tensors(&e.vs)));
@@ -42,23 +51,60 @@ impl Trainer {
         });
         let config_toml =
             toml::to_string(&self.cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
-        Ok(CheckpointData { step: self.step, config_toml, state, tensors })
+        Ok(CheckpointData { step: self.step, config_toml, state, tensors, json: files })
     }
 
-    /// Writes a checkpoint of the current step. Every rank calls it (a sharded optimizer state is
-    /// gathered first); the main rank writes it and returns its directory.
+    /// Writes a checkpoint of the current step; every rank calls it. With replicated optimizer
+    /// states the main rank writes everything. With sharded ones (ZeRO stages ≥ 1) the main rank
+    /// opens the temporary directory, every rank writes its own shards into it, and once all
+    /// have (one agreement over the ranks) the main rank writes the rest, seals the shards with
+    /// it and publishes the checkpoint. Returns its directory on the main rank.
     pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
-        if !self.world.is_main() {
-            // Only the collective part, in `checkpoint_data`'s order: the optimizer states.
-            self.actor_opt.state_tensors(&self.world)?;
-            if let Some(o) = &self.critic_opt {
-                o.state_tensors(&self.world)?;
-            }
-            return Ok(None);
-        }
         let t = Instant::now();
-        let data = self.checkpoint_data()?;
-        let dir = crate::checkpoint::write(&self.run_dir, &data, self.cfg.checkpoint.keep)?;
+        let mut parts = vec![("optimizer-actor", self.actor_opt.checkpoint_part()?)];
+        if let Some(o) = &self.critic_opt {
+            parts.push(("optimizer-critic", o.checkpoint_part()?));
+        }
+        let (main, keep) = (self.world.is_main(), self.cfg.checkpoint.keep);
+        let shards: Vec<&str> =
+            parts.iter().filter(|(_, p)| matches!(p, CheckpointPart::Shard { .. })).map(|(w, _)| *w).collect();
+        let dir = if shards.is_empty() {
+            if !main {
+                return Ok(None);
+            }
+            crate::checkpoint::write(&self.run_dir, &self.checkpoint_data(parts)?, keep)?
+        } else {
+            // Every rank learns the directory: the main rank's pid names it (0: it failed).
+            let begun = main.then(|| crate::checkpoint::begin(&self.run_dir, self.step, std::process::id()));
+            let pid = if matches!(begun, Some(Ok(_))) { f64::from(std::process::id()) } else { 0.0 };
+            let pid = dist::sum(&self.world, &[pid])?[0] as u32;
+            if let Some(Err(e)) = begun {
+                return Err(e);
+            }
+            if pid == 0 {
+                return Err(TrainerError::Checkpoint("the main rank could not start the checkpoint".into()));
+            }
+            let tmp = crate::checkpoint::tmp_dir(&self.run_dir, self.step, pid);
+            let (rank, world) = (self.world.rank(), self.world.size());
+            let mine = parts.iter().try_for_each(|(what, part)| match part {
+                CheckpointPart::Shard { tensors, .. } => write_tensors(&tmp, &shard_file(what, rank, world), tensors),
+                CheckpointPart::Whole(_) => Ok(()),
+            });
+            if !dist::all(&self.world, mine.is_ok())? {
+                if main {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                }
+                mine?;
+                return Err(TrainerError::Checkpoint("another rank could not write its optimizer shard".into()));
+            }
+            if !main {
+                return Ok(None);
+            }
+            let written: Vec<String> =
+                shards.iter().flat_map(|what| (0..world).map(move |r| shard_file(what, r, world))).collect();
+            let data = self.checkpoint_data(parts)?;
+            crate::checkpoint::finish(&self.run_dir, &tmp, &data, &written, keep)?
+        };
         tracing::info!("checkpoint: {} ({:.1}s)", dir.display(), t.elapsed().as_secs_f64());
         Ok(Some(dir))
     }
@@ -71,26 +117,25 @@ impl Trainer {
         let get_usize = |v: Option<&serde_json::Value>, what: &str| {
             v.and_then(serde_json::Value::as_u64).map(|x| x as usize).ok_or_else(|| bad(&format!("missing {what}")))
         };
-        // Every rank keeps the whole state, so a checkpoint is rank 0's; resuming it with another
-        // number of ranks would change how batches split (and so the float sums): refused.
+        // The ranks split each global batch and sample as one process would, so a run resumes
+        // with another number of ranks (the optimizer shards re-cut on load); only float sums
+        // over a batch split otherwise differ in their last bits.
         let ranks = st.get("world_size").and_then(serde_json::Value::as_u64).unwrap_or(1) as usize;
         if ranks != self.world.size() {
-            return Err(TrainerError::Checkpoint(format!(
-                "{}: written by a run of {ranks} data-parallel rank(s), this one has {}: resume with the same \
-                 number (`--nproc {ranks}` or torchrun --nproc-per-node/--nnodes giving {ranks} ranks)",
-                ckpt.dir.display(),
+            tracing::info!(
+                "resuming a checkpoint of {ranks} data-parallel rank(s) on {}: the optimizer state is re-sharded \
+                 and the batches split over the new ranks",
                 self.world.size()
-            )));
+            );
         }
         ckpt.restore_vars("actor", &self.actor.vs)?;
-        self.actor_opt.load_state(
-            ckpt.tensors("optimizer-actor")?,
-            get_usize(st.pointer("/optimizer_steps/actor"), "optimizer_steps.actor")?,
-        )?;
+        let steps = get_usize(st.pointer("/optimizer_steps/actor"), "optimizer_steps.actor")?;
+        self.actor_opt.restore(ckpt, "optimizer-actor", steps)?;
         if let (Some(c), Some(o)) = (&self.critic, &mut self.critic_opt) {
             ckpt.restore_vars("critic", &c.vs)?;
-            o.load_state(
-                ckpt.tensors("optimizer-critic")?,
+            o.restore(
+                ckpt,
+                "optimizer-critic",
                 get_usize(st.pointer("/optimizer_steps/critic"), "optimizer_steps.critic")?,
             )?;
         }

@@ -119,19 +119,17 @@ pub fn run_phase<T: PhaseTask>(
             let mut local = StepMetrics::default();
             for micro in &group {
                 let mine = &micro[dist::shard(micro.len(), world.rank(), world.size())];
-                if mine.is_empty() {
-                    continue;
-                }
-                match task.micro_step(mine, weight.max(1e-12), &mut local)? {
-                    Some(o) => {
-                        loss_sum += o.loss_sum;
-                        tokens += o.tokens;
-                    }
-                    None => {
-                        finite = false;
-                        break;
+                if !mine.is_empty() && finite {
+                    match task.micro_step(mine, weight.max(1e-12), &mut local)? {
+                        Some(o) => {
+                            loss_sum += o.loss_sum;
+                            tokens += o.tokens;
+                        }
+                        None => finite = false,
                     }
                 }
+                // Every rank, once per micro-batch (stage 2 reduce-scatters its gradients).
+                opt.micro_done(world)?;
             }
             if world.is_distributed() {
                 let s = dist::sum(world, &[loss_sum, tokens as f64])?;

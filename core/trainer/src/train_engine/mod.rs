@@ -10,7 +10,11 @@
 //! - **1, optimizer state sharded** ([`sharded`]): each rank keeps the masters and moments of
 //!   its `1/W` slice of the flat trained variables, receives only that slice's summed gradient
 //!   (reduce-scatter), updates it, and the slices are all-gathered back into the weights.
+//! - **2, gradients sharded too**: as 1, but each micro-batch's gradients are reduce-scattered
+//!   as soon as its backward pass ends ([`TrainEngine::micro_done`]) and freed, so a rank keeps
+//!   only its f32 shard of the step's summed gradient between micro-batches and during the step.
 
+pub mod shard_files;
 pub mod sharded;
 
 use std::collections::HashMap;
@@ -19,6 +23,7 @@ use rlhf_collective::World;
 use tch::nn::VarStore;
 use tch::Tensor;
 
+use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::Result;
 use crate::optim::{Optim, OptimConfig, StepInfo};
@@ -31,15 +36,26 @@ pub enum Strategy {
     Replicated,
     /// Masters and moments partitioned over the ranks (ZeRO stage 1).
     ShardedOptimizer,
+    /// As [`Strategy::ShardedOptimizer`], with the gradients partitioned too (ZeRO stage 2).
+    ShardedGradients,
 }
 
 impl Strategy {
-    /// The strategy of `[distributed] zero_stage` (validated to 0 or 1 by the config).
+    /// The strategy of `[distributed] zero_stage` (validated to 0, 1 or 2 by the config).
     pub fn of_stage(stage: u8) -> Strategy {
-        if stage == 0 {
-            Strategy::Replicated
-        } else {
-            Strategy::ShardedOptimizer
+        match stage {
+            0 => Strategy::Replicated,
+            1 => Strategy::ShardedOptimizer,
+            _ => Strategy::ShardedGradients,
+        }
+    }
+
+    /// The ZeRO stage of the strategy.
+    pub fn stage(self) -> u8 {
+        match self {
+            Strategy::Replicated => 0,
+            Strategy::ShardedOptimizer => 1,
+            Strategy::ShardedGradients => 2,
         }
     }
 }
@@ -52,6 +68,7 @@ enum Inner {
 /// One trained model's optimizer under its [`Strategy`].
 pub struct TrainEngine {
     inner: Inner,
+    strategy: Strategy,
 }
 
 impl TrainEngine {
@@ -60,17 +77,15 @@ impl TrainEngine {
     pub fn new(vs: &VarStore, settings: &OptimConfig, total: usize, strategy: Strategy, world: &World) -> Result<Self> {
         let inner = match strategy {
             Strategy::Replicated => Inner::Replicated(Optim::new(vs, settings, total)?),
-            Strategy::ShardedOptimizer => Inner::Sharded(ShardedAdam::new(vs, settings, total, world)?),
+            Strategy::ShardedOptimizer => Inner::Sharded(ShardedAdam::new(vs, settings, total, world, false)?),
+            Strategy::ShardedGradients => Inner::Sharded(ShardedAdam::new(vs, settings, total, world, true)?),
         };
-        Ok(TrainEngine { inner })
+        Ok(TrainEngine { inner, strategy })
     }
 
     /// The layout of the training state.
     pub fn strategy(&self) -> Strategy {
-        match self.inner {
-            Inner::Replicated(_) => Strategy::Replicated,
-            Inner::Sharded(_) => Strategy::ShardedOptimizer,
-        }
+        self.strategy
     }
 
     /// Optimizer steps taken (skipped ones not counted).
@@ -81,14 +96,32 @@ impl TrainEngine {
         }
     }
 
-    /// Bytes of the trained variables this rank holds (all of them at stages 0 and 1), which is
-    /// also what their gradients take after a backward pass (in the variables' dtype).
+    /// Bytes of the trained variables this rank holds (all of them at stages 0 to 2).
     pub fn param_bytes(&self) -> usize {
         let params = match &self.inner {
             Inner::Replicated(o) => o.params(),
             Inner::Sharded(s) => s.params(),
         };
         params.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum()
+    }
+
+    /// Bytes of gradients this rank keeps between backward passes: as many as the variables at
+    /// stages 0 and 1, its f32 shard of them at stage 2.
+    pub fn grad_bytes(&self) -> usize {
+        match &self.inner {
+            Inner::Replicated(_) => self.param_bytes(),
+            Inner::Sharded(s) => s.grad_bytes(),
+        }
+    }
+
+    /// Ends one micro-batch's backward pass: at stage 2 its gradients are reduce-scattered and
+    /// freed (a collective: every rank calls it once per micro-batch of the step, also for one it
+    /// had no rows of or skipped); nothing at stages 0 and 1.
+    pub fn micro_done(&mut self, world: &World) -> Result<()> {
+        match &mut self.inner {
+            Inner::Replicated(_) => Ok(()),
+            Inner::Sharded(s) => s.micro_done(world),
+        }
     }
 
     /// Bytes of optimizer state (f32 masters and moments) this rank holds.
@@ -99,22 +132,37 @@ impl TrainEngine {
         }
     }
 
-    /// The optimizer state a checkpoint holds, whole, in [`Optim::state_tensors`]'s layout
-    /// whatever the strategy (a collective under sharding: every rank calls it, and only the main
-    /// rank, which writes checkpoints, gets the tensors).
-    pub fn state_tensors(&self, world: &World) -> Result<Vec<(String, Tensor)>> {
-        match &self.inner {
-            Inner::Replicated(o) => o.state_tensors(),
-            Inner::Sharded(s) => s.state_tensors(world),
-        }
+    /// What this rank puts into a checkpoint of the optimizer state: the whole state in
+    /// [`Optim::state_tensors`]'s layout when replicated (only the main rank writes it), or this
+    /// rank's shard and the layout of all of them when sharded (every rank writes its shard).
+    pub fn checkpoint_part(&self) -> Result<CheckpointPart> {
+        Ok(match &self.inner {
+            Inner::Replicated(o) => CheckpointPart::Whole(o.state_tensors()?),
+            Inner::Sharded(s) => {
+                CheckpointPart::Shard { layout: s.layout(self.strategy.stage()), tensors: s.shard_tensors()? }
+            }
+        })
     }
 
-    /// Restores what [`TrainEngine::state_tensors`] saved (under any strategy and world size),
-    /// and the step count. Restore the weights first.
-    pub fn load_state(&mut self, tensors: &HashMap<String, Tensor>, steps: usize) -> Result<()> {
+    /// Restores the optimizer state `what` (e.g. `optimizer-actor`) of a checkpoint written under
+    /// any strategy and world size, and the step count: whole (a stage-0 checkpoint) or from the
+    /// ranks' shards, re-sharded when the world size or stage changed. Restore the weights first.
+    pub fn restore(&mut self, ckpt: &Loaded, what: &str, steps: usize) -> Result<()> {
+        let Some(layout) = ckpt.shard_layout(what)? else {
+            let tensors = ckpt.tensors(what)?;
+            return match &mut self.inner {
+                Inner::Replicated(o) => o.load_state(tensors, steps),
+                Inner::Sharded(s) => s.load_state(tensors, steps),
+            };
+        };
+        let path = |r: usize| ckpt.dir.join(shard_files::shard_file(what, r, layout.world));
         match &mut self.inner {
-            Inner::Replicated(o) => o.load_state(tensors, steps),
-            Inner::Sharded(s) => s.load_state(tensors, steps),
+            Inner::Sharded(s) => s.load_shards(what, &layout, path, steps),
+            Inner::Replicated(o) => {
+                // Whole variables, cut from every shard.
+                let whole = whole_state(what, &layout, &o.params_named(), path)?;
+                o.load_state(&whole, steps)
+            }
         }
     }
 
@@ -148,14 +196,53 @@ impl TrainEngine {
     }
 }
 
+/// One rank's part of a checkpoint of a [`TrainEngine`]'s optimizer state.
+pub enum CheckpointPart {
+    /// The whole state (replicated: the main rank writes it).
+    Whole(Vec<(String, Tensor)>),
+    /// This rank's shard (every rank writes its own), and the layout shared by all.
+    Shard { layout: shard_files::ShardLayout, tensors: Vec<(String, Tensor)> },
+}
+
+/// The whole state of the variables `params` (name, shape) in [`Optim::state_tensors`]'s layout,
+/// assembled from the shards of a sharded checkpoint.
+fn whole_state(
+    what: &str,
+    layout: &shard_files::ShardLayout,
+    params: &[(String, Vec<i64>)],
+    path: impl Fn(usize) -> std::path::PathBuf,
+) -> Result<HashMap<String, Tensor>> {
+    let numels: Vec<(&str, i64)> = params.iter().map(|(n, s)| (n.as_str(), s.iter().product())).collect();
+    layout.check_vars(what, &numels)?;
+    let f32 = (tch::Kind::Float, tch::Device::Cpu);
+    let mut wants = Vec::with_capacity(params.len());
+    for (name, shape) in params {
+        let numel: i64 = shape.iter().product();
+        let master = if layout.masters { Some(Tensor::f_zeros([numel], f32)?) } else { None };
+        let (m, v) = (Tensor::f_zeros([numel], f32)?, Tensor::f_zeros([numel], f32)?);
+        wants.push(shard_files::Want { name: name.clone(), lo: 0, hi: numel, m, v, master });
+    }
+    let t = shard_files::read_ranges(layout, path, &wants)?;
+    let mut out = HashMap::with_capacity(wants.len() * 4);
+    for (w, (name, shape)) in wants.into_iter().zip(params) {
+        out.insert(format!("{name}.exp_avg"), w.m.f_view(shape.as_slice())?);
+        out.insert(format!("{name}.exp_avg_sq"), w.v.f_view(shape.as_slice())?);
+        out.insert(format!("{name}.step"), Tensor::f_from_slice(&[t])?);
+        if let Some(master) = w.master {
+            out.insert(format!("{name}.master"), master.f_view(shape.as_slice())?);
+        }
+    }
+    Ok(out)
+}
+
 /// Sets the bytes of training state `engines` hold on this rank (the main rank's in the metrics
-/// file), GB: `mem/params_gb` (the trained variables), `mem/grads_gb` (their gradients after
-/// backward), `mem/optim_gb` (masters and moments); and on data-parallel runs `mem/optim_gb_max`,
+/// file), GB: `mem/params_gb` (the trained variables), `mem/grads_gb` (the gradients kept between
+/// backward passes), `mem/optim_gb` (masters and moments); and on data-parallel runs `mem/optim_gb_max`,
 /// the largest optimizer state over the ranks.
 pub fn memory_metrics(world: &World, engines: &[&TrainEngine], m: &mut crate::metrics::StepMetrics) -> Result<()> {
     let params = engines.iter().map(|e| e.param_bytes()).sum::<usize>() as f64 / 1e9;
     m.set("mem/params_gb", params);
-    m.set("mem/grads_gb", params);
+    m.set("mem/grads_gb", engines.iter().map(|e| e.grad_bytes()).sum::<usize>() as f64 / 1e9);
     let gb = engines.iter().map(|e| e.state_bytes()).sum::<usize>() as f64 / 1e9;
     m.set("mem/optim_gb", gb);
     if world.is_distributed() {
@@ -167,7 +254,8 @@ pub fn memory_metrics(world: &World, engines: &[&TrainEngine], m: &mut crate::me
 
 /// Ends one optimizer step of `engines` (the models trained together: the actor and a critic),
 /// once every rank has backpropagated its micro-batches. Every rank learns whether all were
-/// `finite`; if so each engine combines the gradients over the ranks and steps (grad-norm clip,
+/// `finite` (each engine's [`TrainEngine::micro_done`] called after every micro-batch); if so
+/// each engine combines the gradients over the ranks and steps (grad-norm clip,
 /// AdamW; a non-finite gradient skips the step); if not, the gradients are dropped and `None`
 /// says the step was skipped.
 pub fn finish_step(world: &World, engines: &mut [&mut TrainEngine], finite: bool) -> Result<Option<Vec<StepInfo>>> {

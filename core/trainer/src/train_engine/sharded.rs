@@ -1,16 +1,21 @@
-//! ZeRO stage 1 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+//! ZeRO stages 1 and 2 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
 //! Parameter Models", P_os): the AdamW state — f32 masters and both moments — partitioned over
 //! the W ranks. As in FSDP2, every trained variable is sharded on its own: its `n` elements,
 //! padded to `W·c` with `c = ⌈n / W⌉`, are cut into W chunks of `c` and rank r owns chunk r of
 //! every variable. A rank's shard is its chunks laid end to end in name order (`Σ c ≈ n_total / W`
 //! elements), with both moments (8 bytes per element) and for bf16/f16 variables their f32 master
 //! (4 more), instead of 8–12 bytes per element of the whole model. f32 variables are their own
-//! masters: each step reads their chunks afresh, bucket by bucket. Variables are grouped in buckets of at most 25 MiB (DDP's default), so no
-//! buffer is larger than a bucket plus this rank's shard. One step:
+//! masters: each step reads their chunks afresh, bucket by bucket. Variables are grouped in
+//! buckets of at most 25 MiB (DDP's default), so no buffer is larger than a bucket plus this
+//! rank's shard. One step:
 //!
 //! 1. bucket by bucket, the gradients are copied rank-major into a buffer (chunk r of each
 //!    variable in the r-th `1/W` of it) and freed, and the buffer is **reduce-scattered**: rank r
-//!    receives the sum over ranks of its own chunks only, into its f32 gradient shard;
+//!    receives the sum over ranks of its own chunks only. At stage 1 this happens once per step,
+//!    on the gradients the micro-batches accumulated in the variables. At **stage 2** (P_os+g) it
+//!    happens after every micro-batch's backward pass ([`ShardedAdam::micro_done`]) and the
+//!    results are summed into a gradient shard in the variables' dtype, so the whole gradients
+//!    never outlive one backward pass (`2Ψ/W` bytes of bf16 gradients kept instead of `2Ψ`);
 //! 2. the global gradient norm is `√(Σ_ranks ‖g_r‖²)` (one all-reduce of a number), clipped as
 //!    `clip_grad_norm_` does; a non-finite norm skips the step on every rank;
 //! 3. AdamW updates the shard with the very element-wise operations of [`Optim::step`]
@@ -19,18 +24,19 @@
 //!    and copied back, so every rank again holds the whole weights.
 //!
 //! Every variable takes part in every step (one missing a gradient on a rank gets zeros, as the
-//! replicated all-reduce gives it), so one step count `t` serves all. Checkpoints hold the state
-//! in [`Optim::state_tensors`]'s layout, gathered from the shards, so a run resumes at any stage.
+//! replicated all-reduce gives it), so one step count `t` serves all. In a checkpoint every rank
+//! writes its own shard ([`super::shard_files`]), which a run at any stage and world size reads back.
 //!
 //! [`Optim::step`]: crate::optim::Optim::step
-//! [`Optim::state_tensors`]: crate::optim::Optim::state_tensors
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use rlhf_collective::World;
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
+use super::shard_files::{read_ranges, ShardLayout, VarLayout, Want};
 use crate::adamw::{adam_update, clip_coef};
 use crate::dist;
 use crate::error::{Result, TrainerError};
@@ -76,6 +82,14 @@ pub struct ShardedAdam {
     v: Tensor,
     /// Updates taken (bias correction), the same for every variable.
     t: i64,
+    /// ZeRO stage 2: each micro-batch's gradients are reduce-scattered as soon as its backward
+    /// is done ([`ShardedAdam::micro_done`]) and summed into `grads`, so no rank keeps whole
+    /// gradients from one micro-batch to the next or during the step.
+    shard_grads: bool,
+    /// This rank's shard `[s]` of the gradient summed over the ranks and the step's
+    /// micro-batches so far, in the variables' dtype as the gradients of stages 0 and 1 are
+    /// accumulated (stage 2; `None` before the first micro-batch and after a step).
+    grads: Option<Tensor>,
     settings: OptimConfig,
     total: usize,
     pub(super) steps: usize,
@@ -87,7 +101,8 @@ fn state_err(what: String) -> TrainerError {
 
 impl ShardedAdam {
     /// This rank's chunks of the trainable variables of `vs` (name order).
-    pub fn new(vs: &VarStore, settings: &OptimConfig, total: usize, world: &World) -> Result<Self> {
+    /// With `shard_grads` (stage 2) the gradients are reduce-scattered micro-batch by micro-batch.
+    pub fn new(vs: &VarStore, settings: &OptimConfig, total: usize, world: &World, shard_grads: bool) -> Result<Self> {
         let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let Some((first_name, first)) = vars.first() else {
@@ -136,6 +151,8 @@ impl ShardedAdam {
             m: Tensor::f_zeros([local], (Kind::Float, device))?,
             v: Tensor::f_zeros([local], (Kind::Float, device))?,
             t: 0,
+            shard_grads,
+            grads: None,
             settings: *settings,
             total,
             steps: 0,
@@ -193,18 +210,49 @@ impl ShardedAdam {
         self.slots.iter().map(|s| s.var.shallow_clone()).collect()
     }
 
-    /// Drops every variable's gradient.
-    pub fn zero_grad(&self) -> Result<()> {
+    /// Bytes of gradients this rank keeps between backward passes (in the variables' dtype): the
+    /// whole gradients, or at stage 2 its shard of them.
+    pub fn grad_bytes(&self) -> usize {
+        if self.shard_grads {
+            self.s as usize * self.kind.elt_size_in_bytes()
+        } else {
+            self.params().iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum()
+        }
+    }
+
+    /// Drops every variable's gradient, and at stage 2 the summed shard.
+    pub fn zero_grad(&mut self) -> Result<()> {
         for s in &self.slots {
             release(&s.var)?;
         }
+        self.grads = None;
         Ok(())
     }
 
-    /// This rank's shard `[s]` (f32) of the gradient summed over the ranks; every variable's
+    /// Ends one micro-batch's backward pass. At stage 2 (a collective: every rank calls it once
+    /// per micro-batch of a step, also for a micro-batch it had no rows of) the gradients it left
+    /// are reduce-scattered, added to this rank's shard and freed; at stage 1 nothing happens
+    /// (the gradients accumulate in the variables until the step).
+    pub fn micro_done(&mut self, world: &World) -> Result<()> {
+        if !self.shard_grads {
+            return Ok(());
+        }
+        tch::no_grad(|| {
+            let first = self.grads.is_none();
+            let shard = match self.grads.take() {
+                Some(g) => g,
+                None => Tensor::f_zeros([self.s], (self.kind, self.device))?,
+            };
+            self.reduce_scatter_into(world, &shard, !first)?;
+            self.grads = Some(shard);
+            Ok(())
+        })
+    }
+
+    /// Reduce-scatters the variables' gradients into this rank's shard `[s]` of their sum
+    /// over the ranks (copied, or with `add` added to what `shard` holds); every variable's
     /// gradient is freed once copied into its bucket.
-    fn reduce_scatter_grads(&self, world: &World) -> Result<Tensor> {
-        let shard = Tensor::f_zeros([self.s], (Kind::Float, self.device))?;
+    fn reduce_scatter_into(&self, world: &World, shard: &Tensor, add: bool) -> Result<()> {
         for b in &self.buckets {
             // Rank-major: row r holds chunk r of every variable of the bucket.
             let input = Tensor::f_zeros([self.world, b.len], (self.kind, self.device))?;
@@ -217,9 +265,35 @@ impl ShardedAdam {
             }
             let mine = Tensor::f_empty([b.len], (self.kind, self.device))?;
             world.reduce_scatter(&mine, &input.f_view([-1])?).map_err(dist::err)?;
-            shard.f_narrow(0, b.local, b.len)?.f_copy_(&mine)?;
+            let mut dst = shard.f_narrow(0, b.local, b.len)?;
+            if add {
+                let _ = dst.f_add_(&mine)?;
+            } else {
+                dst.f_copy_(&mine)?;
+            }
         }
-        Ok(shard)
+        Ok(())
+    }
+
+    /// This rank's gradient shard `[s]`, f32, for the step: what the micro-batches reduce-scattered
+    /// (stage 2), or the variables' accumulated gradients reduce-scattered now (stage 1).
+    fn step_grads(&mut self, world: &World) -> Result<Tensor> {
+        if !self.shard_grads {
+            let shard = Tensor::f_zeros([self.s], (Kind::Float, self.device))?;
+            self.reduce_scatter_into(world, &shard, false)?;
+            return Ok(shard);
+        }
+        if let Some(slot) = self.slots.iter().find(|s| s.var.grad().defined()) {
+            return Err(TrainerError::Distributed(format!(
+                "zero stage 2: `{}` has a gradient that no micro-batch reduce-scattered (a backward pass after the \
+                 last `micro_done`)",
+                slot.name
+            )));
+        }
+        match self.grads.take() {
+            Some(g) => Ok(g.f_to_kind(Kind::Float)?),
+            None => Ok(Tensor::f_zeros([self.s], (Kind::Float, self.device))?),
+        }
     }
 
     /// One optimizer step over the ranks' gradients (see the module docs).
@@ -228,7 +302,7 @@ impl ShardedAdam {
     }
 
     fn step_inner(&mut self, world: &World) -> Result<StepInfo> {
-        let g = self.reduce_scatter_grads(world)?;
+        let g = self.step_grads(world)?;
         let local = g.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
         let grad_norm = dist::sum(world, &[local])?[0].sqrt();
         let lr = self.current_lr();
@@ -277,28 +351,67 @@ impl ShardedAdam {
         Ok(chunks.f_view([-1])?.f_narrow(0, 0, slot.numel)?.f_view_as(&slot.var)?)
     }
 
-    /// The whole state in [`crate::optim::Optim::state_tensors`]'s names and shapes (a
-    /// collective: every rank calls it and briefly holds the whole moments).
-    pub fn state_tensors(&self, world: &World) -> Result<Vec<(String, Tensor)>> {
-        tch::no_grad(|| {
-            let mut out = Vec::with_capacity(self.slots.len() * 4);
-            for b in &self.buckets {
-                let part = |t: &Tensor| t.f_narrow(0, b.local, b.len);
-                let m = self.gather_bucket(world, b, &part(&self.m)?, Kind::Float)?;
-                let v = self.gather_bucket(world, b, &part(&self.v)?, Kind::Float)?;
-                let master =
-                    self.theta.as_ref().map(|t| self.gather_bucket(world, b, &part(t)?, Kind::Float)).transpose()?;
-                for slot in &self.slots[b.slots.clone()] {
-                    out.push((format!("{}.exp_avg", slot.name), self.whole_of(slot, b, &m)?));
-                    out.push((format!("{}.exp_avg_sq", slot.name), self.whole_of(slot, b, &v)?));
-                    out.push((format!("{}.step", slot.name), Tensor::f_from_slice(&[self.t])?));
-                    if let Some(master) = &master {
-                        out.push((format!("{}.master", slot.name), self.whole_of(slot, b, master)?));
-                    }
-                }
+    /// How the state is cut over the ranks (the same on every rank), for a checkpoint.
+    pub fn layout(&self, stage: u8) -> ShardLayout {
+        ShardLayout {
+            stage,
+            world: self.world as usize,
+            masters: self.theta.is_some(),
+            vars: self
+                .slots
+                .iter()
+                .map(|s| VarLayout { name: s.name.clone(), shape: s.var.size(), numel: s.numel, chunk: s.chunk })
+                .collect(),
+        }
+    }
+
+    /// This rank's shard of the state for a checkpoint: `exp_avg`, `exp_avg_sq` (and `master`)
+    /// `[s]` f32, and `step` (sharing storage with the live state: write them before the next step).
+    pub fn shard_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = vec![
+            ("exp_avg".to_string(), self.m.shallow_clone()),
+            ("exp_avg_sq".to_string(), self.v.shallow_clone()),
+            ("step".to_string(), Tensor::f_from_slice(&[self.t])?),
+        ];
+        if let Some(theta) = &self.theta {
+            out.push(("master".to_string(), theta.shallow_clone()));
+        }
+        Ok(out)
+    }
+
+    /// Restores this rank's chunks from the shards of a checkpoint cut as `layout` (any stage ≥ 1
+    /// and world size; `path(r)` is rank r's file), reading only the files that overlap them.
+    /// Without saved masters, reduced-precision variables take theirs from the restored weights.
+    pub fn load_shards(
+        &mut self,
+        what: &str,
+        layout: &ShardLayout,
+        path: impl Fn(usize) -> PathBuf,
+        steps: usize,
+    ) -> Result<()> {
+        let names: Vec<(&str, i64)> = self.slots.iter().map(|s| (s.name.as_str(), s.numel)).collect();
+        layout.check_vars(what, &names)?;
+        let mut wants = Vec::with_capacity(self.slots.len());
+        for slot in &self.slots {
+            let (lo, hi) = (self.rank * slot.chunk, ((self.rank + 1) * slot.chunk).min(slot.numel));
+            if lo >= hi {
+                continue;
             }
-            Ok(out)
-        })
+            let part = |t: &Tensor| t.f_narrow(0, slot.local, hi - lo);
+            let master = match &self.theta {
+                Some(theta) if layout.masters => Some(part(theta)?),
+                Some(theta) => {
+                    let mine = self.chunk_of(slot, &slot.var.f_detach()?.f_to_kind(Kind::Float)?)?;
+                    tch::no_grad(|| theta.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&mine))?;
+                    None
+                }
+                None => None,
+            };
+            wants.push(Want { name: slot.name.clone(), lo, hi, m: part(&self.m)?, v: part(&self.v)?, master });
+        }
+        self.t = read_ranges(layout, path, &wants)?;
+        self.steps = steps;
+        Ok(())
     }
 
     /// Restores this rank's chunks from the whole state of a checkpoint (written at any stage
