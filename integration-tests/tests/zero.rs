@@ -208,6 +208,20 @@ fn sharded_checkpoints_resume_exactly_and_re_shard_to_other_stages_and_world_siz
     let manifest = std::fs::read_to_string(ckpt.join("manifest.json")).unwrap();
     assert!(manifest.contains("optimizer-actor.rank-00001-of-00002.safetensors"), "{manifest}");
 
+    // A shard missing or damaged: a one-line error naming it, before anything trains.
+    let broken = dir("broken");
+    let ckpt = killed_after_step_two(&dir("two-s2"), &broken);
+    let shard = ckpt.join("optimizer-actor.rank-00001-of-00002.safetensors");
+    std::fs::write(&shard, b"not a shard").unwrap();
+    let o = run(&["train", "--resume", s(&ckpt)], &broken, 2);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+    assert!(err.contains("corrupt checkpoint: optimizer-actor.rank-00001-of-00002.safetensors has"), "{err}");
+    std::fs::remove_file(&shard).unwrap();
+    let o = run_on(&["train", "--resume", s(&ckpt)], &broken, 0, 1);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("optimizer-actor.rank-00001-of-00002.safetensors is missing"), "{err}");
+
     let resume = |from: &str, to: &str, stage: u8, nproc: usize| {
         let ckpt = killed_after_step_two(&dir(from), &dir(to));
         let o = run_on(&["train", "--resume", s(&ckpt)], &dir(to), stage, nproc);

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tch::{nn, Tensor};
 
 use crate::error::{Result, TrainerError};
-use crate::train_engine::shard_files::{layout_file, shard_file, ShardLayout};
+use crate::shard_files::{layout_file, shard_file, ShardLayout};
 
 /// Format version of the layout above.
 pub const FORMAT: u64 = 1;

@@ -3,7 +3,9 @@
 //! (AdamW and schedules), [`checkpoint`], [`data`] (prompts), [`builtin`] (the embedded task and
 //! model), [`plugins`] (loader and the plain-type seam to plugin instances), [`metrics`],
 //! [`progress`], [`plugin_log`], [`run_lock`] (one process per run directory), [`tabular`] (Parquet
-//! rows and the data column mapping) and [`dist`] (data parallelism over c10d ranks).
+//! rows and the data column mapping), [`dist`] (data parallelism over c10d ranks),
+//! [`train_engine`] (one trained model's optimizer under its ZeRO stage) and [`shard_files`]
+//! (sharded optimizer states in checkpoints).
 //!
 //! An RL step reads as the modules of [`rl`]: prompts → rollout → score → experience →
 //! advantages → optimise (minibatch loss → optimizer step) → metrics/checkpoint.
@@ -22,6 +24,7 @@ pub mod plugins;
 pub mod progress;
 pub mod rl;
 pub mod run_lock;
+pub mod shard_files;
 pub mod supervised;
 pub mod tabular;
 pub mod train_engine;

@@ -4,8 +4,10 @@
 //! step time of each (first step excluded), the speed-up and its scaling efficiency (speed-up /
 //! N), and per step the seconds spent in collectives and the bytes sent into them (the
 //! experience gathers, the bucketed gradient all-reduce, the metric merges). The N-rank run is
-//! repeated at each ZeRO stage (`[distributed] zero_stage`): its step time, the optimizer state
-//! one rank holds (`mem/optim_gb`, the largest over the ranks) and rank 0's peak RSS.
+//! repeated at each ZeRO stage built (`[distributed] zero_stage` 0–2): its step time, the
+//! model-state bytes one rank holds — trained weights (`mem/params_gb`), gradients kept between
+//! backward passes (`mem/grads_gb`), optimizer state (`mem/optim_gb_max`, the largest over the
+//! ranks) — against stage 0's, and rank 0's peak RSS.
 
 use std::path::Path;
 use std::process::Command;
@@ -39,13 +41,28 @@ pub struct StageResult {
     pub step_s: f64,
     /// Optimizer state (f32 masters, Adam moments) on the rank that holds the most, GB.
     pub optim_gb: f64,
+    /// Trained weights and the gradients kept between backward passes on rank 0, GB.
+    pub params_gb: f64,
+    pub grads_gb: f64,
     /// Rank 0's peak resident set over the run, GB.
     pub peak_rss_gb: f64,
     pub comm_s: f64,
     pub comm_bytes: f64,
 }
 
+impl StageResult {
+    /// Model-state bytes per rank (weights + gradients + optimizer state), GB.
+    pub fn model_state_gb(&self) -> f64 {
+        self.params_gb + self.grads_gb + self.optim_gb
+    }
+}
+
 impl DpResult {
+    /// A stage's model state per rank / stage 0's.
+    pub fn state_ratio(&self, s: &StageResult) -> f64 {
+        s.model_state_gb() / self.stages[0].model_state_gb()
+    }
+
     /// One rank's step time / N ranks' step time.
     pub fn speedup(&self) -> f64 {
         self.one_rank_s / self.n_ranks_s
@@ -76,9 +93,19 @@ fn rows(run_dir: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
 
 /// The N-rank run in `run_dir` at ZeRO stage `stage`.
 fn stage_result(run_dir: &Path, stage: u8) -> anyhow::Result<StageResult> {
-    let m = medians(run_dir, &["step_time", "time/comm", "comm/bytes", "mem/optim_gb_max"])?;
+    let keys = ["step_time", "time/comm", "comm/bytes", "mem/optim_gb_max", "mem/params_gb", "mem/grads_gb"];
+    let m = medians(run_dir, &keys)?;
     let peak = rows(run_dir)?.iter().filter_map(|r| r["mem/peak_rss_gb"].as_f64()).fold(f64::NAN, f64::max);
-    Ok(StageResult { stage, step_s: m[0], comm_s: m[1], comm_bytes: m[2], optim_gb: m[3], peak_rss_gb: peak })
+    Ok(StageResult {
+        stage,
+        step_s: m[0],
+        comm_s: m[1],
+        comm_bytes: m[2],
+        optim_gb: m[3],
+        params_gb: m[4],
+        grads_gb: m[5],
+        peak_rss_gb: peak,
+    })
 }
 
 /// Runs `cfg` with `rlhf train` on 1 and on `ranks` ranks, one thread each, in `work`.
@@ -113,9 +140,11 @@ pub fn run(cfg: &RlConfig, ranks: usize, work: &Path) -> anyhow::Result<DpResult
     let m = medians(&many, &["step_time", "time/comm", "comm/bytes"])?;
     let mut stages = vec![stage_result(&many, 0)?];
     // The stages built so far beyond 0.
-    let sharded = work.join(format!("dp-{ranks}-zero1"));
-    train(&sharded, ranks, 1)?;
-    stages.push(stage_result(&sharded, 1)?);
+    for stage in 1..=2 {
+        let sharded = work.join(format!("dp-{ranks}-zero{stage}"));
+        train(&sharded, ranks, stage)?;
+        stages.push(stage_result(&sharded, stage)?);
+    }
     Ok(DpResult { ranks, one_rank_s, n_ranks_s: m[0], comm_s: m[1], comm_bytes: m[2], stages })
 }
 
@@ -123,9 +152,14 @@ pub fn run(cfg: &RlConfig, ranks: usize, work: &Path) -> anyhow::Result<DpResult
 pub fn print_stages(r: &DpResult) {
     for st in &r.stages {
         println!(
-            "       ZeRO stage {}: {} s/step, optimizer state {:.2} MB per rank, peak RSS {:.3} GB (rank 0)",
+            "       ZeRO stage {}: {} s/step, model state {:.2} MB per rank ({:.3}x stage 0's: weights {:.2}, \
+             gradients {:.2}, optimizer {:.2}), peak RSS {:.3} GB (rank 0)",
             st.stage,
             super::report::fmt_secs(st.step_s),
+            st.model_state_gb() * 1e3,
+            r.state_ratio(st),
+            st.params_gb * 1e3,
+            st.grads_gb * 1e3,
             st.optim_gb * 1e3,
             st.peak_rss_gb
         );
@@ -154,8 +188,8 @@ pub fn markdown_row(date: &str, device: &str, model: &str, settings: &str, r: &D
 
 /// The table the ZeRO-stage rows go in.
 pub const STAGE_TABLE: &str = "\
-| date | device | model | settings | ZeRO stage | s/step | optimizer state MB per rank | peak RSS GB (rank 0) | collectives s/step | collectives MB/step |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| date | device | model | settings | ZeRO stage | s/step | model state MB per rank (vs stage 0) | weights MB | gradients MB | optimizer MB | peak RSS GB (rank 0) | collectives s/step | collectives MB/step |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 ";
 
 /// The Markdown rows of the stages of a result.
@@ -164,10 +198,14 @@ pub fn stage_rows(date: &str, device: &str, model: &str, settings: &str, r: &DpR
         .iter()
         .map(|s| {
             format!(
-                "| {date} | {device} | {model} | {settings}, {} ranks | {} | {:.4} | {:.2} | {:.3} | {:.4} | {:.3} |",
+                "| {date} | {device} | {model} | {settings}, {} ranks | {} | {:.4} | {:.2} ({:.3}x) | {:.2} | {:.2} | {:.2} | {:.3} | {:.4} | {:.3} |",
                 r.ranks,
                 s.stage,
                 s.step_s,
+                s.model_state_gb() * 1e3,
+                r.state_ratio(s),
+                s.params_gb * 1e3,
+                s.grads_gb * 1e3,
                 s.optim_gb * 1e3,
                 s.peak_rss_gb,
                 s.comm_s,
@@ -204,8 +242,9 @@ pub fn record(path: &Path, row: &str, stages: &[String]) -> anyhow::Result<()> {
         text = super::report::insert_into_table(&text, head, r).unwrap_or_else(|| {
             let mut out = text.trim_end().to_string();
             out.push_str(
-                "\n\n### ZeRO stages\n\nThe N-rank run at each `[distributed] zero_stage`: median step time, the optimizer \
-                 state (f32 masters and Adam moments) on the rank holding the most, and rank 0's peak RSS.\n\n",
+                "\n\n### ZeRO stages\n\nThe N-rank run at each `[distributed] zero_stage`: median step time; the model \
+                 state one rank holds (trained weights, gradients kept between backward passes, optimizer state on \
+                 the rank holding the most) and its ratio to stage 0's; rank 0's peak RSS.\n\n",
             );
             out.push_str(STAGE_TABLE);
             out.push_str(r);
@@ -237,6 +276,8 @@ mod tests {
             stage,
             step_s: 0.125,
             optim_gb,
+            params_gb: 0.1,
+            grads_gb: 0.1,
             peak_rss_gb: 1.5,
             comm_s: 0.01,
             comm_bytes: 2.5e6,
@@ -252,6 +293,8 @@ mod tests {
         let row = markdown_row("2026-11-23", "cpu", "m", "f32", &r);
         assert!(row.contains("| 0.2000 | 0.1250 | 1.60x (80%) | 0.0100 | 2.500 |"), "{row}");
         let rows = stage_rows("2026-11-23", "cpu", "m", "f32", &r);
-        assert!(rows[1].contains("| f32, 2 ranks | 1 | 0.1250 | 150.00 | 1.500 | 0.0100 | 2.500 |"), "{}", rows[1]);
+        let want =
+            "| f32, 2 ranks | 1 | 0.1250 | 350.00 (0.875x) | 100.00 | 100.00 | 150.00 | 1.500 | 0.0100 | 2.500 |";
+        assert!(rows[1].contains(want), "{}", rows[1]);
     }
 }

@@ -11,7 +11,7 @@ use crate::checkpoint::{var_store_tensors, write_tensors, CheckpointData, Loaded
 use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::rl::Trainer;
-use crate::train_engine::shard_files::{layout_file, shard_file};
+use crate::shard_files::{layout_file, shard_file};
 use crate::train_engine::CheckpointPart;
 
 impl Trainer {

@@ -14,7 +14,6 @@
 //!   as soon as its backward pass ends ([`TrainEngine::micro_done`]) and freed, so a rank keeps
 //!   only its f32 shard of the step's summed gradient between micro-batches and during the step.
 
-pub mod shard_files;
 pub mod sharded;
 
 use std::collections::HashMap;
@@ -27,6 +26,7 @@ use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::Result;
 use crate::optim::{Optim, OptimConfig, StepInfo};
+use crate::shard_files;
 use sharded::ShardedAdam;
 
 /// How a model's training state is laid out over the ranks.

@@ -25,7 +25,7 @@
 //!
 //! Every variable takes part in every step (one missing a gradient on a rank gets zeros, as the
 //! replicated all-reduce gives it), so one step count `t` serves all. In a checkpoint every rank
-//! writes its own shard ([`super::shard_files`]), which a run at any stage and world size reads back.
+//! writes its own shard ([`crate::shard_files`]), which a run at any stage and world size reads back.
 //!
 //! [`Optim::step`]: crate::optim::Optim::step
 
@@ -36,11 +36,11 @@ use rlhf_collective::World;
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
-use super::shard_files::{read_ranges, ShardLayout, VarLayout, Want};
 use crate::adamw::{adam_update, clip_coef};
 use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::optim::{lr_factor, OptimConfig, StepInfo};
+use crate::shard_files::{read_ranges, ShardLayout, VarLayout, Want};
 
 /// One trained variable and its chunk.
 struct Slot {
