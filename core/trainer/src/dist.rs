@@ -28,13 +28,15 @@ pub fn device(world: &World, spec: &str) -> Result<tch::Device> {
     Ok(rlhf_models::parse_device(&spec)?)
 }
 
-/// Sets `time/comm` (seconds in collectives) and `comm/bytes` (bytes sent into them) since
+/// Sets `time/comm` (seconds in collectives), `comm/bytes` (bytes sent into them) and
+/// `comm/calls` (how many) since
 /// `before`, on a data-parallel run.
 pub fn comm_metrics(world: &World, before: rlhf_collective::CommStats, m: &mut StepMetrics) {
     if world.is_distributed() {
         let now = world.stats();
         m.set("time/comm", now.seconds - before.seconds);
         m.set("comm/bytes", (now.bytes - before.bytes) as f64);
+        m.set("comm/calls", (now.calls - before.calls) as f64);
     }
 }
 

@@ -120,14 +120,46 @@ fn pad_to(t: &Tensor, rows: i64, width: Option<i64>, value: f64) -> Result<Tenso
     Ok(out)
 }
 
-/// Every rank's rows of `t`, in rank order: padded to a common shape for the all-gather and cut
-/// back to each rank's `counts[r]` rows.
-fn gather_rows(world: &World, t: &Tensor, counts: &[i64], width: Option<i64>, value: f64) -> Result<Tensor> {
+/// One tensor of [`gather_rows_fused`]: its rows are padded to a common count, its columns (2-D
+/// tensors) to `width`, with `value`.
+struct RowsOf<'a> {
+    t: &'a Tensor,
+    width: Option<i64>,
+    value: f64,
+}
+
+/// Every rank's rows of each tensor, in rank order, cut back to each rank's `counts[r]` rows.
+/// The tensors of one dtype travel in one all-gather (flattened end to end after padding to a
+/// common shape) instead of one each: a step's experience is ~10 tensors but 2–3 dtypes, and on
+/// loopback a collective's latency, not its bytes, is what a small batch pays for.
+fn gather_rows_fused(world: &World, items: &[RowsOf], counts: &[i64]) -> Result<Vec<Tensor>> {
     let most = counts.iter().copied().max().unwrap_or(0).max(1);
-    let parts = world.all_gather(&pad_to(t, most, width, value)?).map_err(err)?;
-    let kept: Vec<Tensor> =
-        parts.iter().zip(counts).map(|(p, &n)| p.f_narrow(0, 0, n)).collect::<std::result::Result<_, _>>()?;
-    Ok(Tensor::f_cat(&kept, 0)?)
+    let padded: Vec<Tensor> = items.iter().map(|i| pad_to(i.t, most, i.width, i.value)).collect::<Result<_>>()?;
+    let mut out: Vec<Option<Tensor>> = items.iter().map(|_| None).collect();
+    let mut kinds: Vec<tch::Kind> = Vec::new();
+    for p in &padded {
+        if !kinds.contains(&p.kind()) {
+            kinds.push(p.kind());
+        }
+    }
+    for kind in kinds {
+        let of_kind: Vec<usize> = (0..padded.len()).filter(|&i| padded[i].kind() == kind).collect();
+        let flat: Vec<Tensor> =
+            of_kind.iter().map(|&i| padded[i].f_reshape([-1])).collect::<std::result::Result<_, _>>()?;
+        let parts = world.all_gather(&Tensor::f_cat(&flat, 0)?).map_err(err)?;
+        let mut at = 0;
+        for &i in &of_kind {
+            let (n, shape) = (padded[i].numel() as i64, padded[i].size());
+            let kept: Vec<Tensor> = parts
+                .iter()
+                .zip(counts)
+                .map(|(p, &rows)| p.f_narrow(0, at, n)?.f_view(shape.as_slice())?.f_narrow(0, 0, rows))
+                .collect::<std::result::Result<_, _>>()?;
+            out[i] = Some(Tensor::f_cat(&kept, 0)?);
+            at += n;
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
 }
 
 /// The whole batch on every rank: every tensor of every rank's [`Batch`] (and entropy) gathered
@@ -144,22 +176,40 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
     let counts: Vec<i64> = all.chunks(2).map(|c| c[0] as i64).collect();
     let r = all.chunks(2).map(|c| c[1] as i64).max().unwrap_or(0);
     let w = b.prompt_len + r;
-    let per_token = |t: &Tensor| gather_rows(world, t, &counts, Some(r), 0.0);
-    let opt = |t: &Option<Tensor>| t.as_ref().map(per_token).transpose();
+    // Every tensor of the batch, the optional ones where present, in one fused gather.
+    let token = |t| RowsOf { t, width: Some(r), value: 0.0 };
+    let row = |t| RowsOf { t, width: None, value: 0.0 };
+    let mut items = vec![
+        RowsOf { t: &b.sequences, width: Some(w), value: pad as f64 },
+        RowsOf { t: &b.attention_mask, width: Some(w), value: 0.0 },
+        token(&b.action_mask),
+        token(&b.old_logprobs),
+        row(&b.rewards),
+        row(&b.group_ids),
+    ];
+    let optional = [&b.ref_logprobs, &b.values, &b.behavior_logprobs, &entropy];
+    items.extend(optional.iter().filter_map(|t| t.as_ref()).map(token));
+    let mut all = gather_rows_fused(world, &items, &counts)?.into_iter();
+    let mut next = || all.next().ok_or_else(|| TrainerError::Distributed("gather_batch: a tensor went missing".into()));
+    let (sequences, attention_mask, action_mask, old_logprobs, rewards, group_ids) =
+        (next()?, next()?, next()?, next()?, next()?, next()?);
+    let mut opt = |t: &Option<Tensor>| t.as_ref().map(|_| next()).transpose();
+    let (ref_logprobs, values, behavior_logprobs, entropy) =
+        (opt(&b.ref_logprobs)?, opt(&b.values)?, opt(&b.behavior_logprobs)?, opt(&entropy)?);
     let batch = Batch {
-        sequences: gather_rows(world, &b.sequences, &counts, Some(w), pad as f64)?,
-        attention_mask: gather_rows(world, &b.attention_mask, &counts, Some(w), 0.0)?,
-        action_mask: per_token(&b.action_mask)?,
+        sequences,
+        attention_mask,
+        action_mask,
         prompt_len: b.prompt_len,
-        old_logprobs: per_token(&b.old_logprobs)?,
-        ref_logprobs: opt(&b.ref_logprobs)?,
-        values: opt(&b.values)?,
-        rewards: gather_rows(world, &b.rewards, &counts, None, 0.0)?,
-        group_ids: gather_rows(world, &b.group_ids, &counts, None, 0.0)?,
-        behavior_logprobs: opt(&b.behavior_logprobs)?,
+        old_logprobs,
+        ref_logprobs,
+        values,
+        rewards,
+        group_ids,
+        behavior_logprobs,
         // A data-parallel step never reuses the old pass (each rank's share is a sub-batch).
         policy: None,
         policy_checkpoint: None,
     };
-    Ok((batch, opt(&entropy)?))
+    Ok((batch, entropy))
 }
