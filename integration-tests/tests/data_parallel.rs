@@ -94,6 +94,31 @@ fn grpo_on_two_ranks_equals_one_process() {
     assert!(d < 1e-5, "{d}");
 }
 
+/// One epoch of one minibatch holding the whole batch: every rank keeps its own experience pass
+/// (with its autograd graph, or its checkpointed layer inputs) and trains on its own rows instead
+/// of a second forward pass over its share of the minibatch; the result is still one process's.
+#[test]
+fn the_reused_experience_pass_on_two_ranks_equals_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    for ckpt in ["false", "true"] {
+        let (one, two) = (dir.path().join(format!("one-{ckpt}")), dir.path().join(format!("two-{ckpt}")));
+        let set = format!("train.gradient_checkpointing={ckpt}");
+        let args =
+            ["train", "--algo", "grpo", "--set", "train.steps=3", "--set", "train.minibatch_size=128", "--set", &set];
+        ok(&run(&args, &one, None));
+        ok(&run(&args, &two, Some(2)));
+        assert_metrics_agree(
+            &train_rows(&one),
+            &train_rows(&two),
+            &["reward", "reward_std", "completions/count", "completions/mean_length"],
+            &[("loss/total", 1e-4), ("kl", 1e-5), ("entropy", 1e-5), ("grad_norm/actor", 1e-5)],
+        );
+        let d = max_weight_diff(&one.join("actor/model.safetensors"), &two.join("actor/model.safetensors"));
+        println!("grpo, whole-batch minibatch, checkpointing {ckpt}: max |w1 - w2| after 3 steps: {d:e}");
+        assert!(d < 1e-5, "{d}");
+    }
+}
+
 /// PPO with a critic (GAE, advantage whitening over the batch, 2 epochs of minibatches): both
 /// models identical on the ranks and close to one process.
 #[test]

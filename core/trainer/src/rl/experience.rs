@@ -39,6 +39,9 @@ pub struct Batch {
     /// With gradient checkpointing, the checkpointed pass behind `policy`: after the loss has
     /// been backpropagated, [`CheckpointedLogProbs::backward`] takes it.
     pub policy_checkpoint: Option<CheckpointedLogProbs>,
+    /// The rows `[offset, offset + count)` of the batch that `policy` covers, when it is one data-
+    /// parallel rank's own pass over its part of a gathered batch; `None`: the whole batch.
+    pub policy_rows: Option<(i64, i64)>,
 }
 
 impl Batch {
@@ -149,6 +152,7 @@ pub fn compute(
             behavior_logprobs: s.behavior_logprobs,
             policy: None,
             policy_checkpoint: None,
+            policy_rows: None,
         };
         return Ok((batch, Some(zeros()?), times));
     }
@@ -198,6 +202,7 @@ pub fn compute(
         behavior_logprobs: s.behavior_logprobs,
         policy,
         policy_checkpoint,
+        policy_rows: None,
     };
     Ok((batch, old.entropy, times))
 }

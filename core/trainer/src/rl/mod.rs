@@ -259,11 +259,12 @@ impl Trainer {
         // One epoch of one minibatch over the whole batch: the old log-probs are the minibatch's
         // fresh ones detached, so the actor runs once (with gradients) instead of twice.
         let t = &cfg.train;
+        // On data-parallel ranks each keeps its own pass and trains on its own rows (see
+        // `shard::gather_batch`).
         let reuse = t.reuse_old_logprobs
             && t.ppo_epochs == 1
-            && t.minibatch_size >= batch.group_of_row.len()
+            && t.minibatch_size >= n_prompts * g
             && t.gradient_accumulation_steps <= 1
-            && !self.world.is_distributed()
             && cfg.model.lora.dropout == 0.0;
         // A prompt's G rows share its pass (not its LoRA dropout masks).
         let share_prompts = t.share_prompts && cfg.model.lora.dropout == 0.0;

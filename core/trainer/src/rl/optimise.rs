@@ -138,23 +138,44 @@ pub fn optimise(
                     micro_done(world, actor_opt, &mut critic)?;
                 }
                 let mine = dist::shard(minibatch.len(), world.rank(), world.size());
-                let chunk = &minibatch[mine.clone()];
+                // The step's only minibatch holds the whole batch: reuse the experience pass. On
+                // data-parallel ranks that pass covers each rank's own rows (as many on every
+                // rank), so a rank trains on those instead of its share of the shuffled minibatch:
+                // the ranks still cover every row once.
+                let whole = cfg.ppo_epochs == 1 && minibatches.len() == 1 && minibatch.len() == b;
+                let reuse = batch.policy.as_ref().filter(|_| whole);
+                let own: Vec<i64>;
+                let (chunk, offset) = match (reuse, batch.policy_rows) {
+                    (Some(_), Some((offset, n))) => {
+                        own = (offset..offset + n).collect();
+                        (&own[..], offset)
+                    }
+                    _ => (&minibatch[mine.clone()], 0),
+                };
                 if chunk.is_empty() || !finite {
                     continue;
                 }
                 let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
                 let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
-                // The step's only minibatch holds the whole batch: reuse the experience pass.
-                let whole = cfg.ppo_epochs == 1 && minibatches.len() == 1 && chunk.len() == b;
                 // With gradient checkpointing the passes keep only layer inputs; `passes` backpropagates
                 // through them after the loss.
                 let mut passes = Passes::default();
-                let lp = match batch.policy.as_ref().filter(|_| whole) {
+                let lp = match reuse {
                     Some(p) => {
                         passes.reused_actor = batch.policy_checkpoint.is_some();
+                        // The pass's rows, right-padded to the gathered batch's response slots.
+                        let local = idx.f_sub_scalar(offset)?;
+                        let own = |t: &Tensor| -> Result<Tensor> {
+                            let t = pick(t, &local)?;
+                            let pad = r_len - t.size()[1];
+                            Ok(if pad > 0 { t.f_constant_pad_nd([0, pad])? } else { t })
+                        };
                         TokenLogProbs {
-                            logprobs: pick(&p.logprobs, &idx)?,
-                            entropy: if req.entropy { pick_opt(&p.entropy, &idx)? } else { None },
+                            logprobs: own(&p.logprobs)?,
+                            entropy: match &p.entropy {
+                                Some(e) if req.entropy => Some(own(e)?),
+                                _ => None,
+                            },
                         }
                     }
                     None => {

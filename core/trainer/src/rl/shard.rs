@@ -196,6 +196,16 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
     let mut opt = |t: &Option<Tensor>| t.as_ref().map(|_| next()).transpose();
     let (ref_logprobs, values, behavior_logprobs, entropy) =
         (opt(&b.ref_logprobs)?, opt(&b.values)?, opt(&b.behavior_logprobs)?, opt(&entropy)?);
+    // Each rank keeps its own experience pass (with its graph) for the step's only minibatch, which
+    // it then trains on its own rows: only when every rank has as many rows, so that each rank's
+    // loss, a mean over its rows divided by the ranks, weighs every row as one process does.
+    let even = counts.iter().all(|&n| n == counts[0]);
+    let rank = world.rank();
+    let offset: i64 = counts[..rank].iter().sum();
+    let (policy, policy_checkpoint, policy_rows) = match b.policy {
+        Some(p) if even => (Some(p), b.policy_checkpoint, Some((offset, counts[rank]))),
+        _ => (None, None, None),
+    };
     let batch = Batch {
         sequences,
         attention_mask,
@@ -207,9 +217,9 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
         rewards,
         group_ids,
         behavior_logprobs,
-        // A data-parallel step never reuses the old pass (each rank's share is a sub-batch).
-        policy: None,
-        policy_checkpoint: None,
+        policy,
+        policy_checkpoint,
+        policy_rows,
     };
     Ok((batch, entropy))
 }
