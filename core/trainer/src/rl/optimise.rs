@@ -72,6 +72,171 @@ fn micro_done(
 }
 
 /// Optimizer steps in one epoch over `batch` samples: `⌈⌈batch / minibatch⌉ / accumulation⌉`.
+/// What every micro-batch of one optimizer step shares.
+struct MicroCtx<'a> {
+    batch: &'a Batch,
+    prepared: &'a Prepared,
+    cfg: &'a TrainConfig,
+    req: Requirements,
+    opts: LogProbOptions,
+    /// Valid response tokens of the step's minibatches over all ranks (when `k > 1`).
+    step_tokens: f64,
+    /// Partial minibatches in the step (accumulated minibatches × ranks), and the epoch.
+    k: usize,
+    epoch: usize,
+    /// Optimizer steps taken so far.
+    steps: usize,
+}
+
+/// This rank's rows of one micro-batch.
+struct MicroPart<'a> {
+    rows: &'a [i64],
+    /// The experience pass to reuse instead of a fresh one, and the first batch row it covers.
+    reuse: Option<(&'a TokenLogProbs, i64)>,
+    /// The minibatch's rows over all ranks, and this rank's share of them (for ptx's split).
+    minibatch_len: usize,
+    mine: std::ops::Range<usize>,
+}
+
+/// One micro-batch's loss on this rank: the actor's log-probs (a fresh pass, or the reused
+/// experience pass right-padded to the batch's response slots), the critic's values, the
+/// plugin's loss, plus `ptx_coef` × the ptx loss; the plugin's and ptx metrics go into `local`.
+/// Returns the loss and the checkpointed passes to backpropagate after it.
+///
+/// # Shapes
+/// `part.rows` = n rows: log-probs, values and masks `[n, R]`, rewards `[n]`; the loss is a scalar.
+#[allow(clippy::too_many_arguments)]
+fn micro_loss(
+    ctx: &MicroCtx,
+    actor: &CausalLm,
+    critic: Option<&ScalarHeadModel>,
+    algo: &mut AlgorithmHandle,
+    ptx: Option<&PtxData>,
+    rng: &mut SplitMix,
+    part: &MicroPart,
+    local: &mut StepMetrics,
+) -> Result<(Tensor, Passes)> {
+    let MicroCtx { batch, prepared, cfg, req, opts, .. } = *ctx;
+    let (p_len, r_len) = (batch.prompt_len, batch.response_len());
+    let idx = Tensor::f_from_slice(part.rows)?.f_to_device(actor.device())?;
+    let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
+    // With gradient checkpointing the passes keep only layer inputs; `passes` backpropagates
+    // through them after the loss.
+    let mut passes = Passes::default();
+    let lp = match part.reuse {
+        Some((p, offset)) => {
+            passes.reused_actor = batch.policy_checkpoint.is_some();
+            // The pass's rows, right-padded to the gathered batch's response slots.
+            let local = idx.f_sub_scalar(offset)?;
+            let own = |t: &Tensor| -> Result<Tensor> {
+                let t = pick(t, &local)?;
+                let pad = r_len - t.size()[1];
+                Ok(if pad > 0 { t.f_constant_pad_nd([0, pad])? } else { t })
+            };
+            TokenLogProbs {
+                logprobs: own(&p.logprobs)?,
+                entropy: match &p.entropy {
+                    Some(e) if req.entropy => Some(own(e)?),
+                    _ => None,
+                },
+            }
+        }
+        None => {
+            let (lp, ck) = token_logprobs_pass(actor, &seq, &attn, p_len, opts, cfg.gradient_checkpointing)?;
+            passes.actor = ck;
+            lp // [n, R], grad
+        }
+    };
+    let values = match critic {
+        Some(c) => {
+            let (v, ck) = c.values_pass(&seq, &attn, cfg.gradient_checkpointing)?;
+            passes.critic = ck;
+            Some(v.f_narrow(1, p_len - 1, r_len)?) // [n, R], grad
+        }
+        None => None,
+    };
+    let action_mask = pick(&batch.action_mask, &idx)?;
+    let mb = Minibatch {
+        logprobs: lp.logprobs,
+        old_logprobs: pick(&batch.old_logprobs, &idx)?,
+        ref_logprobs: pick_opt(&batch.ref_logprobs, &idx)?,
+        values,
+        old_values: pick_opt(&batch.values, &idx)?,
+        advantages: pick(&prepared.advantages, &idx)?,
+        returns: pick_opt(&prepared.returns, &idx)?,
+        step_tokens: if ctx.k > 1 { ctx.step_tokens } else { action_mask.f_sum(tch::Kind::Float)?.double_value(&[]) },
+        action_mask,
+        entropy: lp.entropy,
+        rewards: pick(&batch.rewards, &idx)?,
+        step: ctx.steps as u64,
+        epoch: ctx.epoch as u64,
+        accumulation_steps: ctx.k as u64,
+        behavior_logprobs: pick_opt(&batch.behavior_logprobs, &idx)?,
+    };
+    let out = algo.loss(&mb)?;
+    let mut loss = out.loss;
+    if let Some(ptx_loss) =
+        ptx.map(|p| p.loss(actor, rng, part.minibatch_len, part.mine.clone())).transpose()?.flatten()
+    {
+        local.add("loss/ptx", ptx_loss.double_value(&[]));
+        loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef)?)?;
+    }
+    for (name, value) in &out.metrics {
+        local.add(name, *value);
+    }
+    Ok((loss, passes))
+}
+
+/// Ends one optimizer step once every micro-batch is backpropagated
+/// ([`train_engine::finish_step`]): grad norms into `local`, learning rates into `m`.
+/// `None`: a loss was not finite on some rank and nothing stepped; `Some(false)`: a gradient was
+/// not finite and the optimizers skipped; `Some(true)`: the models stepped.
+fn end_step(
+    world: &World,
+    actor_opt: &mut TrainEngine,
+    critic: &mut Option<(&ScalarHeadModel, &mut TrainEngine)>,
+    finite: bool,
+    step: usize,
+    local: &mut StepMetrics,
+    m: &mut StepMetrics,
+) -> Result<Option<bool>> {
+    let mut engines: Vec<&mut TrainEngine> = vec![actor_opt];
+    engines.extend(critic.as_mut().map(|(_, o)| &mut **o));
+    let Some(infos) = train_engine::finish_step(world, &mut engines, finite)? else {
+        return Ok(None);
+    };
+    let a = infos[0];
+    local.add("grad_norm/actor", a.grad_norm);
+    m.set("lr", a.lr);
+    let mut skip = a.skipped;
+    if let Some(c) = infos.get(1) {
+        local.add("grad_norm/critic", c.grad_norm);
+        m.set("lr/critic", c.lr);
+        skip |= c.skipped;
+    }
+    if skip {
+        tracing::warn!("step {step}: non-finite gradient; optimizer step skipped");
+    }
+    Ok(Some(!skip))
+}
+
+/// This rank's rows of `minibatch` (its share `mine`), and the experience pass to reuse for them
+/// with the first batch row it covers. When the step's only minibatch holds the whole batch
+/// (`whole`) the experience pass is reused; on data-parallel ranks that pass covers each rank's
+/// own rows (as many on every rank), so a rank trains on those instead of its share of the
+/// shuffled minibatch: the ranks still cover every row once.
+fn micro_rows<'a>(
+    batch: &'a Batch,
+    minibatch: &[i64],
+    whole: bool,
+    mine: std::ops::Range<usize>,
+) -> (Vec<i64>, Option<(&'a TokenLogProbs, i64)>) {
+    match (batch.policy.as_ref().filter(|_| whole), batch.policy_rows) {
+        (Some(p), Some((offset, n))) => ((offset..offset + n).collect(), Some((p, offset))),
+        (reuse, _) => (minibatch[mine].to_vec(), reuse.map(|p| (p, 0))),
+    }
+}
+
 pub fn steps_per_epoch(batch: usize, cfg: &TrainConfig) -> usize {
     batch.div_ceil(cfg.minibatch_size).div_ceil(cfg.gradient_accumulation_steps.max(1))
 }
@@ -99,7 +264,6 @@ pub fn optimise(
     let Learner { actor, actor_opt, mut critic, ema, ptx, world, share_prompts } = learner;
     let device: Device = actor.device();
     let b = batch.len();
-    let (p_len, r_len) = (batch.prompt_len, batch.response_len());
     let opts = LogProbOptions {
         max_chunk_elements: cfg.logprob_chunk_elements,
         entropy: req.entropy,
@@ -138,94 +302,16 @@ pub fn optimise(
                     micro_done(world, actor_opt, &mut critic)?;
                 }
                 let mine = dist::shard(minibatch.len(), world.rank(), world.size());
-                // The step's only minibatch holds the whole batch: reuse the experience pass. On
-                // data-parallel ranks that pass covers each rank's own rows (as many on every
-                // rank), so a rank trains on those instead of its share of the shuffled minibatch:
-                // the ranks still cover every row once.
                 let whole = cfg.ppo_epochs == 1 && minibatches.len() == 1 && minibatch.len() == b;
-                let reuse = batch.policy.as_ref().filter(|_| whole);
-                let own: Vec<i64>;
-                let (chunk, offset) = match (reuse, batch.policy_rows) {
-                    (Some(_), Some((offset, n))) => {
-                        own = (offset..offset + n).collect();
-                        (&own[..], offset)
-                    }
-                    _ => (&minibatch[mine.clone()], 0),
-                };
+                let (chunk, reuse) = micro_rows(batch, minibatch, whole, mine.clone());
                 if chunk.is_empty() || !finite {
                     continue;
                 }
-                let idx = Tensor::f_from_slice(chunk)?.f_to_device(device)?;
-                let (seq, attn) = (pick(&batch.sequences, &idx)?, pick(&batch.attention_mask, &idx)?);
-                // With gradient checkpointing the passes keep only layer inputs; `passes` backpropagates
-                // through them after the loss.
-                let mut passes = Passes::default();
-                let lp = match reuse {
-                    Some(p) => {
-                        passes.reused_actor = batch.policy_checkpoint.is_some();
-                        // The pass's rows, right-padded to the gathered batch's response slots.
-                        let local = idx.f_sub_scalar(offset)?;
-                        let own = |t: &Tensor| -> Result<Tensor> {
-                            let t = pick(t, &local)?;
-                            let pad = r_len - t.size()[1];
-                            Ok(if pad > 0 { t.f_constant_pad_nd([0, pad])? } else { t })
-                        };
-                        TokenLogProbs {
-                            logprobs: own(&p.logprobs)?,
-                            entropy: match &p.entropy {
-                                Some(e) if req.entropy => Some(own(e)?),
-                                _ => None,
-                            },
-                        }
-                    }
-                    None => {
-                        let (lp, ck) =
-                            token_logprobs_pass(actor, &seq, &attn, p_len, opts, cfg.gradient_checkpointing)?;
-                        passes.actor = ck;
-                        lp // [b, R], grad
-                    }
-                };
-                let values = match &critic {
-                    Some((c, _)) => {
-                        let (v, ck) = c.values_pass(&seq, &attn, cfg.gradient_checkpointing)?;
-                        passes.critic = ck;
-                        Some(v.f_narrow(1, p_len - 1, r_len)?) // [b, R], grad
-                    }
-                    None => None,
-                };
-                let action_mask = pick(&batch.action_mask, &idx)?;
-                let mb = Minibatch {
-                    logprobs: lp.logprobs,
-                    old_logprobs: pick(&batch.old_logprobs, &idx)?,
-                    ref_logprobs: pick_opt(&batch.ref_logprobs, &idx)?,
-                    values,
-                    old_values: pick_opt(&batch.values, &idx)?,
-                    advantages: pick(&prepared.advantages, &idx)?,
-                    returns: pick_opt(&prepared.returns, &idx)?,
-                    step_tokens: if k > 1 {
-                        step_tokens
-                    } else {
-                        action_mask.f_sum(tch::Kind::Float)?.double_value(&[])
-                    },
-                    action_mask,
-                    entropy: lp.entropy,
-                    rewards: pick(&batch.rewards, &idx)?,
-                    step: actor_opt.steps() as u64,
-                    epoch: epoch as u64,
-                    accumulation_steps: k as u64,
-                    behavior_logprobs: pick_opt(&batch.behavior_logprobs, &idx)?,
-                };
-                let out = algo.loss(&mb)?;
-                let mut loss = out.loss;
-                if let Some(ptx_loss) =
-                    ptx.map(|p| p.loss(actor, &mut rng, minibatch.len(), mine)).transpose()?.flatten()
-                {
-                    local.add("loss/ptx", ptx_loss.double_value(&[]));
-                    loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef)?)?;
-                }
-                for (name, value) in &out.metrics {
-                    local.add(name, *value);
-                }
+                let ctx = MicroCtx { batch, prepared, cfg, req, opts, step_tokens, k, epoch, steps: actor_opt.steps() };
+                let part = MicroPart { rows: &chunk, reuse, minibatch_len: minibatch.len(), mine: mine.clone() };
+                let c = critic.as_ref().map(|(c, _)| *c);
+                let (loss, passes) = micro_loss(&ctx, actor, c, algo, ptx, &mut rng, &part, &mut local)?;
+                let mut loss = loss;
                 let loss_value = loss.double_value(&[]);
                 if !loss_value.is_finite() {
                     tracing::warn!("step {step}: non-finite loss ({loss_value}); optimizer step skipped");
@@ -246,24 +332,14 @@ pub fn optimise(
                 }
             }
             micro_done(world, actor_opt, &mut critic)?;
-            let mut engines: Vec<&mut TrainEngine> = vec![&mut *actor_opt];
-            engines.extend(critic.as_mut().map(|(_, o)| &mut **o));
-            let Some(infos) = train_engine::finish_step(world, &mut engines, finite)? else {
-                skipped += 1;
-                continue;
-            };
-            let a = infos[0];
-            local.add("grad_norm/actor", a.grad_norm);
-            m.set("lr", a.lr);
-            let mut skip = a.skipped;
-            if let Some(c) = infos.get(1) {
-                local.add("grad_norm/critic", c.grad_norm);
-                m.set("lr/critic", c.lr);
-                skip |= c.skipped;
-            }
-            if skip {
-                tracing::warn!("step {step}: non-finite gradient; optimizer step skipped");
-                skipped += 1;
+            let stepped = end_step(world, actor_opt, &mut critic, finite, step, &mut local, m)?;
+            match stepped {
+                None => {
+                    skipped += 1;
+                    continue;
+                }
+                Some(false) => skipped += 1,
+                Some(true) => {}
             }
             if let Some((e, decay)) = ema {
                 ema_update(&e.vs, &actor.vs, decay)?;
