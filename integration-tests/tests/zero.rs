@@ -212,11 +212,18 @@ fn sharded_checkpoints_resume_exactly_and_re_shard_to_other_stages_and_world_siz
     let broken = dir("broken");
     let ckpt = killed_after_step_two(&dir("two-s2"), &broken);
     let shard = ckpt.join("optimizer-actor.rank-00001-of-00002.safetensors");
-    std::fs::write(&shard, b"not a shard").unwrap();
-    let o = run(&["train", "--resume", s(&ckpt)], &broken, 2);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
-    assert!(err.contains("corrupt checkpoint: optimizer-actor.rank-00001-of-00002.safetensors has"), "{err}");
+    let good = std::fs::read(&shard).unwrap();
+    // Truncated (caught by its size on every rank), or one byte flipped (caught by its checksum
+    // on the rank that reads it: rank 1 at the same world size).
+    let mut flipped = good.clone();
+    *flipped.last_mut().unwrap() ^= 0xff;
+    for bad in [b"not a shard".to_vec(), flipped] {
+        std::fs::write(&shard, &bad).unwrap();
+        let o = run(&["train", "--resume", s(&ckpt)], &broken, 2);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+        assert!(err.contains("corrupt checkpoint: optimizer-actor.rank-00001-of-00002.safetensors has"), "{err}");
+    }
     std::fs::remove_file(&shard).unwrap();
     let o = run_on(&["train", "--resume", s(&ckpt)], &broken, 0, 1);
     let err = String::from_utf8_lossy(&o.stderr);

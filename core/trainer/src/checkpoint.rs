@@ -284,8 +284,8 @@ pub struct Loaded {
     pub state: Value,
     pub config_toml: String,
     tensors: HashMap<String, HashMap<String, Tensor>>,
-    /// Every file the manifest seals.
-    files: Vec<String>,
+    /// Every file the manifest seals, with its size and checksum.
+    files: serde_json::Map<String, Value>,
 }
 
 /// Reads and verifies a checkpoint: manifest present, every file with its size and checksum.
@@ -308,18 +308,18 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         if !path.is_file() {
             return Err(err(format!("{}: corrupt checkpoint: {file} is missing", dir.display())));
         }
-        let (bytes, fnv) = fnv1a(&path)?;
-        let want_bytes = meta.get("bytes").and_then(Value::as_u64).unwrap_or(u64::MAX);
-        let want_fnv = meta.get("fnv1a64").and_then(Value::as_str).unwrap_or("");
-        if bytes != want_bytes || format!("{fnv:016x}") != want_fnv {
-            return Err(err(format!(
-                "{}: corrupt checkpoint: {file} has {bytes} bytes / checksum {fnv:016x}, the manifest says {want_bytes} / {want_fnv}",
-                dir.display()
-            )));
-        }
-        // A rank's shard of an optimizer state is read by the ranks that need it, when they need it.
+        // A rank's shard of an optimizer state is read, and its checksum verified, by the ranks
+        // that need it when they need it ([`Loaded::verified`]): here only its size, so that N
+        // ranks do not each read every rank's shard.
         let shard = file.contains(".rank-");
-        if let Some(what) = file.strip_suffix(".safetensors").filter(|_| !shard) {
+        if shard {
+            let bytes = std::fs::metadata(&path).map_err(|e| io(&path, e))?.len();
+            check_sealed(dir, file, meta, bytes, None)?;
+            continue;
+        }
+        let (bytes, fnv) = fnv1a(&path)?;
+        check_sealed(dir, file, meta, bytes, Some(fnv))?;
+        if let Some(what) = file.strip_suffix(".safetensors") {
             let list = Tensor::read_safetensors(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
             tensors.insert(what.to_string(), list.into_iter().collect());
         }
@@ -333,7 +333,22 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     let state: Value = serde_json::from_str(&read("state.json")?)
         .map_err(|e| err(format!("{}: corrupt state.json: {e}", dir.display())))?;
     let config_toml = read("config.toml")?;
-    Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, tensors, files: files.keys().cloned().collect() })
+    Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, tensors, files })
+}
+
+/// Checks a file's size (and checksum, when given) against its manifest entry `meta`.
+fn check_sealed(dir: &Path, file: &str, meta: &Value, bytes: u64, fnv: Option<u64>) -> Result<()> {
+    let want_bytes = meta.get("bytes").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    let want_fnv = meta.get("fnv1a64").and_then(Value::as_str).unwrap_or("");
+    let fnv_ok = fnv.is_none_or(|f| format!("{f:016x}") == want_fnv);
+    if bytes != want_bytes || !fnv_ok {
+        let got = fnv.map_or_else(|| "(not read)".to_string(), |f| format!("{f:016x}"));
+        return Err(err(format!(
+            "{}: corrupt checkpoint: {file} has {bytes} bytes / checksum {got}, the manifest says {want_bytes} / {want_fnv}",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 impl Loaded {
@@ -346,14 +361,14 @@ impl Loaded {
     /// (each sealed by the manifest, so verified by [`load`]).
     pub fn shard_layout(&self, what: &str) -> Result<Option<ShardLayout>> {
         let file = layout_file(what);
-        if !self.files.contains(&file) {
+        if !self.files.contains_key(&file) {
             return Ok(None);
         }
         let path = self.dir.join(&file);
         let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
         let value: Value = serde_json::from_str(&text).map_err(|e| err(format!("{}: {e}", path.display())))?;
         let layout = ShardLayout::from_json(&value, &path)?;
-        if let Some(r) = (0..layout.world).find(|&r| !self.files.contains(&shard_file(what, r, layout.world))) {
+        if let Some(r) = (0..layout.world).find(|&r| !self.files.contains_key(&shard_file(what, r, layout.world))) {
             return Err(err(format!(
                 "{}: corrupt checkpoint: {} is not in the manifest",
                 self.dir.display(),
@@ -361,6 +376,19 @@ impl Loaded {
             )));
         }
         Ok(Some(layout))
+    }
+
+    /// The path of `file`, a rank's optimizer shard, once its checksum matches the manifest's
+    /// ([`load`] checked only its size).
+    pub fn verified(&self, file: &str) -> Result<PathBuf> {
+        let path = self.dir.join(file);
+        let meta = self
+            .files
+            .get(file)
+            .ok_or_else(|| err(format!("{}: corrupt checkpoint: {file} is not in the manifest", self.dir.display())))?;
+        let (bytes, fnv) = fnv1a(&path)?;
+        check_sealed(&self.dir, file, meta, bytes, Some(fnv))?;
+        Ok(path)
     }
 
     /// Copies `<what>.safetensors` into the variables of `vs` (every variable must be there, with its shape).

@@ -121,9 +121,10 @@ pub struct Want {
     pub master: Option<Tensor>,
 }
 
-/// Fills every [`Want`] from the shard files (`path(rank)`), reading only those that hold part
-/// of one, one at a time. Returns the step count the shards agree on.
-pub fn read_ranges(layout: &ShardLayout, path: impl Fn(usize) -> PathBuf, wants: &[Want]) -> Result<i64> {
+/// Fills every [`Want`] from the shard files (`path(rank)`, which may verify the file first),
+/// reading only those that hold part of one, one at a time. Returns the step count the shards
+/// agree on.
+pub fn read_ranges(layout: &ShardLayout, path: impl Fn(usize) -> Result<PathBuf>, wants: &[Want]) -> Result<i64> {
     // Where each variable starts in a shard.
     let mut offset = std::collections::HashMap::new();
     let mut at = 0i64;
@@ -145,7 +146,7 @@ pub fn read_ranges(layout: &ShardLayout, path: impl Fn(usize) -> PathBuf, wants:
         if parts.is_empty() {
             continue;
         }
-        let file = path(r as usize);
+        let file = path(r as usize)?;
         let tensors: std::collections::HashMap<String, Tensor> =
             Tensor::read_safetensors(&file).map_err(|e| err(format!("{}: {e}", file.display())))?.into_iter().collect();
         let get = |k: &str| tensors.get(k).ok_or_else(|| err(format!("{}: no `{k}`", file.display())));
@@ -237,8 +238,8 @@ mod tests {
                 v: Tensor::zeros([n], (Kind::Float, tch::Device::Cpu)),
                 master: None,
             };
-            let t =
-                read_ranges(&layout, |r| dir.path().join(shard_file("opt", r, 3)), std::slice::from_ref(&w)).unwrap();
+            let t = read_ranges(&layout, |r| Ok(dir.path().join(shard_file("opt", r, 3))), std::slice::from_ref(&w))
+                .unwrap();
             assert_eq!(t, 7);
             assert_eq!(Vec::<f32>::try_from(&w.m).unwrap(), want);
             assert_eq!(Vec::<f32>::try_from(&w.v).unwrap(), want.iter().map(|x| 2.0 * x).collect::<Vec<_>>());

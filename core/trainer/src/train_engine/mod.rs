@@ -155,7 +155,7 @@ impl TrainEngine {
                 Inner::Sharded(s) => s.load_state(tensors, steps),
             };
         };
-        let path = |r: usize| ckpt.dir.join(shard_files::shard_file(what, r, layout.world));
+        let path = |r: usize| ckpt.verified(&shard_files::shard_file(what, r, layout.world));
         match &mut self.inner {
             Inner::Sharded(s) => s.load_shards(what, &layout, path, steps),
             Inner::Replicated(o) => {
@@ -210,7 +210,7 @@ fn whole_state(
     what: &str,
     layout: &shard_files::ShardLayout,
     params: &[(String, Vec<i64>)],
-    path: impl Fn(usize) -> std::path::PathBuf,
+    path: impl Fn(usize) -> Result<std::path::PathBuf>,
 ) -> Result<HashMap<String, Tensor>> {
     let numels: Vec<(&str, i64)> = params.iter().map(|(n, s)| (n.as_str(), s.iter().product())).collect();
     layout.check_vars(what, &numels)?;

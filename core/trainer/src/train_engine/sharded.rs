@@ -386,7 +386,7 @@ impl ShardedAdam {
         &mut self,
         what: &str,
         layout: &ShardLayout,
-        path: impl Fn(usize) -> PathBuf,
+        path: impl Fn(usize) -> Result<PathBuf>,
         steps: usize,
     ) -> Result<()> {
         let names: Vec<(&str, i64)> = self.slots.iter().map(|s| (s.name.as_str(), s.numel)).collect();
