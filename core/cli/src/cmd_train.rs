@@ -227,6 +227,9 @@ pub fn plugins(args: PluginsArgs) -> anyhow::Result<()> {
     for p in reg.plugins() {
         println!("{:<24} {:<10} {:<10} {}", p.name, p.kind.to_string(), p.version, p.path.display());
     }
+    for e in reg.environments() {
+        println!("{:<24} {:<10} {:<10} {}", e.name, "environment", e.version, e.path.display());
+    }
     if args.all || reg.plugins().next().is_none() {
         for (path, why) in &reg.refused {
             println!("refused: {}: {why}", path.display());

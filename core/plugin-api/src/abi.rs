@@ -296,6 +296,125 @@ pub trait RewardObj: Send {
 /// Owned reward object.
 pub type RewardBox = RewardObj_TO<'static, RBox<()>>;
 
+/// Major version of the environment interface ([`EnvPluginMod`]), versioned apart from the
+/// algorithm/reward one: an environment plugin exports its own root module, so the third kind
+/// did not change [`PluginKind`] (an exhaustive enum whose growth would refuse every older
+/// algorithm and reward plugin).
+pub const ENV_API_MAJOR: u32 = 1;
+/// Minor version of the environment interface; grows as [`API_MINOR`] does (see the module docs).
+///
+/// - 1.0: batched `reset` / `step`, optional `stop_strings`.
+pub const ENV_API_MINOR: u32 = 0;
+
+/// What an environment plugin declares about itself; read before anything else is called.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct EnvInfo {
+    /// The name users address it by (`[environment] plugin = "env-calculator"`).
+    pub name: RString,
+    pub version: RString,
+    pub description: RString,
+    /// [`ENV_API_MAJOR`] and [`ENV_API_MINOR`] the plugin was compiled with.
+    pub api_major: u32,
+    pub api_minor: u32,
+    pub torch_version: RString,
+    pub tch_version: RString,
+}
+
+/// One episode (trajectory) starting: the prompt row it continues.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct EpisodeAbi {
+    /// The episode's id within this batch (its row); `step` actions carry it.
+    pub id: u64,
+    /// The prompt as the model saw it (chat template applied).
+    pub prompt: RString,
+    pub prompt_ids: RVec<u32>,
+    pub label: ROption<RString>,
+    /// The dataset line's other fields as a JSON object.
+    pub metadata_json: RString,
+    /// The untemplated prompt messages, a JSON array of `{"role", "content"}`.
+    pub messages_json: RString,
+}
+
+/// One turn of the policy in one episode.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ActionAbi {
+    pub id: u64,
+    /// 0-based turn of the episode.
+    pub turn: u32,
+    /// The sampled text of this turn, special tokens (EOS) removed.
+    pub text: RString,
+    /// The sampled token ids of this turn, EOS included when sampled.
+    pub token_ids: RVec<u32>,
+    /// The policy ended the episode (sampled EOS): whatever `step` answers, the episode is over.
+    pub ended: bool,
+}
+
+/// The environment's answer to one action.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct StepAbi {
+    /// Text appended after the action (tokenized by the host); ignored when `done`.
+    pub observation: RString,
+    /// Reward of this turn; an episode's environment reward is the sum over its turns.
+    pub reward: f64,
+    pub done: bool,
+    /// Per-episode numbers, summed over the episode's turns and averaged over episodes as
+    /// `env/<name>/mean` (e.g. `tool_calls`).
+    pub metrics: RVec<Metric>,
+    /// Non-empty: this episode failed (a tool server down, say): it ends and costs the configured
+    /// penalty, and counts in `env/errors`.
+    pub error: RString,
+}
+
+/// An environment instance.
+#[sabi_trait]
+pub trait EnvObj: Send {
+    /// Starts a batch of episodes (ids of earlier batches are no longer used); returns one first
+    /// observation per episode, appended to its prompt (may be empty).
+    fn reset(&mut self, episodes: RVec<EpisodeAbi>) -> RResult<RVec<RString>, PluginError>;
+
+    /// Answers one action per listed episode, in order.
+    fn step(&mut self, actions: RVec<ActionAbi>) -> RResult<RVec<StepAbi>, PluginError>;
+
+    /// State that must survive a checkpoint, as JSON.
+    fn state(&self) -> RResult<RString, PluginError>;
+
+    /// Restores [`EnvObj::state`] on resume.
+    #[sabi(last_prefix_field)]
+    fn load_state(&mut self, state: RStr<'_>) -> RResult<(), PluginError>;
+
+    /// Strings that end a turn of the policy (e.g. the end of a tool call), added to the
+    /// configured `environment.stop`.
+    fn stop_strings(&self) -> RVec<RString> {
+        RVec::new()
+    }
+}
+
+/// Owned environment object.
+pub type EnvBox = EnvObj_TO<'static, RBox<()>>;
+
+/// The root module an environment plugin exports (instead of [`PluginMod`]).
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = EnvPluginModRef)))]
+#[sabi(missing_field(panic))]
+pub struct EnvPluginMod {
+    pub info: extern "C" fn() -> EnvInfo,
+    /// Builds an environment from its config section (JSON text).
+    #[sabi(last_prefix_field)]
+    pub new_environment: extern "C" fn(config: RStr<'_>, ctx: HostContext) -> RResult<EnvBox, PluginError>,
+}
+
+impl RootModule for EnvPluginModRef {
+    declare_root_module_statics! {EnvPluginModRef}
+    const BASE_NAME: &'static str = "rlhf_env_plugin";
+    const NAME: &'static str = "rlhf_env_plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
 /// The root module every plugin exports.
 #[repr(C)]
 #[derive(StableAbi)]

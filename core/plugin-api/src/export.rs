@@ -7,10 +7,12 @@ use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RBox, RResult, RStr};
 
 use crate::abi::{
-    AlgorithmBox, AlgorithmObj_TO, HostContext, PluginInfo, PluginKind, PluginMod, PluginModRef, RewardBox,
-    RewardObj_TO, API_MAJOR, API_MINOR, TCH_VERSION, TORCH_VERSION,
+    AlgorithmBox, AlgorithmObj_TO, EnvBox, EnvInfo, EnvObj_TO, EnvPluginMod, EnvPluginModRef, HostContext, PluginInfo,
+    PluginKind, PluginMod, PluginModRef, RewardBox, RewardObj_TO, API_MAJOR, API_MINOR, ENV_API_MAJOR, ENV_API_MINOR,
+    TCH_VERSION, TORCH_VERSION,
 };
 use crate::algorithm::{guard, Algorithm, AlgorithmAdapter, Context};
+use crate::environment::{EnvAdapter, Environment};
 use crate::error::PluginError;
 use crate::reward::{RewardAdapter, RewardSource};
 
@@ -67,6 +69,40 @@ pub fn new_reward<R: RewardSource>(
     })
 }
 
+/// The declaration of an environment plugin built by this crate.
+pub fn env_info(name: &str, version: &str, description: &str) -> EnvInfo {
+    EnvInfo {
+        name: name.into(),
+        version: version.into(),
+        description: description.into(),
+        api_major: ENV_API_MAJOR,
+        api_minor: ENV_API_MINOR,
+        torch_version: TORCH_VERSION.into(),
+        tch_version: TCH_VERSION.into(),
+    }
+}
+
+/// Builds an environment plugin's root module.
+pub fn env_root_module(
+    info: extern "C" fn() -> EnvInfo,
+    new_environment: extern "C" fn(RStr<'_>, HostContext) -> RResult<EnvBox, PluginError>,
+) -> EnvPluginModRef {
+    EnvPluginMod { info, new_environment }.leak_into_prefix()
+}
+
+/// Constructs an environment behind the ABI object, installing the log bridge first.
+pub fn new_environment<E: Environment>(
+    config: RStr<'_>,
+    ctx: HostContext,
+    name: &'static str,
+) -> RResult<EnvBox, PluginError> {
+    crate::log::install(ctx.logger, name);
+    guard(|| {
+        let e = E::new(config.as_str(), &Context::from_abi(&ctx)?)?;
+        Ok(EnvObj_TO::from_value(EnvAdapter(e), TD_Opaque))
+    })
+}
+
 /// The answer of an algorithm plugin asked for a reward source.
 pub fn unsupported_reward(name: &str) -> RResult<RewardBox, PluginError> {
     RResult::RErr(PluginError::unsupported(format!("`{name}` is an algorithm plugin, not a reward source")))
@@ -113,6 +149,42 @@ macro_rules! export_reward {
             new_algorithm: |_config, _ctx| $crate::export::unsupported_algorithm($name),
             new_reward: |config, ctx| $crate::export::new_reward::<$ty>(config, ctx, $name),
         }
+    };
+}
+
+/// Exports an [`Environment`] implementation as this cdylib's plugin (an environment plugin has
+/// its own root module, [`EnvPluginModRef`]).
+///
+/// ```ignore
+/// rlhf_plugin_api::export_environment!(MyEnv, name: "my-env", description: "what it does");
+/// ```
+#[macro_export]
+macro_rules! export_environment {
+    ($ty:ty, name: $name:literal, description: $desc:expr $(,)?) => {
+        const _: () = {
+            use $crate::abi::{EnvBox, EnvInfo, HostContext};
+            use $crate::abi_stable::std_types::{RResult, RStr};
+            use $crate::PluginError;
+
+            extern "C" fn __rlhf_env_info() -> EnvInfo {
+                $crate::export::env_info($name, env!("CARGO_PKG_VERSION"), $desc)
+            }
+            extern "C" fn __rlhf_new_environment(config: RStr<'_>, ctx: HostContext) -> RResult<EnvBox, PluginError> {
+                $crate::export::new_environment::<$ty>(config, ctx, $name)
+            }
+            extern "C" fn __rlhf_root() -> $crate::abi_stable::library::RootModuleResult {
+                $crate::abi_stable::library::__call_root_module_loader(|| {
+                    $crate::export::env_root_module(__rlhf_env_info, __rlhf_new_environment)
+                })
+            }
+            #[export_name = "_1as_0lib_1header_0root_bmodule_bloader"]
+            pub static __RLHF_LIB_HEADER: $crate::abi_stable::library::LibHeader = unsafe {
+                $crate::abi_stable::library::LibHeader::from_constructor::<$crate::abi::EnvPluginModRef>(
+                    __rlhf_root,
+                    $crate::abi_stable::library::CheckTypeLayout::Yes,
+                )
+            };
+        };
     };
 }
 

@@ -1,9 +1,11 @@
 //! The plugin ABI of the rlhf trainer — the only crate a plugin author depends on (besides tch).
 //!
-//! A plugin is a `cdylib` that implements one of two plain Rust traits and exports it with a macro:
+//! A plugin is a `cdylib` that implements one of three plain Rust traits and exports it with a macro:
 //! - [`Algorithm`]: reward shaping, advantages and losses (PPO, GRPO, ...), exported with
 //!   [`export_algorithm!`];
-//! - [`RewardSource`]: scores for (prompt, response) samples, exported with [`export_reward!`].
+//! - [`RewardSource`]: scores for (prompt, response) samples, exported with [`export_reward!`];
+//! - [`Environment`]: multi-turn episodes (tools, games), exported with [`export_environment!`]
+//!   (its own root module and interface version, [`abi::ENV_API_MAJOR`]).
 //!
 //! Under the hood ([`abi`]) everything that crosses the boundary is `abi_stable`: a prefix root
 //! module checked for layout and version when loaded, `#[sabi_trait]` objects for instances,
@@ -15,6 +17,7 @@
 #[allow(non_local_definitions)]
 pub mod abi;
 pub mod algorithm;
+pub mod environment;
 pub mod error;
 pub mod export;
 pub mod log;
@@ -23,8 +26,12 @@ pub mod reward;
 pub mod tensor;
 pub mod testing;
 
-pub use abi::{keys, Metric, PluginInfo, PluginKind, API_MAJOR, API_MINOR, TCH_VERSION, TORCH_VERSION};
+pub use abi::{
+    keys, Metric, PluginInfo, PluginKind, API_MAJOR, API_MINOR, ENV_API_MAJOR, ENV_API_MINOR, TCH_VERSION,
+    TORCH_VERSION,
+};
 pub use algorithm::{Algorithm, Context, Experience, LossOutput, Minibatch, Prepared, Requirements};
+pub use environment::{Action, Environment, Episode, StepOutcome};
 pub use error::{parse_config, ErrorKind, PluginError};
 pub use reward::{ChatMessage, RewardSource, Sample, Scores};
 
@@ -35,8 +42,9 @@ pub use tch;
 /// Everything a plugin file usually imports.
 pub mod prelude {
     pub use crate::{
-        export_algorithm, export_reward, parse_config, Algorithm, Context, Experience, LossOutput, Minibatch,
-        PluginError, Prepared, Requirements, RewardSource, Sample, Scores,
+        export_algorithm, export_environment, export_reward, parse_config, Action, Algorithm, Context, Environment,
+        Episode, Experience, LossOutput, Minibatch, PluginError, Prepared, Requirements, RewardSource, Sample, Scores,
+        StepOutcome,
     };
     pub use tch::{Kind, Tensor};
 }

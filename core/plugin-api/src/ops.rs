@@ -186,13 +186,17 @@ pub fn per_token(x: &Tensor, valid: &Tensor) -> Result<Tensor> {
     masked(&x.f_unsqueeze(1)?, valid) // [B, 1] → [B, R]
 }
 
-/// Each row's last valid slot, `Σ_t valid_t − 1` (0 for an empty row): where DeepSpeed-Chat's
-/// `compute_rewards` puts the score. Assumes each row's valid tokens come first (right padding).
+/// Each row's last valid slot, `max_t t · valid_t` (0 for an empty row): where DeepSpeed-Chat's
+/// `compute_rewards` puts the score. With right padding alone this is `Σ_t valid_t − 1`; a
+/// multi-turn trajectory's action mask also has holes (observation tokens), and its last valid
+/// slot is the last sampled token.
 ///
 /// # Shapes
 /// `valid [B, R]` bool; returns `[B, 1]` i64 (the index form of `gather` and `scatter_add`).
 pub fn last_index(valid: &Tensor) -> Result<Tensor> {
-    Ok(valid.f_sum_dim_intlist(1, true, Kind::Int64)?.f_sub_scalar(1)?.f_clamp_min(0)?)
+    let r = valid.size().get(1).copied().unwrap_or(0);
+    let slots = Tensor::f_arange(r, (Kind::Int64, valid.device()))?.f_unsqueeze(0)?; // [1, R]
+    Ok(valid.f_to_kind(Kind::Int64)?.f_mul(&slots)?.f_amax(1, true)?)
 }
 
 /// Each row's entry at its last valid token ([`last_index`]; slot 0 for an empty row).
@@ -477,6 +481,9 @@ mod tests {
     fn last_valid_token_and_per_token() {
         let valid = t2(&[&[1., 1., 0.], &[1., 1., 1.], &[0., 0., 0.]]).gt(0.0);
         assert_eq!(Vec::<i64>::try_from(last_index(&valid).unwrap().flatten(0, -1)).unwrap(), [1, 2, 0]);
+        // A multi-turn action mask (observation slots 1–2 inside): the last sampled token.
+        let holes = t2(&[&[1., 0., 0., 1., 0.], &[1., 1., 0., 0., 0.]]).gt(0.0);
+        assert_eq!(Vec::<i64>::try_from(last_index(&holes).unwrap().flatten(0, -1)).unwrap(), [3, 1]);
         let x = t2(&[&[1., 2., 3.], &[4., 5., 6.], &[7., 8., 9.]]);
         assert_close(&values_of(&last_valid(&x, &valid).unwrap()), &[2., 6., 7.], 0.0);
         let a = per_token(&Tensor::from_slice(&[0.5f32, -1.0, 2.0]), &valid).unwrap();

@@ -168,7 +168,7 @@ impl Algorithm for Ppo {
 
         let kl_coef = self.kl_ctl;
         let rewards = compute_rewards(&old, &reff, &exp.rewards, &valid, kl_coef, &self.cfg)?; // [B, R]
-        let (advantages, returns) = get_advantages_and_returns(&values, &rewards, self.cfg.gamma, self.cfg.lam)?;
+        let (advantages, returns) = get_advantages_and_returns(&values, &rewards, mask, self.cfg.gamma, self.cfg.lam)?;
         let advantages = if self.cfg.whiten_advantages { ops::masked_whiten(&advantages, mask)? } else { advantages };
 
         // Mean over samples of the summed k1 KL of each response (TRL's `objective/kl`).
@@ -288,20 +288,39 @@ fn compute_rewards(
     masked(&rewards, valid) // rewards[j, ends[j] + 1:] = 0
 }
 
-/// DSC `get_advantages_and_returns`: GAE backwards over all `R` slots (rewards and values are 0 after
-/// each row's end, so padding contributes nothing), `returns = advantages + values`.
+/// DSC `get_advantages_and_returns`: GAE backwards over the action tokens, `returns = advantages +
+/// values`. A slot outside the action mask is skipped — the next action's value and advantage
+/// carry over it, its own advantage is 0 — so padding contributes nothing and the observation
+/// tokens inside a multi-turn trajectory are not steps of the MDP (verl's multi-turn GAE):
+///
+/// ```text
+/// δ_t = r_t + γ·V_next − V_t,   A_t = δ_t + γλ·A_next   (next = the next action slot)
+/// ```
+///
+/// With right padding alone (single-turn) this is DSC's loop over all `R` slots, bit for bit.
 ///
 /// # Shapes
-/// `values`, `rewards`: `[B, R]`; returns `(advantages, returns)`, both `[B, R]`.
-fn get_advantages_and_returns(values: &Tensor, rewards: &Tensor, gamma: f64, lam: f64) -> Result<(Tensor, Tensor)> {
+/// `values`, `rewards`, `mask`: `[B, R]` (values and rewards 0 outside the mask); returns
+/// `(advantages, returns)`, both `[B, R]`.
+fn get_advantages_and_returns(
+    values: &Tensor,
+    rewards: &Tensor,
+    mask: &Tensor,
+    gamma: f64,
+    lam: f64,
+) -> Result<(Tensor, Tensor)> {
     let (b, length) = rewards.size2()?;
     let mut lastgaelam = Tensor::f_zeros([b], (rewards.kind(), rewards.device()))?; // [B]
+    let mut nextvalues = lastgaelam.f_zeros_like()?; // [B]
     let mut advantages_reversed = Vec::with_capacity(length as usize);
     for t in (0..length).rev() {
-        let nextvalues = if t < length - 1 { values.f_select(1, t + 1)? } else { lastgaelam.f_zeros_like()? }; // [B]
-        let delta = rewards.f_select(1, t)?.f_add(&nextvalues.f_mul_scalar(gamma)?)?.f_sub(&values.f_select(1, t)?)?;
-        lastgaelam = delta.f_add(&lastgaelam.f_mul_scalar(gamma * lam)?)?;
-        advantages_reversed.push(lastgaelam.shallow_clone());
+        let valid = mask.f_select(1, t)?.f_gt(0.0)?; // [B] bool
+        let v = values.f_select(1, t)?; // [B]
+        let delta = rewards.f_select(1, t)?.f_add(&nextvalues.f_mul_scalar(gamma)?)?.f_sub(&v)?;
+        let gae = delta.f_add(&lastgaelam.f_mul_scalar(gamma * lam)?)?;
+        lastgaelam = gae.f_where_self(&valid, &lastgaelam)?;
+        nextvalues = v.f_where_self(&valid, &nextvalues)?;
+        advantages_reversed.push(gae.f_where_scalarother(&valid, 0.0)?);
     }
     if advantages_reversed.is_empty() {
         return Ok((rewards.f_zeros_like()?, rewards.f_zeros_like()?));

@@ -39,6 +39,29 @@ fn boil_the_shoe() {
     assert_close(&values_of(&p.returns.unwrap()), &[9.0, 1.0, 0.0], 1e-6);
 }
 
+/// A multi-turn trajectory: sampled, sampled, 2 observation tokens, sampled, padding. The
+/// observation slots are not steps: advantages and returns of the three sampled tokens equal those
+/// of the same three tokens without the observation in between, and are 0 on the observation,
+/// whatever values, log-probs and reference log-probs it carries.
+#[test]
+fn gae_skips_observation_tokens() {
+    let cfg = json!({"kl_ctl": 0.1, "gamma": 0.9, "lam": 0.95});
+    let compact = experience(&[2.0], &[&[-1.0, -2.0, -0.5]], &[&[-0.5, -1.0, -1.0]], &[&[1.0, 2.0, 3.0]], &[&[1.0; 3]]);
+    let holes = experience(
+        &[2.0],
+        &[&[-1.0, -2.0, -9.0, NAN, -0.5, 0.0]],
+        &[&[-0.5, -1.0, 4.0, 7.0, -1.0, 0.0]],
+        &[&[1.0, 2.0, 50.0, -60.0, 3.0, 0.0]],
+        &[&[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]],
+    );
+    let (a, b) = (ppo(cfg.clone()).prepare(&compact).unwrap(), ppo(cfg).prepare(&holes).unwrap());
+    let pick = |v: Vec<f32>| vec![v[0], v[1], v[4]];
+    let adv = values_of(&b.advantages);
+    assert_close(&pick(adv.clone()), &values_of(&a.advantages), 1e-6);
+    assert_close(&[adv[2], adv[3], adv[5]], &[0.0, 0.0, 0.0], 0.0);
+    assert_close(&pick(values_of(&b.returns.unwrap())), &values_of(&a.returns.unwrap()), 1e-6);
+}
+
 /// γ = 0.9, λ = 0.95 (γλ = 0.855), kl_ctl = 0.1, clip_reward_value = 5.
 ///
 /// Row 0 (3 tokens): k1 = old − ref = [0.5, −1.0, 0.0] → r = [−0.05, 0.1, 0.0]; score 7 → 5 at t = 2:

@@ -9,11 +9,14 @@ use std::path::{Path, PathBuf};
 
 use abi_stable::abi_stability::abi_checking::{check_layout_compatibility_with_globals, CheckingGlobals};
 use abi_stable::library::{lib_header_from_path, LibHeader, LibraryError, RootModule};
+use abi_stable::prefix_type::PrefixRefTrait;
 use abi_stable::sabi_types::VersionNumber;
 use abi_stable::std_types::{RBoxError, RStr};
 use abi_stable::StableAbi;
-use rlhf_plugin_api::abi::{HostContext, HostLogger, LogLevel, PluginModRef};
-use rlhf_plugin_api::{Context, PluginKind, API_MAJOR, API_MINOR, TCH_VERSION, TORCH_VERSION};
+use rlhf_plugin_api::abi::{EnvPluginModRef, HostContext, HostLogger, LogLevel, PluginModRef};
+use rlhf_plugin_api::{
+    Context, PluginKind, API_MAJOR, API_MINOR, ENV_API_MAJOR, ENV_API_MINOR, TCH_VERSION, TORCH_VERSION,
+};
 
 use crate::error::{Result, TrainerError};
 
@@ -34,10 +37,44 @@ pub struct LoadedPlugin {
     pub(crate) module: PluginModRef,
 }
 
+/// An environment plugin accepted by the loader (its own root module, [`EnvPluginModRef`]).
+#[derive(Clone)]
+pub struct LoadedEnv {
+    /// What it declared.
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub path: PathBuf,
+    pub(crate) module: EnvPluginModRef,
+}
+
+/// One accepted library: an algorithm or reward plugin, or an environment plugin.
+enum Loaded {
+    Plugin(LoadedPlugin),
+    Env(LoadedEnv),
+}
+
+impl Loaded {
+    fn name(&self) -> &str {
+        match self {
+            Loaded::Plugin(p) => &p.meta.name,
+            Loaded::Env(e) => &e.name,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Loaded::Plugin(p) => &p.meta.path,
+            Loaded::Env(e) => &e.path,
+        }
+    }
+}
+
 /// All plugins found in the configured directories.
 #[derive(Default)]
 pub struct PluginRegistry {
     plugins: BTreeMap<String, LoadedPlugin>,
+    environments: BTreeMap<String, LoadedEnv>,
     /// Files that were not accepted, with the reason.
     pub refused: Vec<(PathBuf, String)>,
     /// The directories scanned, in order.
@@ -107,18 +144,20 @@ fn describe(e: &LibraryError) -> String {
 /// what it learnt about the prefix types of every library checked, and once a 4.0 plugin is in it,
 /// it refuses every 4.1 plugin checked after it. Plugins never exchange objects with each other,
 /// so there is nothing to keep consistent across them.
-fn init_module(header: &'static LibHeader) -> std::result::Result<PluginModRef, LibraryError> {
+fn init_module<M: RootModule + StableAbi + PrefixRefTrait>(
+    header: &'static LibHeader,
+) -> std::result::Result<M, LibraryError> {
     // The crate version is 0.MAJOR.x (abi.rs): the same 0.MAJOR, whatever the patch.
-    let expected = VersionNumber::new(PluginModRef::VERSION_STRINGS)?;
+    let expected = VersionNumber::new(M::VERSION_STRINGS)?;
     let actual = VersionNumber::new(header.version_strings())?;
     if (expected.major, expected.minor) != (actual.major, actual.minor) {
         return Err(LibraryError::IncompatibleVersionNumber {
-            library_name: PluginModRef::NAME,
+            library_name: M::NAME,
             expected_version: expected,
             actual_version: actual,
         });
     }
-    let host = <PluginModRef as StableAbi>::LAYOUT;
+    let host = <M as StableAbi>::LAYOUT;
     if let Some(plugin) = header.layout() {
         if let Err(older) = check_layout_compatibility_with_globals(plugin, host, &CheckingGlobals::new()) {
             if check_layout_compatibility_with_globals(host, plugin, &CheckingGlobals::new()).is_err() {
@@ -126,15 +165,70 @@ fn init_module(header: &'static LibHeader) -> std::result::Result<PluginModRef, 
             }
         }
     }
-    // SAFETY: the layout of the library's root module was checked against `PluginModRef` above
-    // (one exported without a layout constant is trusted, as abi_stable's `init_root_module` does).
-    unsafe { header.unchecked_layout::<PluginModRef>() }.map_err(|e| e.into_library_error::<PluginModRef>())
+    // SAFETY: the layout of the library's root module was checked against `M` above (one exported
+    // without a layout constant is trusted, as abi_stable's `init_root_module` does).
+    unsafe { header.unchecked_layout::<M>() }.map_err(|e| e.into_library_error::<M>())
 }
 
-/// Loads one file; `Err` is the reason it was refused.
+/// Whether the library exports an environment plugin's root module: its layout's full type
+/// (`PrefixRef<'a, EnvPluginMod>`; the plain name is `PrefixRef` for every root module).
+fn is_environment(header: &LibHeader) -> bool {
+    let env = <EnvPluginModRef as StableAbi>::LAYOUT.full_type().to_string();
+    header.layout().is_some_and(|l| l.full_type().to_string() == env)
+}
+
+/// Loads one file of any kind; `Err` is the reason it was refused.
+fn load_any(path: &Path) -> std::result::Result<Loaded, String> {
+    let header = lib_header_from_path(path).map_err(|e| describe(&e))?;
+    if is_environment(header) {
+        return load_env(header, path).map(Loaded::Env);
+    }
+    load_file(path).map(Loaded::Plugin)
+}
+
+/// Checks an environment plugin's declaration against this host.
+fn load_env(header: &'static LibHeader, path: &Path) -> std::result::Result<LoadedEnv, String> {
+    let module: EnvPluginModRef = init_module(header).map_err(|e| describe(&e))?;
+    let info = (module.info())();
+    if info.api_major != ENV_API_MAJOR || info.api_minor > ENV_API_MINOR {
+        return Err(format!(
+            "interface version mismatch: environment plugin `{}` was built against environment ABI {}.{}, this host \
+             has {ENV_API_MAJOR}.{ENV_API_MINOR}",
+            info.name, info.api_major, info.api_minor
+        ));
+    }
+    check_versions(&info.name, info.torch_version.as_str(), info.tch_version.as_str())?;
+    Ok(LoadedEnv {
+        name: info.name.into(),
+        version: info.version.into(),
+        description: info.description.into(),
+        path: path.to_path_buf(),
+        module,
+    })
+}
+
+/// The libtorch and tch versions a plugin was built with must be this host's.
+fn check_versions(name: &str, torch: &str, tch: &str) -> std::result::Result<(), String> {
+    if torch != TORCH_VERSION {
+        return Err(format!(
+            "torch version mismatch: plugin `{name}` was built against libtorch {torch}, this host against {TORCH_VERSION}"
+        ));
+    }
+    if tch != TCH_VERSION {
+        return Err(format!(
+            "tch version mismatch: plugin `{name}` was built with tch {tch}, this host with {TCH_VERSION}"
+        ));
+    }
+    Ok(())
+}
+
+/// Loads one algorithm or reward plugin file; `Err` is the reason it was refused.
 pub fn load_file(path: &Path) -> std::result::Result<LoadedPlugin, String> {
     let header = lib_header_from_path(path).map_err(|e| describe(&e))?;
-    let module = init_module(header).map_err(|e| describe(&e))?;
+    if is_environment(header) {
+        return Err("an environment plugin, not an algorithm or reward plugin".into());
+    }
+    let module: PluginModRef = init_module(header).map_err(|e| describe(&e))?;
     let info = (module.info())();
     // Same major, and a minor no newer than ours: a newer host appends only what older plugins
     // can ignore (see plugin-api's `abi` docs); a newer plugin may need inputs this host lacks.
@@ -150,18 +244,7 @@ pub fn load_file(path: &Path) -> std::result::Result<LoadedPlugin, String> {
             info.name, info.api_major, info.api_minor
         ));
     }
-    if info.torch_version.as_str() != TORCH_VERSION {
-        return Err(format!(
-            "torch version mismatch: plugin `{}` was built against libtorch {}, this host against {TORCH_VERSION}",
-            info.name, info.torch_version
-        ));
-    }
-    if info.tch_version.as_str() != TCH_VERSION {
-        return Err(format!(
-            "tch version mismatch: plugin `{}` was built with tch {}, this host with {TCH_VERSION}",
-            info.name, info.tch_version
-        ));
-    }
+    check_versions(&info.name, info.torch_version.as_str(), info.tch_version.as_str())?;
     Ok(LoadedPlugin {
         meta: PluginMeta {
             name: info.name.into(),
@@ -184,7 +267,7 @@ impl PluginRegistry {
     pub fn scan(dirs: &[PathBuf]) -> Result<Self> {
         let mut reg = PluginRegistry { dirs: dirs.to_vec(), ..PluginRegistry::default() };
         let mut seen = std::collections::HashSet::new();
-        let mut by_name: BTreeMap<String, Vec<LoadedPlugin>> = BTreeMap::new();
+        let mut by_name: BTreeMap<String, Vec<Loaded>> = BTreeMap::new();
         for dir in dirs {
             let entries = std::fs::read_dir(dir).map_err(|e| {
                 TrainerError::Plugin(format!("plugin_dirs: {}: cannot read directory ({e})", dir.display()))
@@ -197,8 +280,8 @@ impl PluginRegistry {
                 if !seen.insert(canonical) {
                     continue;
                 }
-                match load_file(&path) {
-                    Ok(p) => by_name.entry(p.meta.name.clone()).or_default().push(p),
+                match load_any(&path) {
+                    Ok(p) => by_name.entry(p.name().to_string()).or_default().push(p),
                     Err(reason) => {
                         tracing::debug!("plugin loader: refused {}: {reason}", path.display());
                         reg.refused.push((path, reason));
@@ -208,12 +291,15 @@ impl PluginRegistry {
         }
         for (name, mut found) in by_name {
             if found.len() == 1 {
-                reg.plugins.insert(name, found.remove(0));
+                match found.remove(0) {
+                    Loaded::Plugin(p) => reg.plugins.insert(name, p).map(|_| ()),
+                    Loaded::Env(e) => reg.environments.insert(name, e).map(|_| ()),
+                };
             } else {
-                let files: Vec<String> = found.iter().map(|p| p.meta.path.display().to_string()).collect();
+                let files: Vec<String> = found.iter().map(|p| p.path().display().to_string()).collect();
                 for p in found {
                     reg.refused.push((
-                        p.meta.path.clone(),
+                        p.path().to_path_buf(),
                         format!("two plugins declare the name `{name}`: {}", files.join(" and ")),
                     ));
                 }
@@ -225,6 +311,42 @@ impl PluginRegistry {
     /// Accepted plugins, by name.
     pub fn plugins(&self) -> impl Iterator<Item = &PluginMeta> {
         self.plugins.values().map(|p| &p.meta)
+    }
+
+    /// Accepted environment plugins, by name.
+    pub fn environments(&self) -> impl Iterator<Item = &LoadedEnv> {
+        self.environments.values()
+    }
+
+    /// The environment plugin `name`, or an error listing those available and the refusals.
+    pub fn environment(&self, name: &str) -> Result<&LoadedEnv> {
+        if let Some(e) = self.environments.get(name) {
+            return Ok(e);
+        }
+        if let Some(p) = self.plugins.get(name) {
+            return Err(TrainerError::Plugin(format!(
+                "`{name}` ({}) is a {} plugin, not an environment plugin",
+                p.meta.path.display(),
+                p.meta.kind
+            )));
+        }
+        let available: Vec<&str> = self.environments.keys().map(String::as_str).collect();
+        let available = if available.is_empty() { "(none)".to_string() } else { available.join(", ") };
+        let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        let mut msg = format!(
+            "no environment plugin named `{name}`; available: {available} (plugin_dirs scanned: {})",
+            dirs.join(", ")
+        );
+        let refused: Vec<String> = self
+            .refused
+            .iter()
+            .filter(|(p, r)| r.contains(&format!("`{name}`")) || p.to_string_lossy().contains(&name.replace('-', "_")))
+            .map(|(p, r)| format!("{}: {r}", p.display()))
+            .collect();
+        if !refused.is_empty() {
+            msg.push_str(&format!("; refused: {}", refused.join("; ")));
+        }
+        Err(TrainerError::Plugin(msg))
     }
 
     /// The directories scanned.
@@ -241,6 +363,10 @@ impl PluginRegistry {
     pub fn get(&self, name: &str, kind: PluginKind) -> Result<&LoadedPlugin> {
         match self.plugins.get(name) {
             Some(p) if p.meta.kind == kind => Ok(p),
+            None if self.environments.contains_key(name) => Err(TrainerError::Plugin(format!(
+                "`{name}` ({}) is an environment plugin, not a {kind} plugin (environments go in [environment])",
+                self.environments[name].path.display()
+            ))),
             Some(p) => Err(TrainerError::Plugin(format!(
                 "`{name}` ({}) is a {} plugin, not a {kind} plugin",
                 p.meta.path.display(),

@@ -1,0 +1,84 @@
+//! The host's handle on an environment instance: plain [`Episode`] / [`Action`] /
+//! [`StepOutcome`] values in and out, ABI values only here, answer counts checked.
+
+use abi_stable::std_types::{RResult, RStr, RVec};
+use rlhf_plugin_api::abi::{ActionAbi, EnvBox, EpisodeAbi, HostContext};
+use rlhf_plugin_api::{Action, Episode, PluginError, StepOutcome};
+
+use super::loader::LoadedEnv;
+use crate::error::{Result, TrainerError};
+
+/// An environment instance and where it came from.
+pub struct EnvHandle {
+    pub name: String,
+    pub path: std::path::PathBuf,
+    obj: EnvBox,
+}
+
+impl EnvHandle {
+    /// Builds the environment; `section` names its config section in errors
+    /// (`environment.config`).
+    pub fn new(p: &LoadedEnv, config_json: &str, ctx: HostContext, section: &str) -> Result<Self> {
+        match (p.module.new_environment())(RStr::from_str(config_json), ctx) {
+            RResult::ROk(obj) => Ok(EnvHandle { name: p.name.clone(), path: p.path.clone(), obj }),
+            RResult::RErr(e) => {
+                let message = match (&e.kind, e.key.as_ref().into_option()) {
+                    (rlhf_plugin_api::ErrorKind::Config, Some(key)) if !key.is_empty() => {
+                        format!("{section}.{key}: {}", e.message)
+                    }
+                    _ => e.to_string(),
+                };
+                Err(TrainerError::PluginCall { name: p.name.clone(), path: p.path.clone(), message })
+            }
+        }
+    }
+
+    fn err(&self, message: String) -> TrainerError {
+        TrainerError::PluginCall { name: self.name.clone(), path: self.path.clone(), message }
+    }
+
+    fn call_err(&self, call: &str, e: PluginError) -> TrainerError {
+        self.err(format!("{call}: {e}"))
+    }
+
+    /// The plugin's own stop strings.
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.obj.stop_strings().into_iter().map(Into::into).collect()
+    }
+
+    /// One first observation per episode (the count is checked).
+    pub fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<String>> {
+        let abi: RVec<EpisodeAbi> = episodes.iter().map(EpisodeAbi::from).collect();
+        let out = self.obj.reset(abi).into_result().map_err(|e| self.call_err("reset", e))?;
+        if out.len() != episodes.len() {
+            return Err(self.err(format!("reset returned {} observations for {} episodes", out.len(), episodes.len())));
+        }
+        Ok(out.into_iter().map(Into::into).collect())
+    }
+
+    /// One outcome per action (the count is checked; a non-finite reward is an error).
+    pub fn step(&mut self, actions: &[Action]) -> Result<Vec<StepOutcome>> {
+        let abi: RVec<ActionAbi> = actions.iter().map(ActionAbi::from).collect();
+        let out = self.obj.step(abi).into_result().map_err(|e| self.call_err("step", e))?;
+        if out.len() != actions.len() {
+            return Err(self.err(format!("step returned {} outcomes for {} actions", out.len(), actions.len())));
+        }
+        let out: Vec<StepOutcome> = out.into_iter().map(StepOutcome::from).collect();
+        if let Some((o, a)) = out.iter().zip(actions).find(|(o, _)| !o.reward.is_finite()) {
+            return Err(self.err(format!("step returned a non-finite reward ({}) for episode {}", o.reward, a.id)));
+        }
+        Ok(out)
+    }
+
+    /// The plugin's checkpoint state (JSON).
+    pub fn state(&self) -> Result<serde_json::Value> {
+        let text = self.obj.state().into_result().map_err(|e| self.call_err("state", e))?;
+        serde_json::from_str(text.as_str()).map_err(|e| self.err(format!("state is not JSON: {e}")))
+    }
+
+    /// Restores the plugin's checkpoint state.
+    pub fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
+        let text = state.to_string();
+        self.obj.load_state(RStr::from_str(&text)).into_result().map_err(|e| self.call_err("load_state", e))
+    }
+}
