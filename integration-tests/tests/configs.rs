@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use rlhf_plugin_api::PluginKind;
 use rlhf_trainer::config::ConfigSource;
 use rlhf_trainer::dpo::DpoConfig;
-use rlhf_trainer::plugins::{host_context, AlgorithmHandle, PluginRegistry, RewardHandle};
+use rlhf_trainer::plugins::{host_context, AlgorithmHandle, EnvHandle, PluginRegistry, RewardHandle};
 use rlhf_trainer::rm::RmConfig;
 use rlhf_trainer::sft::SftConfig;
 use rlhf_trainer::RlConfig;
@@ -66,6 +66,11 @@ fn check(name: &str, path: &Path, reg: &PluginRegistry) -> Result<(), String> {
         }
         let plugin = reg.get(&r.plugin, PluginKind::Reward).map_err(|e| e.to_string())?;
         RewardHandle::new(plugin, &section.to_string(), ctx(), &format!("rewards[{i}].config"))
+            .map_err(|e| e.to_string())?;
+    }
+    if cfg.environment.enabled() {
+        let plugin = reg.environment(&cfg.environment.plugin).map_err(|e| e.to_string())?;
+        EnvHandle::new(plugin, &cfg.environment.config.to_string(), ctx(), "environment.config")
             .map_err(|e| e.to_string())?;
     }
     Ok(())

@@ -100,6 +100,25 @@ pub fn generate(
     prompt_mask: &Tensor,
     cfg: &GenerateConfig,
 ) -> Result<Generated> {
+    generate_until(model, prompt_ids, prompt_mask, cfg, None)
+}
+
+/// Decides after each decode step which rows stop there (their last token is kept, as an EOS
+/// is): given the step's sampled token per row (pad for rows already finished), returns one flag
+/// per row. Multi-turn rollouts end a turn at a stop string this way.
+pub type StopCheck<'a> = &'a mut dyn FnMut(&[i64]) -> Result<Vec<bool>>;
+
+/// [`generate`], with rows also stopping where `stop` says so.
+///
+/// # Shapes
+/// As [`generate`].
+pub fn generate_until(
+    model: &CausalLm,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    cfg: &GenerateConfig,
+    mut stop: Option<StopCheck<'_>>,
+) -> Result<Generated> {
     cfg.sampling.validate()?;
     if cfg.max_new_tokens < 1 {
         return Err(GenerationError::Input(format!("max_new_tokens must be >= 1, got {}", cfg.max_new_tokens)));
@@ -158,6 +177,17 @@ pub fn generate(
             }
             if !cfg.eos_token_ids.is_empty() {
                 finished = finished.f_logical_or(&Tensor::f_isin(&next, &eos, false, false)?)?;
+            }
+            if let Some(stop) = stop.as_mut() {
+                let flags = stop(&Vec::<i64>::try_from(next.f_to_device(tch::Device::Cpu)?)?)?;
+                if flags.len() as i64 != batch {
+                    return Err(GenerationError::Input(format!(
+                        "stop check gave {} flags for {batch} rows",
+                        flags.len()
+                    )));
+                }
+                let flags = Tensor::f_from_slice(&flags)?.f_to_device(device)?;
+                finished = finished.f_logical_or(&flags)?;
             }
             tokens.push(next.shallow_clone());
             alive_steps.push(alive);

@@ -11,7 +11,7 @@ pub mod sampling;
 
 pub use batch::{left_pad, right_pad, PaddedBatch};
 pub use error::{GenerationError, Result};
-pub use generate::{generate, GenerateConfig, Generated};
+pub use generate::{generate, generate_until, GenerateConfig, Generated, StopCheck};
 pub use logprobs::{
     masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass,
     CheckpointedLogProbs, LogProbOptions, TokenLogProbs,

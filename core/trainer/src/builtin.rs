@@ -47,13 +47,16 @@ pub fn task_prompts(name: &str) -> Result<Vec<RawPrompt>> {
     let split = |test: bool| {
         addition_prompts().into_iter().enumerate().filter(|&(i, _)| held_out(i) == test).map(|(_, p)| p).collect()
     };
+    if let Some(split) = name.strip_prefix("multiplication") {
+        return crate::builtin_calc::prompts(split);
+    }
     match name {
         "addition" => Ok(addition_prompts()),
         "addition-train" => Ok(split(false)),
         "addition-test" => Ok(split(true)),
         other => Err(TrainerError::Config(format!(
             "data.prompts: unknown built-in task `builtin:{other}` (available: builtin:addition, builtin:addition-train, \
-             builtin:addition-test)"
+             builtin:addition-test, builtin:multiplication, builtin:multiplication-train, builtin:multiplication-test)"
         ))),
     }
 }
@@ -175,12 +178,34 @@ fn tokenizer_json() -> serde_json::Value {
     })
 }
 
+/// The built-in models, by the name after `builtin:`.
+pub const MODELS: &[&str] = &["tiny", "tiny-calc"];
+
+/// Writes the built-in model `name` ([`MODELS`]) with random weights from `seed` into `dir`.
+pub fn write_model(name: &str, dir: &Path, seed: u64) -> Result<()> {
+    match name {
+        "tiny" => write_tiny_model(dir, seed),
+        "tiny-calc" => {
+            let (tokenizer, vocab) = crate::builtin_calc::tokenizer_json();
+            write_llama(dir, seed, &tokenizer, vocab)
+        }
+        other => Err(TrainerError::Config(format!(
+            "unknown built-in model `builtin:{other}` (available: {})",
+            MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
 /// Writes the tiny built-in model (random weights from `seed`) into `dir`.
 ///
 /// Llama, hidden 64, 2 layers, 4 heads (2 KV heads), tied embeddings, vocabulary of 18 words.
 pub fn write_tiny_model(dir: &Path, seed: u64) -> Result<()> {
+    write_llama(dir, seed, &tokenizer_json(), (3 + WORDS.len()) as i64)
+}
+
+/// The tiny Llama with `tokenizer` (`vocab` entries; `<pad>` 0, `<eos>` 1, `<unk>` 2).
+fn write_llama(dir: &Path, seed: u64, tokenizer: &serde_json::Value, vocab: i64) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
-    let vocab = (3 + WORDS.len()) as i64;
     let (hidden, layers, heads, kv_heads, inter) = (64i64, 2i64, 4i64, 2i64, 128i64);
     let head_dim = hidden / heads;
     let config = json!({
@@ -194,7 +219,7 @@ pub fn write_tiny_model(dir: &Path, seed: u64) -> Result<()> {
     });
     let write = |name: &str, v: &serde_json::Value| rlhf_models::weights::write_json(&dir.join(name), v);
     write("config.json", &config)?;
-    write("tokenizer.json", &tokenizer_json())?;
+    write("tokenizer.json", tokenizer)?;
     write(
         "tokenizer_config.json",
         &json!({"eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "bos_token": null,

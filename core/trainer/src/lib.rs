@@ -12,6 +12,7 @@
 
 pub mod adamw;
 pub mod builtin;
+pub mod builtin_calc;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

@@ -16,18 +16,22 @@ use crate::error::{Result, TrainerError};
 
 mod distributed;
 mod dpo;
+mod environment;
 mod eval;
 mod phases;
 mod rl;
 mod rollout;
+mod warmup;
 
 pub use crate::optim::Schedule;
 pub use distributed::*;
 pub use dpo::*;
+pub use environment::*;
 pub use eval::*;
 pub use phases::*;
 pub use rl::*;
 pub use rollout::*;
+pub use warmup::*;
 
 /// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
 pub const PRESETS: &[(&str, &str)] = &[

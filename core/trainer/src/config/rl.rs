@@ -12,6 +12,7 @@ use rlhf_wandb::WandbConfig;
 
 use super::eval::EvalConfig;
 use super::rollout::RolloutConfig;
+use super::warmup::WarmupConfig;
 use super::{
     base_layer, describe_figment, layer, schema, ConfigSource, KeySource, Layers, Named, SetOverride, PRESETS,
 };
@@ -222,23 +223,6 @@ impl TrainConfig {
     }
 }
 
-/// Optional supervised warm-up of the actor before RL (used by the embedded defaults, whose tiny
-/// model starts from random weights).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WarmupConfig {
-    /// Optimizer steps; 0 = none.
-    pub steps: usize,
-    pub lr: f64,
-    pub batch_size: usize,
-}
-
-impl Default for WarmupConfig {
-    fn default() -> Self {
-        WarmupConfig { steps: 0, lr: 1e-3, batch_size: 32 }
-    }
-}
-
 /// Checkpoints: `<run_dir>/checkpoints/step-NNNNNN`, written atomically.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -309,6 +293,9 @@ pub struct RlConfig {
     pub algorithm: AlgorithmConfig,
     #[serde(default)]
     pub rewards: Vec<RewardConfig>,
+    /// Multi-turn episodes with an environment plugin (off unless `environment.plugin` is set).
+    #[serde(default)]
+    pub environment: super::EnvironmentConfig,
     /// Held-out evaluation (off unless `eval.data` is set).
     #[serde(default)]
     pub eval: EvalConfig,
@@ -380,6 +367,8 @@ impl RlConfig {
     }
 
     fn validate(&self, src: &KeySource) -> Result<()> {
+        let vllm = self.rollout.engine == super::rollout::EngineKind::Vllm;
+        self.environment.validate(self.rewards.len(), vllm, !self.eval.data.is_empty(), src)?;
         self.rollout.validate(self.model.lora.rank, src)?;
         if self.rollout.engine == super::rollout::EngineKind::Vllm
             && self.rollout.vllm.weight_sync == super::rollout::WeightSync::Lora
@@ -392,7 +381,9 @@ impl RlConfig {
             ));
         }
         self.validate_train(src)?;
-        self.validate_rewards(src)?;
+        if !self.environment.enabled() || self.environment.reward != super::EnvReward::Env {
+            self.validate_rewards(src)?;
+        }
         let names: Vec<&str> = self.rewards.iter().map(|r| r.name.as_deref().unwrap_or(&r.plugin)).collect();
         self.eval.validate(&names, src)?;
         self.distributed.validate(src)?;
@@ -461,6 +452,9 @@ impl RlConfig {
             return bad("train.ptx_data", "needed when train.ptx_coef != 0");
         }
         let w = &self.warmup;
+        if w.target != "label" && w.target.strip_prefix("metadata.").is_none_or(str::is_empty) {
+            return bad("warmup.target", "must be \"label\" or \"metadata.KEY\"");
+        }
         if w.steps > 0 && w.batch_size == 0 {
             return bad("warmup.batch_size", "must be >= 1 when warmup.steps > 0");
         }

@@ -16,6 +16,8 @@
 pub mod advantages;
 pub mod correction;
 pub mod engine;
+pub mod env_stage;
+pub mod episode;
 pub mod eval;
 pub mod experience;
 pub mod optimise;
@@ -99,6 +101,8 @@ pub struct Trainer {
     world: Arc<World>,
     /// Held-out evaluation (`[eval]`), when configured.
     evaluator: Option<eval::Evaluator>,
+    /// The environment of multi-turn episodes (`[environment]`), when configured.
+    env: Option<episode::EnvRuntime>,
     /// Where a rank other than 0 writes what it must (a built-in model), removed at the end.
     _scratch: Option<crate::dist::Scratch>,
 }
@@ -224,7 +228,7 @@ impl Trainer {
         let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
         let probe = &self.data.records[0].ids;
         self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, &mut m)?;
-        let rollout = self.engine.sample(&self.actor, &batch, part, &cfg.rollout, &eos_ids, pad)?;
+        let (rollout, env) = self.sample(&batch, part, &eos_ids, pad)?;
         let t_gen = clock.stop();
         if let Some(p) = &self.progress {
             p.advance(1);
@@ -234,15 +238,18 @@ impl Trainer {
         // 3. Score this rank's samples; combine every rank's scores.
         let clock = PhaseClock::start(device);
         let samples = score::samples(&rollout, &batch.group_of_row, &self.data, &self.tok)?;
-        let scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
+        let mut scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
+        self.env_scores(env.as_ref(), &rollout.kept_rows, &mut scores);
         let (kept_rows, scores) = shard::gather_scores(&self.world, part, &rollout.kept_rows, scores)?;
+        self.env_metrics(env, &mut m)?;
+        let cfg = &self.cfg;
         m.set("completions/dropped", (part.total - kept_rows.len()) as f64);
         m.set("completions/count", kept_rows.len() as f64);
         if kept_rows.is_empty() {
             tracing::warn!("step {}: every response was empty; nothing to train on", self.step + 1);
             return Ok(self.end_empty_step(m, t0));
         }
-        let scored = score::combine(&self.rewards, &scores, &kept_rows, &mut m)?;
+        let scored = score::combine(&self.score_weights(), &scores, &kept_rows, &mut m)?;
         if scored.rows.is_empty() {
             tracing::warn!("step {}: no sample could be scored; nothing to train on", self.step + 1);
             return Ok(self.end_empty_step(m, t0));

@@ -41,7 +41,35 @@ pub fn sample(
     rows: Option<RowWindow>,
     behavior: bool,
 ) -> Result<Rollout> {
-    let gen_cfg = GenerateConfig {
+    let gen_cfg = generate_config(cfg, eos_ids, pad, rows, cfg.samples_per_prompt as i64, behavior);
+    let mut generated = generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg)
+        .map_err(|e| diverged(actor, e))?;
+    let behavior_logprobs = generated.logprobs.take();
+    finish(generated, behavior_logprobs, eos_ids)
+}
+
+/// A decode error, with non-finite logits explained.
+pub(crate) fn diverged(actor: &CausalLm, e: GenerationError) -> TrainerError {
+    match e {
+        e @ GenerationError::NonFiniteLogits { .. } => TrainerError::Run(format!(
+            "{}: {e} (or, after training steps, training diverged)",
+            actor.source_dir().display()
+        )),
+        e => e.into(),
+    }
+}
+
+/// The decode settings of `[rollout]`: `prefill_group` rows share a prefill; `behavior` returns
+/// the sampled tokens' log-probs.
+pub(crate) fn generate_config(
+    cfg: &RolloutConfig,
+    eos_ids: &[i64],
+    pad: i64,
+    rows: Option<RowWindow>,
+    prefill_group: i64,
+    behavior: bool,
+) -> GenerateConfig {
+    GenerateConfig {
         max_new_tokens: cfg.max_new_tokens,
         // Temperature 0 is greedy decoding (held-out evaluation; training requires > 0).
         sampling: if cfg.temperature == 0.0 {
@@ -60,19 +88,9 @@ pub fn sample(
         rows,
         // `next_batch` lays out each prompt's G samples as adjacent identical rows, and a
         // data-parallel rank holds whole groups.
-        prefill_group: cfg.samples_per_prompt as i64,
+        prefill_group,
         logprobs: behavior,
-    };
-    let mut generated =
-        generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg).map_err(|e| match e {
-            e @ GenerationError::NonFiniteLogits { .. } => TrainerError::Run(format!(
-                "{}: {e} (or, after training steps, training diverged)",
-                actor.source_dir().display()
-            )),
-            e => e.into(),
-        })?;
-    let behavior_logprobs = generated.logprobs.take();
-    finish(generated, behavior_logprobs, eos_ids)
+    }
 }
 
 /// The rows worth scoring of a generated batch (any engine): rows with at least one response

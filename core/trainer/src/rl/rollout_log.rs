@@ -35,7 +35,7 @@ pub fn write(run_dir: &Path, step: usize, tok: &HfTokenizer, batch: &Batch, rewa
             seq[..p].iter().zip(&attention[i][..p]).filter(|(_, &m)| m != 0).map(|(&t, _)| t as u32).collect();
         let completion: Vec<u32> =
             seq[p..].iter().zip(&actions[i]).filter(|(_, &m)| m != 0).map(|(&t, _)| t as u32).collect();
-        let line = json!({
+        let mut line = json!({
             "step": step,
             "group": groups[i],
             "prompt": tok.decode(&prompt, false)?,
@@ -43,6 +43,16 @@ pub fn write(run_dir: &Path, step: usize, tok: &HfTokenizer, batch: &Batch, rewa
             "completion_ids": completion,
             "reward": rewards[i],
         });
+        // A multi-turn trajectory also has observation tokens: the whole response block and
+        // which of its tokens were sampled.
+        let real = &attention[i][p..];
+        if real.iter().zip(&actions[i]).any(|(&a, &s)| a != 0 && s == 0) {
+            let n = real.iter().filter(|&&a| a != 0).count();
+            let ids: Vec<u32> = seq[p..p + n].iter().map(|&t| t as u32).collect();
+            line["trajectory"] = json!(tok.decode(&ids, true)?);
+            line["trajectory_ids"] = json!(ids);
+            line["action_mask"] = json!(actions[i][..n]);
+        }
         text.push_str(&line.to_string());
         text.push('\n');
     }

@@ -133,12 +133,17 @@ pub fn call_sources(
     Ok(all)
 }
 
-/// Combines the sources' scores of the samples of `kept_rows` (one per row, in order) into the
+/// Each source's metric name and weight.
+pub fn weights(sources: &[RewardSource]) -> Vec<(String, f64)> {
+    sources.iter().map(|s| (s.name.clone(), s.weight)).collect()
+}
+
+/// Combines the sources' scores (named and weighted by `sources`) of the samples of `kept_rows` (one per row, in order) into the
 /// weighted reward, dropping samples some source could not score, and sets
 /// `rewards/<name>/{mean,std,skipped}`, the sources' own metrics (averaged),
 /// `completions/scored` and `completions/unscored`.
 pub fn combine(
-    sources: &[RewardSource],
+    sources: &[(String, f64)],
     scores: &[SourceScores],
     kept_rows: &[usize],
     m: &mut StepMetrics,
@@ -146,12 +151,12 @@ pub fn combine(
     let n = kept_rows.len();
     let mut total = vec![0f64; n];
     let mut unscored = vec![false; n];
-    for (src, out) in sources.iter().zip(scores) {
+    for ((name, weight), out) in sources.iter().zip(scores) {
         let valid: Vec<f64> = out.scores.iter().copied().filter(|s| s.is_finite()).collect();
         let (mean, std) = mean_std(&valid);
-        m.set(&format!("rewards/{}/mean", src.name), mean);
-        m.set(&format!("rewards/{}/std", src.name), std);
-        m.set(&format!("rewards/{}/skipped", src.name), (out.scores.len() - valid.len()) as f64);
+        m.set(&format!("rewards/{name}/mean"), mean);
+        m.set(&format!("rewards/{name}/std"), std);
+        m.set(&format!("rewards/{name}/skipped"), (out.scores.len() - valid.len()) as f64);
         for (name, value) in &out.metrics {
             m.add(name, *value);
         }
@@ -159,7 +164,7 @@ pub fn combine(
             if s.is_nan() {
                 *u = true;
             } else {
-                *t += src.weight * s;
+                *t += weight * s;
             }
         }
     }

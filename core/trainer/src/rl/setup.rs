@@ -85,18 +85,20 @@ fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Plugins> {
     if !resolved.is_null() {
         tracing::info!("algorithm `{}`: {resolved}", algo.meta.name);
     }
-    Ok((algo, score::load_rewards(cfg, registry)?))
+    let env = crate::rl::episode::EnvRuntime::load(cfg, registry)?;
+    Ok((algo, score::load_rewards(cfg, registry)?, env))
 }
 
-/// The algorithm and the training's reward sources.
-type Plugins = (AlgorithmHandle, Vec<RewardSource>);
+/// The algorithm, the training's reward sources and the environment.
+type Plugins = (AlgorithmHandle, Vec<RewardSource>, Option<crate::rl::episode::EnvRuntime>);
 
 /// Refuses an unknown `builtin:` actor before anything is written.
 fn check_actor_spec(cfg: &RlConfig) -> Result<()> {
     match cfg.model.actor.strip_prefix("builtin:") {
-        Some(other) if other != "tiny" => Err(TrainerError::Config(format!(
-            "{}: model.actor: unknown built-in model `builtin:{other}` (available: builtin:tiny)",
-            cfg.source_of("model.actor")
+        Some(other) if !crate::builtin::MODELS.contains(&other) => Err(TrainerError::Config(format!(
+            "{}: model.actor: unknown built-in model `builtin:{other}` (available: {})",
+            cfg.source_of("model.actor"),
+            crate::builtin::MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
         ))),
         _ => Ok(()),
     }
@@ -106,9 +108,9 @@ fn check_actor_spec(cfg: &RlConfig) -> Result<()> {
 /// written into the run directory.
 fn actor_dir_of(cfg: &RlConfig, run_dir: &Path) -> Result<PathBuf> {
     match cfg.model.actor.strip_prefix("builtin:") {
-        Some(_) => {
+        Some(name) => {
             let dir = run_dir.join("builtin-model");
-            crate::builtin::write_tiny_model(&dir, cfg.run.seed)?;
+            crate::builtin::write_model(name, &dir, cfg.run.seed)?;
             Ok(dir)
         }
         None => Ok(PathBuf::from(&cfg.model.actor)),
@@ -150,16 +152,22 @@ fn warmed_up_actor(
         })?;
         return Ok((actor, dir));
     }
+    // The response to learn: the label, or a metadata field (`warmup.target`).
+    let target = |r: &crate::data::PromptRecord| match cfg.warmup.target.strip_prefix("metadata.") {
+        Some(key) => r.metadata.get(key).and_then(|v| v.as_str()).map(str::to_string),
+        None => r.label.clone(),
+    };
     let pairs: Vec<(Vec<i64>, Vec<i64>)> = data
         .records
         .iter()
-        .filter_map(|r| r.label.as_ref().map(|l| (r, l)))
-        .map(|(r, l)| Ok((ids_i64(&r.ids), ids_i64(&tok.encode(l, false)?))))
+        .filter_map(|r| target(r).map(|l| (r, l)))
+        .map(|(r, l)| Ok((ids_i64(&r.ids), ids_i64(&tok.encode(&l, false)?))))
         .collect::<Result<_>>()?;
     if pairs.is_empty() {
         return Err(TrainerError::Config(format!(
-            "{}: warmup.steps: the prompts of data.prompts have no `label` to warm up on",
-            cfg.source_of("warmup.steps")
+            "{}: warmup.steps: the prompts of data.prompts have no `{}` to warm up on",
+            cfg.source_of("warmup.steps"),
+            cfg.warmup.target
         )));
     }
     let eos = tok.eos_token_ids().first().copied().map(i64::from).unwrap_or(0);
@@ -315,7 +323,7 @@ impl Trainer {
         cfg: RlConfig,
         run_dir: PathBuf,
         out_dir: &Path,
-        (algo, rewards): Plugins,
+        (algo, rewards, env): Plugins,
         (raw, eval): (Vec<RawPrompt>, Option<crate::rl::eval::EvalInputs>),
         resume: Option<&Loaded>,
         device: Device,
@@ -401,6 +409,7 @@ impl Trainer {
             engine,
             world,
             evaluator,
+            env,
             _scratch: None,
         };
         if let Some(ckpt) = resume {

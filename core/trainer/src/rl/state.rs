@@ -37,7 +37,7 @@ impl Trainer {
             rewards.push(json!({"name": r.name, "state": r.handle.state()?}));
         }
         let (epoch, pos) = self.data.position();
-        let state = json!({
+        let mut state = json!({
             "step": self.step,
             "prompts_seen": self.prompts_seen,
             "data": {"epoch": epoch, "pos": pos},
@@ -49,6 +49,9 @@ impl Trainer {
             "world_size": self.world.size(),
             "wandb_run_id": self.wandb.as_ref().map(|w| w.run_id().to_string()),
         });
+        if let Some(e) = &self.env {
+            state["environment"] = json!({"name": e.handle.name, "state": e.handle.state()?});
+        }
         let config_toml =
             toml::to_string(&self.cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
         Ok(CheckpointData { step: self.step, config_toml, state, tensors, json: files })
@@ -153,6 +156,13 @@ impl Trainer {
         }
         for (r, saved) in self.rewards.iter_mut().zip(&saved_rewards) {
             r.handle.load_state(saved.get("state").unwrap_or(&serde_json::Value::Null))?;
+        }
+        if let Some(e) = &mut self.env {
+            let saved = st.pointer("/environment/name").and_then(|v| v.as_str()).unwrap_or("(none)");
+            if saved != e.handle.name {
+                return Err(bad(&format!("written with environment `{saved}`, this run uses `{}`", e.handle.name)));
+            }
+            e.handle.load_state(st.pointer("/environment/state").unwrap_or(&serde_json::Value::Null))?;
         }
         self.step = get_usize(st.get("step"), "step")?;
         self.prompts_seen = get_usize(st.get("prompts_seen"), "prompts_seen")?;

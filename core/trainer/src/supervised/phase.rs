@@ -280,13 +280,14 @@ impl DataReport {
 /// The starting model directory: a path as is, or `builtin:tiny` written into `<run_dir>/builtin-model`.
 pub fn resolve_model_dir(spec: &str, run_dir: &Path, seed: u64) -> Result<PathBuf> {
     match spec.strip_prefix("builtin:") {
-        Some("tiny") => {
+        Some(name) if crate::builtin::MODELS.contains(&name) => {
             let dir = run_dir.join("builtin-model");
-            crate::builtin::write_tiny_model(&dir, seed)?;
+            crate::builtin::write_model(name, &dir, seed)?;
             Ok(dir)
         }
         Some(other) => Err(TrainerError::Config(format!(
-            "model.path: unknown built-in model `builtin:{other}` (available: builtin:tiny)"
+            "model.path: unknown built-in model `builtin:{other}` (available: {})",
+            crate::builtin::MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
         ))),
         None => {
             let p = PathBuf::from(spec);

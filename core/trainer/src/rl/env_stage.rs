@@ -1,0 +1,106 @@
+//! The trainer's side of `[environment]`: stage 2 as episodes ([`crate::rl::episode`]) instead
+//! of single responses, the environment's reward as one more score of stage 3 (named `env`,
+//! weighted by `environment.weight`), and the `env/*` metrics over all ranks.
+
+use rlhf_plugin_api::{ChatMessage, Episode};
+
+use crate::config::EnvReward;
+use crate::error::Result;
+use crate::metrics::StepMetrics;
+use crate::rl::episode::{self, EpisodeSettings, EpisodeStats};
+use crate::rl::prompts::PromptBatch;
+use crate::rl::rollout::Rollout;
+use crate::rl::score::{self, SourceScores};
+use crate::rl::shard::Part;
+use crate::rl::Trainer;
+
+/// What the environment said about this rank's episodes.
+pub struct EnvOutcome {
+    /// Per row of the rank's batch.
+    pub rewards: Vec<f64>,
+    pub stats: Vec<EpisodeStats>,
+    pub first_error: Option<String>,
+}
+
+impl Trainer {
+    /// Stage 2: the configured engine's single responses, or with `[environment]` one episode
+    /// per row on the local engine.
+    pub(super) fn sample(
+        &mut self,
+        batch: &PromptBatch,
+        part: Part,
+        eos_ids: &[i64],
+        pad: i64,
+    ) -> Result<(Rollout, Option<EnvOutcome>)> {
+        let Some(env) = self.env.as_mut() else {
+            return Ok((self.engine.sample(&self.actor, batch, part, &self.cfg.rollout, eos_ids, pad)?, None));
+        };
+        let episodes: Vec<Episode> = batch
+            .group_of_row
+            .iter()
+            .enumerate()
+            .map(|(r, &(idx, _))| {
+                let rec = &self.data.records[idx];
+                Episode {
+                    id: (part.offset + r) as u64,
+                    prompt: rec.text.clone(),
+                    prompt_ids: rec.ids.clone(),
+                    label: rec.label.clone(),
+                    metadata: rec.metadata.clone(),
+                    messages: rec
+                        .messages
+                        .iter()
+                        .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() })
+                        .collect(),
+                }
+            })
+            .collect();
+        let (model, behavior) = self.engine.local_decoder(&self.actor);
+        let settings = EpisodeSettings {
+            rollout: &self.cfg.rollout,
+            env: &self.cfg.environment,
+            stops: &env.stops,
+            tok: &self.tok,
+            eos_ids,
+            pad,
+            rows: part.window(),
+            behavior,
+            turn_seed: self.cfg.run.seed ^ (self.step as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407),
+        };
+        let out = episode::run(model, &mut env.handle, batch, &episodes, &settings)?;
+        let outcome = EnvOutcome { rewards: out.rewards, stats: out.stats, first_error: out.first_error };
+        Ok((out.rollout, Some(outcome)))
+    }
+
+    /// Appends the environment's rewards of the kept rows to this rank's source scores, unless
+    /// `environment.reward = "sources"`.
+    pub(super) fn env_scores(&self, env: Option<&EnvOutcome>, kept_rows: &[usize], scores: &mut Vec<SourceScores>) {
+        if let Some(e) = env.filter(|_| self.cfg.environment.reward != EnvReward::Sources) {
+            scores.push(SourceScores { scores: kept_rows.iter().map(|&r| e.rewards[r]).collect(), metrics: vec![] });
+        }
+    }
+
+    /// The names and weights of the step's scores: the reward sources, then `env`.
+    pub(super) fn score_weights(&self) -> Vec<(String, f64)> {
+        let mut w = score::weights(&self.rewards);
+        if self.env.is_some() && self.cfg.environment.reward != EnvReward::Sources {
+            w.push(("env".into(), self.cfg.environment.weight));
+        }
+        w
+    }
+
+    /// The `env/*` metrics of every rank's episodes; ends the run after
+    /// `environment.max_failed_batches` batches whose episodes all failed.
+    pub(super) fn env_metrics(&mut self, env: Option<EnvOutcome>, m: &mut StepMetrics) -> Result<()> {
+        let (Some(e), Some(rt)) = (env, self.env.as_mut()) else {
+            return Ok(());
+        };
+        if let Some(err) = &e.first_error {
+            tracing::warn!("step {}: environment `{}`: {err}", self.step + 1, rt.handle.name);
+        }
+        let (stats, rewards) = episode::gather(&self.world, e.stats, e.rewards)?;
+        episode::metrics(&stats, &rewards, m);
+        let max = self.cfg.environment.max_failed_batches;
+        rt.failures.note(&stats, e.first_error.as_deref(), &rt.handle.name, max)
+    }
+}

@@ -1,0 +1,432 @@
+//! Stage 2 with an environment (`[environment]`): multi-turn **episodes** on the local engine.
+//!
+//! Each prompt row is an episode. The environment's `reset` may add a first observation; then
+//! every turn the policy samples until EOS, a stop string or `rollout.max_new_tokens`, the
+//! environment's `step` answers, and its observation is tokenized and appended — until the
+//! environment says done, the policy samples EOS, or `environment.max_turns` /
+//! `environment.max_total_tokens` is reached (the last turn is sent with `ended = true`, so the
+//! environment gives its final reward).
+//!
+//! **Token in, token out**: the trajectory is exactly the sampled tokens and the observation
+//! tokens, in order; sampled text is decoded for the environment but never re-tokenized. The
+//! response block of the returned batch holds the whole trajectory (attention 1), and its
+//! `response_mask` — the action mask every later stage uses — is 1 on sampled tokens only, so
+//! observation tokens are context: no loss, KL, entropy, clipping statistic or value target.
+//!
+//! Every turn decodes all rows of the batch (finished ones stop at once) from the seed of
+//! (step, turn), so the sampling of a row does not depend on how many decode steps the other rows
+//! of its rank needed: data-parallel ranks sample what one process samples. Each turn prefills the
+//! whole context again (no KV cache across turns; see docs/environments.md).
+
+use std::collections::BTreeMap;
+
+use rlhf_generation::{batch::to_rows, generate_until, left_pad, Generated, RowWindow};
+use rlhf_models::CausalLm;
+use rlhf_plugin_api::{Action, Episode, StepOutcome};
+use rlhf_tokenizer::HfTokenizer;
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::config::{EnvironmentConfig, RolloutConfig};
+use crate::error::{Result, TrainerError};
+use crate::plugins::EnvHandle;
+use crate::rl::prompts::PromptBatch;
+use crate::rl::rollout::{diverged, generate_config, Rollout};
+
+/// What an episode did, for the `env/*` metrics.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EpisodeStats {
+    /// Policy turns taken.
+    pub turns: usize,
+    /// An environment call failed for this episode (it ended with the penalty).
+    pub error: bool,
+    /// Cut by `max_turns` or `max_total_tokens` before the environment or the policy ended it.
+    pub truncated: bool,
+    /// The environment's per-episode numbers, summed over turns.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// The episodes of one batch.
+pub struct Episodes {
+    /// The trajectories as a rollout: responses are whole trajectories, the action mask marks
+    /// the sampled tokens.
+    pub rollout: Rollout,
+    /// Per row: the environment's reward (sum over turns; `error_penalty` when it failed).
+    pub rewards: Vec<f64>,
+    pub stats: Vec<EpisodeStats>,
+    /// The first environment failure of the batch, for the log and the run's error.
+    pub first_error: Option<String>,
+}
+
+/// The settings of one batch of episodes.
+pub struct EpisodeSettings<'a> {
+    pub rollout: &'a RolloutConfig,
+    pub env: &'a EnvironmentConfig,
+    /// The configured and the plugin's stop strings.
+    pub stops: &'a [String],
+    pub tok: &'a HfTokenizer,
+    pub eos_ids: &'a [i64],
+    pub pad: i64,
+    /// Where this rank's rows sit in the whole batch.
+    pub rows: Option<RowWindow>,
+    /// Return the sampled tokens' log-probs under `actor` as behaviour log-probs.
+    pub behavior: bool,
+    /// Seeds turn `t >= 1` with `turn_seed + t` mixed.
+    pub turn_seed: u64,
+}
+
+/// One trajectory being built.
+#[derive(Default)]
+struct Trajectory {
+    /// The prompt ids, unpadded.
+    prompt: Vec<i64>,
+    /// Sampled and observation tokens, in order.
+    tokens: Vec<i64>,
+    /// Per token of `tokens`: sampled (true) or observed.
+    sampled: Vec<bool>,
+    /// Per token of `tokens`: the behaviour log-prob (0 on observations).
+    logprobs: Vec<f32>,
+    done: bool,
+    reward: f64,
+    stats: EpisodeStats,
+}
+
+impl Trajectory {
+    fn room(&self, max_total: i64) -> usize {
+        (max_total as usize).saturating_sub(self.tokens.len())
+    }
+
+    /// Appends observation ids, as many as fit; returns whether all fitted.
+    fn observe(&mut self, ids: &[i64], max_total: i64) -> bool {
+        let n = ids.len().min(self.room(max_total));
+        self.tokens.extend_from_slice(&ids[..n]);
+        self.sampled.extend(std::iter::repeat_n(false, n));
+        self.logprobs.extend(std::iter::repeat_n(0.0, n));
+        n == ids.len() && self.room(max_total) > 0
+    }
+
+    fn fail(&mut self, penalty: f64) {
+        self.done = true;
+        self.reward = penalty;
+        self.stats.error = true;
+    }
+}
+
+/// Runs one batch of episodes: `episodes[r]` describes row `r` of `batch`.
+///
+/// # Shapes
+/// `batch.padded`: `[N, P]`; the result's `generated.sequences`: `[N, P + R]` with `R <=
+/// environment.max_total_tokens`, `response_mask` (sampled tokens) `[N, R]`.
+pub fn run(
+    actor: &CausalLm,
+    env: &mut EnvHandle,
+    batch: &PromptBatch,
+    episodes: &[Episode],
+    s: &EpisodeSettings<'_>,
+) -> Result<Episodes> {
+    let ids = to_rows(&batch.padded.input_ids)?;
+    let mask = to_rows(&batch.padded.attention_mask)?;
+    let mut trajs: Vec<Trajectory> = ids
+        .iter()
+        .zip(&mask)
+        .map(|(i, m)| Trajectory {
+            prompt: i.iter().zip(m).filter(|(_, &k)| k == 1).map(|(&t, _)| t).collect(),
+            ..Default::default()
+        })
+        .collect();
+    let max_total = s.env.max_total_tokens;
+    let mut first_error = None;
+    match env.reset(episodes) {
+        Ok(obs) => {
+            for (t, o) in trajs.iter_mut().zip(&obs) {
+                let ids = encode(s.tok, o)?;
+                if !t.observe(&ids, max_total) {
+                    t.done = true;
+                    t.stats.truncated = true;
+                }
+            }
+        }
+        Err(e) => {
+            first_error = Some(e.to_string());
+            trajs.iter_mut().for_each(|t| t.fail(s.env.error_penalty));
+        }
+    }
+    for turn in 0..s.env.max_turns {
+        if trajs.iter().all(|t| t.done) {
+            break;
+        }
+        let last_turn = turn + 1 == s.env.max_turns;
+        let sampled = sample_turn(actor, &trajs, s, turn)?;
+        let mut actions = Vec::new();
+        let mut rows = Vec::new();
+        for (r, (t, (toks, lps))) in trajs.iter_mut().zip(sampled).enumerate() {
+            if t.done {
+                continue;
+            }
+            let n = toks.len().min(t.room(max_total));
+            let eos = toks[..n].last().is_some_and(|x| s.eos_ids.contains(x));
+            t.tokens.extend_from_slice(&toks[..n]);
+            t.sampled.extend(std::iter::repeat_n(true, n));
+            t.logprobs.extend_from_slice(&lps[..n]);
+            t.stats.turns += 1;
+            let out_of_room = t.room(max_total) == 0;
+            let ended = eos || last_turn || out_of_room;
+            t.stats.truncated = ended && !eos;
+            let ids: Vec<u32> = toks[..n].iter().map(|&x| x as u32).collect();
+            let content: Vec<u32> = ids.iter().copied().filter(|x| !s.eos_ids.contains(&i64::from(*x))).collect();
+            let text = s.tok.decode(&content, true)?;
+            actions.push(Action { id: episodes[r].id, turn: turn as u32, text, token_ids: ids, ended });
+            rows.push(r);
+        }
+        match env.step(&actions) {
+            Ok(outs) => {
+                for ((&r, a), o) in rows.iter().zip(&actions).zip(outs) {
+                    answer(&mut trajs[r], a, o, s, &mut first_error)?;
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert_with(|| e.to_string());
+                rows.iter().for_each(|&r| trajs[r].fail(s.env.error_penalty));
+            }
+        }
+    }
+    let rewards = trajs.iter().map(|t| t.reward).collect();
+    let stats = trajs.iter().map(|t| t.stats.clone()).collect();
+    let rollout = into_rollout(&trajs, batch, s)?;
+    Ok(Episodes { rollout, rewards, stats, first_error })
+}
+
+/// Applies the environment's answer to one action.
+fn answer(
+    t: &mut Trajectory,
+    a: &Action,
+    o: StepOutcome,
+    s: &EpisodeSettings<'_>,
+    first_error: &mut Option<String>,
+) -> Result<()> {
+    if let Some(e) = o.error {
+        first_error.get_or_insert_with(|| format!("episode {}: {e}", a.id));
+        t.fail(s.env.error_penalty);
+        return Ok(());
+    }
+    t.reward += o.reward;
+    for (k, v) in o.metrics {
+        *t.stats.metrics.entry(k).or_insert(0.0) += v;
+    }
+    if o.done || a.ended {
+        t.done = true;
+        t.stats.truncated &= !o.done;
+        return Ok(());
+    }
+    let ids = encode(s.tok, &o.observation)?;
+    if !t.observe(&ids, s.env.max_total_tokens) {
+        t.done = true;
+        t.stats.truncated = true;
+    }
+    Ok(())
+}
+
+fn encode(tok: &HfTokenizer, text: &str) -> Result<Vec<i64>> {
+    Ok(tok.encode(text, false)?.into_iter().map(i64::from).collect())
+}
+
+/// One policy turn for every row (rows already done stop at once): per row, the sampled ids up
+/// to and including EOS or the token that completed a stop string, and their log-probs.
+fn sample_turn(
+    actor: &CausalLm,
+    trajs: &[Trajectory],
+    s: &EpisodeSettings<'_>,
+    turn: usize,
+) -> Result<Vec<(Vec<i64>, Vec<f32>)>> {
+    let contexts: Vec<Vec<i64>> = trajs.iter().map(|t| [t.prompt.as_slice(), &t.tokens].concat()).collect();
+    let g = s.rollout.samples_per_prompt.max(1);
+    // A prompt's G rows share one prefill while their contexts are still equal (turn 0 with equal
+    // first observations).
+    let same_runs = contexts.len().is_multiple_of(g) && contexts.chunks(g).all(|c| c.iter().all(|x| *x == c[0]));
+    let group = if same_runs { g as i64 } else { 1 };
+    let padded = left_pad(&contexts, s.pad, actor.device())?;
+    let room = trajs.iter().filter(|t| !t.done).map(|t| t.room(s.env.max_total_tokens)).max().unwrap_or(1);
+    let mut cfg = generate_config(s.rollout, s.eos_ids, s.pad, s.rows, group, s.behavior);
+    cfg.max_new_tokens = cfg.max_new_tokens.min(room.max(1) as i64);
+    if turn > 0 {
+        let seed = s.turn_seed ^ (turn as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        tch::manual_seed((seed & i64::MAX as u64) as i64);
+    }
+    let mut turn_ids: Vec<Vec<u32>> = vec![Vec::new(); trajs.len()];
+    let mut stopped: Vec<bool> = trajs.iter().map(|t| t.done).collect();
+    let mut check = |next: &[i64]| -> rlhf_generation::Result<Vec<bool>> {
+        let mut flags = vec![false; next.len()];
+        for (r, &tok) in next.iter().enumerate() {
+            if stopped[r] {
+                flags[r] = true;
+                continue;
+            }
+            if s.eos_ids.contains(&tok) {
+                stopped[r] = true;
+                continue;
+            }
+            turn_ids[r].push(tok as u32);
+            if !s.stops.is_empty() {
+                let text = s.tok.decode(&turn_ids[r], true).unwrap_or_default();
+                if s.stops.iter().any(|x| text.contains(x.as_str())) {
+                    stopped[r] = true;
+                    flags[r] = true;
+                }
+            }
+        }
+        Ok(flags)
+    };
+    let mut gen = generate_until(actor, &padded.input_ids, &padded.attention_mask, &cfg, Some(&mut check))
+        .map_err(|e| diverged(actor, e))?;
+    let ids = to_rows(&gen.responses()?)?;
+    let mask = to_rows(&gen.response_mask)?;
+    let lps: Option<Vec<Vec<f32>>> = gen
+        .logprobs
+        .take()
+        .map(|l| -> Result<Vec<Vec<f32>>> {
+            let l = l.f_to_device(tch::Device::Cpu)?.f_to_kind(Kind::Float)?;
+            (0..l.size()[0]).map(|i| Ok(Vec::<f32>::try_from(l.get(i))?)).collect()
+        })
+        .transpose()?;
+    Ok((0..trajs.len())
+        .map(|r| {
+            let n = mask[r].iter().take_while(|&&m| m == 1).count();
+            let lp = lps.as_ref().map(|l| l[r][..n].to_vec()).unwrap_or_else(|| vec![0.0; n]);
+            (ids[r][..n].to_vec(), lp)
+        })
+        .collect())
+}
+
+/// The trajectories as one rollout batch: the prompt block as sampled, then each trajectory
+/// right-padded; the action mask is 1 on sampled tokens.
+///
+/// # Shapes
+/// `[N, P]` prompts → `sequences`, `attention_mask` `[N, P + R]`, `response_mask` `[N, R]`.
+fn into_rollout(trajs: &[Trajectory], batch: &PromptBatch, s: &EpisodeSettings<'_>) -> Result<Rollout> {
+    let n = trajs.len();
+    let width = trajs.iter().map(|t| t.tokens.len()).max().unwrap_or(0).max(1);
+    let (mut ids, mut attn, mut act, mut lps) =
+        (vec![s.pad; n * width], vec![0i64; n * width], vec![0i64; n * width], vec![0f32; n * width]);
+    let mut kept_rows = Vec::new();
+    let mut responses = Vec::new();
+    for (r, t) in trajs.iter().enumerate() {
+        for (j, &tok) in t.tokens.iter().enumerate() {
+            ids[r * width + j] = tok;
+            attn[r * width + j] = 1;
+            act[r * width + j] = i64::from(t.sampled[j]);
+            lps[r * width + j] = t.logprobs[j];
+        }
+        if t.sampled.iter().any(|&x| x) {
+            let all: Vec<u32> = t.tokens.iter().map(|&x| x as u32).collect();
+            let content = all.iter().copied().filter(|x| !s.eos_ids.contains(&i64::from(*x))).collect();
+            kept_rows.push(r);
+            responses.push((content, all));
+        }
+    }
+    let device = batch.padded.input_ids.device();
+    let shape = [n as i64, width as i64];
+    let t = |v: &[i64]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_view(shape)?.f_to_device(device)?) };
+    let (resp, resp_attn, response_mask) = (t(&ids)?, t(&attn)?, t(&act)?);
+    let generated = Generated {
+        sequences: Tensor::f_cat(&[&batch.padded.input_ids, &resp], 1)?,
+        attention_mask: Tensor::f_cat(&[&batch.padded.attention_mask, &resp_attn], 1)?,
+        response_mask,
+        prompt_len: batch.padded.input_ids.size()[1],
+        logprobs: None,
+    };
+    let behavior_logprobs =
+        if s.behavior { Some(Tensor::f_from_slice(&lps)?.f_view(shape)?.f_to_device(device)?) } else { None };
+    Ok(Rollout { generated, kept_rows, responses, behavior_logprobs })
+}
+
+/// `env/*` metrics of a whole batch's episodes (all ranks'): `env/turns/mean`, `env/errors`,
+/// `env/truncated` (counts), `env/reward/mean`, and `env/<name>/mean` per environment metric.
+pub fn metrics(stats: &[EpisodeStats], rewards: &[f64], m: &mut crate::metrics::StepMetrics) {
+    let n = stats.len().max(1) as f64;
+    m.set("env/turns/mean", stats.iter().map(|s| s.turns as f64).sum::<f64>() / n);
+    m.set("env/errors", stats.iter().filter(|s| s.error).count() as f64);
+    m.set("env/truncated", stats.iter().filter(|s| s.truncated).count() as f64);
+    m.set("env/reward/mean", rewards.iter().sum::<f64>() / n);
+    let names: std::collections::BTreeSet<&String> = stats.iter().flat_map(|s| s.metrics.keys()).collect();
+    for name in names {
+        let sum: f64 = stats.iter().map(|s| s.metrics.get(name).copied().unwrap_or(0.0)).sum();
+        m.set(&format!("env/{name}/mean"), sum / n);
+    }
+}
+
+/// Counts consecutive batches in which every episode failed; `Err` once there are
+/// `environment.max_failed_batches` of them.
+#[derive(Debug, Default)]
+pub struct FailureCount(usize);
+
+impl FailureCount {
+    /// Notes a batch (all ranks' stats); `name` is the plugin's, for the error.
+    pub fn note(&mut self, stats: &[EpisodeStats], first_error: Option<&str>, name: &str, max: usize) -> Result<()> {
+        let all_failed = !stats.is_empty() && stats.iter().all(|s| s.error);
+        self.0 = if all_failed { self.0 + 1 } else { 0 };
+        if self.0 >= max {
+            return Err(TrainerError::Run(format!(
+                "environment `{name}` failed every episode of {max} consecutive batches (last error: {})",
+                first_error.unwrap_or("unknown")
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The configured environment of a run.
+pub struct EnvRuntime {
+    pub handle: EnvHandle,
+    /// `environment.stop` and the plugin's own stop strings.
+    pub stops: Vec<String>,
+    pub failures: FailureCount,
+}
+
+impl EnvRuntime {
+    /// The environment of `[environment]`, if one is configured.
+    pub(crate) fn load(
+        cfg: &crate::config::RlConfig,
+        registry: &crate::plugins::PluginRegistry,
+    ) -> Result<Option<EnvRuntime>> {
+        let e = &cfg.environment;
+        if !e.enabled() {
+            return Ok(None);
+        }
+        let plugin = registry.environment(&e.plugin).map_err(|err| {
+            TrainerError::Config(format!("{}: environment.plugin: {err}", cfg.source_of("environment.plugin")))
+        })?;
+        let ctx = crate::plugins::host_context(&cfg.run.device, cfg.run.seed, cfg.rollout.samples_per_prompt as u32);
+        let handle = EnvHandle::new(plugin, &e.config.to_string(), ctx, "environment.config")
+            .map_err(|err| crate::rl::score::config_error(cfg, err))?;
+        let mut stops = e.stop.clone();
+        for s in handle.stop_strings() {
+            if !s.is_empty() && !stops.contains(&s) {
+                stops.push(s);
+            }
+        }
+        tracing::info!("environment `{}` ({}), stop strings {stops:?}", handle.name, handle.path.display());
+        Ok(Some(EnvRuntime { handle, stops, failures: FailureCount::default() }))
+    }
+}
+
+/// Every rank's episode stats and environment rewards, in rank order (one all-gather).
+pub fn gather(
+    world: &rlhf_collective::World,
+    stats: Vec<EpisodeStats>,
+    rewards: Vec<f64>,
+) -> Result<(Vec<EpisodeStats>, Vec<f64>)> {
+    if !world.is_distributed() {
+        return Ok((stats, rewards));
+    }
+    let err = |e: String| TrainerError::Distributed(format!("episode stats: {e}"));
+    // Rewards travel as bits, so every value survives exactly.
+    let bits: Vec<u64> = rewards.iter().map(|r| r.to_bits()).collect();
+    let bytes = serde_json::to_vec(&(stats, bits)).map_err(|e| err(e.to_string()))?;
+    let (mut all_stats, mut all_rewards) = (Vec::new(), Vec::new());
+    for part in world.all_gather_bytes(&bytes).map_err(|e| err(e.to_string()))? {
+        let (s, b): (Vec<EpisodeStats>, Vec<u64>) = serde_json::from_slice(&part).map_err(|e| err(e.to_string()))?;
+        all_stats.extend(s);
+        all_rewards.extend(b.into_iter().map(f64::from_bits));
+    }
+    Ok((all_stats, all_rewards))
+}

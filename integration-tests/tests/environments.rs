@@ -1,0 +1,304 @@
+//! Multi-turn episodes with environment plugins (`[environment]`), through the real `rlhf`
+//! binary and real cdylibs: the scripted test environment (`integration-tests/test-plugins/
+//! env-script`) and the shipped calculator (`plugins/env-calculator`), on the built-in tiny model
+//! without warm-up (a random policy rarely samples EOS, so episodes take several turns).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use rlhf_integration_tests::{behaviour_metrics, copy_dir, metrics, rlhf_bin};
+use serde_json::Value;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `rlhf train --algo grpo` on the built-in task with `env-script` (its config `env`) and `extra`
+/// settings, optionally on `nproc` ranks.
+fn train(run_dir: &Path, env: &str, extra: &[&str], nproc: Option<usize>) -> Output {
+    let env_cfg = format!("environment.config={{ {env} }}");
+    let mut c = Command::new(rlhf_bin());
+    c.args(["train", "--algo", "grpo", "--run-dir", s(run_dir)])
+        .args(["--set", "eval.data=\"\"", "--set", "warmup.steps=0", "--set", "run.save_rollouts=true"])
+        .args(["--set", "environment.plugin=\"env-script\"", "--set", "environment.reward=\"sum\""])
+        .args(["--set", &env_cfg])
+        .env("OMP_NUM_THREADS", "1");
+    for e in extra {
+        c.args(["--set", e]);
+    }
+    if let Some(n) = nproc {
+        c.args(["--nproc", &n.to_string()]);
+    }
+    c.output().expect("spawn rlhf")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn ok(o: &Output) {
+    assert!(o.status.success(), "{}", text(o));
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    let t = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    t.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+/// A trajectory's maximal runs of sampled (true) and observation (false) tokens.
+fn runs(trajectory: &[u64], mask: &[u64]) -> Vec<(bool, Vec<u64>)> {
+    let mut out: Vec<(bool, Vec<u64>)> = Vec::new();
+    for (&t, &m) in trajectory.iter().zip(mask) {
+        match out.last_mut() {
+            Some((k, v)) if *k == (m == 1) => v.push(t),
+            _ => out.push((m == 1, vec![t])),
+        }
+    }
+    out
+}
+
+/// Token in, token out: the trained trajectory is exactly each turn's sampled ids (as the
+/// environment received them) with the observation's ids in between, and only the sampled ones
+/// are actions; the `env/*` metrics count turns and tool calls.
+#[test]
+fn trajectories_are_the_sampled_tokens_with_observations_between() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rd, log) = (dir.path().join("run"), dir.path().join("actions.jsonl"));
+    let env = format!("turns = 3, observation = \"the answer is\", log = \"{}\"", s(&log));
+    ok(&train(&rd, &env, &["train.steps=1", "environment.max_turns=4"], None));
+
+    let mut turns: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
+    for a in lines(&log) {
+        turns.entry(a["id"].as_u64().unwrap()).or_default().push(a);
+    }
+    let rollouts = lines(&rd.join("rollouts/step-1.jsonl"));
+    assert_eq!(rollouts.len(), 128);
+    let mut multi = 0;
+    for (id, r) in rollouts.iter().enumerate() {
+        let acts = &turns[&(id as u64)];
+        assert!(acts.len() <= 3, "episode {id}: {} turns", acts.len());
+        for (k, a) in acts.iter().enumerate() {
+            assert_eq!(a["turn"], k as u64);
+            // Sent as the last (EOS sampled) only on the last turn; a last turn not so sent is
+            // the third, where the script ends the episode.
+            let ended = a["ended"].as_bool().unwrap();
+            assert!(!ended || k + 1 == acts.len(), "episode {id}");
+            assert!(k + 1 < acts.len() || ended || k == 2, "episode {id}");
+        }
+        let sampled: Vec<u64> = acts.iter().flat_map(|a| ids(&a["ids"])).collect();
+        assert_eq!(ids(&r["completion_ids"]), sampled, "episode {id}: the action tokens");
+        if acts.len() == 1 {
+            assert!(r.get("trajectory_ids").is_none());
+            continue;
+        }
+        multi += 1;
+        let parts = runs(&ids(&r["trajectory_ids"]), &ids(&r["action_mask"]));
+        assert_eq!(parts.len(), 2 * acts.len() - 1, "episode {id}: {parts:?}");
+        for (k, (is_action, toks)) in parts.iter().enumerate() {
+            if k % 2 == 0 {
+                assert!(is_action);
+                assert_eq!(toks, &ids(&acts[k / 2]["ids"]), "episode {id}, turn {}", k / 2);
+            } else {
+                // "the answer is" in the built-in vocabulary.
+                assert!(!is_action);
+                assert_eq!(toks, &[15, 16, 17], "episode {id}");
+            }
+        }
+    }
+    assert!(multi > 64, "only {multi} of 128 episodes took more than one turn");
+    let m = &metrics(&rd)[0];
+    let turns_mean = m["env/turns/mean"].as_f64().unwrap();
+    assert!(turns_mean > 1.5 && turns_mean <= 3.0, "{m}");
+    assert_eq!(m["env/tool_calls/mean"], m["env/turns/mean"]);
+    assert_eq!(m["env/errors"], 0.0);
+    assert_eq!(m["env/truncated"], 0.0);
+    assert!(m["rewards/env/mean"].is_number() && m["rewards/accuracy/mean"].is_number(), "{m}");
+}
+
+/// `max_turns` and `max_total_tokens` cut episodes (counted in `env/truncated`): no trajectory
+/// is longer than the budget, none takes more turns, and the cut turn is sent as the last.
+#[test]
+fn max_turns_and_max_total_tokens_truncate_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rd, log) = (dir.path().join("run"), dir.path().join("actions.jsonl"));
+    let env = format!("turns = 10, log = \"{}\"", s(&log));
+    let limits = ["train.steps=1", "environment.max_turns=3", "environment.max_total_tokens=9"];
+    ok(&train(&rd, &env, &limits, None));
+    for r in lines(&rd.join("rollouts/step-1.jsonl")) {
+        let n = r.get("trajectory_ids").map(|t| ids(t).len()).unwrap_or_else(|| ids(&r["completion_ids"]).len());
+        assert!(n <= 9, "{r}");
+    }
+    let mut per_episode: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
+    for a in lines(&log) {
+        per_episode.entry(a["id"].as_u64().unwrap()).or_default().push(a);
+    }
+    for (id, acts) in &per_episode {
+        assert!(acts.len() <= 3, "episode {id}");
+        assert!(acts.last().unwrap()["ended"].as_bool().unwrap(), "episode {id}: the cut turn is the last");
+    }
+    let m = &metrics(&rd)[0];
+    assert!(m["env/truncated"].as_f64().unwrap() > 0.0, "{m}");
+    assert!(m["env/turns/mean"].as_f64().unwrap() <= 3.0, "{m}");
+}
+
+/// An environment that fails — an error, a panic, a per-episode error, too few answers, a NaN
+/// reward — costs the episodes concerned `error_penalty` and counts in `env/errors`; the run goes
+/// on. Batches whose episodes all fail end the run after `max_failed_batches` with one line
+/// naming the environment, and the steps before stay in `metrics.jsonl`.
+#[test]
+fn environment_faults_cost_a_penalty_and_repeated_total_failure_ends_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let penalty = ["environment.error_penalty=-1.0", "environment.reward=\"env\"", "rewards=[]"];
+    for (fault, all) in [("panic", false), ("episode", false), ("garbage", true), ("nan", true)] {
+        let rd = dir.path().join(fault);
+        let env = format!("turns = 3, fail = \"{fault}\", fail_from = 1");
+        let o = train(&rd, &env, &[&["train.steps=2"][..], &penalty].concat(), None);
+        ok(&o);
+        let rows = metrics(&rd);
+        let errors: f64 = rows.iter().map(|m| m["env/errors"].as_f64().unwrap()).sum();
+        assert!(errors > 0.0, "{fault}: {rows:?}");
+        assert!(text(&o).contains("environment `env-script`"), "{fault}: the failure is logged");
+        if all {
+            // From the second call on every call fails: the second step's episodes all fail.
+            assert_eq!(rows[1]["env/errors"], 128.0, "{fault}");
+            assert_eq!(rows[1]["env/reward/mean"], -1.0, "{fault}");
+        }
+    }
+    let rd = dir.path().join("error");
+    let o = train(
+        &rd,
+        "fail = \"error\", fail_from = 0",
+        &[&["train.steps=4", "environment.max_failed_batches=2"][..], &penalty].concat(),
+        None,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("environment `env-script` failed every episode of 2 consecutive batches (last error:"),
+        "{err}"
+    );
+    assert!(err.contains("scripted failure"), "{err}");
+    assert_eq!(metrics(&rd).len(), 1, "step 1 is recorded, step 2 ends the run");
+}
+
+/// Two ranks run the same episodes as one process (each turn's sampling is seeded per turn, so a
+/// rank's rows do not depend on the other rows' lengths), and a run resumed from a checkpoint
+/// repeats the uninterrupted one bit for bit.
+#[test]
+fn episodes_on_two_ranks_equal_one_process_and_resume_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "turns = 3, turn_reward = 0.25";
+    let steps = ["train.steps=2", "checkpoint.every=1", "checkpoint.keep=3"];
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    ok(&train(&one, env, &steps, None));
+    ok(&train(&two, env, &steps, Some(2)));
+    let (a, b) = (metrics(&one), metrics(&two));
+    for (x, y) in a.iter().zip(&b) {
+        for k in ["reward", "completions/mean_length", "env/turns/mean", "env/truncated", "rewards/env/mean"] {
+            assert_eq!(x[k], y[k], "step {}: `{k}`", x["step"]);
+        }
+    }
+    for (x, y) in lines(&one.join("rollouts/step-2.jsonl")).iter().zip(lines(&two.join("rollouts/step-2.jsonl"))) {
+        assert_eq!(x.get("trajectory_ids"), y.get("trajectory_ids"));
+    }
+
+    let resumed = dir.path().join("resumed");
+    copy_dir(&one, &resumed);
+    std::fs::remove_dir_all(resumed.join("checkpoints/step-000002")).unwrap();
+    std::fs::remove_dir_all(resumed.join("actor")).unwrap();
+    let ckpt = resumed.join("checkpoints/step-000001");
+    let o = Command::new(rlhf_bin())
+        .args(["train", "--resume", s(&ckpt), "--run-dir", s(&resumed)])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    ok(&o);
+    assert_eq!(behaviour_metrics(&one), behaviour_metrics(&resumed));
+    let w = |d: &Path| std::fs::read(d.join("actor/model.safetensors")).unwrap();
+    assert!(w(&one) == w(&resumed), "the resumed run's weights differ");
+}
+
+/// Misconfigurations are one-line errors naming the key, before anything is written.
+#[test]
+fn environment_config_errors_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["environment.reward=\"env\""], "environment.reward: \"env\" ignores the [[rewards]] sources"),
+        (&["environment.plugin=\"nope\""], "no environment plugin named `nope`; available: env-calculator"),
+        (&["environment.plugin=\"reward-rules\""], "is a reward plugin, not an environment plugin"),
+        (&["environment.max_turns=0"], "environment.max_turns: must be >= 1"),
+        (&["rollout.engine=\"vllm\""], "environment.plugin: multi-turn episodes run on the local engine only"),
+    ];
+    for (i, (set, want)) in cases.iter().enumerate() {
+        let rd = dir.path().join(format!("case-{i}"));
+        let o = train(&rd, "turns = 2", set, None);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{set:?}: {err}");
+        assert!(!err.contains("panicked") && !rd.join("metrics.jsonl").exists(), "{err}");
+    }
+    let o = train(&dir.path().join("bad-plugin-config"), "fail = \"sometimes\"", &[], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("environment.config.fail: unknown fault `sometimes`"), "{err}");
+}
+
+/// The shipped calculator loads through the host, is listed by `rlhf plugins`, and runs
+/// episodes; its stop string `</calc>` reaches the episode loop.
+#[test]
+fn the_calculator_environment_loads_and_runs() {
+    let o = Command::new(rlhf_bin()).arg("plugins").output().unwrap();
+    let listing = String::from_utf8_lossy(&o.stdout);
+    assert!(listing.lines().any(|l| l.starts_with("env-calculator") && l.contains("environment")), "{listing}");
+    let dir = tempfile::tempdir().unwrap();
+    let rd = dir.path().join("run");
+    let o = Command::new(rlhf_bin())
+        .args(["train", "--algo", "grpo", "--run-dir", s(&rd), "--set", "eval.data=\"\"", "--set", "train.steps=1"])
+        .args(["--set", "environment.plugin=\"env-calculator\"", "--set", "environment.reward=\"sum\""])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    ok(&o);
+    assert!(text(&o).contains("stop strings [\"</calc>\"]"), "{}", text(&o));
+    let m = &metrics(&rd)[0];
+    assert!(m["env/correct/mean"].is_number() && m["env/turns/mean"].as_f64().unwrap() >= 1.0, "{m}");
+}
+
+/// `configs/grpo-calculator.toml` learns (seeded, 20 of its 100 steps): after the warm-up on
+/// demonstrations the policy calls the calculator on nearly every episode, and GRPO raises the
+/// share of right products. The same model without the tool (warm-up on the bare products, a
+/// single-turn exact-match reward) gets none right: the task needs the tool.
+#[test]
+fn the_calculator_preset_learns_with_the_tool_and_not_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let preset = rlhf_integration_tests::fixtures().join("../../configs/grpo-calculator.toml");
+    let run = |name: &str, extra: &[&str]| -> Vec<Value> {
+        let rd = dir.path().join(name);
+        let mut c = Command::new(rlhf_bin());
+        c.args(["train", "--config", s(&preset), "--run-dir", s(&rd)]).env("OMP_NUM_THREADS", "1");
+        for e in extra {
+            c.args(["--set", e]);
+        }
+        ok(&c.output().unwrap());
+        metrics(&rd)
+    };
+    let rows = run("tool", &["train.steps=20"]);
+    let mean = |r: &[Value], k: &str| r.iter().map(|m| m[k].as_f64().unwrap()).sum::<f64>() / r.len() as f64;
+    let (first, last) = (rows[0]["reward"].as_f64().unwrap(), mean(&rows[15..], "reward"));
+    println!("with the tool: reward {first:.3} at step 1, {last:.3} over steps 16-20");
+    assert!(last >= first + 0.15, "GRPO did not raise accuracy: {first} -> {last}");
+    assert!(mean(&rows, "env/tool_calls/mean") > 0.9, "the policy does not call the tool");
+    let rows = run(
+        "no-tool",
+        &[
+            "train.steps=4",
+            "environment.plugin=\"\"",
+            "warmup.target=\"label\"",
+            "rewards=[{ plugin = \"reward-rules\", config = { exact_match = { extract = \"full\" } } }]",
+        ],
+    );
+    assert_eq!(mean(&rows, "reward"), 0.0, "the bare model multiplies?");
+}
