@@ -17,9 +17,14 @@ fn s(p: &Path) -> &str {
 /// `rlhf train --algo grpo` on the built-in task with `env-script` (its config `env`) and `extra`
 /// settings, optionally on `nproc` ranks.
 fn train(run_dir: &Path, env: &str, extra: &[&str], nproc: Option<usize>) -> Output {
+    train_algo("grpo", run_dir, env, extra, nproc)
+}
+
+/// [`train`] with the preset of `algo`.
+fn train_algo(algo: &str, run_dir: &Path, env: &str, extra: &[&str], nproc: Option<usize>) -> Output {
     let env_cfg = format!("environment.config={{ {env} }}");
     let mut c = Command::new(rlhf_bin());
-    c.args(["train", "--algo", "grpo", "--run-dir", s(run_dir)])
+    c.args(["train", "--algo", algo, "--run-dir", s(run_dir)])
         .args(["--set", "eval.data=\"\"", "--set", "warmup.steps=0", "--set", "run.save_rollouts=true"])
         .args(["--set", "environment.plugin=\"env-script\"", "--set", "environment.reward=\"sum\""])
         .args(["--set", &env_cfg])
@@ -301,4 +306,22 @@ fn the_calculator_preset_learns_with_the_tool_and_not_without() {
         ],
     );
     assert_eq!(mean(&rows, "reward"), 0.0, "the bare model multiplies?");
+}
+
+/// Every algorithm plugin trains on episodes: PPO with its critic (values and GAE over the
+/// sampled tokens), sequence-level PPO, RLOO, REINFORCE++ and GSPO.
+#[test]
+fn every_algorithm_trains_on_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    for algo in ["ppo", "ppo-seq", "rloo", "reinforce-pp", "gspo"] {
+        let rd = dir.path().join(algo);
+        let o = train_algo(algo, &rd, "turns = 3, turn_reward = 0.25", &["train.steps=2"], None);
+        ok(&o);
+        let rows = metrics(&rd);
+        assert_eq!(rows.len(), 2, "{algo}");
+        for m in &rows {
+            assert!(m["env/turns/mean"].as_f64().unwrap() > 1.0, "{algo}: {m}");
+            assert!(m["loss/total"].as_f64().is_some_and(f64::is_finite), "{algo}: {m}");
+        }
+    }
 }

@@ -23,9 +23,21 @@ fn handle(name: &str, config: &str) -> AlgorithmHandle {
     .unwrap()
 }
 
+thread_local! {
+    /// Which action mask the helpers below use: right padding only, or multi-turn holes.
+    static HOLES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Four samples in two groups; rows 1 and 3 end early (padding after them). `[4, 3]` per token.
+/// With holes (a multi-turn trajectory's observation tokens): rows 0 and 2 have an observation
+/// slot inside, between sampled tokens.
 fn mask() -> Tensor {
-    Tensor::from_slice(&[1f32, 1., 1., 1., 0., 0., 1., 1., 1., 1., 1., 0.]).view([4, 3])
+    let m: [f32; 12] = if HOLES.get() {
+        [1., 0., 1., 1., 0., 0., 1., 0., 1., 1., 1., 0.]
+    } else {
+        [1., 1., 1., 1., 0., 0., 1., 1., 1., 1., 1., 0.]
+    };
+    Tensor::from_slice(&m).view([4, 3])
 }
 
 /// `x` with `fill` at the padding positions of [`mask`].
@@ -81,7 +93,30 @@ fn values(t: &Tensor) -> Vec<f32> {
 /// advantages, the same loss and the same gradient: the seam hands it zeros there.
 #[test]
 fn padding_reaches_plugins_as_zero() {
-    for (algo, config) in [("grpo", "{}"), ("ppo", "{}"), ("ppo-seq", "{}"), ("template-reinforce", "{}")] {
+    padding_is_inert();
+}
+
+/// The observation tokens inside a multi-turn trajectory (action mask 0 between sampled tokens)
+/// take no part either: whatever log-probs, values and advantages they carry, every algorithm
+/// computes the same advantages on the sampled tokens, the same loss and the same gradient, and
+/// none flows to an observation slot.
+#[test]
+fn observation_slots_inside_a_trajectory_are_inert() {
+    HOLES.set(true);
+    padding_is_inert();
+}
+
+fn padding_is_inert() {
+    let algos = [
+        ("grpo", "{}"),
+        ("ppo", "{}"),
+        ("ppo-seq", "{}"),
+        ("rloo", "{}"),
+        ("reinforce-pp", "{}"),
+        ("gspo", "{}"),
+        ("template-reinforce", "{}"),
+    ];
+    for (algo, config) in algos {
         let mut results = Vec::new();
         for fill in [0.0f32, 7.5, f32::NAN] {
             let mut h = handle(algo, config);
@@ -99,6 +134,8 @@ fn padding_reaches_plugins_as_zero() {
             results.push((fill, adv, loss, grad));
         }
         let (_, adv0, loss0, grad0) = &results[0];
+        let m = values(&mask());
+        assert!(grad0.iter().zip(&m).all(|(g, m)| *m > 0.0 || *g == 0.0), "{algo}: gradient on a masked slot");
         for (fill, adv, loss, grad) in &results[1..] {
             assert_eq!(adv, adv0, "{algo}: advantages on valid tokens depend on padding {fill}");
             assert_eq!(loss, loss0, "{algo}: loss depends on padding {fill}");
