@@ -189,6 +189,9 @@ fn environment_faults_cost_a_penalty_and_repeated_total_failure_ends_the_run() {
     );
     assert!(err.contains("scripted failure"), "{err}");
     assert_eq!(metrics(&rd).len(), 1, "step 1 is recorded, step 2 ends the run");
+    // Nothing trained is lost: step 1 is checkpointed on the way out, and resumes.
+    assert!(err.contains("step 1 checkpointed in"), "{err}");
+    assert!(rd.join("checkpoints/step-000001").is_dir());
 }
 
 /// Two ranks run the same episodes as one process (each turn's sampling is seeded per turn, so a

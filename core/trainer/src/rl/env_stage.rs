@@ -5,7 +5,7 @@
 use rlhf_plugin_api::{ChatMessage, Episode};
 
 use crate::config::EnvReward;
-use crate::error::Result;
+use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
 use crate::rl::episode::{self, EpisodeSettings, EpisodeStats};
 use crate::rl::prompts::PromptBatch;
@@ -102,5 +102,23 @@ impl Trainer {
         episode::metrics(&stats, &rewards, m);
         let max = self.cfg.environment.max_failed_batches;
         rt.failures.note(&stats, e.first_error.as_deref(), &rt.handle.name, max)
+    }
+
+    /// Before the run ends on `err` in the middle of a step (nothing of this step trained yet),
+    /// rewinds the prompt position to `before` (data position, prompts seen) and writes a
+    /// checkpoint of the last finished step, so nothing trained since the last checkpoint is lost
+    /// and a resumed run (the environment mended) replays this step. Every rank calls it (they
+    /// fail together: the failure is decided on every rank's episodes).
+    pub(super) fn checkpoint_before_failing(&mut self, before: ((u64, usize), usize), err: TrainerError) -> TrainerError {
+        let ((epoch, pos), seen) = before;
+        if self.step == 0 || self.data.set_position(epoch, pos).is_err() {
+            return err;
+        }
+        self.prompts_seen = seen;
+        match self.save_checkpoint() {
+            Ok(Some(dir)) => TrainerError::Run(format!("{err}; step {} checkpointed in {}", self.step, dir.display())),
+            Ok(None) => err,
+            Err(e) => TrainerError::Run(format!("{err} (and the checkpoint of step {} failed: {e})", self.step)),
+        }
     }
 }

@@ -224,6 +224,7 @@ impl Trainer {
 
         // 1–2. Prompts and rollout: every rank draws the whole batch and samples its own groups.
         let (n_prompts, g) = (cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt);
+        let before = (self.data.position(), self.prompts_seen);
         let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, device)?;
         let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
         let probe = &self.data.records[0].ids;
@@ -241,7 +242,9 @@ impl Trainer {
         let mut scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
         self.env_scores(env.as_ref(), &rollout.kept_rows, &mut scores);
         let (kept_rows, scores) = shard::gather_scores(&self.world, part, &rollout.kept_rows, scores)?;
-        self.env_metrics(env, &mut m)?;
+        if let Err(e) = self.env_metrics(env, &mut m) {
+            return Err(self.checkpoint_before_failing(before, e));
+        }
         let cfg = &self.cfg;
         m.set("completions/dropped", (part.total - kept_rows.len()) as f64);
         m.set("completions/count", kept_rows.len() as f64);
