@@ -236,11 +236,11 @@ fn episodes_on_two_ranks_equal_one_process_and_resume_exactly() {
 fn environment_config_errors_name_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(&[&str], &str); 5] = [
+        (&["eval.data=\"builtin:addition-test\""], "eval.data: held-out evaluation runs single-turn rollouts"),
         (&["environment.reward=\"env\""], "environment.reward: \"env\" ignores the [[rewards]] sources"),
         (&["environment.plugin=\"nope\""], "no environment plugin named `nope`; available: env-calculator"),
         (&["environment.plugin=\"reward-rules\""], "is a reward plugin, not an environment plugin"),
         (&["environment.max_turns=0"], "environment.max_turns: must be >= 1"),
-        (&["rollout.engine=\"vllm\""], "environment.plugin: multi-turn episodes run on the local engine only"),
     ];
     for (i, (set, want)) in cases.iter().enumerate() {
         let rd = dir.path().join(format!("case-{i}"));
@@ -327,4 +327,90 @@ fn every_algorithm_trains_on_episodes() {
             assert!(m["loss/total"].as_f64().is_some_and(f64::is_finite), "{algo}: {m}");
         }
     }
+}
+
+/// A mock vLLM server: answers every rollout completion with `6 7` (ids 9, 10; log-prob −1.5
+/// each) and the weight-sync calls as vLLM does; keeps every completion request's body.
+fn mock_vllm() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::{body::Bytes, extract::State, http::Uri, response::IntoResponse, Router};
+    use serde_json::json;
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<Value>>>;
+    async fn handle(State(seen): State<Seen>, uri: Uri, body: Bytes) -> axum::response::Response {
+        let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let reply = match uri.path() {
+            "/collective_rpc" => json!({"results": [null]}),
+            "/reset_prefix_cache" => json!({"success": true}),
+            "/v1/completions" => {
+                let probe = req["max_tokens"] == 1;
+                if !probe {
+                    seen.lock().unwrap().push(req.clone());
+                }
+                let n = req["n"].as_u64().unwrap_or(1) * req["prompt"].as_array().map_or(0, |p| p.len() as u64);
+                let (ids, lps) =
+                    if probe { (json!([9]), json!([-1.5])) } else { (json!([9, 10]), json!([-1.5, -1.5])) };
+                let choices: Vec<Value> = (0..n)
+                    .map(|i| {
+                        json!({"index": i, "text": "67", "finish_reason": "length", "token_ids": ids,
+                        "logprobs": {"token_logprobs": lps, "tokens": [], "top_logprobs": [], "text_offset": []}})
+                    })
+                    .collect();
+                json!({ "choices": choices })
+            }
+            _ => return (axum::http::StatusCode::NOT_FOUND, "no such path").into_response(),
+        };
+        axum::Json(reply).into_response()
+    }
+    let seen: Seen = Default::default();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let shared = seen.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, Router::new().fallback(handle).with_state(shared)).await.unwrap();
+        });
+    });
+    (format!("http://{}", rx.recv().unwrap()), seen)
+}
+
+/// Episodes on the vLLM engine: each turn's contexts go to the server as token ids — the prompt,
+/// the ids it returned, the observation's ids — with the stop strings (kept in the output); the
+/// trajectory is its ids and the observations', the engine's log-probs are the behaviour
+/// log-probs of the sampled tokens (the importance-sampling metrics see them).
+#[test]
+fn episodes_run_on_the_vllm_engine_token_in_token_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, seen) = mock_vllm();
+    let rd = dir.path().join("run");
+    let urls = format!("rollout.vllm.urls=[\"{url}\"]");
+    let extra = [
+        "train.steps=1",
+        "rollout.engine=\"vllm\"",
+        &urls,
+        "rollout.vllm.sync_tolerance=1e9",
+        "rollout.is_correction.mode=\"token_mask\"",
+        "environment.stop=[\"=\"]",
+    ];
+    ok(&train(&rd, "turns = 3, observation = \"the answer is\"", &extra, None));
+    let requests = seen.lock().unwrap().clone();
+    assert_eq!(requests.len(), 3, "one request per turn");
+    for (turn, r) in requests.iter().enumerate() {
+        assert_eq!(r["stop"], serde_json::json!(["="]));
+        assert_eq!(r["include_stop_str_in_output"], true);
+        for p in r["prompt"].as_array().unwrap() {
+            let p = ids(p);
+            let tail: Vec<u64> = [9, 10, 15, 16, 17].repeat(turn);
+            assert!(p.ends_with(&tail) && p.len() > tail.len(), "turn {turn}: {p:?}");
+        }
+    }
+    for r in lines(&rd.join("rollouts/step-1.jsonl")) {
+        assert_eq!(ids(&r["trajectory_ids"]), [9, 10, 15, 16, 17, 9, 10, 15, 16, 17, 9, 10]);
+        assert_eq!(ids(&r["action_mask"]), [1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]);
+        assert_eq!(ids(&r["completion_ids"]), [9, 10, 9, 10, 9, 10]);
+    }
+    let m = &metrics(&rd)[0];
+    assert_eq!(m["env/turns/mean"], 3.0);
+    assert_eq!(m["completions/mean_length"], 6.0);
+    assert!(m["is/ratio_mean"].as_f64().is_some_and(f64::is_finite), "{m}");
 }

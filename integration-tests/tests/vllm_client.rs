@@ -61,6 +61,7 @@ impl Fixture {
             top_p: r.get("top_p").map_or(1.0, |v| v.as_f64().unwrap()),
             top_k: r.get("top_k").map_or(0, |v| v.as_i64().unwrap().max(0)),
             stop_token_ids: r.get("stop_token_ids").map_or_else(Vec::new, ids),
+            stop: Vec::new(),
             seed: r.get("seed").map(|v| v.as_u64().unwrap()),
         };
         let model = r["model"].as_str().unwrap().to_string();
@@ -181,7 +182,7 @@ fn quick() -> Duration {
 }
 
 fn greedy_probe() -> Sampling {
-    Sampling { max_tokens: 1, temperature: 0.0, top_p: 1.0, top_k: 0, stop_token_ids: vec![], seed: None }
+    Sampling { max_tokens: 1, temperature: 0.0, top_p: 1.0, top_k: 0, stop_token_ids: vec![], stop: vec![], seed: None }
 }
 
 /// The recorded choices as the client should return them: `[p][k]` = choice `p * n + k`.

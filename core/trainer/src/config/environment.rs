@@ -67,9 +67,9 @@ impl EnvironmentConfig {
         !self.plugin.is_empty()
     }
 
-    /// Checks the section against the rest: `n_rewards` `[[rewards]]` entries, the engine, and
-    /// whether `[eval]` is on.
-    pub(crate) fn validate(&self, n_rewards: usize, vllm: bool, eval: bool, src: &KeySource) -> Result<()> {
+    /// Checks the section against the rest: `n_rewards` `[[rewards]]` entries, and whether
+    /// `[eval]` is on.
+    pub(crate) fn validate(&self, n_rewards: usize, eval: bool, src: &KeySource) -> Result<()> {
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
         if !self.enabled() {
             return Ok(());
@@ -109,12 +109,6 @@ impl EnvironmentConfig {
                 "eval.data",
                 "held-out evaluation runs single-turn rollouts; with [environment] set eval.data = \"\" (multi-turn \
                  evaluation is not built yet)",
-            );
-        }
-        if vllm {
-            return bad(
-                "environment.plugin",
-                "multi-turn episodes run on the local engine only for now (set rollout.engine = \"local\")",
             );
         }
         Ok(())

@@ -367,8 +367,7 @@ impl RlConfig {
     }
 
     fn validate(&self, src: &KeySource) -> Result<()> {
-        let vllm = self.rollout.engine == super::rollout::EngineKind::Vllm;
-        self.environment.validate(self.rewards.len(), vllm, !self.eval.data.is_empty(), src)?;
+        self.environment.validate(self.rewards.len(), !self.eval.data.is_empty(), src)?;
         self.rollout.validate(self.model.lora.rank, src)?;
         if self.rollout.engine == super::rollout::EngineKind::Vllm
             && self.rollout.vllm.weight_sync == super::rollout::WeightSync::Lora

@@ -7,7 +7,8 @@ use rlhf_plugin_api::{ChatMessage, Episode};
 use crate::config::EnvReward;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
-use crate::rl::episode::{self, EpisodeSettings, EpisodeStats};
+use crate::rl::engine::Engine;
+use crate::rl::episode::{self, Decoder, EpisodeSettings, EpisodeStats};
 use crate::rl::prompts::PromptBatch;
 use crate::rl::rollout::Rollout;
 use crate::rl::score::{self, SourceScores};
@@ -24,7 +25,7 @@ pub struct EnvOutcome {
 
 impl Trainer {
     /// Stage 2: the configured engine's single responses, or with `[environment]` one episode
-    /// per row on the local engine.
+    /// per row (on the same engine).
     pub(super) fn sample(
         &mut self,
         batch: &PromptBatch,
@@ -55,7 +56,11 @@ impl Trainer {
                 }
             })
             .collect();
-        let (model, behavior) = self.engine.local_decoder(&self.actor);
+        let decoder = match &self.engine {
+            Engine::Vllm(e) => Decoder::Vllm(e),
+            Engine::Local { copy: Some(c), .. } => Decoder::Local { model: c.model(), behavior: true },
+            Engine::Local { .. } => Decoder::Local { model: &self.actor, behavior: false },
+        };
         let settings = EpisodeSettings {
             rollout: &self.cfg.rollout,
             env: &self.cfg.environment,
@@ -64,10 +69,9 @@ impl Trainer {
             eos_ids,
             pad,
             rows: part.window(),
-            behavior,
             turn_seed: self.cfg.run.seed ^ (self.step as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407),
         };
-        let out = episode::run(model, &mut env.handle, batch, &episodes, &settings)?;
+        let out = episode::run(&decoder, &mut env.handle, batch, &episodes, &settings)?;
         let outcome = EnvOutcome { rewards: out.rewards, stats: out.stats, first_error: out.first_error };
         Ok((out.rollout, Some(outcome)))
     }
@@ -109,7 +113,11 @@ impl Trainer {
     /// checkpoint of the last finished step, so nothing trained since the last checkpoint is lost
     /// and a resumed run (the environment mended) replays this step. Every rank calls it (they
     /// fail together: the failure is decided on every rank's episodes).
-    pub(super) fn checkpoint_before_failing(&mut self, before: ((u64, usize), usize), err: TrainerError) -> TrainerError {
+    pub(super) fn checkpoint_before_failing(
+        &mut self,
+        before: ((u64, usize), usize),
+        err: TrainerError,
+    ) -> TrainerError {
         let ((epoch, pos), seen) = before;
         if self.step == 0 || self.data.set_position(epoch, pos).is_err() {
             return err;

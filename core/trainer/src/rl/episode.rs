@@ -1,4 +1,5 @@
-//! Stage 2 with an environment (`[environment]`): multi-turn **episodes** on the local engine.
+//! Stage 2 with an environment (`[environment]`): multi-turn **episodes**, on the local engine or
+//! on vLLM servers ([`Decoder`]).
 //!
 //! Each prompt row is an episode. The environment's `reset` may add a first observation; then
 //! every turn the policy samples until EOS, a stop string or `rollout.max_new_tokens`, the
@@ -13,10 +14,11 @@
 //! `response_mask` — the action mask every later stage uses — is 1 on sampled tokens only, so
 //! observation tokens are context: no loss, KL, entropy, clipping statistic or value target.
 //!
-//! Every turn decodes all rows of the batch (finished ones stop at once) from the seed of
-//! (step, turn), so the sampling of a row does not depend on how many decode steps the other rows
-//! of its rank needed: data-parallel ranks sample what one process samples. Each turn prefills the
-//! whole context again (no KV cache across turns; see docs/environments.md).
+//! On the local engine every turn decodes all rows of the batch (finished ones stop at once) from
+//! the seed of (step, turn), so the sampling of a row does not depend on how many decode steps the
+//! other rows of its rank needed: data-parallel ranks sample what one process samples. Each turn
+//! prefills the whole context again (no KV cache across turns; see docs/environments.md); on vLLM
+//! its prefix cache serves the repeated context.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +32,7 @@ use tch::{Kind, Tensor};
 use crate::config::{EnvironmentConfig, RolloutConfig};
 use crate::error::{Result, TrainerError};
 use crate::plugins::EnvHandle;
+use crate::rl::engine::vllm::{Sampling, VllmEngine};
 use crate::rl::prompts::PromptBatch;
 use crate::rl::rollout::{diverged, generate_config, Rollout};
 
@@ -58,6 +61,22 @@ pub struct Episodes {
     pub first_error: Option<String>,
 }
 
+/// Who samples the policy's turns.
+pub enum Decoder<'a> {
+    /// The trainer's own decode of `model` (the actor, or its bf16 copy whose log-probs of the
+    /// sampled tokens are then behaviour log-probs: `behavior`).
+    Local { model: &'a CausalLm, behavior: bool },
+    /// vLLM servers, synced to the policy: each turn's contexts go out as token ids, with the stop
+    /// strings; the engine's log-probs are the behaviour log-probs.
+    Vllm(&'a VllmEngine),
+}
+
+impl Decoder<'_> {
+    fn behavior(&self) -> bool {
+        matches!(self, Decoder::Vllm(_) | Decoder::Local { behavior: true, .. })
+    }
+}
+
 /// The settings of one batch of episodes.
 pub struct EpisodeSettings<'a> {
     pub rollout: &'a RolloutConfig,
@@ -69,8 +88,6 @@ pub struct EpisodeSettings<'a> {
     pub pad: i64,
     /// Where this rank's rows sit in the whole batch.
     pub rows: Option<RowWindow>,
-    /// Return the sampled tokens' log-probs under `actor` as behaviour log-probs.
-    pub behavior: bool,
     /// Seeds turn `t >= 1` with `turn_seed + t` mixed.
     pub turn_seed: u64,
 }
@@ -118,7 +135,7 @@ impl Trajectory {
 /// `batch.padded`: `[N, P]`; the result's `generated.sequences`: `[N, P + R]` with `R <=
 /// environment.max_total_tokens`, `response_mask` (sampled tokens) `[N, R]`.
 pub fn run(
-    actor: &CausalLm,
+    decoder: &Decoder<'_>,
     env: &mut EnvHandle,
     batch: &PromptBatch,
     episodes: &[Episode],
@@ -156,7 +173,10 @@ pub fn run(
             break;
         }
         let last_turn = turn + 1 == s.env.max_turns;
-        let sampled = sample_turn(actor, &trajs, s, turn)?;
+        let sampled = match decoder {
+            Decoder::Local { model, behavior } => sample_turn(model, *behavior, &trajs, s, turn)?,
+            Decoder::Vllm(engine) => vllm_turn(engine, &trajs, s)?,
+        };
         let mut actions = Vec::new();
         let mut rows = Vec::new();
         for (r, (t, (toks, lps))) in trajs.iter_mut().zip(sampled).enumerate() {
@@ -192,7 +212,7 @@ pub fn run(
     }
     let rewards = trajs.iter().map(|t| t.reward).collect();
     let stats = trajs.iter().map(|t| t.stats.clone()).collect();
-    let rollout = into_rollout(&trajs, batch, s)?;
+    let rollout = into_rollout(&trajs, batch, s, decoder.behavior())?;
     Ok(Episodes { rollout, rewards, stats, first_error })
 }
 
@@ -234,6 +254,7 @@ fn encode(tok: &HfTokenizer, text: &str) -> Result<Vec<i64>> {
 /// to and including EOS or the token that completed a stop string, and their log-probs.
 fn sample_turn(
     actor: &CausalLm,
+    behavior: bool,
     trajs: &[Trajectory],
     s: &EpisodeSettings<'_>,
     turn: usize,
@@ -246,7 +267,7 @@ fn sample_turn(
     let group = if same_runs { g as i64 } else { 1 };
     let padded = left_pad(&contexts, s.pad, actor.device())?;
     let room = trajs.iter().filter(|t| !t.done).map(|t| t.room(s.env.max_total_tokens)).max().unwrap_or(1);
-    let mut cfg = generate_config(s.rollout, s.eos_ids, s.pad, s.rows, group, s.behavior);
+    let mut cfg = generate_config(s.rollout, s.eos_ids, s.pad, s.rows, group, behavior);
     cfg.max_new_tokens = cfg.max_new_tokens.min(room.max(1) as i64);
     if turn > 0 {
         let seed = s.turn_seed ^ (turn as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
@@ -297,12 +318,44 @@ fn sample_turn(
         .collect())
 }
 
+/// One policy turn of every episode still running, on vLLM: its context (prompt and trajectory
+/// so far) as token ids, one completion each, ended by EOS, a stop string (kept) or the turn's
+/// token limit; the engine's log-probs of the returned ids. Finished episodes get nothing.
+fn vllm_turn(engine: &VllmEngine, trajs: &[Trajectory], s: &EpisodeSettings<'_>) -> Result<Vec<(Vec<i64>, Vec<f32>)>> {
+    let active: Vec<usize> = (0..trajs.len()).filter(|&r| !trajs[r].done).collect();
+    let contexts: Vec<Vec<u32>> =
+        active.iter().map(|&r| trajs[r].prompt.iter().chain(&trajs[r].tokens).map(|&t| t as u32).collect()).collect();
+    let room = active.iter().map(|&r| trajs[r].room(s.env.max_total_tokens)).max().unwrap_or(1);
+    let sampling = Sampling {
+        max_tokens: s.rollout.max_new_tokens.min(room.max(1) as i64),
+        temperature: s.rollout.temperature,
+        top_p: s.rollout.top_p,
+        top_k: s.rollout.top_k,
+        stop_token_ids: s.eos_ids.iter().map(|&e| e as u32).collect(),
+        stop: s.stops.to_vec(),
+        seed: None,
+    };
+    let completions = engine.complete(&contexts, 1, &sampling)?;
+    if completions.len() != active.len() {
+        return Err(TrainerError::Run(format!(
+            "rollout.vllm: {} completions for {} episodes",
+            completions.len(),
+            active.len()
+        )));
+    }
+    let mut out = vec![(Vec::new(), Vec::new()); trajs.len()];
+    for (&r, c) in active.iter().zip(completions) {
+        out[r] = (c.token_ids.iter().map(|&t| i64::from(t)).collect(), c.logprobs.iter().map(|&x| x as f32).collect());
+    }
+    Ok(out)
+}
+
 /// The trajectories as one rollout batch: the prompt block as sampled, then each trajectory
 /// right-padded; the action mask is 1 on sampled tokens.
 ///
 /// # Shapes
 /// `[N, P]` prompts → `sequences`, `attention_mask` `[N, P + R]`, `response_mask` `[N, R]`.
-fn into_rollout(trajs: &[Trajectory], batch: &PromptBatch, s: &EpisodeSettings<'_>) -> Result<Rollout> {
+fn into_rollout(trajs: &[Trajectory], batch: &PromptBatch, s: &EpisodeSettings<'_>, behavior: bool) -> Result<Rollout> {
     let n = trajs.len();
     let width = trajs.iter().map(|t| t.tokens.len()).max().unwrap_or(0).max(1);
     let (mut ids, mut attn, mut act, mut lps) =
@@ -335,7 +388,7 @@ fn into_rollout(trajs: &[Trajectory], batch: &PromptBatch, s: &EpisodeSettings<'
         logprobs: None,
     };
     let behavior_logprobs =
-        if s.behavior { Some(Tensor::f_from_slice(&lps)?.f_view(shape)?.f_to_device(device)?) } else { None };
+        if behavior { Some(Tensor::f_from_slice(&lps)?.f_view(shape)?.f_to_device(device)?) } else { None };
     Ok(Rollout { generated, kept_rows, responses, behavior_logprobs })
 }
 

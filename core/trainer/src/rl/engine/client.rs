@@ -73,6 +73,9 @@ pub struct Sampling {
     pub top_k: i64,
     /// Ids that end a completion (normally the EOS id); the stop id is the last returned id.
     pub stop_token_ids: Vec<u32>,
+    /// Strings that end a completion (a multi-turn episode's tool-call end), kept in the output:
+    /// the last returned id is the one that completed the string.
+    pub stop: Vec<String>,
     /// vLLM gives sample `k` of every prompt the seed `seed + k`, so with a seed the k-th samples
     /// of different prompts share their random draws: leave it `None` for rollouts.
     pub seed: Option<u64>,
@@ -180,6 +183,10 @@ impl VllmClient {
         });
         if let (Some(seed), Some(map)) = (s.seed, body.as_object_mut()) {
             map.insert("seed".into(), json!(seed));
+        }
+        if let (false, Some(map)) = (s.stop.is_empty(), body.as_object_mut()) {
+            map.insert("stop".into(), json!(s.stop));
+            map.insert("include_stop_str_in_output".into(), json!(true));
         }
         const PATH: &str = "/v1/completions";
         let text = self.send(Method::POST, PATH, Some(&body))?;

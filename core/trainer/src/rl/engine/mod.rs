@@ -71,15 +71,6 @@ impl Engine {
         }
     }
 
-    /// The model the local engine decodes with — the actor, or its bf16 copy — and whether its
-    /// log-probs of the sampled tokens are behaviour log-probs (the copy's are).
-    pub fn local_decoder<'a>(&'a self, actor: &'a CausalLm) -> (&'a CausalLm, bool) {
-        match self {
-            Engine::Local { copy: Some(c), .. } => (c.model(), true),
-            _ => (actor, false),
-        }
-    }
-
     /// Whether responses come from outside the trainer (vLLM servers).
     pub fn is_external(&self) -> bool {
         matches!(self, Engine::Vllm(_))

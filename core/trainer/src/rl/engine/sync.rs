@@ -97,6 +97,7 @@ impl Weights {
             top_p: 1.0,
             top_k: 0,
             stop_token_ids: Vec::new(),
+            stop: Vec::new(),
             seed: Some(version as u64),
         };
         let out = c.complete(&self.model, &[probe.to_vec()], 1, &s).map_err(e)?;

@@ -12,7 +12,8 @@ use rlhf_generation::{batch::to_rows, Generated};
 use rlhf_models::CausalLm;
 use tch::{Kind, Tensor};
 
-use super::client::{Completion, Sampling, VllmClient};
+use super::client::VllmClient;
+pub use super::client::{Completion, Sampling};
 use super::sync::Weights;
 use crate::config::{RolloutConfig, VllmConfig};
 use crate::dist;
@@ -88,8 +89,17 @@ impl VllmEngine {
             top_p: cfg.top_p,
             top_k: cfg.top_k,
             stop_token_ids: eos_ids.iter().map(|&e| e as u32).collect(),
+            stop: Vec::new(),
             seed: None,
         };
+        let completions = self.complete(&prompts, g, &sampling)?;
+        layout(batch, completions, pad, eos_ids)
+    }
+
+    /// `n` completions of every prompt, the prompts split over the servers and requested in
+    /// parallel; returned prompt by prompt, `n` each.
+    pub fn complete(&self, prompts: &[Vec<u32>], n: usize, sampling: &Sampling) -> Result<Vec<Completion>> {
+        let g = n;
         let n_servers = self.clients.len();
         let model = self.cfg.model.clone();
         let results: Vec<std::result::Result<Vec<Vec<Completion>>, String>> = std::thread::scope(|s| {
@@ -107,12 +117,12 @@ impl VllmEngine {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("request thread panicked".into()))).collect()
         });
-        let mut completions: Vec<Completion> = Vec::with_capacity(ids.len());
+        let mut completions: Vec<Completion> = Vec::with_capacity(prompts.len() * n);
         for r in results {
             let per_prompt = r.map_err(|m| TrainerError::Run(format!("rollout.vllm: {m}")))?;
             completions.extend(per_prompt.into_iter().flatten());
         }
-        layout(batch, completions, pad, eos_ids)
+        Ok(completions)
     }
 }
 
