@@ -236,7 +236,7 @@ fn episodes_on_two_ranks_equal_one_process_and_resume_exactly() {
 fn environment_config_errors_name_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(&[&str], &str); 5] = [
-        (&["eval.data=\"builtin:addition-test\""], "eval.data: held-out evaluation runs single-turn rollouts"),
+        (&["eval.data=\"builtin:addition-test\"", "eval.correct_if=\"nope >= 1\""], "eval.correct_if"),
         (&["environment.reward=\"env\""], "environment.reward: \"env\" ignores the [[rewards]] sources"),
         (&["environment.plugin=\"nope\""], "no environment plugin named `nope`; available: env-calculator"),
         (&["environment.plugin=\"reward-rules\""], "is a reward plugin, not an environment plugin"),
@@ -294,6 +294,12 @@ fn the_calculator_preset_learns_with_the_tool_and_not_without() {
         metrics(&rd)
     };
     let rows = run("tool", &["train.steps=20"]);
+    // Held-out episodes (the evaluation's own calculator) before training and at the end.
+    let (before, after) = (&rows[0], &rows[20]);
+    let pass = |m: &Value| m["eval/pass@1"].as_f64().unwrap();
+    println!("held-out pass@1: {:.3} before training, {:.3} after 20 steps", pass(before), pass(after));
+    assert!(pass(before) > 0.0 && pass(after) > pass(before), "{before}\n{after}");
+    let rows: Vec<Value> = rows.into_iter().filter(|m| m["step"] != 0).collect();
     let mean = |r: &[Value], k: &str| r.iter().map(|m| m[k].as_f64().unwrap()).sum::<f64>() / r.len() as f64;
     let (first, last) = (rows[0]["reward"].as_f64().unwrap(), mean(&rows[15..], "reward"));
     println!("with the tool: reward {first:.3} at step 1, {last:.3} over steps 16-20");
@@ -303,6 +309,7 @@ fn the_calculator_preset_learns_with_the_tool_and_not_without() {
         "no-tool",
         &[
             "train.steps=4",
+            "eval.data=\"\"",
             "environment.plugin=\"\"",
             "warmup.target=\"label\"",
             "rewards=[{ plugin = \"reward-rules\", config = { exact_match = { extract = \"full\" } } }]",

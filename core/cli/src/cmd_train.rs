@@ -223,12 +223,12 @@ pub(crate) fn toml_string(s: &str) -> String {
 
 pub fn plugins(args: PluginsArgs) -> anyhow::Result<()> {
     let reg = registry(&args.dirs)?;
-    println!("{:<24} {:<10} {:<10} path", "name", "kind", "version");
+    println!("{:<24} {:<12} {:<10} path", "name", "kind", "version");
     for p in reg.plugins() {
-        println!("{:<24} {:<10} {:<10} {}", p.name, p.kind.to_string(), p.version, p.path.display());
+        println!("{:<24} {:<12} {:<10} {}", p.name, p.kind.to_string(), p.version, p.path.display());
     }
     for e in reg.environments() {
-        println!("{:<24} {:<10} {:<10} {}", e.name, "environment", e.version, e.path.display());
+        println!("{:<24} {:<12} {:<10} {}", e.name, "environment", e.version, e.path.display());
     }
     if args.all || reg.plugins().next().is_none() {
         for (path, why) in &reg.refused {

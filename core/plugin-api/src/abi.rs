@@ -372,7 +372,8 @@ pub struct StepAbi {
 /// An environment instance.
 #[sabi_trait]
 pub trait EnvObj: Send {
-    /// Starts a batch of episodes (ids of earlier batches are no longer used); returns one first
+    /// Starts a batch of episodes (ids are rows of the whole batch, so each batch reuses the last
+    /// batch's ids: a reset ends the earlier episodes); returns one first
     /// observation per episode, appended to its prompt (may be empty).
     fn reset(&mut self, episodes: RVec<EpisodeAbi>) -> RResult<RVec<RString>, PluginError>;
 

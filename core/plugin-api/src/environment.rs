@@ -88,7 +88,8 @@ pub trait Environment: Send + Sized + 'static {
         Vec::new()
     }
     /// Starts a batch of episodes; one first observation per episode (appended to its prompt,
-    /// may be empty). Ids of earlier batches are not used again.
+    /// may be empty). An id is the episode's row in the whole batch, so every batch reuses the
+    /// ids of the last: a reset ends the earlier batch's episodes.
     fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<String>, PluginError>;
     /// One outcome per action, in order.
     fn step(&mut self, actions: &[Action]) -> Result<Vec<StepOutcome>, PluginError>;

@@ -8,7 +8,7 @@
 //! which are ignored. The endpoint paths are appended to `url`'s path (`http://h:8000/env` →
 //! `http://h:8000/env/reset`).
 //!
-//! **`POST {url}/reset`** starts a batch of episodes (ids are never reused by later batches). The
+//! **`POST {url}/reset`** starts a batch of episodes (an id is the episode's row in the whole batch, so every batch reuses the previous batch's ids: a reset ends the earlier episodes). The
 //! request carries the prompt as the model saw it (chat template applied), the dataset's `label`
 //! (or `null`), the dataset line's other fields as `metadata`, and the prompt's chat messages:
 //!

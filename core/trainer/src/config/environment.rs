@@ -67,9 +67,13 @@ impl EnvironmentConfig {
         !self.plugin.is_empty()
     }
 
-    /// Checks the section against the rest: `n_rewards` `[[rewards]]` entries, and whether
-    /// `[eval]` is on.
-    pub(crate) fn validate(&self, n_rewards: usize, eval: bool, src: &KeySource) -> Result<()> {
+    /// Whether the environment's reward is one of the scores (named `env`).
+    pub fn scores_env(&self) -> bool {
+        self.enabled() && self.reward != EnvReward::Sources
+    }
+
+    /// Checks the section against `n_rewards` `[[rewards]]` entries.
+    pub(crate) fn validate(&self, n_rewards: usize, src: &KeySource) -> Result<()> {
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
         if !self.enabled() {
             return Ok(());
@@ -103,13 +107,6 @@ impl EnvironmentConfig {
                 return bad("environment.reward", "\"sources\" and \"sum\" need at least one [[rewards]] entry")
             }
             _ => {}
-        }
-        if eval {
-            return bad(
-                "eval.data",
-                "held-out evaluation runs single-turn rollouts; with [environment] set eval.data = \"\" (multi-turn \
-                 evaluation is not built yet)",
-            );
         }
         Ok(())
     }

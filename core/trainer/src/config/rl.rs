@@ -367,7 +367,7 @@ impl RlConfig {
     }
 
     fn validate(&self, src: &KeySource) -> Result<()> {
-        self.environment.validate(self.rewards.len(), !self.eval.data.is_empty(), src)?;
+        self.environment.validate(self.rewards.len(), src)?;
         self.rollout.validate(self.model.lora.rank, src)?;
         if self.rollout.engine == super::rollout::EngineKind::Vllm
             && self.rollout.vllm.weight_sync == super::rollout::WeightSync::Lora
@@ -383,7 +383,10 @@ impl RlConfig {
         if !self.environment.enabled() || self.environment.reward != super::EnvReward::Env {
             self.validate_rewards(src)?;
         }
-        let names: Vec<&str> = self.rewards.iter().map(|r| r.name.as_deref().unwrap_or(&r.plugin)).collect();
+        let mut names: Vec<&str> = self.rewards.iter().map(|r| r.name.as_deref().unwrap_or(&r.plugin)).collect();
+        if self.environment.scores_env() {
+            names.push("env");
+        }
         self.eval.validate(&names, src)?;
         self.distributed.validate(src)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));

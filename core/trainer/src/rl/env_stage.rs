@@ -2,8 +2,6 @@
 //! of single responses, the environment's reward as one more score of stage 3 (named `env`,
 //! weighted by `environment.weight`), and the `env/*` metrics over all ranks.
 
-use rlhf_plugin_api::{ChatMessage, Episode};
-
 use crate::config::EnvReward;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
@@ -36,26 +34,7 @@ impl Trainer {
         let Some(env) = self.env.as_mut() else {
             return Ok((self.engine.sample(&self.actor, batch, part, &self.cfg.rollout, eos_ids, pad)?, None));
         };
-        let episodes: Vec<Episode> = batch
-            .group_of_row
-            .iter()
-            .enumerate()
-            .map(|(r, &(idx, _))| {
-                let rec = &self.data.records[idx];
-                Episode {
-                    id: (part.offset + r) as u64,
-                    prompt: rec.text.clone(),
-                    prompt_ids: rec.ids.clone(),
-                    label: rec.label.clone(),
-                    metadata: rec.metadata.clone(),
-                    messages: rec
-                        .messages
-                        .iter()
-                        .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() })
-                        .collect(),
-                }
-            })
-            .collect();
+        let episodes = episode::episodes_of(batch, part.offset, &self.data);
         let decoder = match &self.engine {
             Engine::Vllm(e) => Decoder::Vllm(e),
             Engine::Local { copy: Some(c), .. } => Decoder::Local { model: c.model(), behavior: true },
@@ -87,7 +66,7 @@ impl Trainer {
     /// The names and weights of the step's scores: the reward sources, then `env`.
     pub(super) fn score_weights(&self) -> Vec<(String, f64)> {
         let mut w = score::weights(&self.rewards);
-        if self.env.is_some() && self.cfg.environment.reward != EnvReward::Sources {
+        if self.env.is_some() && self.cfg.environment.scores_env() {
             w.push(("env".into(), self.cfg.environment.weight));
         }
         w
@@ -103,7 +82,7 @@ impl Trainer {
             tracing::warn!("step {}: environment `{}`: {err}", self.step + 1, rt.handle.name);
         }
         let (stats, rewards) = episode::gather(&self.world, e.stats, e.rewards)?;
-        episode::metrics(&stats, &rewards, m);
+        episode::metrics(&stats, &rewards, &mut rt.seen_metrics, m);
         let max = self.cfg.environment.max_failed_batches;
         rt.failures.note(&stats, e.first_error.as_deref(), &rt.handle.name, max)
     }

@@ -129,6 +129,30 @@ impl Trajectory {
     }
 }
 
+/// The episodes of `batch`'s rows, ids from `offset` (the rows' place in the whole batch).
+pub fn episodes_of(batch: &PromptBatch, offset: usize, data: &crate::data::PromptDataset) -> Vec<Episode> {
+    batch
+        .group_of_row
+        .iter()
+        .enumerate()
+        .map(|(r, &(idx, _))| {
+            let rec = &data.records[idx];
+            Episode {
+                id: (offset + r) as u64,
+                prompt: rec.text.clone(),
+                prompt_ids: rec.ids.clone(),
+                label: rec.label.clone(),
+                metadata: rec.metadata.clone(),
+                messages: rec
+                    .messages
+                    .iter()
+                    .map(|m| rlhf_plugin_api::ChatMessage { role: m.role.clone(), content: m.content.clone() })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
 /// Runs one batch of episodes: `episodes[r]` describes row `r` of `batch`.
 ///
 /// # Shapes
@@ -394,14 +418,22 @@ fn into_rollout(trajs: &[Trajectory], batch: &PromptBatch, s: &EpisodeSettings<'
 
 /// `env/*` metrics of a whole batch's episodes (all ranks'): `env/turns/mean`, `env/errors`,
 /// `env/truncated` (counts), `env/reward/mean`, and `env/<name>/mean` per environment metric.
-pub fn metrics(stats: &[EpisodeStats], rewards: &[f64], m: &mut crate::metrics::StepMetrics) {
+///
+/// `seen` collects the environment's metric names over the run: one an earlier batch reported and
+/// this one did not is 0, so every step's row has every key.
+pub fn metrics(
+    stats: &[EpisodeStats],
+    rewards: &[f64],
+    seen: &mut std::collections::BTreeSet<String>,
+    m: &mut crate::metrics::StepMetrics,
+) {
     let n = stats.len().max(1) as f64;
     m.set("env/turns/mean", stats.iter().map(|s| s.turns as f64).sum::<f64>() / n);
     m.set("env/errors", stats.iter().filter(|s| s.error).count() as f64);
     m.set("env/truncated", stats.iter().filter(|s| s.truncated).count() as f64);
     m.set("env/reward/mean", rewards.iter().sum::<f64>() / n);
-    let names: std::collections::BTreeSet<&String> = stats.iter().flat_map(|s| s.metrics.keys()).collect();
-    for name in names {
+    seen.extend(stats.iter().flat_map(|s| s.metrics.keys()).cloned());
+    for name in seen.iter() {
         let sum: f64 = stats.iter().map(|s| s.metrics.get(name).copied().unwrap_or(0.0)).sum();
         m.set(&format!("env/{name}/mean"), sum / n);
     }
@@ -433,6 +465,8 @@ pub struct EnvRuntime {
     /// `environment.stop` and the plugin's own stop strings.
     pub stops: Vec<String>,
     pub failures: FailureCount,
+    /// The environment's metric names reported so far (see [`metrics`]).
+    pub seen_metrics: std::collections::BTreeSet<String>,
 }
 
 impl EnvRuntime {
@@ -458,7 +492,7 @@ impl EnvRuntime {
             }
         }
         tracing::info!("environment `{}` ({}), stop strings {stops:?}", handle.name, handle.path.display());
-        Ok(Some(EnvRuntime { handle, stops, failures: FailureCount::default() }))
+        Ok(Some(EnvRuntime { handle, stops, failures: FailureCount::default(), seen_metrics: Default::default() }))
     }
 }
 

@@ -154,7 +154,10 @@ fn warmed_up_actor(
     }
     // The response to learn: the label, or a metadata field (`warmup.target`).
     let target = |r: &crate::data::PromptRecord| match cfg.warmup.target.strip_prefix("metadata.") {
-        Some(key) => r.metadata.get(key).and_then(|v| v.as_str()).map(str::to_string),
+        Some(key) => r.metadata.get(key).filter(|v| !v.is_null()).map(|v| match v.as_str() {
+            Some(s) => s.to_string(),
+            None => v.to_string(),
+        }),
         None => r.label.clone(),
     };
     let pairs: Vec<(Vec<i64>, Vec<i64>)> = data
@@ -341,7 +344,7 @@ impl Trainer {
             Some(e) => {
                 let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
                 let held_out = PromptDataset::new(e.raw, &tok, &unshuffled, cfg.run.seed)?;
-                Some(Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed)?)
+                Some(Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed, e.env)?)
             }
             None => None,
         };

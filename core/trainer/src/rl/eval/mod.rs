@@ -16,6 +16,7 @@
 //! a contiguous share of each chunk of prompts, as in a training batch, and every rank gathers the
 //! answers.
 
+pub mod episodes;
 pub mod estimators;
 pub mod saved;
 
@@ -37,8 +38,8 @@ use crate::metrics::StepMetrics;
 use crate::plugins::PluginRegistry;
 use crate::rl::engine::Engine;
 use crate::rl::prompts::{ids_i64, PromptBatch};
-use crate::rl::score::{self, RewardSource};
-use crate::rl::{rollout, shard};
+use crate::rl::score::{self, RewardSource, SourceScores};
+use crate::rl::shard;
 
 /// Salt of the evaluation's sampling seed, so it draws a stream of its own.
 const EVAL_SEED_SALT: u64 = 0x5EED_E7A1_0000_0001;
@@ -71,6 +72,8 @@ pub struct Evaluator {
     correct: CorrectIf,
     generation: RolloutConfig,
     seed: u64,
+    /// The evaluation's own environment instance, with `[environment]`.
+    env: Option<episodes::EvalEnv>,
 }
 
 impl Evaluator {
@@ -82,6 +85,7 @@ impl Evaluator {
         rewards: Vec<RewardSource>,
         rollout: &RolloutConfig,
         seed: u64,
+        env: Option<episodes::EvalEnv>,
     ) -> Result<Self> {
         let correct =
             CorrectIf::parse(&cfg.correct_if).map_err(|e| TrainerError::Config(format!("eval.correct_if: {e}")))?;
@@ -95,7 +99,7 @@ impl Evaluator {
             top_p: cfg.top_p.unwrap_or(rollout.top_p),
             ..rollout.clone()
         };
-        Ok(Evaluator { cfg: cfg.clone(), data, rewards, correct, generation, seed })
+        Ok(Evaluator { cfg: cfg.clone(), data, rewards, correct, generation, seed, env })
     }
 
     /// Whether to evaluate after step `step` of `total` (0: before training).
@@ -140,7 +144,7 @@ impl Evaluator {
             let ids: Vec<usize> = (start..(start + chunk).min(prompts)).collect();
             answers.extend(self.answer_chunk(actor, engine.as_mut(), tok, &ids, eos_ids, pad, world)?);
         }
-        let names: Vec<(String, f64)> = self.rewards.iter().map(|r| (r.name.clone(), r.weight)).collect();
+        let names = self.score_names();
         let results: Vec<PromptResult> = (0..prompts)
             .map(|p| PromptResult {
                 data_source: self.data.records[p]
@@ -187,12 +191,13 @@ impl Evaluator {
         let (batch, part) = shard::prompts(global, ids.len(), n, world)?;
         let mut local = Vec::with_capacity(part.rows);
         if part.rows > 0 {
-            let out = match engine {
-                Some(e) => e.engine.sample(actor, &batch, part, &self.generation, eos_ids, pad)?,
-                None => rollout::sample(actor, &batch, &self.generation, eos_ids, pad, part.window(), false)?,
-            };
+            let (out, env_rewards) = self.sample_chunk(actor, engine, tok, &batch, part, eos_ids, pad)?;
             let samples = score::samples(&out, &batch.group_of_row, &self.data, tok)?;
-            let scores = score::call_sources(&mut self.rewards, &samples, None)?;
+            let mut scores = score::call_sources(&mut self.rewards, &samples, None)?;
+            if let Some(r) = env_rewards {
+                scores.push(SourceScores { scores: out.kept_rows.iter().map(|&k| r[k]).collect(), metrics: vec![] });
+            }
+            let n_scores = scores.len();
             for r in 0..part.rows {
                 let kept = out.kept_rows.iter().position(|&k| k == r);
                 local.push(match kept {
@@ -201,7 +206,7 @@ impl Evaluator {
                         ids: out.responses[k].1.clone(),
                         scores: scores.iter().map(|s| s.scores[k]).collect(),
                     },
-                    None => Answer { text: String::new(), ids: Vec::new(), scores: vec![f64::NAN; self.rewards.len()] },
+                    None => Answer { text: String::new(), ids: Vec::new(), scores: vec![f64::NAN; n_scores] },
                 });
             }
         }
@@ -227,6 +232,7 @@ impl Evaluator {
 
     /// The answers to `file`, one line per prompt (written atomically).
     fn write_samples(&self, file: &Path, step: usize, results: &[PromptResult], s: &Summary) -> Result<()> {
+        let names = self.score_names();
         let mut text = String::new();
         for (p, r) in results.iter().enumerate() {
             let rec = &self.data.records[p];
@@ -237,7 +243,7 @@ impl Evaluator {
                 .zip(&s.per_prompt[p].rewards)
                 .map(|((a, &correct), &reward)| {
                     let by_source: serde_json::Map<_, _> =
-                        self.rewards.iter().zip(&a.scores).map(|(src, &x)| (src.name.clone(), finite(x))).collect();
+                        names.iter().zip(&a.scores).map(|((name, _), &x)| (name.clone(), finite(x))).collect();
                     json!({"text": a.text, "ids": a.ids, "rewards": by_source, "reward": finite(reward), "correct": correct,
                            "answer": estimators::extract_answer(&a.text, &self.cfg.answer)})
                 })
@@ -256,6 +262,8 @@ impl Evaluator {
 pub(crate) struct EvalInputs {
     pub(crate) raw: Vec<RawPrompt>,
     pub(crate) rewards: Vec<RewardSource>,
+    /// The evaluation's own environment instance, with `[environment]`.
+    pub(crate) env: Option<episodes::EvalEnv>,
 }
 
 /// [`EvalInputs`] when `[eval]` is on.
@@ -269,7 +277,9 @@ pub(crate) fn inputs(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Option
     let all = score::load_rewards(cfg, registry)?;
     let wanted = &cfg.eval.rewards;
     let rewards = all.into_iter().filter(|r| wanted.is_empty() || wanted.contains(&r.name)).collect();
-    Ok(Some(EvalInputs { raw, rewards }))
+    let env = crate::rl::episode::EnvRuntime::load(cfg, registry)?
+        .map(|rt| episodes::EvalEnv { rt, cfg: cfg.environment.clone() });
+    Ok(Some(EvalInputs { raw, rewards, env }))
 }
 
 /// JSON has no NaN: a score that could not be had is `null`.

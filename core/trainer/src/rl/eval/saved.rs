@@ -42,7 +42,7 @@ pub fn evaluate_saved(
     let tok = HfTokenizer::from_dir(&model_dir)?;
     let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
     let data = crate::data::PromptDataset::new(inputs.raw, &tok, &unshuffled, cfg.run.seed)?;
-    let mut evaluator = Evaluator::new(&cfg.eval, data, inputs.rewards, &cfg.rollout, cfg.run.seed)?;
+    let mut evaluator = Evaluator::new(&cfg.eval, data, inputs.rewards, &cfg.rollout, cfg.run.seed, inputs.env)?;
     let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
     let m = evaluator.evaluate(&actor, None, &tok, &eos, i64::from(tok.pad_token_id()), world, samples, 0)?;
     Ok(SavedEval { metrics: m.means(), model_dir })
