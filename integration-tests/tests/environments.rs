@@ -368,17 +368,22 @@ fn mock_vllm() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
         axum::Json(reply).into_response()
     }
     let seen: Seen = Default::default();
+    let addr = serve(Router::new().fallback(handle).with_state(seen.clone()));
+    (format!("http://{addr}"), seen)
+}
+
+/// Serves `app` on 127.0.0.1:<ephemeral> from a background thread; returns the address.
+fn serve(app: axum::Router) -> std::net::SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
-    let shared = seen.clone();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, Router::new().fallback(handle).with_state(shared)).await.unwrap();
+            axum::serve(listener, app).await.unwrap();
         });
     });
-    (format!("http://{}", rx.recv().unwrap()), seen)
+    rx.recv().unwrap()
 }
 
 /// Episodes on the vLLM engine: each turn's contexts go to the server as token ids — the prompt,
@@ -420,4 +425,107 @@ fn episodes_run_on_the_vllm_engine_token_in_token_out() {
     assert_eq!(m["env/turns/mean"], 3.0);
     assert_eq!(m["completions/mean_length"], 6.0);
     assert!(m["is/ratio_mean"].as_f64().is_some_and(f64::is_finite), "{m}");
+}
+
+/// The requests a server saw: (path, JSON body).
+type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>;
+
+/// A local episode server for `env-http`: `/env/reset` answers no first observation, `/env/step`
+/// answers turn 0 with "the answer is" and ends the episode at turn 1 with reward 1 (0.25 without
+/// the label in the text); with `stall` every step takes 3 s. Keeps every request body.
+fn episode_server(stall: bool) -> (String, Requests) {
+    use axum::{body::Bytes, extract::State, http::Uri, response::IntoResponse, Router};
+    use serde_json::json;
+    type Seen = Requests;
+    let handle = move |State(seen): State<Seen>, uri: Uri, body: Bytes| async move {
+        let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        seen.lock().unwrap().push((uri.path().to_string(), req.clone()));
+        let reply = match uri.path() {
+            "/env/reset" => {
+                let n = req["episodes"].as_array().map_or(0, Vec::len);
+                json!({"observations": vec![""; n]})
+            }
+            "/env/step" => {
+                if stall {
+                    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                }
+                let results: Vec<Value> = req["actions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| match a["turn"].as_u64() {
+                        Some(0) if a["ended"] == false => {
+                            json!({"observation": "the answer is", "metrics": {"calls": 1}})
+                        }
+                        _ => json!({"reward": if a["text"].as_str().unwrap_or("").contains('5') { 1.0 } else { 0.25 },
+                                    "done": true}),
+                    })
+                    .collect();
+                json!({ "results": results })
+            }
+            _ => return (axum::http::StatusCode::NOT_FOUND, "no such path").into_response(),
+        };
+        axum::Json(reply).into_response()
+    };
+    let seen: Seen = Default::default();
+    let addr = serve(Router::new().fallback(handle).with_state(seen.clone()));
+    (format!("http://{addr}/env"), seen)
+}
+
+/// `env-http` through the binary, over real HTTP: the server sees the batch's episodes and each
+/// turn's actions, and its answers make the episodes; a server that stalls past `timeout_s`
+/// costs the episodes the penalty, counts in `env/errors`, and the run goes on.
+#[test]
+fn the_http_environment_runs_episodes_on_a_server_and_survives_a_stalled_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, url: &str| {
+        let rd = dir.path().join(name);
+        let env_cfg = format!("environment.config={{ url = \"{url}\", timeout_s = 1, retries = 0 }}");
+        let o = Command::new(rlhf_bin())
+            .args([
+                "train",
+                "--algo",
+                "grpo",
+                "--run-dir",
+                s(&rd),
+                "--set",
+                "eval.data=\"\"",
+                "--set",
+                "warmup.steps=0",
+            ])
+            .args([
+                "--set",
+                "environment.plugin=\"env-http\"",
+                "--set",
+                "environment.reward=\"env\"",
+                "--set",
+                "rewards=[]",
+            ])
+            .args(["--set", &env_cfg, "--set", "environment.error_penalty=-1.0", "--set", "train.steps=1"])
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        ok(&o);
+        metrics(&rd).remove(0)
+    };
+    let (url, seen) = episode_server(false);
+    let m = run("served", &url);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].0, "/env/reset");
+    let episodes = seen[0].1["episodes"].as_array().unwrap();
+    assert_eq!(episodes.len(), 128);
+    assert!(episodes.iter().enumerate().all(|(i, e)| e["id"] == i as u64 && e["label"].is_string()));
+    assert!(seen[1..].iter().all(|(path, _)| path == "/env/step"), "{seen:?}");
+    let turns = m["env/turns/mean"].as_f64().unwrap();
+    assert!(turns > 1.0 && turns <= 2.0, "{m}");
+    let reward = m["rewards/env/mean"].as_f64().unwrap();
+    assert!((0.25..=1.0).contains(&reward) && m["env/errors"] == 0.0, "{m}");
+    assert!(m["env/calls/mean"].as_f64().unwrap() > 0.0, "{m}");
+
+    let (url, _) = episode_server(true);
+    let t = std::time::Instant::now();
+    let m = run("stalled", &url);
+    assert_eq!(m["env/errors"], 128.0, "{m}");
+    assert_eq!(m["env/reward/mean"], -1.0, "{m}");
+    assert!(t.elapsed().as_secs() < 60, "the stalled server held the run {:?}", t.elapsed());
 }

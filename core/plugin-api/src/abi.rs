@@ -348,7 +348,8 @@ pub struct ActionAbi {
     pub text: RString,
     /// The sampled token ids of this turn, EOS included when sampled.
     pub token_ids: RVec<u32>,
-    /// The policy ended the episode (sampled EOS): whatever `step` answers, the episode is over.
+    /// The episode's last turn (the policy sampled EOS, or a turn or token limit is reached):
+    /// whatever `step` answers, the episode is over.
     pub ended: bool,
 }
 

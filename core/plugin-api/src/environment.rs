@@ -41,8 +41,9 @@ pub struct Action {
     pub text: String,
     /// The sampled ids of the turn, EOS included when sampled.
     pub token_ids: Vec<u32>,
-    /// The policy sampled EOS: the episode ends whatever [`StepOutcome::done`] says (the step
-    /// still gives the final reward).
+    /// The episode's last turn — the policy sampled EOS, or `max_turns` / `max_total_tokens` is
+    /// reached: it ends whatever [`StepOutcome::done`] says (the step still gives the final
+    /// reward).
     pub ended: bool,
 }
 

@@ -8,7 +8,8 @@
 //! which are ignored. The endpoint paths are appended to `url`'s path (`http://h:8000/env` →
 //! `http://h:8000/env/reset`).
 //!
-//! **`POST {url}/reset`** starts a batch of episodes (an id is the episode's row in the whole batch, so every batch reuses the previous batch's ids: a reset ends the earlier episodes). The
+//! **`POST {url}/reset`** starts a batch of episodes (an id is the episode's row in the whole
+//! batch, so every batch reuses the previous batch's ids: a reset ends the earlier episodes). The
 //! request carries the prompt as the model saw it (chat template applied), the dataset's `label`
 //! (or `null`), the dataset line's other fields as `metadata`, and the prompt's chat messages:
 //!
@@ -28,8 +29,8 @@
 //!
 //! **`POST {url}/step`** sends one turn of the policy per running episode: its `id`, the 0-based
 //! `turn`, the sampled `text` (special tokens removed), the sampled `token_ids`, and `ended`
-//! (the policy sampled EOS: the episode ends whatever `done` says; the step still gives its
-//! final reward):
+//! (the episode's last turn — the policy sampled EOS, or a turn or token limit is reached: the
+//! episode ends whatever `done` says; the step still gives its final reward):
 //!
 //! ```json
 //! {"actions": [{"id": 0, "turn": 0, "text": "<calc>17*23</calc>", "token_ids": [27, 5, 9], "ended": false}]}
