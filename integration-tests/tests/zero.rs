@@ -53,10 +53,13 @@ fn check_state_bytes(zero: &[Value], sharded: &[Value], stage: u8) {
     assert_eq!((gb(&zero[0], "mem/grads_gb") * 1e9).round(), 4.0 * n, "stage 0 keeps whole f32 gradients");
     let grads = if stage == 2 { ("mem/grads_gb", 4.0 * n / 2.0) } else { ("mem/grads_gb", 4.0 * n) };
     for r in sharded {
-        for (key, want) in [("mem/optim_gb", 8.0 * n / 2.0), ("mem/optim_gb_max", 8.0 * n / 2.0), grads] {
+        let grads_max = ("mem/grads_gb_max", grads.1);
+        for (key, want) in [("mem/optim_gb", 8.0 * n / 2.0), ("mem/optim_gb_max", 8.0 * n / 2.0), grads, grads_max] {
             let extra = gb(r, key) * 1e9 - want;
             assert!((0.0..8.0 * 100.0).contains(&extra), "stage {stage} {key}: {extra} bytes over {want}: {r}");
         }
+        // Weights are whole on every rank below stage 3.
+        assert_eq!(gb(r, "mem/params_gb_max"), gb(r, "mem/params_gb"), "{r}");
     }
 }
 

@@ -237,17 +237,21 @@ fn whole_state(
 
 /// Sets the bytes of training state `engines` hold on this rank (the main rank's in the metrics
 /// file), GB: `mem/params_gb` (the trained variables), `mem/grads_gb` (the gradients kept between
-/// backward passes), `mem/optim_gb` (masters and moments); and on data-parallel runs `mem/optim_gb_max`,
-/// the largest optimizer state over the ranks.
+/// backward passes), `mem/optim_gb` (masters and moments); and on data-parallel runs the largest
+/// of each over the ranks (`mem/params_gb_max`, `mem/grads_gb_max`, `mem/optim_gb_max`; one
+/// all-reduce).
 pub fn memory_metrics(world: &World, engines: &[&TrainEngine], m: &mut crate::metrics::StepMetrics) -> Result<()> {
-    let params = engines.iter().map(|e| e.param_bytes()).sum::<usize>() as f64 / 1e9;
-    m.set("mem/params_gb", params);
-    m.set("mem/grads_gb", engines.iter().map(|e| e.grad_bytes()).sum::<usize>() as f64 / 1e9);
-    let gb = engines.iter().map(|e| e.state_bytes()).sum::<usize>() as f64 / 1e9;
-    m.set("mem/optim_gb", gb);
+    let gb = |bytes: fn(&TrainEngine) -> usize| engines.iter().map(|e| bytes(e)).sum::<usize>() as f64 / 1e9;
+    let local = [gb(TrainEngine::param_bytes), gb(TrainEngine::grad_bytes), gb(TrainEngine::state_bytes)];
+    let names = ["mem/params_gb", "mem/grads_gb", "mem/optim_gb"];
+    for (name, v) in names.iter().zip(local) {
+        m.set(name, v);
+    }
     if world.is_distributed() {
-        let max = world.all_reduce_f64(&[gb], rlhf_collective::ReduceOp::Max).map_err(dist::err)?[0];
-        m.set("mem/optim_gb_max", max);
+        let max = world.all_reduce_f64(&local, rlhf_collective::ReduceOp::Max).map_err(dist::err)?;
+        for (name, v) in names.iter().zip(max) {
+            m.set(&format!("{name}_max"), v);
+        }
     }
     Ok(())
 }
