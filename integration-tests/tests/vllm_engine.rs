@@ -71,6 +71,12 @@ fn tiny_model(work: &Path) -> PathBuf {
     out
 }
 
+/// The training steps' metrics rows (row 0 of a preset with `[eval]` is the evaluation before
+/// training, which has no rollout metrics).
+fn train_rows(run_dir: &Path) -> Vec<serde_json::Value> {
+    metrics(run_dir).into_iter().filter(|r| r["step"] != 0).collect()
+}
+
 fn train(args: &[&str], run_dir: &Path) -> Output {
     Command::new(rlhf_bin())
         .args(["train", "--algo", "grpo", "--run-dir", run_dir.to_str().unwrap()])
@@ -94,7 +100,7 @@ fn grpo_learns_on_vllm_with_the_engines_log_probs_equal_ours() {
     let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
     let o = train(&["--set", &actor, "--set", "rollout.engine=\"vllm\"", "--set", &urls], &rd);
     assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = metrics(&rd);
+    let rows = train_rows(&rd);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
     let versions: Vec<f64> = rows.iter().map(|r| r["rollout/weights_version"].as_f64().unwrap()).collect();
     let reward: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
@@ -145,7 +151,7 @@ fn a_lora_policy_is_served_through_its_adapter() {
     ];
     let o = train(&args, &rd);
     assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = metrics(&rd);
+    let rows = train_rows(&rd);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
     println!("vLLM LoRA: max |engine - trainer| log-prob {diff:e} over {} steps", rows.len());
     assert!(diff < 1e-4, "{diff}");
@@ -154,4 +160,49 @@ fn a_lora_policy_is_served_through_its_adapter() {
         .path()
         .join("adapter_model.safetensors")
         .is_file()));
+}
+
+/// Multi-turn episodes on the engine (`[environment]` with the scripted test environment): each
+/// turn's context — the prompt, the engine's earlier tokens and the observations' — goes back to
+/// the server as token ids, and the engine's log-probs of the sampled tokens equal the trainer's
+/// recomputed ones over the whole trajectory (observation tokens are context, not actions).
+#[test]
+#[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
+fn episodes_on_vllm_with_the_engines_log_probs_equal_ours() {
+    let work = tempfile::tempdir().unwrap();
+    let model = tiny_model(work.path());
+    let server = start(&model, work.path());
+    let rd = work.path().join("run");
+    let actor = format!("model.actor={:?}", model.to_str().unwrap());
+    let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
+    let o = train(
+        &[
+            "--set",
+            &actor,
+            "--set",
+            "rollout.engine=\"vllm\"",
+            "--set",
+            &urls,
+            "--set",
+            "train.steps=3",
+            "--set",
+            "warmup.steps=0",
+            "--set",
+            "eval.data=\"\"",
+            "--set",
+            "environment.plugin=\"env-script\"",
+            "--set",
+            "environment.reward=\"sum\"",
+            "--set",
+            "environment.config={ turns = 2, observation = \"the answer is\" }",
+        ],
+        &rd,
+    );
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
+    let rows = metrics(&rd);
+    let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
+    let turns = rows.iter().map(|r| r["env/turns/mean"].as_f64().unwrap()).fold(0.0, f64::max);
+    println!("vLLM episodes: max |engine - trainer| log-prob {diff:e}; up to {turns:.2} turns per episode");
+    assert!(turns > 1.0, "{turns}");
+    assert!(diff < 1e-4, "{diff}");
 }
