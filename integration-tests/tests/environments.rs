@@ -298,12 +298,15 @@ fn the_calculator_preset_learns_with_the_tool_and_not_without() {
     let (before, after) = (&rows[0], &rows[20]);
     let pass = |m: &Value| m["eval/pass@1"].as_f64().unwrap();
     println!("held-out pass@1: {:.3} before training, {:.3} after 20 steps", pass(before), pass(after));
-    assert!(pass(before) > 0.0 && pass(after) > pass(before), "{before}\n{after}");
+    // Measured +0.23 to +0.27 here with the AVX-512, AVX2 and default kernels (which change the
+    // warm-up's outcome: step-1 reward 0.41 to 0.50); a frozen policy moves by sampling noise only.
+    assert!(pass(before) > 0.0 && pass(after) >= pass(before) + 0.1, "{before}\n{after}");
     let rows: Vec<Value> = rows.into_iter().filter(|m| m["step"] != 0).collect();
     let mean = |r: &[Value], k: &str| r.iter().map(|m| m[k].as_f64().unwrap()).sum::<f64>() / r.len() as f64;
     let (first, last) = (rows[0]["reward"].as_f64().unwrap(), mean(&rows[15..], "reward"));
     println!("with the tool: reward {first:.3} at step 1, {last:.3} over steps 16-20");
-    assert!(last >= first + 0.15, "GRPO did not raise accuracy: {first} -> {last}");
+    // Measured +0.19 to +0.24 over the same kernels; the noise of a 5-step mean is about 0.02.
+    assert!(last >= first + 0.1, "GRPO did not raise accuracy: {first} -> {last}");
     assert!(mean(&rows, "env/tool_calls/mean") > 0.9, "the policy does not call the tool");
     let rows = run(
         "no-tool",
