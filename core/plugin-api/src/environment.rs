@@ -206,7 +206,11 @@ impl<E: Environment> EnvObj for EnvAdapter<E> {
     fn stop_strings(&self) -> RVec<RString> {
         match guard(|| Ok(self.0.stop_strings())) {
             RResult::ROk(v) => v.into_iter().map(RString::from).collect(),
-            RResult::RErr(_) => RVec::new(),
+            RResult::RErr(e) => {
+                // Through the log bridge: the host shows it under the plugin's name.
+                tracing::warn!("stop_strings failed, so this environment has no stop strings of its own: {e}");
+                RVec::new()
+            }
         }
     }
 }
