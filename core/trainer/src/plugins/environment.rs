@@ -21,15 +21,7 @@ impl EnvHandle {
     pub fn new(p: &LoadedEnv, config_json: &str, ctx: HostContext, section: &str) -> Result<Self> {
         match (p.module.new_environment())(RStr::from_str(config_json), ctx) {
             RResult::ROk(obj) => Ok(EnvHandle { name: p.name.clone(), path: p.path.clone(), obj }),
-            RResult::RErr(e) => {
-                let message = match (&e.kind, e.key.as_ref().into_option()) {
-                    (rlhf_plugin_api::ErrorKind::Config, Some(key)) if !key.is_empty() => {
-                        format!("{section}.{key}: {}", e.message)
-                    }
-                    _ => e.to_string(),
-                };
-                Err(TrainerError::PluginCall { name: p.name.clone(), path: p.path.clone(), message })
-            }
+            RResult::RErr(e) => Err(super::handles::plugin_call_err(&p.name, &p.path, e, section)),
         }
     }
 

@@ -16,11 +16,17 @@ use crate::error::{Result, TrainerError};
 use crate::metrics::is_host_metric;
 
 fn call_err(meta: &PluginMeta, e: PluginError, section: &str) -> TrainerError {
+    plugin_call_err(&meta.name, &meta.path, e, section)
+}
+
+/// A plugin's error as the host reports it: a config error with its key under `section`
+/// (`algorithm.config.beta: ...`), anything else as the plugin said it.
+pub(crate) fn plugin_call_err(name: &str, path: &std::path::Path, e: PluginError, section: &str) -> TrainerError {
     let message = match (&e.kind, e.key.as_ref().into_option()) {
         (rlhf_plugin_api::ErrorKind::Config, Some(key)) if !key.is_empty() => format!("{section}.{key}: {}", e.message),
         _ => e.to_string(),
     };
-    TrainerError::PluginCall { name: meta.name.clone(), path: meta.path.clone(), message }
+    TrainerError::PluginCall { name: name.to_string(), path: path.to_path_buf(), message }
 }
 
 fn plugin_err(meta: &PluginMeta, message: String) -> TrainerError {

@@ -2,7 +2,6 @@
 //! of single responses, the environment's reward as one more score of stage 3 (named `env`,
 //! weighted by `environment.weight`), and the `env/*` metrics over all ranks.
 
-use crate::config::EnvReward;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
 use crate::rl::engine::Engine;
@@ -58,7 +57,7 @@ impl Trainer {
     /// Appends the environment's rewards of the kept rows to this rank's source scores, unless
     /// `environment.reward = "sources"`.
     pub(super) fn env_scores(&self, env: Option<&EnvOutcome>, kept_rows: &[usize], scores: &mut Vec<SourceScores>) {
-        if let Some(e) = env.filter(|_| self.cfg.environment.reward != EnvReward::Sources) {
+        if let Some(e) = env.filter(|_| self.cfg.environment.scores_env()) {
             scores.push(SourceScores { scores: kept_rows.iter().map(|&r| e.rewards[r]).collect(), metrics: vec![] });
         }
     }

@@ -32,7 +32,7 @@ use tch::{Kind, Tensor};
 use crate::config::{EnvironmentConfig, RolloutConfig};
 use crate::error::{Result, TrainerError};
 use crate::plugins::EnvHandle;
-use crate::rl::engine::vllm::{Sampling, VllmEngine};
+use crate::rl::engine::vllm::{rollout_sampling, VllmEngine};
 use crate::rl::prompts::PromptBatch;
 use crate::rl::rollout::{diverged, generate_config, Rollout};
 
@@ -350,15 +350,8 @@ fn vllm_turn(engine: &VllmEngine, trajs: &[Trajectory], s: &EpisodeSettings<'_>)
     let contexts: Vec<Vec<u32>> =
         active.iter().map(|&r| trajs[r].prompt.iter().chain(&trajs[r].tokens).map(|&t| t as u32).collect()).collect();
     let room = active.iter().map(|&r| trajs[r].room(s.env.max_total_tokens)).max().unwrap_or(1);
-    let sampling = Sampling {
-        max_tokens: s.rollout.max_new_tokens.min(room.max(1) as i64),
-        temperature: s.rollout.temperature,
-        top_p: s.rollout.top_p,
-        top_k: s.rollout.top_k,
-        stop_token_ids: s.eos_ids.iter().map(|&e| e as u32).collect(),
-        stop: s.stops.to_vec(),
-        seed: None,
-    };
+    let max_tokens = s.rollout.max_new_tokens.min(room.max(1) as i64);
+    let sampling = rollout_sampling(s.rollout, s.eos_ids, max_tokens, s.stops.to_vec());
     let completions = engine.complete(&contexts, 1, &sampling)?;
     if completions.len() != active.len() {
         return Err(TrainerError::Run(format!(

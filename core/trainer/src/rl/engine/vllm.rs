@@ -81,17 +81,7 @@ impl VllmEngine {
         let prompts: Vec<Vec<u32>> = (0..ids.len() / g)
             .map(|p| ids[p * g].iter().zip(&masks[p * g]).filter(|(_, &k)| k == 1).map(|(&t, _)| t as u32).collect())
             .collect();
-        // No seed: vLLM seeds sample k of every prompt of a request with `seed + k`, which would
-        // correlate the samples of different prompts.
-        let sampling = Sampling {
-            max_tokens: cfg.max_new_tokens,
-            temperature: cfg.temperature,
-            top_p: cfg.top_p,
-            top_k: cfg.top_k,
-            stop_token_ids: eos_ids.iter().map(|&e| e as u32).collect(),
-            stop: Vec::new(),
-            seed: None,
-        };
+        let sampling = rollout_sampling(cfg, eos_ids, cfg.max_new_tokens, Vec::new());
         let completions = self.complete(&prompts, g, &sampling)?;
         layout(batch, completions, pad, eos_ids)
     }
@@ -99,7 +89,6 @@ impl VllmEngine {
     /// `n` completions of every prompt, the prompts split over the servers and requested in
     /// parallel; returned prompt by prompt, `n` each.
     pub fn complete(&self, prompts: &[Vec<u32>], n: usize, sampling: &Sampling) -> Result<Vec<Completion>> {
-        let g = n;
         let n_servers = self.clients.len();
         let model = self.cfg.model.clone();
         let results: Vec<std::result::Result<Vec<Vec<Completion>>, String>> = std::thread::scope(|s| {
@@ -111,7 +100,7 @@ impl VllmEngine {
                         if prompts.is_empty() {
                             return Ok(Vec::new());
                         }
-                        client.complete(model, prompts, g, sampling).map_err(|e| e.to_string())
+                        client.complete(model, prompts, n, sampling).map_err(|e| e.to_string())
                     })
                 })
                 .collect();
@@ -123,6 +112,21 @@ impl VllmEngine {
             completions.extend(per_prompt.into_iter().flatten());
         }
         Ok(completions)
+    }
+}
+
+/// The sampling of rollouts with `[rollout]`'s settings: at most `max_tokens`, ended by EOS or one of
+/// `stop`. No seed: vLLM seeds sample k of every prompt of a request with `seed + k`, which would
+/// correlate the samples of different prompts.
+pub fn rollout_sampling(cfg: &RolloutConfig, eos_ids: &[i64], max_tokens: i64, stop: Vec<String>) -> Sampling {
+    Sampling {
+        max_tokens,
+        temperature: cfg.temperature,
+        top_p: cfg.top_p,
+        top_k: cfg.top_k,
+        stop_token_ids: eos_ids.iter().map(|&e| e as u32).collect(),
+        stop,
+        seed: None,
     }
 }
 
