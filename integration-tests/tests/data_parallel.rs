@@ -197,12 +197,24 @@ fn checkpoints(run_dir: &Path) -> Vec<PathBuf> {
 
 /// Kill -9 one rank mid-run: the other exits non-zero, naming itself and the failed collective,
 /// within 60 s; the completed checkpoints are intact, and the run resumes from the newest on 2
-/// ranks. (Resuming on another number of ranks is tested in `zero.rs`.)
+/// ranks. The run shards its parameters (ZeRO stage 3), so most of a step's collectives are the
+/// per-layer gathers and reductions a rank is killed in. (Resuming on another number of ranks is
+/// tested in `zero.rs` and `zero3.rs`.)
 #[test]
 fn a_killed_rank_stops_its_peer_and_the_run_resumes_on_two_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let rd = dir.path().join("run");
-    let args = ["train", "--algo", "grpo", "--set", "train.steps=100000", "--set", "checkpoint.every=2"];
+    let args = [
+        "train",
+        "--algo",
+        "grpo",
+        "--set",
+        "train.steps=100000",
+        "--set",
+        "checkpoint.every=2",
+        "--set",
+        "distributed.zero_stage=3",
+    ];
     let port = free_port();
     let mut r0 = start_rank(0, port, &args, &rd, 30);
     let mut r1 = start_rank(1, port, &args, &rd, 30);

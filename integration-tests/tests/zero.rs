@@ -8,7 +8,8 @@
 //! order, so metrics and weights agree within a tolerance; each rank holds its share of the
 //! optimizer state (`mem/optim_gb`) and at stage 2 of the gradients (`mem/grads_gb`); every rank
 //! checkpoints its own shard, and a run resumes bit-exactly at its stage and world size and
-//! re-shards to others; stage 3 and bad values are one-line config errors naming the key.
+//! re-shards to others; bad values are one-line config errors naming the key. Stage 3
+//! (parameters sharded too, gathered layer by layer) is tested in `zero3.rs`.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -261,17 +262,20 @@ fn sharded_checkpoints_resume_exactly_and_re_shard_to_other_stages_and_world_siz
 }
 
 #[test]
-fn unbuilt_and_bad_stages_are_one_line_errors_naming_the_key() {
+fn bad_stages_are_one_line_errors_naming_the_key() {
     let tmp = tempfile::tempdir().unwrap();
-    for (cmd, stage, want) in [
-        ("train", "3", "stage 3 (sharded parameters) is not built yet"),
-        ("sft", "3", "stage 3 (sharded parameters) is not built yet"),
-        ("rm", "7", "7 is not a ZeRO stage"),
-        ("dpo", "\"one\"", "distributed.zero_stage"),
+    let lora = ["--set", "model.lora.rank=4", "--set", "model.lora.dropout=0.1"];
+    let phase_lora = ["--set", "lora.rank=4", "--set", "lora.dropout=0.1"];
+    for (cmd, stage, extra, want) in [
+        ("train", "3", &lora[..], "stage 3 recomputes each layer in backward"),
+        ("sft", "3", &phase_lora[..], "needs lora.dropout = 0"),
+        ("rm", "7", &[][..], "7 is not a ZeRO stage: 0, 1, 2 or 3"),
+        ("dpo", "\"one\"", &[][..], "distributed.zero_stage"),
     ] {
         let rd = tmp.path().join(cmd);
         let o = Command::new(rlhf_bin())
             .args([cmd, "--run-dir", s(&rd), "--set", &format!("distributed.zero_stage={stage}")])
+            .args(extra)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);

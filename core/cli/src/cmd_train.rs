@@ -155,6 +155,9 @@ const MAY_DIFFER: &[&str] = &[
     "plugin_dirs",
     // How the ranks hold the optimizer state: a checkpoint holds it whole, re-sharded on load.
     "distributed.",
+    // Recomputing layers in backward changes memory and time, not the gradients (and ZeRO
+    // stage 3 turns it on).
+    "train.gradient_checkpointing",
     // Where the rollout servers are and how long to wait for them.
     "rollout.vllm.urls",
     "rollout.vllm.timeout_s",

@@ -62,13 +62,15 @@ struct Inner {
     timeout_ms: i64,
 }
 
-/// This process's place in the run and its process groups.
+/// This process's place in the run and its process groups. Cloning gives another handle to the
+/// same groups and statistics (a sharded model's gate keeps one).
+#[derive(Clone)]
 pub struct World {
     rank: usize,
     size: usize,
     local_rank: usize,
-    inner: Option<Inner>,
-    stats: Mutex<CommStats>,
+    inner: Option<std::sync::Arc<Inner>>,
+    stats: std::sync::Arc<Mutex<CommStats>>,
 }
 
 impl std::fmt::Debug for World {
@@ -80,7 +82,7 @@ impl std::fmt::Debug for World {
 impl World {
     /// One process, no peers.
     pub fn single() -> World {
-        World { rank: 0, size: 1, local_rank: 0, inner: None, stats: Mutex::new(CommStats::default()) }
+        World { rank: 0, size: 1, local_rank: 0, inner: None, stats: Default::default() }
     }
 
     /// Joins the world the launcher's environment describes, or [`World::single`] without one.
@@ -126,8 +128,8 @@ impl World {
             rank: l.rank,
             size: l.world_size,
             local_rank: l.local_rank,
-            inner: Some(Inner { cpu, cuda: Mutex::new(None), store, addr, timeout_ms }),
-            stats: Mutex::new(CommStats::default()),
+            inner: Some(std::sync::Arc::new(Inner { cpu, cuda: Mutex::new(None), store, addr, timeout_ms })),
+            stats: Default::default(),
         })
     }
 

@@ -20,11 +20,18 @@
 //!
 //! The recomputed forward must equal the first: nothing random may run in it (LoRA dropout is
 //! refused by the trainer's config check).
+//!
+//! With sharded parameters (a [`crate::gate::ParamGate`], ZeRO stage 3) the pass is where each
+//! unit is made whole and freed: the outer unit (embeddings, final norm, heads) from the start of
+//! the forward to the end of the backward, each layer around its forward and again around its
+//! recomputation, after which its gradients are reduced and freed. The gate sees the same calls
+//! in the same order whatever the input, also when the loss did not depend on the pass.
 
 use tch::{Kind, Tensor};
 
 use crate::backbone::Backbone;
 use crate::error::{ModelError, Result};
+use crate::gate::{gate_err, Gate, Unit};
 use crate::layers::{KvCache, LayerShared};
 
 /// Rows of one checkpointed forward: their inputs and what their layers share.
@@ -81,6 +88,32 @@ pub struct Checkpointed {
     prefix: Option<SharedPart>,
     /// The final hidden states, a leaf requiring a gradient.
     hidden: Tensor,
+    /// The gate of the model's sharded parameters, if any (the backward uses the forward's).
+    gate: Gate,
+}
+
+/// Makes `unit` whole (with a gate).
+fn gather(gate: &Gate, unit: Unit) -> Result<()> {
+    match gate {
+        Some(g) => g.gather(unit).map_err(gate_err),
+        None => Ok(()),
+    }
+}
+
+/// Ends a use of `unit` (with a gate); with `grads`, after its backward.
+fn release(gate: &Gate, unit: Unit, grads: bool) -> Result<()> {
+    match gate {
+        Some(g) => g.release(unit, grads).map_err(gate_err),
+        None => Ok(()),
+    }
+}
+
+/// `f()` between gathering and (forward) releasing layer `i`.
+fn gated<T>(gate: &Gate, i: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    gather(gate, Unit::Layer(i))?;
+    let out = f()?;
+    release(gate, Unit::Layer(i), false)?;
+    Ok(out)
 }
 
 impl Checkpointed {
@@ -99,20 +132,22 @@ impl Checkpointed {
 /// - `ids`, `positions`, `key_mask`: `[batch, seq]` → [`Checkpointed::hidden`] `[batch, seq, hidden]`
 pub(crate) fn forward(
     backbone: &Backbone,
+    gate: &Gate,
     ids: &Tensor,
     positions: &Tensor,
     key_mask: &Tensor,
 ) -> Result<Checkpointed> {
+    gather(gate, Unit::Outer)?;
     let (rows, hidden) = tch::no_grad(|| -> Result<_> {
         let mut rows = Segment::embed(backbone, ids, positions, key_mask, 0)?;
         for i in 0..backbone.num_layers() {
-            let next = backbone.layer(i, rows.top(), &rows.shared, None)?;
+            let next = gated(gate, i, || backbone.layer(i, rows.top(), &rows.shared, None))?;
             rows.inputs.push(next);
         }
         let hidden = backbone.final_norm(rows.top())?;
         Ok((rows, hidden))
     })?;
-    Ok(Checkpointed { rows, prefix: None, hidden: hidden.f_set_requires_grad(true)? })
+    Ok(Checkpointed { rows, prefix: None, hidden: hidden.f_set_requires_grad(true)?, gate: gate.clone() })
 }
 
 /// [`forward`] with each distinct prefix computed once: `prefix_*` are the distinct prefixes
@@ -123,6 +158,7 @@ pub(crate) fn forward(
 /// → [`Checkpointed::hidden`] `[batch, seq − p + 1, hidden]`
 pub(crate) fn forward_after_prefix(
     backbone: &Backbone,
+    gate: &Gate,
     prefix: (&Tensor, &Tensor, &Tensor),
     rest: (&Tensor, &Tensor, &Tensor),
     of_row: &Tensor,
@@ -130,11 +166,14 @@ pub(crate) fn forward_after_prefix(
     let (p_ids, p_pos, p_mask) = prefix;
     let (ids, positions, key_mask) = rest;
     let p = p_ids.size()[1];
+    gather(gate, Unit::Outer)?;
     let (prefixes, rows, hidden) = tch::no_grad(|| -> Result<_> {
         let mut pre = Segment::embed(backbone, p_ids, p_pos, p_mask, 0)?;
         let mut rows = Segment::embed(backbone, ids, positions, key_mask, p)?;
         for i in 0..backbone.num_layers() {
-            let (np, nr) = layer_pair(backbone, i, (pre.top(), &pre.shared), (rows.top(), &rows.shared), of_row)?;
+            let (np, nr) = gated(gate, i, || {
+                layer_pair(backbone, i, (pre.top(), &pre.shared), (rows.top(), &rows.shared), of_row)
+            })?;
             pre.inputs.push(np);
             rows.inputs.push(nr);
         }
@@ -142,7 +181,7 @@ pub(crate) fn forward_after_prefix(
         Ok((pre, rows, hidden))
     })?;
     let prefix = Some(SharedPart { prefixes, of_row: of_row.shallow_clone() });
-    Ok(Checkpointed { rows, prefix, hidden: hidden.f_set_requires_grad(true)? })
+    Ok(Checkpointed { rows, prefix, hidden: hidden.f_set_requires_grad(true)?, gate: gate.clone() })
 }
 
 /// Layer `i` of the prefixes `[u, p, hidden]`, then of the rows `[batch, s, hidden]` attending to
@@ -174,10 +213,6 @@ fn final_pair(backbone: &Backbone, prefixes: &Tensor, rows: &Tensor, of_row: &Te
 /// happens when that gradient is undefined (the loss did not depend on the output). Call it once
 /// per backpropagated loss: a second call would add the same gradients again.
 pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
-    let g = ck.hidden.grad();
-    if !g.defined() {
-        return Ok(());
-    }
     let layers = backbone.num_layers();
     if ck.rows.inputs.len() != layers + 1 {
         return Err(ModelError::Input(format!(
@@ -185,14 +220,31 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
             ck.rows.inputs.len().saturating_sub(1)
         )));
     }
+    let g = ck.hidden.grad();
+    let gate = &ck.gate;
+    if !g.defined() {
+        // Nothing to backpropagate; a gate still sees every layer's calls (collectives).
+        for i in (0..layers).rev() {
+            gather(gate, Unit::Layer(i))?;
+            release(gate, Unit::Layer(i), true)?;
+        }
+        return release(gate, Unit::Outer, true);
+    }
+    // Layer `i`'s recomputation and backward between gathering it and reducing its gradients.
+    let layer_back = |i: usize, f: &dyn Fn() -> Result<Vec<Tensor>>| -> Result<Vec<Tensor>> {
+        gather(gate, Unit::Layer(i))?;
+        let g = f()?;
+        release(gate, Unit::Layer(i), true)?;
+        Ok(g)
+    };
     match &ck.prefix {
         None => {
             let mut g = through(&[&ck.rows.inputs[layers]], &[&g], |x| Ok(vec![backbone.final_norm(x[0])?]))?;
             for i in (0..layers).rev() {
                 let f = |x: &[&Tensor]| Ok(vec![backbone.layer(i, x[0], &ck.rows.shared, None)?]);
-                g = through(&[&ck.rows.inputs[i]], &[&g[0]], f)?;
+                g = layer_back(i, &|| through(&[&ck.rows.inputs[i]], &[&g[0]], f))?;
             }
-            vjp(&[ck.rows.embeddings(backbone)?], &[&g[0]])
+            vjp(&[ck.rows.embeddings(backbone)?], &[&g[0]])?;
         }
         Some(SharedPart { prefixes: pre, of_row }) => {
             let tops = [&pre.inputs[layers], &ck.rows.inputs[layers]];
@@ -202,14 +254,15 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
                     let (yp, yr) = layer_pair(backbone, i, (x[0], &pre.shared), (x[1], &ck.rows.shared), of_row)?;
                     Ok(vec![yp, yr])
                 };
-                g = through(&[&pre.inputs[i], &ck.rows.inputs[i]], &[&g[0], &g[1]], f)?;
+                g = layer_back(i, &|| through(&[&pre.inputs[i], &ck.rows.inputs[i]], &[&g[0], &g[1]], f))?;
             }
             // Tied embeddings are used three times (LM head, rows, prefixes); one plain backward
             // sums their gradients in that order, and so do these separate calls, bit for bit.
             vjp(&[ck.rows.embeddings(backbone)?], &[&g[1]])?;
-            vjp(&[pre.embeddings(backbone)?], &[&g[0]])
+            vjp(&[pre.embeddings(backbone)?], &[&g[0]])?;
         }
     }
+    release(gate, Unit::Outer, true)
 }
 
 /// Recomputes `f(x)` with a graph from the `x` (as leaves) and backpropagates `g` (one per

@@ -46,6 +46,10 @@ pub enum ModelError {
     #[error("invalid input: {0}")]
     Input(String),
 
+    /// The gate of a model's sharded parameters failed (a collective, as the trainer words it).
+    #[error("{0}")]
+    Gate(String),
+
     /// An error raised inside libtorch.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),

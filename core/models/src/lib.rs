@@ -6,6 +6,7 @@
 //! - [`llama`] (Llama, Mistral, SmolLM, Qwen2) and [`gpt2`]: the families.
 //! - [`lora`]: LoRA adapters on the linear layers, merged on save.
 //! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
+//! - [`gate`]: when a sharded model's units are gathered and freed (ZeRO stage 3).
 //! - [`prefix`]: prompts shared by several rows, computed once.
 //! - [`device`]: `cpu` / `cuda:N` and dtype parsing, loading libtorch's CUDA library on demand.
 //!
@@ -18,6 +19,7 @@ pub mod checkpointing;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod gate;
 pub mod gpt2;
 pub mod layers;
 pub mod llama;
@@ -30,6 +32,7 @@ pub use checkpointing::Checkpointed;
 pub use config::{ArchConfig, Family, ModelConfig};
 pub use device::{parse_device, parse_dtype};
 pub use error::{ModelError, Result};
+pub use gate::{ParamGate, Unit};
 pub use layers::{position_ids_from_mask, KvCache};
 pub use lora::LoraConfig;
 pub use model::{last_token_index, CausalLm, ScalarHeadModel};

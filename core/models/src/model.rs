@@ -116,6 +116,8 @@ pub struct CausalLm {
     training: Arc<AtomicBool>,
     /// Switches the LoRA adapters off ([`CausalLm::with_adapters_disabled`]).
     adapters_off: Arc<AtomicBool>,
+    /// Gathers and frees the units of sharded parameters in checkpointed passes.
+    pub(crate) gate: crate::gate::Gate,
 }
 
 impl std::fmt::Debug for CausalLm {
@@ -147,6 +149,7 @@ impl CausalLm {
             source_dir: dir.to_path_buf(),
             training: Arc::default(),
             adapters_off: Arc::default(),
+            gate: None,
         })
     }
 
@@ -209,7 +212,13 @@ impl CausalLm {
         position_ids: &Tensor,
     ) -> Result<Checkpointed> {
         check_ids(input_ids, attention_mask)?;
-        checkpointing::forward(&self.backbone, input_ids, position_ids, attention_mask)
+        checkpointing::forward(&self.backbone, &self.gate, input_ids, position_ids, attention_mask)
+    }
+
+    /// Sets (or with `None` removes) the gate of this model's sharded parameters, which its
+    /// checkpointed passes call around each unit ([`crate::gate`]).
+    pub fn set_gate(&mut self, gate: crate::gate::Gate) {
+        self.gate = gate;
     }
 
     /// Accumulates the parameter gradients of a checkpointed pass of this model once the loss
@@ -326,6 +335,7 @@ pub struct ScalarHeadModel {
     score: Tensor, // [1, hidden]
     source_dir: PathBuf,
     training: Arc<AtomicBool>,
+    gate: crate::gate::Gate,
 }
 
 impl std::fmt::Debug for ScalarHeadModel {
@@ -350,7 +360,15 @@ impl ScalarHeadModel {
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let backbone = Backbone::load(&w, &config.arch)?;
         let score = w.pp("score").get("weight", &[1, config.arch.hidden_size])?;
-        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf(), training: Arc::default() })
+        Ok(ScalarHeadModel {
+            vs,
+            config,
+            backbone,
+            score,
+            source_dir: dir.to_path_buf(),
+            training: Arc::default(),
+            gate: None,
+        })
     }
 
     /// Builds a scalar-head model from a causal-LM checkpoint: the backbone is copied, the LM head
@@ -363,7 +381,15 @@ impl ScalarHeadModel {
         let backbone = Backbone::load(&w, &config.arch)?;
         let hidden = config.arch.hidden_size;
         let score = w.pp("score").new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0))?;
-        Ok(ScalarHeadModel { vs, config, backbone, score, source_dir: dir.to_path_buf(), training: Arc::default() })
+        Ok(ScalarHeadModel {
+            vs,
+            config,
+            backbone,
+            score,
+            source_dir: dir.to_path_buf(),
+            training: Arc::default(),
+            gate: None,
+        })
     }
 
     /// Device of the parameters.
@@ -406,7 +432,7 @@ impl ScalarHeadModel {
     pub fn values_checkpointed(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Checkpointed)> {
         check_ids(input_ids, attention_mask)?;
         let pos = position_ids_from_mask(attention_mask)?;
-        let ck = checkpointing::forward(&self.backbone, input_ids, &pos, attention_mask)?;
+        let ck = checkpointing::forward(&self.backbone, &self.gate, input_ids, &pos, attention_mask)?;
         let v = ck.hidden().f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?;
         Ok((v, ck))
     }
@@ -427,6 +453,11 @@ impl ScalarHeadModel {
             return Ok((v, Some(ck)));
         }
         Ok((self.values(input_ids, attention_mask)?, None))
+    }
+
+    /// See [`CausalLm::set_gate`].
+    pub fn set_gate(&mut self, gate: crate::gate::Gate) {
+        self.gate = gate;
     }
 
     /// See [`CausalLm::backward_checkpointed`].

@@ -148,6 +148,12 @@ impl CausalLm {
     ) -> Result<Checkpointed> {
         let Split { prefixes: (p_ids, p_pos, p_mask), rest: (ids, pos, mask), of_row } =
             Split::new(input_ids, attention_mask, prefix)?;
-        checkpointing::forward_after_prefix(&self.backbone, (&p_ids, &p_pos, &p_mask), (&ids, &pos, &mask), &of_row)
+        checkpointing::forward_after_prefix(
+            &self.backbone,
+            &self.gate,
+            (&p_ids, &p_pos, &p_mask),
+            (&ids, &pos, &mask),
+            &of_row,
+        )
     }
 }

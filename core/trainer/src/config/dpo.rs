@@ -142,7 +142,7 @@ impl DpoConfig {
     /// Loads base (file or the embedded `dpo` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (cfg, fig): (DpoConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let (mut cfg, fig): (DpoConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
@@ -152,6 +152,8 @@ impl DpoConfig {
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
         cfg.distributed.validate(&src)?;
+        let dropout = if cfg.lora.rank > 0 { cfg.lora.dropout } else { 0.0 };
+        cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }

@@ -278,7 +278,7 @@ impl SftConfig {
     /// Loads base (file or the embedded `sft` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (cfg, fig): (SftConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let (mut cfg, fig): (SftConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
@@ -288,6 +288,8 @@ impl SftConfig {
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
         cfg.distributed.validate(&src)?;
+        let dropout = if cfg.lora.rank > 0 { cfg.lora.dropout } else { 0.0 };
+        cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }
@@ -441,7 +443,7 @@ impl RmConfig {
     /// Loads base (file or the embedded `rm` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (cfg, fig): (RmConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let (mut cfg, fig): (RmConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
@@ -451,6 +453,8 @@ impl RmConfig {
         cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
         check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
         cfg.distributed.validate(&src)?;
+        let dropout = if cfg.lora.rank > 0 { cfg.lora.dropout } else { 0.0 };
+        cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
         if cfg.data.max_len < 2 {
             return Err(src.error("data.max_len", "must be >= 2"));
         }

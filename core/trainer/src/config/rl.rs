@@ -353,7 +353,11 @@ impl RlConfig {
         }
         let fig = layer(fig, &schema::<RlConfig>(), sets)?;
         let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
-        cfg.validate(&KeySource { fig: &fig, base: &label })?;
+        let src = KeySource { fig: &fig, base: &label };
+        cfg.validate(&src)?;
+        let m = &cfg.model;
+        let dropout = [&m.lora, &m.critic_lora].iter().filter(|l| l.rank > 0).map(|l| l.dropout).fold(0.0, f64::max);
+        cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
         cfg.source = label;
         cfg.layers = Layers(Some(fig.clone()));
         Ok((cfg, fig))

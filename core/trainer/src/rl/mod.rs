@@ -275,7 +275,9 @@ impl Trainer {
             && t.ppo_epochs == 1
             && t.minibatch_size >= n_prompts * g
             && t.gradient_accumulation_steps <= 1
-            && cfg.model.lora.dropout == 0.0;
+            && cfg.model.lora.dropout == 0.0
+            // Stage 3 trains on sharded weights, the experience pass runs on whole ones.
+            && cfg.distributed.zero_stage < 3;
         // A prompt's G rows share its pass (not its LoRA dropout masks).
         let share_prompts = t.share_prompts && cfg.model.lora.dropout == 0.0;
         let opts =

@@ -71,7 +71,19 @@ fn micro_done(
     }
 }
 
-/// Optimizer steps in one epoch over `batch` samples: `⌈⌈batch / minibatch⌉ / accumulation⌉`.
+/// Stage 3: trains the next micro-batch on sharded parameters (`sharded`, gathered layer by layer
+/// in the checkpointed passes) or on whole ones (a collective either way, the same on every rank;
+/// nothing at stages 0 to 2).
+fn set_sharded(
+    actor: &mut TrainEngine,
+    critic: &mut Option<(&ScalarHeadModel, &mut TrainEngine)>,
+    sharded: bool,
+) -> Result<()> {
+    let mut engines: Vec<&mut TrainEngine> = vec![actor];
+    engines.extend(critic.as_mut().map(|(_, o)| &mut **o));
+    engines.into_iter().try_for_each(|e| e.set_sharded(sharded))
+}
+
 /// What every micro-batch of one optimizer step shares.
 struct MicroCtx<'a> {
     batch: &'a Batch,
@@ -187,6 +199,29 @@ fn micro_loss(
     Ok((loss, passes))
 }
 
+/// Backpropagates `loss` (already scaled for accumulation) through the graph and then through
+/// the micro-batch's checkpointed passes; without a loss only the passes' backward runs, which
+/// then only makes a sharded model's collective calls (stage 3).
+fn backprop(
+    loss: Option<Tensor>,
+    passes: &Passes,
+    batch: &Batch,
+    actor: &CausalLm,
+    critic: Option<&ScalarHeadModel>,
+) -> Result<()> {
+    if let Some(loss) = &loss {
+        loss.f_backward()?;
+    }
+    let reused = batch.policy_checkpoint.as_ref().filter(|_| passes.reused_actor && loss.is_some());
+    for ck in passes.actor.iter().chain(reused) {
+        ck.backward(actor)?;
+    }
+    if let (Some(ck), Some(c)) = (&passes.critic, critic) {
+        c.backward_checkpointed(ck)?;
+    }
+    Ok(())
+}
+
 /// Ends one optimizer step once every micro-batch is backpropagated
 /// ([`train_engine::finish_step`]): grad norms into `local`, learning rates into `m`.
 /// `None`: a loss was not finite on some rank and nothing stepped; `Some(false)`: a gradient was
@@ -281,6 +316,8 @@ pub fn optimise(
         c.set_training(true);
     }
     let accumulation = cfg.gradient_accumulation_steps.max(1);
+    // Stage 3 trains on sharded parameters, except with ptx, whose pass is not checkpointed.
+    let train_sharded = ptx.is_none();
     for epoch in 0..cfg.ppo_epochs {
         let mut order: Vec<i64> = (0..b as i64).collect();
         rng.shuffle(&mut order);
@@ -302,33 +339,30 @@ pub fn optimise(
                     micro_done(world, actor_opt, &mut critic)?;
                 }
                 let mine = dist::shard(minibatch.len(), world.rank(), world.size());
+                // A micro-batch some rank has no rows of runs on whole weights at stage 3: the
+                // sharded passes are collectives every rank must join.
+                set_sharded(actor_opt, &mut critic, train_sharded && minibatch.len() >= world.size())?;
+                let lockstep = actor_opt.lockstep() || critic.as_ref().is_some_and(|(_, o)| o.lockstep());
                 let whole = cfg.ppo_epochs == 1 && minibatches.len() == 1 && minibatch.len() == b;
                 let (chunk, reuse) = micro_rows(batch, minibatch, whole, mine.clone());
-                if chunk.is_empty() || !finite {
+                if chunk.is_empty() || (!finite && !lockstep) {
                     continue;
                 }
                 let ctx = MicroCtx { batch, prepared, cfg, req, opts, step_tokens, k, epoch, steps: actor_opt.steps() };
                 let part = MicroPart { rows: &chunk, reuse, minibatch_len: minibatch.len(), mine: mine.clone() };
                 let c = critic.as_ref().map(|(c, _)| *c);
                 let (loss, passes) = micro_loss(&ctx, actor, c, algo, ptx, &mut rng, &part, &mut local)?;
-                let mut loss = loss;
                 let loss_value = loss.double_value(&[]);
-                if !loss_value.is_finite() {
+                if loss_value.is_finite() {
+                    local.add("loss/total", loss_value);
+                    backprop(Some(if k > 1 { loss.f_div_scalar(k as f64)? } else { loss }), &passes, batch, actor, c)?;
+                } else {
                     tracing::warn!("step {step}: non-finite loss ({loss_value}); optimizer step skipped");
                     finite = false;
-                    continue;
-                }
-                local.add("loss/total", loss_value);
-                if k > 1 {
-                    loss = loss.f_div_scalar(k as f64)?;
-                }
-                loss.f_backward()?;
-                let reused = batch.policy_checkpoint.as_ref().filter(|_| passes.reused_actor);
-                for ck in passes.actor.iter().chain(reused) {
-                    ck.backward(actor)?;
-                }
-                if let (Some(ck), Some((c, _))) = (&passes.critic, &critic) {
-                    c.backward_checkpointed(ck)?;
+                    if lockstep {
+                        // No loss to backpropagate, but the passes' gathers and reductions still run.
+                        backprop(None, &passes, batch, actor, c)?;
+                    }
                 }
             }
             micro_done(world, actor_opt, &mut critic)?;
@@ -342,7 +376,13 @@ pub fn optimise(
                 Some(true) => {}
             }
             if let Some((e, decay)) = ema {
+                // Stage 3: the EMA reads the whole actor (gathered for it).
+                let sharded = actor_opt.lockstep();
+                actor_opt.gather_params()?;
                 ema_update(&e.vs, &actor.vs, decay)?;
+                if sharded {
+                    actor_opt.shard_params()?;
+                }
             }
             if let Some(p) = progress {
                 p.advance(1);
@@ -353,6 +393,8 @@ pub fn optimise(
     if let Some((c, _)) = &critic {
         c.set_training(false);
     }
+    // Whole weights again for the next rollout (stage 3).
+    set_sharded(actor_opt, &mut critic, false)?;
     dist::merge_metrics(world, &local, m)?;
     m.set("skipped_steps", skipped as f64);
     let mut engines: Vec<&TrainEngine> = vec![&*actor_opt];

@@ -360,7 +360,7 @@ impl Trainer {
         let warmup_dir = if resume.is_some() { &run_dir } else { out_dir };
         let (mut actor, actor_dir) =
             warmed_up_actor(&cfg, warmup_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
-        let (reference, critic, ema) = companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
+        let (reference, mut critic, ema) = companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
         // Every rank has its models (a rank that failed before here meets this agreement at the
         // end of its setup); then they start from rank 0's weights, before the optimizers copy
         // them into masters.
@@ -382,6 +382,11 @@ impl Trainer {
             .as_ref()
             .map(|c| TrainEngine::new(&c.vs, &cfg.train.critic_optim(), total, strategy, &world))
             .transpose()?;
+        // Stage 3: the checkpointed passes gather and free each layer of the sharded parameters.
+        actor.set_gate(actor_opt.gate());
+        if let (Some(c), Some(o)) = (critic.as_mut(), critic_opt.as_ref()) {
+            c.set_gate(o.gate());
+        }
         let ptx = match &cfg.train.ptx_data {
             Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
             _ => None,

@@ -310,17 +310,25 @@ impl PhaseTask for DpoTask {
         items.len() as f64
     }
 
+    fn trains_sharded(&self) -> bool {
+        // The policy with its adapters off is the reference: a forward that is not checkpointed.
+        !matches!(self.reference, Reference::Adapters)
+    }
+
     fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>> {
         self.policy.set_training(true);
         let (out, _, tokens, ck) = self.forward(Split::Train, items)?;
         let sum = out.losses.f_sum(Kind::Float)?; // scalar
         let value = sum.double_value(&[]);
-        if !value.is_finite() {
-            return Ok(None);
+        if value.is_finite() {
+            sum.f_div_scalar(total_weight)?.f_backward()?;
         }
-        sum.f_div_scalar(total_weight)?.f_backward()?;
+        // Also without a loss: a sharded model's pass gathers and reduces with the other ranks.
         if let Some(ck) = &ck {
             ck.backward(&self.policy)?;
+        }
+        if !value.is_finite() {
+            return Ok(None);
         }
         record(&out, "", m)?;
         Ok(Some(MicroOut { loss_sum: value, tokens }))
@@ -443,6 +451,7 @@ fn dpo_in(
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &policy.vs)?;
     let mut opt = TrainEngine::new(&policy.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
+    policy.set_gate(opt.gate());
     tracing::info!(
         "dpo: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, beta {}, reference {}, run dir {}",
         train.len(),

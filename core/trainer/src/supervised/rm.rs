@@ -119,12 +119,15 @@ impl PhaseTask for RmTask {
         let (out, tokens, ck) = forward_pairs(&self.model, &batch, self.pad, self.loss, self.checkpointing)?;
         let sum = out.per_pair.f_sum(Kind::Float)?; // scalar
         let value = sum.double_value(&[]);
-        if !value.is_finite() {
-            return Ok(None);
+        if value.is_finite() {
+            sum.f_div_scalar(total_weight)?.f_backward()?;
         }
-        sum.f_div_scalar(total_weight)?.f_backward()?;
+        // Also without a loss: a sharded model's pass gathers and reduces with the other ranks.
         if let Some(ck) = &ck {
             self.model.backward_checkpointed(ck)?;
+        }
+        if !value.is_finite() {
+            return Ok(None);
         }
         let correct = out.chosen_scores.f_gt_tensor(&out.rejected_scores)?.f_to_kind(Kind::Float)?;
         for v in Vec::<f32>::try_from(&correct)? {
@@ -185,6 +188,7 @@ fn rm_in(
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &model.vs)?;
     let mut opt = TrainEngine::new(&model.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
+    model.set_gate(opt.gate());
     tracing::info!(
         "rm: {} train pairs, {} eval pairs, {total} optimizer steps, loss {:?}, run dir {}",
         train.len(),

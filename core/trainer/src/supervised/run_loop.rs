@@ -50,9 +50,15 @@ pub trait PhaseTask {
     /// of its micro-batches' losses divided by the total weight, so gradient accumulation equals
     /// one large batch.
     fn weight(&self, items: &[usize]) -> f64;
-    /// Forward, loss scaled by `1 / total_weight`, backward. Returns `None` without a backward pass
-    /// when the loss is not finite (the step is then skipped).
+    /// Forward, loss scaled by `1 / total_weight`, backward. Returns `None` when the loss is not
+    /// finite (the step is then skipped); a checkpointed pass is still handed back for its
+    /// backward, which then only makes a sharded model's collective calls.
     fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>>;
+    /// Whether the micro-steps may run on sharded parameters (ZeRO stage 3): every forward of the
+    /// trained model in them is a checkpointed pass.
+    fn trains_sharded(&self) -> bool {
+        true
+    }
     /// Metrics on the eval split (`eval/...`), or `None` without one.
     fn evaluate(&mut self) -> Result<Option<StepMetrics>>;
     /// Saves the model in Hugging Face format.
@@ -119,7 +125,11 @@ pub fn run_phase<T: PhaseTask>(
             let mut local = StepMetrics::default();
             for micro in &group {
                 let mine = &micro[dist::shard(micro.len(), world.rank(), world.size())];
-                if !mine.is_empty() && finite {
+                // Stage 3 trains on sharded parameters, but a micro-batch some rank has no rows
+                // of runs on whole ones: the sharded passes are collectives every rank joins.
+                opt.set_sharded(micro.len() >= world.size() && task.trains_sharded())?;
+                // Sharded, a rank whose loss was not finite still runs its passes.
+                if !mine.is_empty() && (finite || opt.lockstep()) {
                     match task.micro_step(mine, weight.max(1e-12), &mut local)? {
                         Some(o) => {
                             loss_sum += o.loss_sum;
@@ -137,6 +147,8 @@ pub fn run_phase<T: PhaseTask>(
             }
             // Every rank takes the same decision on the same combined gradient.
             let stepped = train_engine::finish_step(world, &mut [&mut *opt], finite)?;
+            // Whole weights for evaluation, checkpoints and the next step's start (stage 3).
+            opt.gather_params()?;
             dist::merge_metrics(world, &local, &mut m)?;
             train_engine::memory_metrics(world, &[&*opt], &mut m)?;
             step += 1;

@@ -85,12 +85,15 @@ impl PhaseTask for SftTask {
         let (lp, ck) = token_logprobs_pass(&self.model, &b.input_ids, &b.attention_mask, 1, opts, self.checkpointing)?;
         let nll = masked_nll_sum(&lp.logprobs, &b.target_mask)?; // scalar
         let value = nll.double_value(&[]);
-        if !value.is_finite() {
-            return Ok(None);
+        if value.is_finite() {
+            nll.f_div_scalar(total_weight)?.f_backward()?;
         }
-        nll.f_div_scalar(total_weight)?.f_backward()?;
+        // Also without a loss: a sharded model's pass gathers and reduces with the other ranks.
         if let Some(ck) = &ck {
             ck.backward(&self.model)?;
+        }
+        if !value.is_finite() {
+            return Ok(None);
         }
         Ok(Some(MicroOut { loss_sum: value, tokens: b.tokens }))
     }
@@ -182,6 +185,7 @@ fn sft_in(
     let total = total_steps(train.len(), t);
     dist::broadcast_weights(world, &model.vs)?;
     let mut opt = TrainEngine::new(&model.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
+    model.set_gate(opt.gate());
     tracing::info!(
         "sft: {} train examples, {} eval examples, {total} optimizer steps, run dir {}",
         train_examples,

@@ -13,8 +13,13 @@
 //! - **2, gradients sharded too**: as 1, but each micro-batch's gradients are reduce-scattered
 //!   as soon as its backward pass ends ([`TrainEngine::micro_done`]) and freed, so a rank keeps
 //!   only its f32 shard of the step's summed gradient between micro-batches and during the step.
+//! - **3, parameters sharded too** ([`stage3`]): as 2, and while training the variables hold no
+//!   storage: the model's checkpointed layer loop gathers each layer just before it runs and
+//!   frees it after ([`TrainEngine::shard_params`]); generation, evaluation, checkpoints and export
+//!   run on whole weights gathered once per phase ([`TrainEngine::gather_params`]).
 
 pub mod sharded;
+pub mod stage3;
 
 use std::collections::HashMap;
 
@@ -28,6 +33,7 @@ use crate::error::Result;
 use crate::optim::{Optim, OptimConfig, StepInfo};
 use crate::shard_files;
 use sharded::ShardedAdam;
+use stage3::Params;
 
 /// How a model's training state is laid out over the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,15 +44,18 @@ pub enum Strategy {
     ShardedOptimizer,
     /// As [`Strategy::ShardedOptimizer`], with the gradients partitioned too (ZeRO stage 2).
     ShardedGradients,
+    /// As [`Strategy::ShardedGradients`], with the parameters partitioned too (ZeRO stage 3).
+    ShardedParams,
 }
 
 impl Strategy {
-    /// The strategy of `[distributed] zero_stage` (validated to 0, 1 or 2 by the config).
+    /// The strategy of `[distributed] zero_stage` (validated to 0 to 3 by the config).
     pub fn of_stage(stage: u8) -> Strategy {
         match stage {
             0 => Strategy::Replicated,
             1 => Strategy::ShardedOptimizer,
-            _ => Strategy::ShardedGradients,
+            2 => Strategy::ShardedGradients,
+            _ => Strategy::ShardedParams,
         }
     }
 
@@ -56,6 +65,7 @@ impl Strategy {
             Strategy::Replicated => 0,
             Strategy::ShardedOptimizer => 1,
             Strategy::ShardedGradients => 2,
+            Strategy::ShardedParams => 3,
         }
     }
 }
@@ -77,8 +87,9 @@ impl TrainEngine {
     pub fn new(vs: &VarStore, settings: &OptimConfig, total: usize, strategy: Strategy, world: &World) -> Result<Self> {
         let inner = match strategy {
             Strategy::Replicated => Inner::Replicated(Optim::new(vs, settings, total)?),
-            Strategy::ShardedOptimizer => Inner::Sharded(ShardedAdam::new(vs, settings, total, world, false)?),
-            Strategy::ShardedGradients => Inner::Sharded(ShardedAdam::new(vs, settings, total, world, true)?),
+            Strategy::ShardedOptimizer => Inner::Sharded(ShardedAdam::new(vs, settings, total, world, false, false)?),
+            Strategy::ShardedGradients => Inner::Sharded(ShardedAdam::new(vs, settings, total, world, true, false)?),
+            Strategy::ShardedParams => Inner::Sharded(ShardedAdam::new(vs, settings, total, world, true, true)?),
         };
         Ok(TrainEngine { inner, strategy })
     }
@@ -96,8 +107,58 @@ impl TrainEngine {
         }
     }
 
-    /// Bytes of the trained variables this rank holds (all of them at stages 0 to 2).
+    /// The gate of the sharded parameters (stage 3), for the model's checkpointed passes
+    /// (`model.set_gate(engine.gate())`); `None` at stages 0 to 2.
+    pub fn gate(&self) -> rlhf_models::gate::Gate {
+        self.params().map(Params::gate)
+    }
+
+    fn params(&self) -> Option<&Params> {
+        match &self.inner {
+            Inner::Sharded(s) => s.params.as_ref(),
+            Inner::Replicated(_) => None,
+        }
+    }
+
+    /// Stage 3: frees the whole variables for training (no collective; call it on every rank
+    /// between optimizer steps, with no gradients pending). Nothing at stages 0 to 2.
+    pub fn shard_params(&mut self) -> Result<()> {
+        match self.params() {
+            Some(p) => p.shard(),
+            None => Ok(()),
+        }
+    }
+
+    /// Stage 3: gathers the whole variables again (a collective: every rank calls it) for
+    /// generation, evaluation, checkpoints or export. Nothing at stages 0 to 2.
+    pub fn gather_params(&mut self) -> Result<()> {
+        match self.params() {
+            Some(p) => p.gather_all(),
+            None => Ok(()),
+        }
+    }
+
+    /// [`TrainEngine::shard_params`] when `sharded`, else [`TrainEngine::gather_params`].
+    pub fn set_sharded(&mut self, sharded: bool) -> Result<()> {
+        if sharded {
+            self.shard_params()
+        } else {
+            self.gather_params()
+        }
+    }
+
+    /// Whether the ranks must run every micro-batch's forward and backward in step, whatever
+    /// their losses (stage 3 while sharded: the passes gather and reduce collectively).
+    pub fn lockstep(&self) -> bool {
+        self.params().is_some_and(|p| !p.is_whole())
+    }
+
+    /// Bytes of the trained variables this rank holds while training (all of them at stages 0 to
+    /// 2, its chunks at stage 3).
     pub fn param_bytes(&self) -> usize {
+        if let Some(p) = self.params() {
+            return p.trained_bytes();
+        }
         let params = match &self.inner {
             Inner::Replicated(o) => o.params(),
             Inner::Sharded(s) => s.params(),

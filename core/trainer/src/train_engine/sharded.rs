@@ -36,6 +36,7 @@ use rlhf_collective::World;
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
+use super::stage3::Params;
 use crate::adamw::{adam_update, clip_coef};
 use crate::dist;
 use crate::error::{Result, TrainerError};
@@ -46,6 +47,7 @@ use crate::shard_files::{read_ranges, ShardLayout, VarLayout, Want};
 struct Slot {
     name: String,
     var: Tensor,
+    shape: Vec<i64>,
     /// Elements of the variable, and of each rank's chunk (`⌈numel / W⌉`).
     numel: i64,
     chunk: i64,
@@ -93,6 +95,9 @@ pub struct ShardedAdam {
     settings: OptimConfig,
     total: usize,
     pub(super) steps: usize,
+    /// ZeRO stage 3: the sharded parameters (every variable's chunk), which the step updates in
+    /// place of the variables while the model is sharded.
+    pub(super) params: Option<Params>,
 }
 
 fn state_err(what: String) -> TrainerError {
@@ -101,8 +106,17 @@ fn state_err(what: String) -> TrainerError {
 
 impl ShardedAdam {
     /// This rank's chunks of the trainable variables of `vs` (name order).
-    /// With `shard_grads` (stage 2) the gradients are reduce-scattered micro-batch by micro-batch.
-    pub fn new(vs: &VarStore, settings: &OptimConfig, total: usize, world: &World, shard_grads: bool) -> Result<Self> {
+    /// With `shard_grads` (stage 2) the gradients are reduce-scattered micro-batch by micro-batch;
+    /// with `shard_params` (stage 3, implies `shard_grads`) every variable of `vs` is sharded too
+    /// ([`super::stage3`]).
+    pub fn new(
+        vs: &VarStore,
+        settings: &OptimConfig,
+        total: usize,
+        world: &World,
+        shard_grads: bool,
+        shard_params: bool,
+    ) -> Result<Self> {
         let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let Some((first_name, first)) = vars.first() else {
@@ -132,9 +146,15 @@ impl ShardedAdam {
                 }
                 _ => buckets.push(Bucket { slots: i..i + 1, local, len: chunk }),
             }
-            slots.push(Slot { name, decay: var.dim() >= 2, var, numel, chunk, local });
+            slots.push(Slot { name, decay: var.dim() >= 2, shape: var.size(), var, numel, chunk, local });
             local += chunk;
         }
+        let params = if shard_params {
+            let at = slots.iter().map(|s: &Slot| (s.name.clone(), s.local)).collect();
+            Some(Params::new(vs, world, &at, local)?)
+        } else {
+            None
+        };
         let engine = ShardedAdam {
             slots,
             buckets,
@@ -151,11 +171,12 @@ impl ShardedAdam {
             m: Tensor::f_zeros([local], (Kind::Float, device))?,
             v: Tensor::f_zeros([local], (Kind::Float, device))?,
             t: 0,
-            shard_grads,
+            shard_grads: shard_grads || shard_params,
             grads: None,
             settings: *settings,
             total,
             steps: 0,
+            params,
         };
         if let Some(theta) = &engine.theta {
             tch::no_grad(|| -> Result<()> {
@@ -200,7 +221,11 @@ impl ShardedAdam {
         }
         let out = Tensor::f_zeros([b.len], (Kind::Float, self.device))?;
         for slot in &self.slots[b.slots.clone()] {
-            out.f_narrow(0, slot.local - b.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, &slot.var.f_detach()?)?)?;
+            let mine = match &self.params {
+                Some(p) => p.chunk_f32(&slot.name)?,
+                None => self.chunk_of(slot, &slot.var.f_detach()?)?,
+            };
+            out.f_narrow(0, slot.local - b.local, slot.chunk)?.f_copy_(&mine)?;
         }
         Ok(out)
     }
@@ -213,7 +238,7 @@ impl ShardedAdam {
     /// Bytes of gradients this rank keeps between backward passes (in the variables' dtype): the
     /// whole gradients, or at stage 2 its shard of them.
     pub fn grad_bytes(&self) -> usize {
-        if self.shard_grads {
+        if self.shard_grads || self.params.is_some() {
             self.s as usize * self.kind.elt_size_in_bytes()
         } else {
             self.params().iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum()
@@ -226,7 +251,10 @@ impl ShardedAdam {
             release(&s.var)?;
         }
         self.grads = None;
-        Ok(())
+        match &self.params {
+            Some(p) => p.clear_grads(),
+            None => Ok(()),
+        }
     }
 
     /// Ends one micro-batch's backward pass. At stage 2 (a collective: every rank calls it once
@@ -234,7 +262,8 @@ impl ShardedAdam {
     /// are reduce-scattered, added to this rank's shard and freed; at stage 1 nothing happens
     /// (the gradients accumulate in the variables until the step).
     pub fn micro_done(&mut self, world: &World) -> Result<()> {
-        if !self.shard_grads {
+        // Sharded parameters: the gate reduced each unit's gradients after its backward.
+        if !self.shard_grads || self.params.as_ref().is_some_and(|p| !p.is_whole()) {
             return Ok(());
         }
         tch::no_grad(|| {
@@ -290,9 +319,14 @@ impl ShardedAdam {
                 slot.name
             )));
         }
-        match self.grads.take() {
-            Some(g) => Ok(g.f_to_kind(Kind::Float)?),
-            None => Ok(Tensor::f_zeros([self.s], (Kind::Float, self.device))?),
+        let g = match self.grads.take() {
+            Some(g) => g.f_to_kind(Kind::Float)?,
+            None => Tensor::f_zeros([self.s], (Kind::Float, self.device))?,
+        };
+        // Stage 3: plus what the gate reduced while the model was sharded.
+        match &self.params {
+            Some(p) => Ok(g.f_add(&p.take_grads()?)?),
+            None => Ok(g),
         }
     }
 
@@ -327,6 +361,15 @@ impl ShardedAdam {
                 }
             }
             adam_update(&mut theta, &mut m, &mut v, &g, lr, betas, eps, self.t)?;
+            if let Some(p) = &self.params {
+                // Stage 3: the updated chunks are the parameters; whole variables only while whole.
+                for slot in &self.slots[b.slots.clone()] {
+                    p.set_chunk(&slot.name, &theta.f_narrow(0, slot.local - b.local, slot.chunk)?)?;
+                }
+                if !p.is_whole() {
+                    continue;
+                }
+            }
             // Every rank's updated chunks, rounded to the variables' dtype, back into them.
             let full = self.gather_bucket(world, b, &theta, self.kind)?;
             for slot in &self.slots[b.slots.clone()] {
@@ -348,7 +391,7 @@ impl ShardedAdam {
     /// `slot`'s whole tensor out of its bucket's gathered `[W, len]`.
     fn whole_of(&self, slot: &Slot, b: &Bucket, gathered: &Tensor) -> Result<Tensor> {
         let chunks = gathered.f_narrow(1, slot.local - b.local, slot.chunk)?.f_contiguous()?;
-        Ok(chunks.f_view([-1])?.f_narrow(0, 0, slot.numel)?.f_view_as(&slot.var)?)
+        Ok(chunks.f_view([-1])?.f_narrow(0, 0, slot.numel)?.f_view(slot.shape.as_slice())?)
     }
 
     /// How the state is cut over the ranks (the same on every rank), for a checkpoint.
@@ -360,7 +403,7 @@ impl ShardedAdam {
             vars: self
                 .slots
                 .iter()
-                .map(|s| VarLayout { name: s.name.clone(), shape: s.var.size(), numel: s.numel, chunk: s.chunk })
+                .map(|s| VarLayout { name: s.name.clone(), shape: s.shape.clone(), numel: s.numel, chunk: s.chunk })
                 .collect(),
         }
     }
@@ -419,8 +462,8 @@ impl ShardedAdam {
     pub fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: usize) -> Result<()> {
         let get = |key: &str, slot: &Slot| -> Result<Option<Tensor>> {
             match state.get(key) {
-                Some(t) if t.size() != slot.var.size() => {
-                    Err(state_err(format!("`{key}` has shape {:?}, the model {:?}", t.size(), slot.var.size())))
+                Some(t) if t.size() != slot.shape => {
+                    Err(state_err(format!("`{key}` has shape {:?}, the model {:?}", t.size(), slot.shape)))
                 }
                 Some(t) => Ok(Some(t.f_to_kind(Kind::Float)?)),
                 None => Ok(None),
