@@ -4,7 +4,8 @@
 //! step time of each (first step excluded), the speed-up and its scaling efficiency (speed-up /
 //! N), and per step the seconds spent in collectives and the bytes sent into them (the
 //! experience gathers, the bucketed gradient all-reduce, the metric merges). The N-rank run is
-//! repeated at each ZeRO stage built (`[distributed] zero_stage` 0–2): its step time, the
+//! repeated at each ZeRO stage (`[distributed] zero_stage` 0–3; stage 3 turns gradient
+//! checkpointing on, so its step recomputes every layer once more): its step time, the
 //! model-state bytes one rank holds — trained weights (`mem/params_gb`), gradients kept between
 //! backward passes (`mem/grads_gb`), optimizer state (`mem/optim_gb_max`, the largest over the
 //! ranks) — against stage 0's, and rank 0's peak RSS.
@@ -139,8 +140,7 @@ pub fn run(cfg: &RlConfig, ranks: usize, work: &Path) -> anyhow::Result<DpResult
     let one_rank_s = medians(&one, &["step_time"])?[0];
     let m = medians(&many, &["step_time", "time/comm", "comm/bytes"])?;
     let mut stages = vec![stage_result(&many, 0)?];
-    // The stages built so far beyond 0.
-    for stage in 1..=2 {
+    for stage in 1..=3 {
         let sharded = work.join(format!("dp-{ranks}-zero{stage}"));
         train(&sharded, ranks, stage)?;
         stages.push(stage_result(&sharded, stage)?);

@@ -12,6 +12,7 @@ use rlhf_collective::World;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::optim::StepInfo;
 use crate::run_lock::RunLock;
 use crate::supervised::phase::{checkpoint_dir, epoch_plan, in_run_dir, total_steps, PhaseTrainConfig};
 use crate::train_engine::{self, TrainEngine};
@@ -147,27 +148,15 @@ pub fn run_phase<T: PhaseTask>(
             }
             // Every rank takes the same decision on the same combined gradient.
             let stepped = train_engine::finish_step(world, &mut [&mut *opt], finite)?;
-            // Whole weights for evaluation, checkpoints and the next step's start (stage 3).
-            opt.gather_params()?;
             dist::merge_metrics(world, &local, &mut m)?;
             train_engine::memory_metrics(world, &[&*opt], &mut m)?;
             step += 1;
-            if let Some(info) = stepped.map(|infos| infos[0]) {
-                m.set("lr", info.lr);
-                m.set("grad_norm", info.grad_norm);
-                if info.skipped {
-                    tracing::warn!("step {step}: non-finite gradient; optimizer step skipped");
-                    m.set("skipped_steps", 1.0);
-                }
-                let loss = loss_sum / weight.max(1e-12);
-                m.set("loss", loss);
+            if let Some(loss) = step_metrics(stepped.map(|infos| infos[0]), loss_sum / weight.max(1e-12), step, &mut m)
+            {
                 if loss_first.is_nan() {
                     loss_first = loss;
                 }
                 loss_last = loss;
-            } else {
-                tracing::warn!("step {step}: non-finite loss; optimizer step skipped");
-                m.set("skipped_steps", 1.0);
             }
             m.set("epoch", epoch as f64 + (k + 1) as f64 / per_epoch as f64);
             let elapsed = t0.elapsed().as_secs_f64();
@@ -175,7 +164,11 @@ pub fn run_phase<T: PhaseTask>(
             m.set("step_time", elapsed);
             dist::comm_metrics(world, comm0, &mut m);
             let last = step == total;
-            if (t.eval_every > 0 && step % t.eval_every == 0) || last {
+            let (eval_now, save_now) =
+                (t.eval_every > 0 && step % t.eval_every == 0, t.save_every > 0 && step % t.save_every == 0);
+            // Stage 3: whole weights only to evaluate or save (every rank gathers; rank 0 saves).
+            opt.set_sharded(!(eval_now || save_now || last))?;
+            if eval_now || last {
                 if let Some(e) = task.evaluate()? {
                     for (key, v) in e.means() {
                         m.set(&key, v);
@@ -183,7 +176,7 @@ pub fn run_phase<T: PhaseTask>(
                     eval_after = Some(e);
                 }
             }
-            if t.save_every > 0 && step % t.save_every == 0 && !last && world.is_main() {
+            if save_now && !last && world.is_main() {
                 let dir = checkpoint_dir(run_dir, step);
                 task.save(&dir)?;
                 tracing::info!("checkpoint: {}", dir.display());
@@ -194,6 +187,7 @@ pub fn run_phase<T: PhaseTask>(
             }
         }
     }
+    opt.gather_params()?;
     opt.check_identical(world, "model")?;
     let model_dir = run_dir.join("model");
     if world.is_main() {
@@ -205,6 +199,24 @@ pub fn run_phase<T: PhaseTask>(
         }
     }
     Ok(LoopSummary { steps: step, eval_before, eval_after, loss_first, loss_last, model_dir })
+}
+
+/// Sets `lr`, `grad_norm`, `loss` and `skipped_steps` of optimizer step `step` from what it did
+/// (`None`: a non-finite loss skipped it); returns the loss when the step ran.
+fn step_metrics(stepped: Option<StepInfo>, loss: f64, step: usize, m: &mut StepMetrics) -> Option<f64> {
+    let Some(info) = stepped else {
+        tracing::warn!("step {step}: non-finite loss; optimizer step skipped");
+        m.set("skipped_steps", 1.0);
+        return None;
+    };
+    m.set("lr", info.lr);
+    m.set("grad_norm", info.grad_norm);
+    if info.skipped {
+        tracing::warn!("step {step}: non-finite gradient; optimizer step skipped");
+        m.set("skipped_steps", 1.0);
+    }
+    m.set("loss", loss);
+    Some(loss)
 }
 
 /// `key value` pairs of the interesting metrics of a step, for the log.

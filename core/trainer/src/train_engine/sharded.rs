@@ -251,10 +251,10 @@ impl ShardedAdam {
             release(&s.var)?;
         }
         self.grads = None;
-        match &self.params {
-            Some(p) => p.clear_grads(),
-            None => Ok(()),
+        if let Some(p) = &self.params {
+            p.clear_grads();
         }
+        Ok(())
     }
 
     /// Ends one micro-batch's backward pass. At stage 2 (a collective: every rank calls it once
@@ -319,14 +319,17 @@ impl ShardedAdam {
                 slot.name
             )));
         }
-        let g = match self.grads.take() {
-            Some(g) => g.f_to_kind(Kind::Float)?,
-            None => Tensor::f_zeros([self.s], (Kind::Float, self.device))?,
+        // What the micro-batches reduced while the variables were whole, and at stage 3 what
+        // the gate reduced while they were sharded.
+        let whole = self.grads.take().map(|g| g.f_to_kind(Kind::Float)).transpose()?;
+        let gated = match &self.params {
+            Some(p) => p.take_grads()?,
+            None => None,
         };
-        // Stage 3: plus what the gate reduced while the model was sharded.
-        match &self.params {
-            Some(p) => Ok(g.f_add(&p.take_grads()?)?),
-            None => Ok(g),
+        match (whole, gated) {
+            (Some(a), Some(b)) => Ok(a.f_add(&b)?),
+            (Some(g), None) | (None, Some(g)) => Ok(g),
+            (None, None) => Ok(Tensor::f_zeros([self.s], (Kind::Float, self.device))?),
         }
     }
 
@@ -337,7 +340,12 @@ impl ShardedAdam {
 
     fn step_inner(&mut self, world: &World) -> Result<StepInfo> {
         let g = self.step_grads(world)?;
-        let local = g.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
+        // ‖g‖² of the shard, bucket by bucket: a whole-shard square summed in f64 would cast it
+        // to an f64 copy, three times the shard's f32 bytes at once.
+        let mut local = 0.0;
+        for b in &self.buckets {
+            local += g.f_narrow(0, b.local, b.len)?.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
+        }
         let grad_norm = dist::sum(world, &[local])?[0].sqrt();
         let lr = self.current_lr();
         if !grad_norm.is_finite() {

@@ -58,8 +58,10 @@ struct State {
     /// The variables hold their whole tensors (the gate is a no-op).
     whole: bool,
     /// This rank's shard `[s]` of the trained variables' gradients summed over the ranks and the
-    /// step's backward passes so far (in the variables' dtype).
-    grads: Tensor,
+    /// step's backward passes so far (in the variables' dtype; made by the step's first reduction).
+    grads: Option<Tensor>,
+    /// Elements of that shard.
+    s: i64,
     kind: Kind,
     device: tch::Device,
 }
@@ -102,8 +104,7 @@ impl Params {
             Unit::Outer => 0,
             Unit::Layer(i) => i + 1,
         });
-        let grads = Tensor::f_zeros([s], (kind, device))?;
-        let state = State { world: world.clone(), vars, units, order, whole: true, grads, kind, device };
+        let state = State { world: world.clone(), vars, units, order, whole: true, grads: None, s, kind, device };
         Ok(Params(Arc::new(Mutex::new(state))))
     }
 
@@ -140,6 +141,7 @@ impl Params {
         for u in st.units.values_mut() {
             u.users = 0;
         }
+        return_freed_memory();
         Ok(())
     }
 
@@ -156,18 +158,14 @@ impl Params {
         Ok(())
     }
 
-    /// Takes the gradient shard `[s]` reduced so far (f32) and starts a new one of zeros.
-    pub fn take_grads(&self) -> Result<Tensor> {
-        let mut st = self.lock();
-        let fresh = st.grads.f_zeros_like()?;
-        Ok(std::mem::replace(&mut st.grads, fresh).f_to_kind(Kind::Float)?)
+    /// Takes the gradient shard `[s]` reduced so far (f32), `None` when nothing was reduced.
+    pub fn take_grads(&self) -> Result<Option<Tensor>> {
+        Ok(self.lock().grads.take().map(|g| g.f_to_kind(Kind::Float)).transpose()?)
     }
 
     /// Drops the gradient shard reduced so far.
-    pub fn clear_grads(&self) -> Result<()> {
-        let st = self.lock();
-        let _ = st.grads.shallow_clone().f_zero_()?;
-        Ok(())
+    pub fn clear_grads(&self) {
+        self.lock().grads = None;
     }
 
     /// A copy of this rank's chunk `[chunk]` of the variable `name`, as f32.
@@ -251,12 +249,18 @@ impl State {
             }
             let mine = Tensor::f_empty([len], (self.kind, self.device))?;
             self.world.reduce_scatter(&mine, &input.f_view([-1])?).map_err(crate::dist::err)?;
+            drop(input);
+            let grads = match &self.grads {
+                Some(g) => g.shallow_clone(),
+                None => Tensor::f_zeros([self.s], (self.kind, self.device))?,
+            };
             let mut at = 0;
             for v in &vars {
-                let dst = self.grads.f_narrow(0, v.grad_at.unwrap_or(0), v.chunk)?;
+                let dst = grads.f_narrow(0, v.grad_at.unwrap_or(0), v.chunk)?;
                 let _ = dst.shallow_clone().f_add_(&mine.f_narrow(0, at, v.chunk)?)?;
                 at += v.chunk;
             }
+            self.grads = Some(grads);
             Ok(())
         })
     }
@@ -298,6 +302,22 @@ impl ParamGate for Params {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+extern "C" {
+    fn malloc_trim(pad: usize) -> std::os::raw::c_int;
+}
+
+/// Hands the heap pages freed with the whole weights back to the OS. glibc keeps freed blocks
+/// below its (growing) mmap threshold for reuse, so without this the resident set would not
+/// shrink when a sharded model frees its weights for training.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only releases free memory of the allocator; it takes no pointers.
+    unsafe {
+        malloc_trim(0);
     }
 }
 
