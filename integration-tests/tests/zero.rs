@@ -270,6 +270,7 @@ fn bad_stages_are_one_line_errors_naming_the_key() {
         ("train", "3", &lora[..], "stage 3 recomputes each layer in backward"),
         ("sft", "3", &phase_lora[..], "needs lora.dropout = 0"),
         ("rm", "7", &[][..], "7 is not a ZeRO stage: 0, 1, 2 or 3"),
+        ("train", "2", &["--set", "distributed.shard_frozen=true"][..], "needs zero_stage = 3"),
         ("dpo", "\"one\"", &[][..], "distributed.zero_stage"),
     ] {
         let rd = tmp.path().join(cmd);
@@ -281,7 +282,8 @@ fn bad_stages_are_one_line_errors_naming_the_key() {
         let err = String::from_utf8_lossy(&o.stderr);
         let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
         assert!(!o.status.success() && errors.len() == 1, "{cmd} {stage}: {err}");
-        assert!(errors[0].contains("distributed.zero_stage") && errors[0].contains(want), "{}", errors[0]);
+        let key = if want.contains("zero_stage = 3") { "distributed.shard_frozen" } else { "distributed.zero_stage" };
+        assert!(errors[0].contains(key) && errors[0].contains(want), "{}", errors[0]);
         assert!(!rd.exists(), "{cmd}: a run directory was created");
     }
 }

@@ -182,6 +182,7 @@ fn same_run(a: &Path, b: &Path, tol: f64) {
 
 /// Stage 3 checkpoints (whole weights from the main rank, each rank's optimizer shard) resume
 /// bit for bit at stage 3 on 2 ranks, and re-shard: 3 → 0 on one process, 0 → 3 on 2 ranks.
+/// Sharding the frozen reference's layers too changes nothing but memory.
 #[test]
 fn stage_three_checkpoints_resume_exactly_and_re_shard() {
     let tmp = tempfile::tempdir().unwrap();
@@ -204,10 +205,22 @@ fn stage_three_checkpoints_resume_exactly_and_re_shard() {
         ok(&run(&["train", "--resume", s(&ckpt)], &dir(to), stage, nproc))
     };
     ok(&run(&args, &dir("s3"), 3, 2));
+    // The reference's layers sharded too (`shard_frozen`): the same log-probs, so the same run.
+    let frozen: Vec<&str> = args.iter().copied().chain(["--set", "distributed.shard_frozen=true"]).collect();
+    ok(&run(&frozen, &dir("s3-frozen"), 3, 2));
+    let no_comm = |d: &str| {
+        let mut rows = behaviour_metrics(&dir(d));
+        rows.iter_mut().for_each(|r| r.retain(|k, _| !k.starts_with("comm/")));
+        rows
+    };
+    assert_eq!(no_comm("s3"), no_comm("s3-frozen"), "sharding the reference changed the run");
+    let calls = |d: &str| metrics(&dir(d))[1]["comm/calls"].as_f64().unwrap();
+    assert!(calls("s3-frozen") > calls("s3"), "the reference's layers were not gathered");
     resume("s3", "s3-again", 3, 2);
     assert_eq!(behaviour_metrics(&dir("s3")), behaviour_metrics(&dir("s3-again")));
     let w = |d: &str| bytes(&dir(d).join("actor/model.safetensors"));
     assert!(w("s3") == w("s3-again"), "the resumed run's weights differ");
+    assert!(w("s3") == w("s3-frozen"), "sharding the reference changed the weights");
 
     let log = resume("s3", "one-s0", 0, 1);
     assert!(log.contains("resuming a ZeRO stage 3 checkpoint at stage 0"), "{log}");
@@ -217,4 +230,46 @@ fn stage_three_checkpoints_resume_exactly_and_re_shard() {
     let log = resume("s0", "s3-from-s0", 3, 2);
     assert!(log.contains("resuming a ZeRO stage 0 checkpoint at stage 3"), "{log}");
     same_run(&dir("s0"), &dir("s3-from-s0"), 1e-5);
+}
+
+/// One epoch of one minibatch over the batch: the experience pass is kept for the loss, and at
+/// stage 3 it runs on sharded weights (gathered layer by layer, as the training passes) — the
+/// run matches stage 0's with the same reuse, and stage 3 without it.
+#[test]
+fn stage_three_keeps_the_experience_pass_for_the_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |n: &str| tmp.path().join(n);
+    let args = [
+        "train",
+        "--algo",
+        "grpo",
+        "--set",
+        "eval.data=\"\"",
+        "--set",
+        "train.steps=3",
+        "--set",
+        "rollout.prompts_per_batch=4",
+        "--set",
+        "rollout.samples_per_prompt=4",
+        "--set",
+        "train.minibatch_size=16",
+        "--set",
+        "train.gradient_checkpointing=true",
+    ];
+    ok(&run(&args, &dir("s0"), 0, 2));
+    ok(&run(&args, &dir("s3"), 3, 2));
+    let no_reuse: Vec<&str> = args.iter().copied().chain(["--set", "train.reuse_old_logprobs=false"]).collect();
+    ok(&run(&no_reuse, &dir("s3-no-reuse"), 3, 2));
+    let (m0, m3) = (metrics(&dir("s0")), metrics(&dir("s3")));
+    for (x, y) in m0.iter().zip(&m3) {
+        assert_eq!(x["reward"], y["reward"], "step {}", x["step"]);
+        let (u, v) = (x["grad_norm/actor"].as_f64().unwrap(), y["grad_norm/actor"].as_f64().unwrap());
+        assert!((u - v).abs() <= 1e-5 * u, "step {}: grad norm {u} against {v}", x["step"]);
+    }
+    let w = "actor/model.safetensors";
+    let d = max_weight_diff(&dir("s0").join(w), &dir("s3").join(w));
+    assert!(d < 1e-5, "weights differ by {d}");
+    // Kept or computed again, the old log-probs agree to float rounding.
+    let d = max_weight_diff(&dir("s3").join(w), &dir("s3-no-reuse").join(w));
+    assert!(d < 1e-5, "reusing the pass moved the stage-3 weights by {d}");
 }

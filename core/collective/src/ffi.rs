@@ -56,6 +56,15 @@ extern "C" {
         input: *mut c_void,
         err: *mut *mut c_char,
     ) -> c_int;
+    fn rlhf_c10d_allgather_into_async(
+        group: *mut c_void,
+        output: *mut c_void,
+        input: *mut c_void,
+        work: *mut *mut c_void,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    fn rlhf_c10d_work_wait(group: *mut c_void, work: *mut c_void, err: *mut *mut c_char) -> c_int;
+    fn rlhf_c10d_work_free(work: *mut c_void);
     fn rlhf_c10d_barrier(group: *mut c_void, err: *mut *mut c_char) -> c_int;
     fn rlhf_c10d_quiet_logs();
     fn rlhf_c10d_ensure_grad(tensor: *mut c_void, err: *mut *mut c_char) -> c_int;
@@ -204,8 +213,35 @@ impl Group {
         call(|err| unsafe { rlhf_c10d_allgather_into(self.0, tensor_ptr(output), tensor_ptr(input), err) })
     }
 
+    /// Starts `all_gather_into` without waiting; the tensors must live until [`Group::wait`].
+    pub(crate) fn all_gather_into_async(&self, output: &Tensor, input: &Tensor) -> Result<Work, String> {
+        let mut work = std::ptr::null_mut();
+        call(|err| unsafe {
+            rlhf_c10d_allgather_into_async(self.0, tensor_ptr(output), tensor_ptr(input), &mut work, err)
+        })?;
+        Ok(Work(work))
+    }
+
+    /// Waits for `work` (started on this group) within the group's timeout.
+    pub(crate) fn wait(&self, work: &Work) -> Result<(), String> {
+        call(|err| unsafe { rlhf_c10d_work_wait(self.0, work.0, err) })
+    }
+
     pub(crate) fn barrier(&self) -> Result<(), String> {
         call(|err| unsafe { rlhf_c10d_barrier(self.0, err) })
+    }
+}
+
+/// A collective in flight (a c10d work handle).
+pub(crate) struct Work(*mut c_void);
+
+// SAFETY: a c10d work handle may be waited on from any thread; it is used from one at a time.
+unsafe impl Send for Work {}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        // SAFETY: created by the shim, freed once.
+        unsafe { rlhf_c10d_work_free(self.0) }
     }
 }
 

@@ -280,6 +280,23 @@ impl World {
         })
     }
 
+    /// [`World::all_gather_into`] without waiting for it: the returned [`Pending`] holds both
+    /// tensors until [`Pending::wait`] (or its drop, which waits too). Every rank starts the same
+    /// collectives in the same order, as with the blocking ones; others may run meanwhile.
+    pub fn all_gather_into_async(&self, output: &Tensor, input: &Tensor) -> Result<Pending> {
+        self.check_flat("all_gather_into", input, output)?;
+        let hold = (output.shallow_clone(), input.shallow_clone());
+        if !self.is_distributed() {
+            tch::no_grad(|| output.shallow_clone().f_copy_(input)).map_err(|e| self.torch_err(e))?;
+            return Ok(Pending { world: self.clone(), work: None, _hold: hold });
+        }
+        let work = self.timed(bytes_of(output), || {
+            let g = self.group_for(input.device(), "all_gather_into")?;
+            g.get().all_gather_into_async(output, input).map_err(|m| self.op_err("all_gather_into", m))
+        })?;
+        Ok(Pending { world: self.clone(), work: Some(work), _hold: hold })
+    }
+
     /// `shard` and `full` are contiguous, of one dtype and device, and `full` holds `size` shards.
     fn check_flat(&self, op: &'static str, shard: &Tensor, full: &Tensor) -> Result<()> {
         let fits = shard.is_contiguous()
@@ -433,6 +450,38 @@ impl World {
 }
 
 /// A group borrowed from the world or shared with its lazily made CUDA slot.
+/// An all-gather in flight ([`World::all_gather_into_async`]).
+pub struct Pending {
+    world: World,
+    work: Option<ffi::Work>,
+    /// The output and input, alive while the collective writes and reads them.
+    _hold: (Tensor, Tensor),
+}
+
+impl Pending {
+    /// Waits until the output holds every rank's input (the time waited counts as collective time).
+    pub fn wait(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        let Some(work) = self.work.take() else { return Ok(()) };
+        let (w, t) = (&self.world, Instant::now());
+        let g = w.group_for(self._hold.0.device(), "all_gather_into")?;
+        g.get().wait(&work).map_err(|m| w.op_err("all_gather_into", m))?;
+        w.stats.lock().unwrap_or_else(|e| e.into_inner()).seconds += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // The buffers must outlive the transfer; an error here was (or will be) reported by the
+        // rank's next collective.
+        let _ = self.finish();
+    }
+}
+
 enum GroupRef<'a> {
     Borrowed(&'a ffi::Group),
     Shared(std::sync::Arc<ffi::Group>),

@@ -215,6 +215,32 @@ int rlhf_c10d_allgather_into(void* group, void* output, void* input, char** err)
   });
 }
 
+// As `rlhf_c10d_allgather_into`, without waiting for it: `*work` receives the work handle (a
+// heap copy of the intrusive pointer), to be waited on with `rlhf_c10d_work_wait` and freed with
+// `rlhf_c10d_work_free`. The trainer prefetches the next sharded layer with it.
+int rlhf_c10d_allgather_into_async(void* group, void* output, void* input, void** work, char** err) {
+  return guarded(err, [&] {
+    auto& g = *static_cast<Group*>(group);
+    auto& out = *static_cast<at::Tensor*>(output);
+    auto& in = *static_cast<at::Tensor*>(input);
+    c10d::AllgatherOptions opts;
+    opts.timeout = g.timeout;
+    *work = new c10::intrusive_ptr<c10d::Work>(g.backend->_allgather_base(out, in, opts));
+  });
+}
+
+// Waits for a work handle of `rlhf_c10d_allgather_into_async` (with the group's timeout).
+int rlhf_c10d_work_wait(void* group, void* work, char** err) {
+  return guarded(err, [&] {
+    auto& g = *static_cast<Group*>(group);
+    finish(g, *static_cast<c10::intrusive_ptr<c10d::Work>*>(work), "all_gather_into");
+  });
+}
+
+void rlhf_c10d_work_free(void* work) {
+  delete static_cast<c10::intrusive_ptr<c10d::Work>*>(work);
+}
+
 int rlhf_c10d_barrier(void* group, char** err) {
   return guarded(err, [&] {
     auto& g = *static_cast<Group*>(group);

@@ -119,6 +119,14 @@ fn rank_collectives() {
         let whole = Tensor::zeros([6], (kind, tch::Device::Cpu));
         w.all_gather_into(&whole, &shard).unwrap();
         assert_eq!(values(&whole), [3.0, 6.0, 9.0, 12.0, 15.0, 18.0]);
+        // Started without waiting, a blocking collective run meanwhile, then waited for.
+        let early = Tensor::zeros([6], (kind, tch::Device::Cpu));
+        let pending = w.all_gather_into_async(&early, &shard).unwrap();
+        let other = Tensor::from_slice(&[r + 1.0]).to_kind(kind);
+        w.all_reduce(&other, ReduceOp::Sum).unwrap();
+        pending.wait().unwrap();
+        assert_eq!(values(&early), [3.0, 6.0, 9.0, 12.0, 15.0, 18.0]);
+        assert_eq!(values(&other), [3.0]);
     }
     let err = w.reduce_scatter(
         &Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)),

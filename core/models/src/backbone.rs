@@ -5,6 +5,7 @@ use tch::Tensor;
 
 use crate::config::{ArchConfig, Family};
 use crate::error::Result;
+use crate::gate::{gated, Gate};
 use crate::gpt2::Gpt2Model;
 use crate::layers::{KvCache, LayerShared, Linear};
 use crate::llama::LlamaModel;
@@ -26,7 +27,8 @@ impl Backbone {
         })
     }
 
-    /// Final hidden states: embeddings, every layer, the final norm.
+    /// Final hidden states: embeddings, every layer, the final norm. With sharded layers (`gate`,
+    /// ZeRO stage 3) each layer is gathered just before it runs and freed after.
     ///
     /// # Shapes
     /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]` → `[batch, seq, hidden]`
@@ -36,11 +38,12 @@ impl Backbone {
         pos: &Tensor,
         key_mask: &Tensor,
         mut cache: Option<&mut KvCache>,
+        gate: &Gate,
     ) -> Result<Tensor> {
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (mut h, shared) = self.embed(ids, pos, key_mask, past)?;
         for i in 0..self.num_layers() {
-            h = self.layer(i, &h, &shared, cache.as_deref_mut())?;
+            h = gated(gate, i, || self.layer(i, &h, &shared, cache.as_deref_mut()))?;
         }
         if let Some(c) = cache {
             c.advance(ids.size()[1]);

@@ -31,7 +31,7 @@ use tch::{Kind, Tensor};
 
 use crate::backbone::Backbone;
 use crate::error::{ModelError, Result};
-use crate::gate::{gate_err, Gate, Unit};
+use crate::gate::{gated, gather, prefetch, release, Gate, Unit};
 use crate::layers::{KvCache, LayerShared};
 
 /// Rows of one checkpointed forward: their inputs and what their layers share.
@@ -90,30 +90,6 @@ pub struct Checkpointed {
     hidden: Tensor,
     /// The gate of the model's sharded parameters, if any (the backward uses the forward's).
     gate: Gate,
-}
-
-/// Makes `unit` whole (with a gate).
-fn gather(gate: &Gate, unit: Unit) -> Result<()> {
-    match gate {
-        Some(g) => g.gather(unit).map_err(gate_err),
-        None => Ok(()),
-    }
-}
-
-/// Ends a use of `unit` (with a gate); with `grads`, after its backward.
-fn release(gate: &Gate, unit: Unit, grads: bool) -> Result<()> {
-    match gate {
-        Some(g) => g.release(unit, grads).map_err(gate_err),
-        None => Ok(()),
-    }
-}
-
-/// `f()` between gathering and (forward) releasing layer `i`.
-fn gated<T>(gate: &Gate, i: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    gather(gate, Unit::Layer(i))?;
-    let out = f()?;
-    release(gate, Unit::Layer(i), false)?;
-    Ok(out)
 }
 
 impl Checkpointed {
@@ -184,6 +160,30 @@ pub(crate) fn forward_after_prefix(
     Ok(Checkpointed { rows, prefix, hidden: hidden.f_set_requires_grad(true)?, gate: gate.clone() })
 }
 
+/// [`forward_after_prefix`] without keeping the layer inputs or making a leaf: the layers of both
+/// segments interleaved, each layer gathered once (a sharded model's gate sees the calls of a
+/// plain forward whatever the prefix sharing).
+///
+/// # Shapes
+/// → `[batch, seq − p + 1, hidden]`
+pub(crate) fn forward_after_prefix_plain(
+    backbone: &Backbone,
+    gate: &Gate,
+    prefix: (&Tensor, &Tensor, &Tensor),
+    rest: (&Tensor, &Tensor, &Tensor),
+    of_row: &Tensor,
+) -> Result<Tensor> {
+    let (p_ids, p_pos, p_mask) = prefix;
+    let (ids, positions, key_mask) = rest;
+    let p = p_ids.size()[1];
+    let (mut hp, pre_shared) = backbone.embed(p_ids, p_pos, p_mask, 0)?;
+    let (mut hr, rows_shared) = backbone.embed(ids, positions, key_mask, p)?;
+    for i in 0..backbone.num_layers() {
+        (hp, hr) = gated(gate, i, || layer_pair(backbone, i, (&hp, &pre_shared), (&hr, &rows_shared), of_row))?;
+    }
+    final_pair(backbone, &hp, &hr, of_row)
+}
+
 /// Layer `i` of the prefixes `[u, p, hidden]`, then of the rows `[batch, s, hidden]` attending to
 /// their prefix's keys and values.
 fn layer_pair(
@@ -222,21 +222,24 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
     }
     let g = ck.hidden.grad();
     let gate = &ck.gate;
-    if !g.defined() {
-        // Nothing to backpropagate; a gate still sees every layer's calls (collectives).
-        for i in (0..layers).rev() {
-            gather(gate, Unit::Layer(i))?;
-            release(gate, Unit::Layer(i), true)?;
-        }
-        return release(gate, Unit::Outer, true);
-    }
-    // Layer `i`'s recomputation and backward between gathering it and reducing its gradients.
+    // Layer `i`'s recomputation and backward between gathering it (the layer below prefetched
+    // meanwhile) and reducing its gradients.
     let layer_back = |i: usize, f: &dyn Fn() -> Result<Vec<Tensor>>| -> Result<Vec<Tensor>> {
         gather(gate, Unit::Layer(i))?;
+        if i > 0 {
+            prefetch(gate, Unit::Layer(i - 1))?;
+        }
         let g = f()?;
         release(gate, Unit::Layer(i), true)?;
         Ok(g)
     };
+    if !g.defined() {
+        // Nothing to backpropagate; a gate still sees every layer's calls (collectives).
+        for i in (0..layers).rev() {
+            layer_back(i, &|| Ok(Vec::new()))?;
+        }
+        return release(gate, Unit::Outer, true);
+    }
     match &ck.prefix {
         None => {
             let mut g = through(&[&ck.rows.inputs[layers]], &[&g], |x| Ok(vec![backbone.final_norm(x[0])?]))?;

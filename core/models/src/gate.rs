@@ -40,6 +40,12 @@ pub trait ParamGate: Send + Sync {
     /// the ranks into this rank's shard and freed; its parameters are freed once no pass still
     /// uses them.
     fn release(&self, unit: Unit, grads: bool) -> Result<(), String>;
+    /// Starts gathering `unit`, the next to run, while the current one computes (FSDP's
+    /// prefetch); its [`ParamGate::gather`] then waits for it. Optional.
+    fn prefetch(&self, unit: Unit) -> Result<(), String> {
+        let _ = unit;
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for dyn ParamGate {
@@ -51,8 +57,42 @@ impl std::fmt::Debug for dyn ParamGate {
 /// A model's gate, where it has one.
 pub type Gate = Option<Arc<dyn ParamGate>>;
 
-pub(crate) fn gate_err(e: String) -> crate::error::ModelError {
+fn gate_err(e: String) -> crate::error::ModelError {
     crate::error::ModelError::Gate(e)
+}
+
+/// Makes `unit` whole (with a gate).
+pub(crate) fn gather(gate: &Gate, unit: Unit) -> crate::error::Result<()> {
+    match gate {
+        Some(g) => g.gather(unit).map_err(gate_err),
+        None => Ok(()),
+    }
+}
+
+/// Ends a use of `unit` (with a gate); with `grads`, after its backward.
+pub(crate) fn release(gate: &Gate, unit: Unit, grads: bool) -> crate::error::Result<()> {
+    match gate {
+        Some(g) => g.release(unit, grads).map_err(gate_err),
+        None => Ok(()),
+    }
+}
+
+/// Starts gathering `unit` ahead of its use (with a gate).
+pub(crate) fn prefetch(gate: &Gate, unit: Unit) -> crate::error::Result<()> {
+    match gate {
+        Some(g) => g.prefetch(unit).map_err(gate_err),
+        None => Ok(()),
+    }
+}
+
+/// `f()` between gathering and (forward) releasing layer `i`, the next layer (`i + 1`) prefetched
+/// meanwhile.
+pub(crate) fn gated<T>(gate: &Gate, i: usize, f: impl FnOnce() -> crate::error::Result<T>) -> crate::error::Result<T> {
+    gather(gate, Unit::Layer(i))?;
+    prefetch(gate, Unit::Layer(i + 1))?;
+    let out = f()?;
+    release(gate, Unit::Layer(i), false)?;
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -196,7 +196,7 @@ impl CausalLm {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         check_ids(input_ids, attention_mask)?;
-        self.backbone.forward(input_ids, position_ids, attention_mask, cache)
+        self.backbone.forward(input_ids, position_ids, attention_mask, cache, &self.gate)
     }
 
     /// [`CausalLm::hidden_states`] (without a cache) as a checkpointed pass: no autograd graph,
@@ -419,7 +419,7 @@ impl ScalarHeadModel {
     pub fn values(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
         check_ids(input_ids, attention_mask)?;
         let pos = position_ids_from_mask(attention_mask)?;
-        let h = self.backbone.forward(input_ids, &pos, attention_mask, None)?;
+        let h = self.backbone.forward(input_ids, &pos, attention_mask, None, &self.gate)?;
         Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
     }
 

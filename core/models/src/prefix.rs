@@ -129,10 +129,15 @@ impl CausalLm {
     ) -> Result<Tensor> {
         let Split { prefixes: (p_ids, p_pos, p_mask), rest: (ids, pos, mask), of_row } =
             Split::new(input_ids, attention_mask, prefix)?;
+        if self.gate.is_some() {
+            // Sharded layers: each gathered once for both segments.
+            let (pre, rest) = ((&p_ids, &p_pos, &p_mask), (&ids, &pos, &mask));
+            return checkpointing::forward_after_prefix_plain(&self.backbone, &self.gate, pre, rest, &of_row);
+        }
         let mut cache = KvCache::growing();
-        let hp = self.backbone.forward(&p_ids, &p_pos, &p_mask, Some(&mut cache))?; // [u, p, h]
+        let hp = self.backbone.forward(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None)?; // [u, p, h]
         cache.select_rows(&of_row)?;
-        let hr = self.backbone.forward(&ids, &pos, &mask, Some(&mut cache))?; // [batch, rest, h]
+        let hr = self.backbone.forward(&ids, &pos, &mask, Some(&mut cache), &None)?; // [batch, rest, h]
         let last = hp.f_narrow(1, prefix.len - 1, 1)?.f_index_select(0, &of_row)?; // [batch, 1, h]
         Ok(Tensor::f_cat(&[&last, &hr], 1)?)
     }

@@ -15,11 +15,18 @@ pub struct DistributedConfig {
     /// (gathered layer by layer inside the checkpointed layer loop, so stage 3 turns
     /// `train.gradient_checkpointing` on).
     pub zero_stage: u8,
+    /// With `zero_stage = 3`: the decoder layers of the RL reference model are sharded too, each
+    /// gathered just before its forward and freed after (its embeddings and head stay whole).
+    pub shard_frozen: bool,
 }
 
 impl DistributedConfig {
     pub fn validate(&self, src: &KeySource) -> Result<()> {
         match self.zero_stage {
+            0..=2 if self.shard_frozen => {
+                Err(src
+                    .error("distributed.shard_frozen", "shards frozen models like trained ones: needs zero_stage = 3"))
+            }
             0..=3 => Ok(()),
             s => Err(src.error("distributed.zero_stage", &format!("{s} is not a ZeRO stage: 0, 1, 2 or 3"))),
         }

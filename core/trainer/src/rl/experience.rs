@@ -13,6 +13,7 @@ use crate::metrics::StepMetrics;
 use crate::rl::phase::{PhaseClock, PhaseCost};
 use crate::rl::rollout::Rollout;
 use crate::rl::score::Scored;
+use crate::train_engine::TrainEngine;
 
 /// One generation batch after scoring, on the training device.
 ///
@@ -99,6 +100,16 @@ pub fn select(rollout: &Rollout, scored: &Scored, group_of_row: &[(usize, i64)],
     })
 }
 
+/// How [`compute`] runs the actor's pass.
+pub struct Passes<'a> {
+    /// Keep the actor's pass, with gradients, for the loss (see [`compute`]).
+    pub reuse: bool,
+    /// Make that pass a checkpointed one (`train.gradient_checkpointing`).
+    pub checkpointing: bool,
+    /// ZeRO stage 3: the actor's engine, to shard the weights before the kept pass.
+    pub shard_actor: Option<&'a mut TrainEngine>,
+}
+
 /// The scored rows before the models have seen them (see [`Batch`] for shapes).
 pub struct Selected {
     pub sequences: Tensor,
@@ -129,10 +140,10 @@ pub fn compute(
     s: Selected,
     opts: LogProbOptions,
     device: Device,
-    reuse: bool,
-    checkpointing: bool,
+    passes: Passes<'_>,
     entropy_grad: bool,
 ) -> Result<(Batch, Option<Tensor>, ExperienceTimes)> {
+    let Passes { reuse, checkpointing, shard_actor } = passes;
     let opts = LogProbOptions { entropy: true, ..opts };
     let (seq, attn, p_len) = (&s.sequences, &s.attention_mask, s.prompt_len);
     let (b, r_len) = (s.action_mask.size()[0], s.action_mask.size()[1]);
@@ -176,6 +187,10 @@ pub fn compute(
     // critic passes need not share memory with.
     let t = PhaseClock::start(device);
     let (old, policy, policy_checkpoint) = if reuse {
+        if let Some(engine) = shard_actor {
+            // ZeRO stage 3: the kept pass gathers layer by layer, as the training passes do.
+            engine.shard_params()?;
+        }
         let (lp, ck) = token_logprobs_pass(models.actor, seq, attn, p_len, opts, checkpointing)?; // with grad
         let detached = TokenLogProbs {
             logprobs: lp.logprobs.f_detach()?,

@@ -81,6 +81,8 @@ pub struct Trainer {
     tok: HfTokenizer,
     actor: CausalLm,
     reference: Option<CausalLm>,
+    /// The reference's sharded decoder layers (`[distributed] shard_frozen`).
+    ref_params: Option<crate::train_engine::stage3::Params>,
     critic: Option<ScalarHeadModel>,
     ema: Option<CausalLm>,
     algo: AlgorithmHandle,
@@ -209,6 +211,50 @@ impl Trainer {
         Ok(())
     }
 
+    /// Stage 4, **experience**: the old policy, reference and critic passes over this rank's
+    /// `selected` rows ([`experience::compute`]), then the whole batch of every rank. When one
+    /// epoch of one minibatch covers the batch (`batch_rows`) the actor's pass is kept for the loss
+    /// instead of a second forward; at ZeRO stage 3 that pass runs on sharded weights (a collective
+    /// every rank makes, so only when every rank has rows).
+    fn experience(
+        &mut self,
+        selected: experience::Selected,
+        batch_rows: usize,
+        share_prompts: bool,
+        pad: i64,
+    ) -> Result<(experience::Batch, Option<tch::Tensor>, experience::ExperienceTimes)> {
+        let (cfg, t) = (&self.cfg, &self.cfg.train);
+        // On data-parallel ranks each keeps its own pass and trains on its own rows (see
+        // `shard::gather_batch`).
+        let mut reuse = t.reuse_old_logprobs
+            && t.ppo_epochs == 1
+            && t.minibatch_size >= batch_rows
+            && t.gradient_accumulation_steps <= 1
+            && cfg.model.lora.dropout == 0.0;
+        let stage3 = self.actor_opt.strategy() == crate::train_engine::Strategy::ShardedParams;
+        // Passes on sharded weights are collectives: a rank without rows makes none, so they run
+        // only when every rank has rows (whole weights otherwise).
+        let every_rank_has_rows =
+            if stage3 { crate::dist::all(&self.world, selected.action_mask.size()[0] > 0)? } else { true };
+        reuse &= every_rank_has_rows;
+        let ref_whole = self.ref_params.as_ref().filter(|_| !every_rank_has_rows);
+        if let Some(p) = ref_whole {
+            p.gather_all()?;
+        }
+        let opts =
+            LogProbOptions { max_chunk_elements: t.logprob_chunk_elements, entropy: true, share_prefix: share_prompts };
+        let models = Models { actor: &self.actor, reference: self.reference.as_ref(), critic: self.critic.as_ref() };
+        let shard_actor = if reuse && stage3 { Some(&mut self.actor_opt) } else { None };
+        let passes = experience::Passes { reuse, checkpointing: t.gradient_checkpointing, shard_actor };
+        let (exp, entropy, times) =
+            experience::compute(&models, selected, opts, self.device, passes, self.algo.requirements().entropy)?;
+        if let Some(p) = ref_whole {
+            p.shard()?;
+        }
+        let (exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
+        Ok((exp, entropy, times))
+    }
+
     /// One generation batch, stage by stage (see the module docs). Returns its metrics.
     pub fn train_step(&mut self) -> Result<StepMetrics> {
         let t0 = Instant::now();
@@ -265,33 +311,9 @@ impl Trainer {
         let t_score = clock.stop();
 
         // 4. Experience of this rank's samples, then the whole batch on every rank.
-        let models = Models { actor: &self.actor, reference: self.reference.as_ref(), critic: self.critic.as_ref() };
-        // One epoch of one minibatch over the whole batch: the old log-probs are the minibatch's
-        // fresh ones detached, so the actor runs once (with gradients) instead of twice.
-        let t = &cfg.train;
-        // On data-parallel ranks each keeps its own pass and trains on its own rows (see
-        // `shard::gather_batch`).
-        let reuse = t.reuse_old_logprobs
-            && t.ppo_epochs == 1
-            && t.minibatch_size >= n_prompts * g
-            && t.gradient_accumulation_steps <= 1
-            && cfg.model.lora.dropout == 0.0
-            // Stage 3 trains on sharded weights, the experience pass runs on whole ones.
-            && cfg.distributed.zero_stage < 3;
-        // A prompt's G rows share its pass (not its LoRA dropout masks).
-        let share_prompts = t.share_prompts && cfg.model.lora.dropout == 0.0;
-        let opts =
-            LogProbOptions { max_chunk_elements: t.logprob_chunk_elements, entropy: true, share_prefix: share_prompts };
-        let (exp, entropy, times) = experience::compute(
-            &models,
-            selected,
-            opts,
-            device,
-            reuse,
-            t.gradient_checkpointing,
-            self.algo.requirements().entropy,
-        )?;
-        let (exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
+        let share_prompts = cfg.train.share_prompts && cfg.model.lora.dropout == 0.0;
+        let (exp, entropy, times) = self.experience(selected, n_prompts * g, share_prompts, pad)?;
+        let cfg = &self.cfg;
         experience::metrics(&exp, entropy.as_ref(), &mut m)?;
         if cfg.run.save_rollouts && self.world.is_main() {
             rollout_log::write(&self.run_dir, self.step + 1, &self.tok, &exp, &scored.rewards)?;

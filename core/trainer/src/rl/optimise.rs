@@ -212,7 +212,7 @@ fn backprop(
     if let Some(loss) = &loss {
         loss.f_backward()?;
     }
-    let reused = batch.policy_checkpoint.as_ref().filter(|_| passes.reused_actor && loss.is_some());
+    let reused = batch.policy_checkpoint.as_ref().filter(|_| passes.reused_actor);
     for ck in passes.actor.iter().chain(reused) {
         ck.backward(actor)?;
     }

@@ -360,7 +360,8 @@ impl Trainer {
         let warmup_dir = if resume.is_some() { &run_dir } else { out_dir };
         let (mut actor, actor_dir) =
             warmed_up_actor(&cfg, warmup_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
-        let (reference, mut critic, ema) = companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
+        let (mut reference, mut critic, ema) =
+            companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
         // Every rank has its models (a rank that failed before here meets this agreement at the
         // end of its setup); then they start from rank 0's weights, before the optimizers copy
         // them into masters.
@@ -387,6 +388,15 @@ impl Trainer {
         if let (Some(c), Some(o)) = (critic.as_mut(), critic_opt.as_ref()) {
             c.set_gate(o.gate());
         }
+        // `shard_frozen`: the reference's layers are sharded and gathered one by one in its pass.
+        let ref_params = match reference.as_mut().filter(|_| cfg.distributed.shard_frozen) {
+            Some(r) => {
+                let p = crate::train_engine::stage3::Params::frozen(&r.vs, &world)?;
+                r.set_gate(Some(p.gate()));
+                Some(p)
+            }
+            None => None,
+        };
         let ptx = match &cfg.train.ptx_data {
             Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
             _ => None,
@@ -400,6 +410,7 @@ impl Trainer {
             tok,
             actor,
             reference,
+            ref_params,
             critic,
             ema,
             algo,

@@ -39,6 +39,8 @@ struct PVar {
     chunk: i64,
     /// Where its chunk sits in the gradient shard (trained variables only).
     grad_at: Option<i64>,
+    /// Sharded (in a unit); otherwise always whole and `data` empty.
+    managed: bool,
     /// This rank's chunk `[chunk]`, in the variable's dtype.
     data: Tensor,
 }
@@ -62,8 +64,17 @@ struct State {
     grads: Option<Tensor>,
     /// Elements of that shard.
     s: i64,
+    /// The unit being gathered ahead of its use ([`ParamGate::prefetch`]), at most one.
+    inflight: Option<Inflight>,
     kind: Kind,
     device: tch::Device,
+}
+
+/// A unit's all-gather in flight, into `full` (`[W, len]`).
+struct Inflight {
+    unit: Unit,
+    pending: rlhf_collective::Pending,
+    full: Tensor,
 }
 
 /// The sharded parameters of one model, shared by its engine and its gate.
@@ -79,6 +90,19 @@ impl Params {
     /// variable's name, where its chunk sits in the engine's shard of `s` elements. The model
     /// stays whole until [`Params::shard`].
     pub fn new(vs: &VarStore, world: &World, trained: &HashMap<String, i64>, s: i64) -> Result<Self> {
+        Self::build(vs, world, trained, s, true)
+    }
+
+    /// The decoder layers of a frozen model (`[distributed] shard_frozen`: the RL reference
+    /// model), sharded from now on; the outer unit (embeddings, final norm, head) stays whole on
+    /// every rank, since the frozen model's head runs after its forward, outside any pass.
+    pub fn frozen(vs: &VarStore, world: &World) -> Result<Self> {
+        let p = Self::build(vs, world, &HashMap::new(), 0, false)?;
+        p.shard()?;
+        Ok(p)
+    }
+
+    fn build(vs: &VarStore, world: &World, trained: &HashMap<String, i64>, s: i64, outer: bool) -> Result<Self> {
         let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
         let (w, rank) = (world.size() as i64, world.rank() as i64);
@@ -89,22 +113,39 @@ impl Params {
         for (i, (name, var)) in named.into_iter().enumerate() {
             let numel = var.numel() as i64;
             let chunk = (numel + w - 1) / w;
+            let unit = rlhf_models::gate::unit_of(&name);
+            if unit == Unit::Outer && !outer {
+                let data = Tensor::f_empty([0], (var.kind(), var.device()))?;
+                vars.push(PVar { shape: var.size(), name, var, numel, chunk, grad_at: None, managed: false, data });
+                continue;
+            }
             let data = tch::no_grad(|| -> Result<Tensor> {
                 let flat = var.f_detach()?.f_reshape([-1])?;
                 let pad = w * chunk - numel;
                 let flat = if pad > 0 { flat.f_constant_pad_nd([0, pad])? } else { flat };
                 Ok(flat.f_view([w, chunk])?.f_select(0, rank)?.f_contiguous()?.f_detach_copy()?)
             })?;
-            units.entry(rlhf_models::gate::unit_of(&name)).or_insert(UnitState { vars: vec![], users: 0 }).vars.push(i);
+            units.entry(unit).or_insert(UnitState { vars: vec![], users: 0 }).vars.push(i);
             let grad_at = trained.get(&name).copied();
-            vars.push(PVar { shape: var.size(), name, var, numel, chunk, grad_at, data });
+            vars.push(PVar { shape: var.size(), name, var, numel, chunk, grad_at, managed: true, data });
         }
         let mut order: Vec<Unit> = units.keys().copied().collect();
         order.sort_by_key(|u| match u {
             Unit::Outer => 0,
             Unit::Layer(i) => i + 1,
         });
-        let state = State { world: world.clone(), vars, units, order, whole: true, grads: None, s, kind, device };
+        let state = State {
+            world: world.clone(),
+            vars,
+            units,
+            order,
+            whole: true,
+            grads: None,
+            s,
+            inflight: None,
+            kind,
+            device,
+        };
         Ok(Params(Arc::new(Mutex::new(state))))
     }
 
@@ -125,10 +166,13 @@ impl Params {
         if !st.whole {
             return Ok(());
         }
+        if let Some(f) = st.inflight.take() {
+            f.pending.wait().map_err(crate::dist::err)?;
+        }
         let w = st.world.size() as i64;
         let rank = st.world.rank() as i64;
         tch::no_grad(|| -> Result<()> {
-            for v in &st.vars {
+            for v in st.vars.iter().filter(|v| v.managed) {
                 let flat = v.var.f_detach()?.f_reshape([-1])?;
                 let pad = w * v.chunk - v.numel;
                 let flat = if pad > 0 { flat.f_constant_pad_nd([0, pad])? } else { flat };
@@ -201,19 +245,50 @@ impl State {
         self.vars.iter().find(|v| v.name == name).ok_or_else(|| err(format!("no variable `{name}`")))
     }
 
-    /// All-gathers `unit`'s chunks into its variables (one collective).
+    /// This rank's chunks of `unit`'s variables laid end to end `[len]`, and an empty `[W, len]`
+    /// for every rank's.
+    fn gather_buffers(&self, unit: Unit) -> Result<(Tensor, Tensor)> {
+        let u = &self.units[&unit];
+        let refs: Vec<&Tensor> = u.vars.iter().map(|&i| &self.vars[i].data).collect();
+        let len: i64 = u.vars.iter().map(|&i| self.vars[i].chunk).sum();
+        let mine = Tensor::f_cat(&refs, 0)?;
+        let full = Tensor::f_empty([self.world.size() as i64, len], (self.kind, self.device))?;
+        Ok((mine, full))
+    }
+
+    /// Starts gathering `unit` (one collective, waited for by [`State::gather_unit`]).
+    fn prefetch_unit(&mut self, unit: Unit) -> Result<()> {
+        let (mine, full) = tch::no_grad(|| self.gather_buffers(unit))?;
+        let pending = self.world.all_gather_into_async(&full.f_view([-1])?, &mine).map_err(crate::dist::err)?;
+        self.inflight = Some(Inflight { unit, pending, full });
+        Ok(())
+    }
+
+    /// All-gathers `unit`'s chunks into its variables (one collective, or the prefetched one).
     fn gather_unit(&mut self, unit: Unit) -> Result<()> {
-        let Some(u) = self.units.get(&unit) else { return Ok(()) };
-        let w = self.world.size() as i64;
-        let vars: Vec<&PVar> = u.vars.iter().map(|&i| &self.vars[i]).collect();
-        let len: i64 = vars.iter().map(|v| v.chunk).sum();
+        if !self.units.contains_key(&unit) {
+            return Ok(());
+        }
+        let full = match self.inflight.take() {
+            Some(f) if f.unit == unit => {
+                f.pending.wait().map_err(crate::dist::err)?;
+                f.full
+            }
+            other => {
+                if let Some(f) = other {
+                    // Prefetched and not used (every rank alike): finish it first.
+                    f.pending.wait().map_err(crate::dist::err)?;
+                }
+                let (mine, full) = tch::no_grad(|| self.gather_buffers(unit))?;
+                self.world.all_gather_into(&full.f_view([-1])?, &mine).map_err(crate::dist::err)?;
+                full
+            }
+        };
+        let u = &self.units[&unit];
         tch::no_grad(|| -> Result<()> {
-            let refs: Vec<&Tensor> = vars.iter().map(|v| &v.data).collect();
-            let mine = Tensor::f_cat(&refs, 0)?;
-            let full = Tensor::f_empty([w, len], (self.kind, self.device))?;
-            self.world.all_gather_into(&full.f_view([-1])?, &mine).map_err(crate::dist::err)?;
             let mut at = 0;
-            for v in vars {
+            for &i in &u.vars {
+                let v = &self.vars[i];
                 let whole = full.f_narrow(1, at, v.chunk)?.f_contiguous()?.f_view([-1])?.f_narrow(0, 0, v.numel)?;
                 v.var.shallow_clone().f_set_data(&whole.f_view(v.shape.as_slice())?)?;
                 at += v.chunk;
@@ -283,6 +358,16 @@ impl ParamGate for Params {
             st.gather_unit(unit).map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    fn prefetch(&self, unit: Unit) -> std::result::Result<(), String> {
+        let mut st = self.lock();
+        // The same decision on every rank: their calls and unit states are the same.
+        let idle = st.units.get(&unit).is_some_and(|u| u.users == 0);
+        if st.whole || st.inflight.is_some() || !idle {
+            return Ok(());
+        }
+        st.prefetch_unit(unit).map_err(|e| e.to_string())
     }
 
     fn release(&self, unit: Unit, grads: bool) -> std::result::Result<(), String> {
