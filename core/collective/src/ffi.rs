@@ -63,7 +63,14 @@ extern "C" {
         work: *mut *mut c_void,
         err: *mut *mut c_char,
     ) -> c_int;
-    fn rlhf_c10d_work_wait(group: *mut c_void, work: *mut c_void, err: *mut *mut c_char) -> c_int;
+    fn rlhf_c10d_reduce_scatter_async(
+        group: *mut c_void,
+        output: *mut c_void,
+        input: *mut c_void,
+        work: *mut *mut c_void,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    fn rlhf_c10d_work_wait(group: *mut c_void, work: *mut c_void, what: *const c_char, err: *mut *mut c_char) -> c_int;
     fn rlhf_c10d_work_free(work: *mut c_void);
     fn rlhf_c10d_barrier(group: *mut c_void, err: *mut *mut c_char) -> c_int;
     fn rlhf_c10d_quiet_logs();
@@ -222,9 +229,19 @@ impl Group {
         Ok(Work(work))
     }
 
-    /// Waits for `work` (started on this group) within the group's timeout.
-    pub(crate) fn wait(&self, work: &Work) -> Result<(), String> {
-        call(|err| unsafe { rlhf_c10d_work_wait(self.0, work.0, err) })
+    /// Starts `reduce_scatter` without waiting; the tensors must live until [`Group::wait`].
+    pub(crate) fn reduce_scatter_async(&self, output: &Tensor, input: &Tensor) -> Result<Work, String> {
+        let mut work = std::ptr::null_mut();
+        call(|err| unsafe {
+            rlhf_c10d_reduce_scatter_async(self.0, tensor_ptr(output), tensor_ptr(input), &mut work, err)
+        })?;
+        Ok(Work(work))
+    }
+
+    /// Waits for `work` (the collective `what`, started on this group) within the group's timeout.
+    pub(crate) fn wait(&self, work: &Work, what: &str) -> Result<(), String> {
+        let what = cstring(what);
+        call(|err| unsafe { rlhf_c10d_work_wait(self.0, work.0, what.as_ptr(), err) })
     }
 
     pub(crate) fn barrier(&self) -> Result<(), String> {

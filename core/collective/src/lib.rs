@@ -285,16 +285,35 @@ impl World {
     /// collectives in the same order, as with the blocking ones; others may run meanwhile.
     pub fn all_gather_into_async(&self, output: &Tensor, input: &Tensor) -> Result<Pending> {
         self.check_flat("all_gather_into", input, output)?;
+        self.start("all_gather_into", output, input, bytes_of(output), |g| g.all_gather_into_async(output, input))
+    }
+
+    /// [`World::reduce_scatter`] without waiting for it (see [`World::all_gather_into_async`]).
+    pub fn reduce_scatter_async(&self, output: &Tensor, input: &Tensor) -> Result<Pending> {
+        self.check_flat("reduce_scatter", output, input)?;
+        self.start("reduce_scatter", output, input, bytes_of(input), |g| g.reduce_scatter_async(output, input))
+    }
+
+    /// Starts the collective `op` (`f`) on the group of the tensors' device; in a world of one
+    /// `output` gets `input` at once.
+    fn start(
+        &self,
+        op: &'static str,
+        output: &Tensor,
+        input: &Tensor,
+        bytes: usize,
+        f: impl FnOnce(&ffi::Group) -> std::result::Result<ffi::Work, String>,
+    ) -> Result<Pending> {
         let hold = (output.shallow_clone(), input.shallow_clone());
         if !self.is_distributed() {
             tch::no_grad(|| output.shallow_clone().f_copy_(input)).map_err(|e| self.torch_err(e))?;
-            return Ok(Pending { world: self.clone(), work: None, _hold: hold });
+            return Ok(Pending { world: self.clone(), op, work: None, _hold: hold });
         }
-        let work = self.timed(bytes_of(output), || {
-            let g = self.group_for(input.device(), "all_gather_into")?;
-            g.get().all_gather_into_async(output, input).map_err(|m| self.op_err("all_gather_into", m))
+        let work = self.timed(bytes, || {
+            let g = self.group_for(input.device(), op)?;
+            f(g.get()).map_err(|m| self.op_err(op, m))
         })?;
-        Ok(Pending { world: self.clone(), work: Some(work), _hold: hold })
+        Ok(Pending { world: self.clone(), op, work: Some(work), _hold: hold })
     }
 
     /// `shard` and `full` are contiguous, of one dtype and device, and `full` holds `size` shards.
@@ -450,16 +469,17 @@ impl World {
 }
 
 /// A group borrowed from the world or shared with its lazily made CUDA slot.
-/// An all-gather in flight ([`World::all_gather_into_async`]).
+/// A collective in flight ([`World::all_gather_into_async`], [`World::reduce_scatter_async`]).
 pub struct Pending {
     world: World,
+    op: &'static str,
     work: Option<ffi::Work>,
     /// The output and input, alive while the collective writes and reads them.
     _hold: (Tensor, Tensor),
 }
 
 impl Pending {
-    /// Waits until the output holds every rank's input (the time waited counts as collective time).
+    /// Waits until the output holds the result (the time waited counts as collective time).
     pub fn wait(mut self) -> Result<()> {
         self.finish()
     }
@@ -467,8 +487,8 @@ impl Pending {
     fn finish(&mut self) -> Result<()> {
         let Some(work) = self.work.take() else { return Ok(()) };
         let (w, t) = (&self.world, Instant::now());
-        let g = w.group_for(self._hold.0.device(), "all_gather_into")?;
-        g.get().wait(&work).map_err(|m| w.op_err("all_gather_into", m))?;
+        let g = w.group_for(self._hold.0.device(), self.op)?;
+        g.get().wait(&work, self.op).map_err(|m| w.op_err(self.op, m))?;
         w.stats.lock().unwrap_or_else(|e| e.into_inner()).seconds += t.elapsed().as_secs_f64();
         Ok(())
     }

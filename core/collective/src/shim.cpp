@@ -229,11 +229,25 @@ int rlhf_c10d_allgather_into_async(void* group, void* output, void* input, void*
   });
 }
 
-// Waits for a work handle of `rlhf_c10d_allgather_into_async` (with the group's timeout).
-int rlhf_c10d_work_wait(void* group, void* work, char** err) {
+// As `rlhf_c10d_reduce_scatter`, without waiting for it (`*work` as above): the trainer reduces
+// a sharded layer's gradients while the layer below computes.
+int rlhf_c10d_reduce_scatter_async(void* group, void* output, void* input, void** work, char** err) {
   return guarded(err, [&] {
     auto& g = *static_cast<Group*>(group);
-    finish(g, *static_cast<c10::intrusive_ptr<c10d::Work>*>(work), "all_gather_into");
+    auto& out = *static_cast<at::Tensor*>(output);
+    auto& in = *static_cast<at::Tensor*>(input);
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    opts.timeout = g.timeout;
+    *work = new c10::intrusive_ptr<c10d::Work>(g.backend->_reduce_scatter_base(out, in, opts));
+  });
+}
+
+// Waits for a work handle of an `*_async` call (with the group's timeout); `what` names it.
+int rlhf_c10d_work_wait(void* group, void* work, const char* what, char** err) {
+  return guarded(err, [&] {
+    auto& g = *static_cast<Group*>(group);
+    finish(g, *static_cast<c10::intrusive_ptr<c10d::Work>*>(work), what);
   });
 }
 

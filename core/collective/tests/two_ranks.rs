@@ -127,6 +127,9 @@ fn rank_collectives() {
         pending.wait().unwrap();
         assert_eq!(values(&early), [3.0, 6.0, 9.0, 12.0, 15.0, 18.0]);
         assert_eq!(values(&other), [3.0]);
+        let late = Tensor::zeros([3], (kind, tch::Device::Cpu));
+        w.reduce_scatter_async(&late, &input).unwrap().wait().unwrap();
+        assert_eq!(values(&late), want);
     }
     let err = w.reduce_scatter(
         &Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)),

@@ -114,6 +114,7 @@ pub(crate) fn forward(
     key_mask: &Tensor,
 ) -> Result<Checkpointed> {
     gather(gate, Unit::Outer)?;
+    prefetch(gate, Unit::Layer(0))?;
     let (rows, hidden) = tch::no_grad(|| -> Result<_> {
         let mut rows = Segment::embed(backbone, ids, positions, key_mask, 0)?;
         for i in 0..backbone.num_layers() {
@@ -143,6 +144,7 @@ pub(crate) fn forward_after_prefix(
     let (ids, positions, key_mask) = rest;
     let p = p_ids.size()[1];
     gather(gate, Unit::Outer)?;
+    prefetch(gate, Unit::Layer(0))?;
     let (prefixes, rows, hidden) = tch::no_grad(|| -> Result<_> {
         let mut pre = Segment::embed(backbone, p_ids, p_pos, p_mask, 0)?;
         let mut rows = Segment::embed(backbone, ids, positions, key_mask, p)?;
@@ -233,6 +235,9 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
         release(gate, Unit::Layer(i), true)?;
         Ok(g)
     };
+    if layers > 0 {
+        prefetch(gate, Unit::Layer(layers - 1))?;
+    }
     if !g.defined() {
         // Nothing to backpropagate; a gate still sees every layer's calls (collectives).
         for i in (0..layers).rev() {

@@ -251,10 +251,10 @@ impl ShardedAdam {
             release(&s.var)?;
         }
         self.grads = None;
-        if let Some(p) = &self.params {
-            p.clear_grads();
+        match &self.params {
+            Some(p) => p.clear_grads(),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Ends one micro-batch's backward pass. At stage 2 (a collective: every rank calls it once

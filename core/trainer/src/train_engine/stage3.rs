@@ -5,7 +5,8 @@
 //! an empty tensor, as FSDP1 frees a flat parameter) and the checkpointed layer loop calls the
 //! [`ParamGate`]: a unit (one decoder layer, or the outer unit — embeddings, final norm, heads)
 //! is all-gathered just before it runs and freed after; after its recomputation in backward its
-//! gradients are reduce-scattered at once into this rank's f32-free gradient shard and freed.
+//! gradients are reduce-scattered at once into this rank's gradient shard (in the weights'
+//! dtype, as stage 2's) and freed.
 //! A rank then holds its shards, one whole layer, the outer unit during a pass, and the
 //! activations the checkpointed pass keeps.
 //!
@@ -55,6 +56,8 @@ struct State {
     world: World,
     vars: Vec<PVar>,
     units: HashMap<Unit, UnitState>,
+    /// Index into `vars` of each name.
+    index: HashMap<String, usize>,
     /// Every unit, outer first then the layers in order.
     order: Vec<Unit>,
     /// The variables hold their whole tensors (the gate is a no-op).
@@ -66,8 +69,18 @@ struct State {
     s: i64,
     /// The unit being gathered ahead of its use ([`ParamGate::prefetch`]), at most one.
     inflight: Option<Inflight>,
+    /// The gradient reduction in flight, at most one.
+    reducing: Option<Reducing>,
     kind: Kind,
     device: tch::Device,
+}
+
+/// A unit's gradient reduce-scatter in flight, into `mine` (`[len]`), and where each of its
+/// variables' chunks goes: (offset in the gradient shard, offset in `mine`, elements).
+struct Reducing {
+    pending: rlhf_collective::Pending,
+    mine: Tensor,
+    parts: Vec<(i64, i64, i64)>,
 }
 
 /// A unit's all-gather in flight, into `full` (`[W, len]`).
@@ -119,12 +132,7 @@ impl Params {
                 vars.push(PVar { shape: var.size(), name, var, numel, chunk, grad_at: None, managed: false, data });
                 continue;
             }
-            let data = tch::no_grad(|| -> Result<Tensor> {
-                let flat = var.f_detach()?.f_reshape([-1])?;
-                let pad = w * chunk - numel;
-                let flat = if pad > 0 { flat.f_constant_pad_nd([0, pad])? } else { flat };
-                Ok(flat.f_view([w, chunk])?.f_select(0, rank)?.f_contiguous()?.f_detach_copy()?)
-            })?;
+            let data = tch::no_grad(|| -> Result<Tensor> { Ok(own_chunk(&var, w, rank, chunk)?.f_detach_copy()?) })?;
             units.entry(unit).or_insert(UnitState { vars: vec![], users: 0 }).vars.push(i);
             let grad_at = trained.get(&name).copied();
             vars.push(PVar { shape: var.size(), name, var, numel, chunk, grad_at, managed: true, data });
@@ -134,15 +142,18 @@ impl Params {
             Unit::Outer => 0,
             Unit::Layer(i) => i + 1,
         });
+        let index = vars.iter().enumerate().map(|(i, v)| (v.name.clone(), i)).collect();
         let state = State {
             world: world.clone(),
             vars,
             units,
+            index,
             order,
             whole: true,
             grads: None,
             s,
             inflight: None,
+            reducing: None,
             kind,
             device,
         };
@@ -169,14 +180,12 @@ impl Params {
         if let Some(f) = st.inflight.take() {
             f.pending.wait().map_err(crate::dist::err)?;
         }
+        st.finish_reduce()?;
         let w = st.world.size() as i64;
         let rank = st.world.rank() as i64;
         tch::no_grad(|| -> Result<()> {
             for v in st.vars.iter().filter(|v| v.managed) {
-                let flat = v.var.f_detach()?.f_reshape([-1])?;
-                let pad = w * v.chunk - v.numel;
-                let flat = if pad > 0 { flat.f_constant_pad_nd([0, pad])? } else { flat };
-                v.data.shallow_clone().f_copy_(&flat.f_view([w, v.chunk])?.f_select(0, rank)?)?;
+                v.data.shallow_clone().f_copy_(&own_chunk(&v.var, w, rank, v.chunk)?)?;
                 free(&v.var)?;
             }
             Ok(())
@@ -204,15 +213,20 @@ impl Params {
 
     /// Takes the gradient shard `[s]` reduced so far (f32), `None` when nothing was reduced.
     pub fn take_grads(&self) -> Result<Option<Tensor>> {
-        Ok(self.lock().grads.take().map(|g| g.f_to_kind(Kind::Float)).transpose()?)
+        let mut st = self.lock();
+        st.finish_reduce()?;
+        Ok(st.grads.take().map(|g| g.f_to_kind(Kind::Float)).transpose()?)
     }
 
     /// Drops the gradient shard reduced so far.
-    pub fn clear_grads(&self) {
-        self.lock().grads = None;
+    pub fn clear_grads(&self) -> Result<()> {
+        let mut st = self.lock();
+        st.finish_reduce()?;
+        st.grads = None;
+        Ok(())
     }
 
-    /// A copy of this rank's chunk `[chunk]` of the variable `name`, as f32.
+    /// This rank's chunk `[chunk]` of the variable `name` as f32 (the chunk itself when f32).
     pub fn chunk_f32(&self, name: &str) -> Result<Tensor> {
         let st = self.lock();
         let v = st.var(name)?;
@@ -242,7 +256,7 @@ impl Params {
 
 impl State {
     fn var(&self, name: &str) -> Result<&PVar> {
-        self.vars.iter().find(|v| v.name == name).ok_or_else(|| err(format!("no variable `{name}`")))
+        self.index.get(name).map(|&i| &self.vars[i]).ok_or_else(|| err(format!("no variable `{name}`")))
     }
 
     /// This rank's chunks of `unit`'s variables laid end to end `[len]`, and an empty `[W, len]`
@@ -297,9 +311,12 @@ impl State {
         })
     }
 
-    /// Reduce-scatters the gradients of `unit`'s trained variables into the gradient shard (one
-    /// collective; a variable without a gradient adds zeros) and frees them.
+    /// Starts reduce-scattering the gradients of `unit`'s trained variables (one collective; a
+    /// variable without a gradient adds zeros) and frees them; the result is added into the
+    /// gradient shard when the next reduction starts or the step takes the shard
+    /// ([`State::finish_reduce`]), so it travels while the layer below recomputes.
     fn reduce_unit(&mut self, unit: Unit) -> Result<()> {
+        self.finish_reduce()?;
         let Some(u) = self.units.get(&unit) else { return Ok(()) };
         let w = self.world.size() as i64;
         let vars: Vec<&PVar> = u.vars.iter().map(|&i| &self.vars[i]).filter(|v| v.grad_at.is_some()).collect();
@@ -307,10 +324,10 @@ impl State {
         if len == 0 {
             return Ok(());
         }
-        tch::no_grad(|| -> Result<()> {
+        let reducing = tch::no_grad(|| -> Result<Reducing> {
             // Rank-major: row r holds chunk r of every variable of the unit.
             let input = Tensor::f_zeros([w, len], (self.kind, self.device))?;
-            let mut at = 0;
+            let (mut at, mut parts) = (0, Vec::with_capacity(vars.len()));
             for v in &vars {
                 let g = v.var.grad();
                 if g.defined() {
@@ -320,20 +337,28 @@ impl State {
                     input.f_narrow(1, at, v.chunk)?.f_copy_(&flat.f_view([w, v.chunk])?)?;
                 }
                 rlhf_collective::release_grad(&v.var).map_err(err)?;
+                parts.push((v.grad_at.unwrap_or(0), at, v.chunk));
                 at += v.chunk;
             }
             let mine = Tensor::f_empty([len], (self.kind, self.device))?;
-            self.world.reduce_scatter(&mine, &input.f_view([-1])?).map_err(crate::dist::err)?;
-            drop(input);
+            let pending = self.world.reduce_scatter_async(&mine, &input.f_view([-1])?).map_err(crate::dist::err)?;
+            Ok(Reducing { pending, mine, parts })
+        })?;
+        self.reducing = Some(reducing);
+        Ok(())
+    }
+
+    /// Waits for the reduction in flight, if any, and adds its result into the gradient shard.
+    fn finish_reduce(&mut self) -> Result<()> {
+        let Some(r) = self.reducing.take() else { return Ok(()) };
+        r.pending.wait().map_err(crate::dist::err)?;
+        tch::no_grad(|| -> Result<()> {
             let grads = match &self.grads {
                 Some(g) => g.shallow_clone(),
                 None => Tensor::f_zeros([self.s], (self.kind, self.device))?,
             };
-            let mut at = 0;
-            for v in &vars {
-                let dst = grads.f_narrow(0, v.grad_at.unwrap_or(0), v.chunk)?;
-                let _ = dst.shallow_clone().f_add_(&mine.f_narrow(0, at, v.chunk)?)?;
-                at += v.chunk;
+            for (grad_at, at, chunk) in r.parts {
+                let _ = grads.f_narrow(0, grad_at, chunk)?.f_add_(&r.mine.f_narrow(0, at, chunk)?)?;
             }
             self.grads = Some(grads);
             Ok(())
@@ -404,6 +429,15 @@ fn return_freed_memory() {
     unsafe {
         malloc_trim(0);
     }
+}
+
+/// Rank `rank`'s chunk `[chunk]` of `var` (a view where no padding is needed): its elements
+/// flat, zero-padded to `w · chunk`, cut into `w` chunks.
+fn own_chunk(var: &Tensor, w: i64, rank: i64, chunk: i64) -> Result<Tensor> {
+    let flat = var.f_detach()?.f_reshape([-1])?;
+    let pad = w * chunk - flat.numel() as i64;
+    let flat = if pad > 0 { flat.f_constant_pad_nd([0, pad])? } else { flat };
+    Ok(flat.f_view([w, chunk])?.f_select(0, rank)?)
 }
 
 /// Points `var` at an empty tensor of its dtype and device, freeing its storage.
