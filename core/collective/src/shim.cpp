@@ -187,59 +187,61 @@ int rlhf_c10d_allgather(void* group, void** outputs, int n, void* input, char** 
   });
 }
 
+}  // extern "C"
+
+namespace {
+
 // `output` (one rank's share, contiguous) receives its part of the sum over ranks of `input`
 // (world size × the share, contiguous): c10d's `_reduce_scatter_base`, which
 // `torch.distributed.reduce_scatter_tensor` calls (NCCL's ncclReduceScatter; Gloo's own).
-int rlhf_c10d_reduce_scatter(void* group, void* output, void* input, char** err) {
-  return guarded(err, [&] {
-    auto& g = *static_cast<Group*>(group);
-    auto& out = *static_cast<at::Tensor*>(output);
-    auto& in = *static_cast<at::Tensor*>(input);
-    c10d::ReduceScatterOptions opts;
-    opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    opts.timeout = g.timeout;
-    finish(g, g.backend->_reduce_scatter_base(out, in, opts), "reduce_scatter");
-  });
+c10::intrusive_ptr<c10d::Work> start_reduce_scatter(Group& g, void* output, void* input) {
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  opts.timeout = g.timeout;
+  return g.backend->_reduce_scatter_base(*static_cast<at::Tensor*>(output), *static_cast<at::Tensor*>(input), opts);
 }
 
 // `output` (world size × the share, contiguous) receives every rank's `input` (the share) in
 // rank order: c10d's `_allgather_base` (`torch.distributed.all_gather_into_tensor`).
+c10::intrusive_ptr<c10d::Work> start_allgather_into(Group& g, void* output, void* input) {
+  c10d::AllgatherOptions opts;
+  opts.timeout = g.timeout;
+  return g.backend->_allgather_base(*static_cast<at::Tensor*>(output), *static_cast<at::Tensor*>(input), opts);
+}
+
+}  // namespace
+
+extern "C" {
+
+int rlhf_c10d_reduce_scatter(void* group, void* output, void* input, char** err) {
+  return guarded(err, [&] {
+    auto& g = *static_cast<Group*>(group);
+    finish(g, start_reduce_scatter(g, output, input), "reduce_scatter");
+  });
+}
+
 int rlhf_c10d_allgather_into(void* group, void* output, void* input, char** err) {
   return guarded(err, [&] {
     auto& g = *static_cast<Group*>(group);
-    auto& out = *static_cast<at::Tensor*>(output);
-    auto& in = *static_cast<at::Tensor*>(input);
-    c10d::AllgatherOptions opts;
-    opts.timeout = g.timeout;
-    finish(g, g.backend->_allgather_base(out, in, opts), "all_gather_into");
+    finish(g, start_allgather_into(g, output, input), "all_gather_into");
   });
 }
 
-// As `rlhf_c10d_allgather_into`, without waiting for it: `*work` receives the work handle (a
-// heap copy of the intrusive pointer), to be waited on with `rlhf_c10d_work_wait` and freed with
-// `rlhf_c10d_work_free`. The trainer prefetches the next sharded layer with it.
+// The two above without waiting: `*work` receives the work handle (a heap copy of the intrusive
+// pointer), to be waited on with `rlhf_c10d_work_wait` and freed with `rlhf_c10d_work_free`. The
+// trainer prefetches the next sharded layer and reduces a layer's gradients while the layer
+// below computes with them.
 int rlhf_c10d_allgather_into_async(void* group, void* output, void* input, void** work, char** err) {
   return guarded(err, [&] {
     auto& g = *static_cast<Group*>(group);
-    auto& out = *static_cast<at::Tensor*>(output);
-    auto& in = *static_cast<at::Tensor*>(input);
-    c10d::AllgatherOptions opts;
-    opts.timeout = g.timeout;
-    *work = new c10::intrusive_ptr<c10d::Work>(g.backend->_allgather_base(out, in, opts));
+    *work = new c10::intrusive_ptr<c10d::Work>(start_allgather_into(g, output, input));
   });
 }
 
-// As `rlhf_c10d_reduce_scatter`, without waiting for it (`*work` as above): the trainer reduces
-// a sharded layer's gradients while the layer below computes.
 int rlhf_c10d_reduce_scatter_async(void* group, void* output, void* input, void** work, char** err) {
   return guarded(err, [&] {
     auto& g = *static_cast<Group*>(group);
-    auto& out = *static_cast<at::Tensor*>(output);
-    auto& in = *static_cast<at::Tensor*>(input);
-    c10d::ReduceScatterOptions opts;
-    opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    opts.timeout = g.timeout;
-    *work = new c10::intrusive_ptr<c10d::Work>(g.backend->_reduce_scatter_base(out, in, opts));
+    *work = new c10::intrusive_ptr<c10d::Work>(start_reduce_scatter(g, output, input));
   });
 }
 
