@@ -72,6 +72,29 @@ pub fn hf_check(python: &Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("hf_check.py prints JSON")
 }
 
+/// Tiny random checkpoints of the newer families with their transformers references
+/// (`fixtures/make_families.py`), made once per test process into a temporary directory:
+/// `<dir>/<name>` (causal LM) and `<dir>/<name>-rm` (scalar head) for each of [`FAMILIES`].
+pub fn family_models(python: &Path) -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::Builder::new().prefix("rlhf-families-").tempdir().expect("temp dir").keep();
+        let out = Command::new(python)
+            .arg(fixtures().join("make_families.py"))
+            .arg("--out")
+            .arg(&dir)
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .output()
+            .expect("spawn python");
+        assert!(out.status.success(), "make_families.py failed: {}", String::from_utf8_lossy(&out.stderr));
+        dir
+    })
+}
+
+/// The families `fixtures/make_families.py` makes.
+pub const FAMILIES: &[&str] =
+    &["qwen3", "qwen3_moe", "qwen3_moe-step", "gemma2", "gemma3", "olmo2", "phi3", "mistral", "qwen2-sliding"];
+
 /// Reads the JSON file at `path`.
 pub fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("read json")).expect("parse json")

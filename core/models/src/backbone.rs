@@ -4,17 +4,17 @@
 use tch::Tensor;
 
 use crate::config::{ArchConfig, Family};
+use crate::decoder::DecoderModel;
 use crate::error::Result;
 use crate::gate::{gated, Gate};
 use crate::gpt2::Gpt2Model;
 use crate::layers::{KvCache, LayerShared, Linear};
-use crate::llama::LlamaModel;
 use crate::weights::WeightLoader;
 
 /// A decoder stack of one of the supported families.
 #[derive(Debug)]
 pub enum Backbone {
-    Llama(LlamaModel),
+    Decoder(DecoderModel),
     Gpt2(Gpt2Model),
 }
 
@@ -22,8 +22,8 @@ impl Backbone {
     pub(crate) fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
         let w = w.pp(cfg.family.backbone_prefix());
         Ok(match cfg.family {
-            Family::Llama | Family::Qwen2 => Backbone::Llama(LlamaModel::load(&w, cfg)?),
             Family::Gpt2 => Backbone::Gpt2(Gpt2Model::load(&w, cfg)?),
+            _ => Backbone::Decoder(DecoderModel::load(&w, cfg)?),
         })
     }
 
@@ -51,7 +51,7 @@ impl Backbone {
         self.final_norm(&h)
     }
 
-    /// Embeddings and what the layers share; see [`LlamaModel::embed`].
+    /// Embeddings and what the layers share; see [`DecoderModel::embed`].
     pub(crate) fn embed(
         &self,
         ids: &Tensor,
@@ -60,14 +60,14 @@ impl Backbone {
         past: i64,
     ) -> Result<(Tensor, LayerShared)> {
         match self {
-            Backbone::Llama(m) => m.embed(ids, pos, key_mask, past),
+            Backbone::Decoder(m) => m.embed(ids, pos, key_mask, past),
             Backbone::Gpt2(m) => m.embed(ids, pos, key_mask, past),
         }
     }
 
     pub(crate) fn num_layers(&self) -> usize {
         match self {
-            Backbone::Llama(m) => m.num_layers(),
+            Backbone::Decoder(m) => m.num_layers(),
             Backbone::Gpt2(m) => m.num_layers(),
         }
     }
@@ -81,14 +81,14 @@ impl Backbone {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         match self {
-            Backbone::Llama(m) => m.layer(i, h, shared, cache),
+            Backbone::Decoder(m) => m.layer(i, h, shared, cache),
             Backbone::Gpt2(m) => m.layer(i, h, shared, cache),
         }
     }
 
     pub(crate) fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
         match self {
-            Backbone::Llama(m) => m.final_norm(h),
+            Backbone::Decoder(m) => m.final_norm(h),
             Backbone::Gpt2(m) => m.final_norm(h),
         }
     }
@@ -96,7 +96,7 @@ impl Backbone {
     /// Every linear layer with its full weight path (`model.layers.0.self_attn.q_proj`).
     pub(crate) fn linears_mut(&mut self, prefix: &str) -> Vec<(String, &mut Linear)> {
         let layers = match self {
-            Backbone::Llama(m) => m.linears_mut(),
+            Backbone::Decoder(m) => m.linears_mut(),
             Backbone::Gpt2(m) => m.linears_mut(),
         };
         layers.into_iter().map(|(n, l)| (format!("{prefix}.{n}"), l)).collect()
@@ -104,15 +104,23 @@ impl Backbone {
 
     pub(crate) fn linears(&self, prefix: &str) -> Vec<(String, &Linear)> {
         let layers = match self {
-            Backbone::Llama(m) => m.linears(),
+            Backbone::Decoder(m) => m.linears(),
             Backbone::Gpt2(m) => m.linears(),
         };
         layers.into_iter().map(|(n, l)| (format!("{prefix}.{n}"), l)).collect()
     }
 
+    /// The routed MLPs with their layer index (none for dense models).
+    pub(crate) fn sparse_mlps(&self) -> Vec<(usize, &crate::layers::SparseMoe)> {
+        match self {
+            Backbone::Decoder(m) => m.sparse_mlps(),
+            Backbone::Gpt2(_) => Vec::new(),
+        }
+    }
+
     pub(crate) fn embeddings(&self) -> &Tensor {
         match self {
-            Backbone::Llama(m) => &m.embed_tokens,
+            Backbone::Decoder(m) => &m.embed_tokens,
             Backbone::Gpt2(m) => &m.wte,
         }
     }

@@ -7,12 +7,88 @@
 //! `transformer.ln_f.*`. The causal-mask buffers (`attn.bias`, `attn.masked_bias`) of old checkpoints
 //! are ignored.
 
+use std::path::Path;
+
 use tch::Tensor;
 
-use crate::config::{Activation, ArchConfig};
+use crate::config::{self, Activation, ArchConfig, AttnKind, BlockLayout, Family, HfConfig, NormKind, QkNorm};
 use crate::error::{ModelError, Result};
 use crate::layers::{activate, attention_mask, KvCache, LayerNorm, LayerShared, Linear};
 use crate::weights::WeightLoader;
+
+/// The keys GPT-2 implements (its own names; no rotary-decoder keys).
+pub(crate) const CONFIG_KEYS: &[&str] = &[
+    "vocab_size",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_positions",
+    "n_ctx",
+    "n_inner",
+    "layer_norm_epsilon",
+    "activation_function",
+    "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn",
+    "tie_word_embeddings",
+    // The summary head of `GPT2DoubleHeadsModel`, which a causal LM does not have.
+    "summary_activation",
+    "summary_proj_to_labels",
+    "summary_type",
+    "summary_use_proj",
+];
+
+/// Resolves a GPT-2 `config.json` with transformers' defaults.
+pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
+    let hidden = config::require(path, "n_embd", hf.n_embd)?;
+    let heads = config::require(path, "n_head", hf.n_head)?;
+    if hidden % heads != 0 {
+        return Err(ModelError::config(path, "n_head", format!("{heads} does not divide n_embd {hidden}")));
+    }
+    if hf.reorder_and_upcast_attn == Some(true) {
+        return Err(ModelError::config(path, "reorder_and_upcast_attn", "true is not supported"));
+    }
+    if hf.scale_attn_weights == Some(false) {
+        return Err(ModelError::config(path, "scale_attn_weights", "false is not supported"));
+    }
+    let act = hf.activation_function.as_deref().unwrap_or("gelu_new");
+    let num_layers = config::require(path, "n_layer", hf.n_layer)?;
+    Ok(ArchConfig {
+        family: Family::Gpt2,
+        vocab_size: config::require(path, "vocab_size", hf.vocab_size)?,
+        hidden_size: hidden,
+        num_layers,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: hidden / heads,
+        intermediate_size: hf.n_inner.unwrap_or(4 * hidden),
+        norm_eps: hf.layer_norm_epsilon.unwrap_or(1e-5),
+        rope: None,
+        rope_local: None,
+        rotary_dim: 0,
+        max_position_embeddings: config::require(path, "n_positions", hf.n_positions)?,
+        tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(true),
+        qkv_bias: true,
+        o_bias: true,
+        mlp_bias: true,
+        activation: config::activation(path, "activation_function", act)?,
+        scale_attn_by_inverse_layer_idx: hf.scale_attn_by_inverse_layer_idx.unwrap_or(false),
+        pad_token_id: None,
+        num_labels: 2,
+        norm: NormKind::Rms,
+        qk_norm: QkNorm::None,
+        layout: BlockLayout::PreNorm,
+        fused_qkv: true,
+        fused_gate_up: false,
+        embed_scale: None,
+        attn_scale: None,
+        attn_softcap: None,
+        final_softcap: None,
+        sliding_window: None,
+        layer_types: vec![AttnKind::Full; num_layers as usize],
+        moe: None,
+    })
+}
 
 #[derive(Debug)]
 struct Block {
@@ -131,7 +207,7 @@ impl Gpt2Model {
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
         let mask = attention_mask(key_mask, past, s)?;
-        Ok((tok.f_add(&pos)?, LayerShared { mask, rotary: None }))
+        Ok((tok.f_add(&pos)?, LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None }))
     }
 
     /// Decoder layers.

@@ -2,8 +2,10 @@
 //!
 //! - [`config`]: `config.json` → resolved [`ArchConfig`].
 //! - [`weights`]: safetensors in and out (single or sharded), scoped shape-checked loading.
-//! - [`layers`]: linear/norm/rotary/attention-mask/KV-cache building blocks.
-//! - [`llama`] (Llama, Mistral, SmolLM, Qwen2) and [`gpt2`]: the families.
+//! - [`layers`]: linear, norm, rotary, mask, attention, MLP/expert and KV-cache building blocks.
+//! - [`decoder`]: the rotary decoder stack, assembled from the layers by the resolved config.
+//! - The families, one file each: [`llama`] (Llama, Mistral, SmolLM, Qwen2), [`qwen3`],
+//!   [`qwen3_moe`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`phi3`], [`gpt2`].
 //! - [`lora`]: LoRA adapters on the linear layers, merged on save.
 //! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
 //! - [`gate`]: when a sharded model's units are gathered and freed (ZeRO stage 3).
@@ -17,15 +19,21 @@ pub mod adapters;
 pub mod backbone;
 pub mod checkpointing;
 pub mod config;
+pub mod decoder;
 pub mod device;
 pub mod error;
 pub mod gate;
+pub mod gemma;
 pub mod gpt2;
 pub mod layers;
 pub mod llama;
 pub mod lora;
 pub mod model;
+pub mod olmo2;
+pub mod phi3;
 pub mod prefix;
+pub mod qwen3;
+pub mod qwen3_moe;
 pub mod weights;
 
 pub use checkpointing::Checkpointed;

@@ -13,7 +13,7 @@ use tch::{nn, Device, Kind, Tensor};
 use crate::adapters;
 use crate::backbone::Backbone;
 use crate::checkpointing::{self, Checkpointed};
-use crate::config::{ArchConfig, Family, ModelConfig};
+use crate::config::{ArchConfig, ModelConfig};
 use crate::device::dtype_name;
 use crate::error::{ModelError, Result};
 use crate::layers::{position_ids_from_mask, KvCache};
@@ -178,6 +178,13 @@ impl CausalLm {
         self.vs.freeze();
     }
 
+    /// Per sparse layer (mixture of experts), its index and the tokens the trained passes —
+    /// those gradients flow through — routed to each expert since the last call, which resets
+    /// them. Empty for a dense model.
+    pub fn take_expert_load(&self) -> Vec<(usize, Vec<i64>)> {
+        self.backbone.sparse_mlps().into_iter().map(|(i, m)| (i, m.take_load())).collect()
+    }
+
     /// The output projection, `[vocab, hidden]`.
     pub fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or_else(|| self.backbone.embeddings())
@@ -232,9 +239,14 @@ impl CausalLm {
     /// # Shapes
     /// - `hidden`: `[..., hidden]` → `[..., vocab]`
     pub fn logits_from_hidden(&self, hidden: &Tensor) -> Result<Tensor> {
-        match &self.output_head {
-            Some(w) => crate::layers::linear(&hidden.f_to_kind(w.kind())?, w, None),
-            None => crate::layers::linear(hidden, self.lm_head_weight(), None),
+        let logits = match &self.output_head {
+            Some(w) => crate::layers::linear(&hidden.f_to_kind(w.kind())?, w, None)?,
+            None => crate::layers::linear(hidden, self.lm_head_weight(), None)?,
+        };
+        match self.config.arch.final_softcap {
+            // Gemma 2: `cap · tanh(logits / cap)`.
+            Some(cap) => Ok(logits.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?),
+            None => Ok(logits),
         }
     }
 
@@ -496,11 +508,7 @@ impl ScalarHeadModel {
     /// Saves in the `*ForSequenceClassification` layout (`num_labels = 1`, `score.weight`), LoRA
     /// merged.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let arch = match self.config.arch.family {
-            Family::Llama => "LlamaForSequenceClassification",
-            Family::Qwen2 => "Qwen2ForSequenceClassification",
-            Family::Gpt2 => "GPT2ForSequenceClassification",
-        };
+        let arch = self.config.arch.family.sequence_classification_architecture();
         let pad = self.config.arch.pad_token_id.map(Value::from).unwrap_or_else(|| {
             // transformers needs a pad id to find the last token of a padded batch.
             let eos = self.config.raw.get("eos_token_id").cloned().unwrap_or(Value::from(0));

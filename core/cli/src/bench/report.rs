@@ -28,15 +28,25 @@ pub fn median(xs: &[f64]) -> Option<f64> {
     Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
 }
 
-/// Parameters that take part in a matrix multiplication per token (`N` of the module docs).
+/// Parameters that take part in a matrix multiplication per token (`N` of the module docs). A
+/// mixture of experts counts what one token uses: the router and its `top_k` experts (the active
+/// parameters), not every expert.
 pub fn matmul_params(a: &ArchConfig) -> i64 {
     let (d, attn, kv) = (a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
     let attention = d * attn + 2 * d * kv + attn * d;
-    let mlp = match a.family {
+    let dense = match a.family {
         Family::Gpt2 => 2 * d * a.intermediate_size,
-        Family::Llama | Family::Qwen2 => 3 * d * a.intermediate_size,
+        _ => 3 * d * a.intermediate_size,
     };
-    a.num_layers * (attention + mlp) + d * a.vocab_size
+    let mlps: i64 = (0..a.num_layers as usize)
+        .map(|i| match &a.moe {
+            Some(m) if m.sparse_layers.get(i) == Some(&true) => {
+                d * m.num_experts + m.top_k * 3 * d * m.intermediate_size
+            }
+            _ => dense,
+        })
+        .sum();
+    a.num_layers * attention + mlps + d * a.vocab_size
 }
 
 /// Forward + backward FLOPs per token of a sequence of `seq` tokens: `6·N + 12·L·H·T`.

@@ -1,0 +1,247 @@
+//! Rotary position parameters from `config.json`, in both spellings transformers has used:
+//! `rope_theta` + `rope_scaling` (`type` or `rope_type`) up to v4, and the `rope_parameters` block
+//! of v5 (nested per layer type for Gemma 3). The scaling variants are transformers'
+//! `ROPE_INIT_FUNCTIONS`: linear, Llama 3, YaRN, LongRoPE and dynamic NTK.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::HfConfig;
+use crate::error::{ModelError, Result};
+
+/// How rotary frequencies are scaled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor` (inv_freq / factor).
+    Linear { factor: f64 },
+    /// Llama 3.1 frequency-dependent scaling.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+    /// YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language
+    /// Models"): frequencies blended between interpolated (`/ factor`) and original along a
+    /// linear ramp over the dimensions whose wavelength is between `beta_fast` and `beta_slow`
+    /// rotations of the original context; cos and sin scaled by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        /// Round the ramp's ends to whole dimensions (transformers' default).
+        truncate: bool,
+    },
+    /// LongRoPE (Ding et al. 2024; Phi-3): per-frequency divisors, `long_factor` when the
+    /// sequence is longer than `original_max_position_embeddings`, else `short_factor`; cos and
+    /// sin scaled by `attention_factor`.
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: f64,
+        attention_factor: f64,
+    },
+    /// Dynamic NTK scaling: past `max_position_embeddings` the base grows with the sequence
+    /// length, `θ · (factor · len / max − (factor − 1))^(d / (d − 2))`.
+    Dynamic { factor: f64, max_position_embeddings: f64 },
+}
+
+/// Rotary embedding parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+}
+
+/// What the family adds to a rope block: its context length, and Phi-3's conventions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RopeContext {
+    pub max_position_embeddings: i64,
+    /// A top-level `original_max_position_embeddings` (Phi-3), which wins over the block's.
+    pub original_max_override: Option<i64>,
+    /// Phi-3 reads the old `su` and `yarn` types as LongRoPE.
+    pub phi3_aliases: bool,
+}
+
+/// Keys a rope block may hold.
+const BLOCK_KEYS: &[&str] = &[
+    "rope_type",
+    "type",
+    "rope_theta",
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+    "short_factor",
+    "long_factor",
+    "partial_rotary_factor",
+];
+
+/// The single rope block of a config: `rope_parameters` (v5) or `rope_scaling` (v4), if any, and
+/// the key it was read from.
+pub(crate) fn block(hf: &HfConfig) -> (&'static str, Option<&Value>) {
+    match (&hf.rope_parameters, &hf.rope_scaling) {
+        (Some(p), _) if !p.is_null() => ("rope_parameters", Some(p)),
+        (_, Some(s)) if !s.is_null() => ("rope_scaling", Some(s)),
+        _ => ("rope_scaling", None),
+    }
+}
+
+/// The rope of a family with one rope block (every family but Gemma 3).
+pub(crate) fn parse(
+    path: &Path,
+    hf: &HfConfig,
+    default_theta: f64,
+    max_position_embeddings: i64,
+) -> Result<RopeConfig> {
+    let ctx = RopeContext { max_position_embeddings, original_max_override: None, phi3_aliases: false };
+    let (key, b) = block(hf);
+    parse_block(path, key, b, hf.rope_theta.unwrap_or(default_theta), ctx)
+}
+
+/// Reads one rope block (`key` names it in errors); `theta` applies when the block has none.
+pub(crate) fn parse_block(
+    path: &Path,
+    key: &str,
+    block: Option<&Value>,
+    theta: f64,
+    ctx: RopeContext,
+) -> Result<RopeConfig> {
+    let err = |name: &str, msg: String| ModelError::config(path, &format!("{key}.{name}"), msg);
+    let num = |name: &str| -> Result<Option<f64>> {
+        match block.and_then(|b| b.get(name)) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| err(name, format!("expected a number, got {v}"))),
+        }
+    };
+    let theta = num("rope_theta")?.unwrap_or(theta);
+    if !(theta.is_finite() && theta > 0.0) {
+        let from_block = block.is_some_and(|b| b.get("rope_theta").is_some());
+        let name = if from_block { format!("{key}.rope_theta") } else { "rope_theta".to_string() };
+        return Err(ModelError::config(path, &name, format!("must be a positive number, got {theta}")));
+    }
+    let Some(block) = block else { return Ok(RopeConfig { theta, scaling: RopeScaling::None }) };
+    let Some(obj) = block.as_object() else {
+        return Err(ModelError::config(path, key, format!("expected an object, got {block}")));
+    };
+    if let Some(unknown) = obj.keys().find(|k| !BLOCK_KEYS.contains(&k.as_str())) {
+        return Err(err(unknown, "not a rotary parameter this loader implements (refused rather than ignored)".into()));
+    }
+    let mut kind = block.get("rope_type").or_else(|| block.get("type")).and_then(Value::as_str).unwrap_or("default");
+    if ctx.phi3_aliases && matches!(kind, "su" | "yarn") {
+        kind = "longrope";
+    }
+    // Every scaling parameter divides a frequency or a wavelength: zero, negative or non-finite
+    // values would silently make every logit NaN.
+    let positive = |name: &str, v: f64| -> Result<f64> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(err(name, format!("must be a positive number, got {v}")))
+        }
+    };
+    let need = |name: &str| -> Result<f64> { positive(name, num(name)?.ok_or_else(|| err(name, "missing".into()))?) };
+    let optional = |name: &str| -> Result<Option<f64>> { num(name)?.map(|v| positive(name, v)).transpose() };
+    let max_pos = ctx.max_position_embeddings as f64;
+    let original = || -> Result<f64> {
+        Ok(match ctx.original_max_override {
+            Some(o) => positive("original_max_position_embeddings", o as f64)?,
+            None => optional("original_max_position_embeddings")?.unwrap_or(max_pos),
+        })
+    };
+    let scaling = match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "llama3" => RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: need("low_freq_factor")?,
+            high_freq_factor: need("high_freq_factor")?,
+            original_max_position_embeddings: original()?,
+        },
+        "yarn" => {
+            let original = original()?;
+            let factor = optional("factor")?.unwrap_or(max_pos / original);
+            // transformers' `get_mscale`: 0.1 · m · ln(s) + 1 for s > 1.
+            let mscale = |s: f64, m: f64| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
+            let attention_factor = match optional("attention_factor")? {
+                Some(a) => a,
+                None => match (num("mscale")?.filter(|m| *m != 0.0), num("mscale_all_dim")?.filter(|m| *m != 0.0)) {
+                    (Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+                    _ => mscale(factor, 1.0),
+                },
+            };
+            let truncate = match block.get("truncate") {
+                None | Some(Value::Null) => true,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => return Err(err("truncate", format!("expected true or false, got {v}"))),
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: optional("beta_fast")?.unwrap_or(32.0),
+                beta_slow: optional("beta_slow")?.unwrap_or(1.0),
+                attention_factor,
+                truncate,
+            }
+        }
+        "longrope" => {
+            let list = |name: &str| -> Result<Vec<f64>> {
+                let v = block.get(name).ok_or_else(|| err(name, "missing".into()))?;
+                let items = v.as_array().ok_or_else(|| err(name, format!("expected a list of numbers, got {v}")))?;
+                items
+                    .iter()
+                    .map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0))
+                    .collect::<Option<Vec<f64>>>()
+                    .ok_or_else(|| err(name, "expected a list of positive numbers".into()))
+            };
+            let original = original()?;
+            let factor = optional("factor")?.unwrap_or(max_pos / original);
+            let attention_factor = match optional("attention_factor")? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / original.ln()).sqrt(),
+            };
+            RopeScaling::LongRope {
+                short_factor: list("short_factor")?,
+                long_factor: list("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            }
+        }
+        "dynamic" => RopeScaling::Dynamic { factor: need("factor")?, max_position_embeddings: max_pos },
+        other => {
+            return Err(ModelError::config(
+                path,
+                &format!("{key}.rope_type"),
+                format!("unsupported `{other}` (supported: default, linear, llama3, yarn, longrope, dynamic)"),
+            ))
+        }
+    };
+    Ok(RopeConfig { theta, scaling })
+}
+
+/// `partial_rotary_factor` (top level or in the rope block): the rotating share of each head.
+pub(crate) fn rotary_dim(path: &Path, hf: &HfConfig, head_dim: i64) -> Result<i64> {
+    let (key, b) = block(hf);
+    let in_block = b.and_then(|b| b.get("partial_rotary_factor")).filter(|v| !v.is_null());
+    let (name, factor) = match (in_block, hf.partial_rotary_factor) {
+        (Some(v), _) => (format!("{key}.partial_rotary_factor"), v.as_f64().unwrap_or(f64::NAN)),
+        (None, Some(f)) => ("partial_rotary_factor".to_string(), f),
+        (None, None) => return Ok(head_dim),
+    };
+    let dim = (head_dim as f64 * factor) as i64;
+    if !(factor > 0.0 && factor <= 1.0) || dim < 2 || dim % 2 != 0 {
+        return Err(ModelError::config(
+            path,
+            &name,
+            format!("{factor} gives {dim} rotary dimensions of head_dim {head_dim} (must be even, at least 2)"),
+        ));
+    }
+    Ok(dim)
+}

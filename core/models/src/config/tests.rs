@@ -1,0 +1,75 @@
+use super::*;
+
+fn write_config(json: &str) -> (tempfile::TempDir, Result<ModelConfig>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), json).unwrap();
+    let cfg = ModelConfig::from_dir(dir.path());
+    (dir, cfg)
+}
+
+const LLAMA: &str = r#"{"model_type":"llama","vocab_size":10,"hidden_size":8,"num_hidden_layers":1,
+    "num_attention_heads":2,"num_key_value_heads":1,"intermediate_size":16,"rope_theta":500000.0,
+    "rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+    "original_max_position_embeddings":16}}"#;
+
+#[test]
+fn resolves_llama_with_v4_rope_scaling() {
+    let (_d, cfg) = write_config(LLAMA);
+    let a = cfg.unwrap().arch;
+    assert_eq!((a.head_dim, a.num_kv_heads), (4, 1));
+    let rope = a.rope.unwrap();
+    assert_eq!(rope.theta, 500000.0);
+    assert!(matches!(rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+}
+
+#[test]
+fn resolves_v5_rope_parameters() {
+    let json = r#"{"model_type":"qwen2","vocab_size":10,"hidden_size":8,"num_hidden_layers":1,
+        "num_attention_heads":2,"intermediate_size":16,
+        "rope_parameters":{"rope_type":"linear","factor":2.0,"rope_theta":1000.0}}"#;
+    let (_d, cfg) = write_config(json);
+    let a = cfg.unwrap().arch;
+    assert_eq!(a.rope.unwrap(), RopeConfig { theta: 1000.0, scaling: RopeScaling::Linear { factor: 2.0 } });
+    assert!(a.qkv_bias && !a.o_bias);
+}
+
+#[test]
+fn errors_name_file_and_key() {
+    let (_d, cfg) = write_config(r#"{"model_type":"bert","vocab_size":3}"#);
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("config.json: model_type: unsupported `bert`"), "{e}");
+
+    let (_d, cfg) = write_config(r#"{"model_type":"llama","vocab_size":"many"}"#);
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("config.json: vocab_size: invalid type"), "{e}");
+
+    let (_d, cfg) = write_config("{not json");
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("config.json: invalid JSON"), "{e}");
+
+    let (_d, cfg) = write_config(r#"{"model_type":"llama","vocab_size":3,"hidden_size":8}"#);
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("num_attention_heads: missing"), "{e}");
+
+    let (_d, cfg) = write_config(&LLAMA.replace("llama3", "ntk-by-parts"));
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("rope_scaling.rope_type: unsupported `ntk-by-parts`"), "{e}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let e = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
+    assert!(e.ends_with("config.json: not found"), "{e}");
+}
+
+#[test]
+fn rope_parameters_must_be_positive() {
+    let (_d, cfg) = write_config(&LLAMA.replace(r#""factor":8.0"#, r#""factor":0"#));
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("config.json: rope_scaling.factor: must be a positive number, got 0"), "{e}");
+    let (_d, cfg) = write_config(&LLAMA.replace(r#""factor":8.0"#, r#""factor":-2.0"#));
+    assert!(cfg.unwrap_err().to_string().contains("rope_scaling.factor"));
+    let (_d, cfg) = write_config(&LLAMA.replace(r#""low_freq_factor":1.0"#, r#""low_freq_factor":0.0"#));
+    assert!(cfg.unwrap_err().to_string().contains("rope_scaling.low_freq_factor: must be a positive"));
+    let json = LLAMA.replace(r#""rope_scaling""#, r#""rope_theta":0,"rope_scaling""#);
+    let (_d, cfg) = write_config(&json);
+    assert!(cfg.unwrap_err().to_string().contains("config.json: rope_theta: must be a positive number"));
+}

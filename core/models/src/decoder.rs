@@ -1,0 +1,221 @@
+//! The rotary decoder stack every family but GPT-2 shares, assembled from [`crate::layers`] as the
+//! resolved [`ArchConfig`] says: where the norms sit ([`BlockLayout`]), which RMSNorm, q/k norms,
+//! fused projections, sliding-window layers, a dense or routed MLP, scaled embeddings. What each
+//! family sets is in its own file ([`crate::llama`], [`crate::qwen3`], [`crate::qwen3_moe`],
+//! [`crate::gemma`], [`crate::olmo2`], [`crate::phi3`]).
+//!
+//! Tensor names (transformers'): `model.embed_tokens.weight`, `model.norm.weight`, and per layer
+//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.*` (or `qkv_proj`), `self_attn.{q,k}_norm.weight`,
+//! `mlp.{gate,up,down}_proj.*` (or `gate_up_proj`; or `mlp.gate.weight` and
+//! `mlp.experts.{e}.{gate,up,down}_proj.weight`), and the norms `input_layernorm`,
+//! `post_attention_layernorm`, `pre_feedforward_layernorm`, `post_feedforward_layernorm` that the
+//! layout has.
+
+use tch::Tensor;
+
+use crate::config::{ArchConfig, BlockLayout};
+use crate::error::{ModelError, Result};
+use crate::layers::{
+    windowed_attention_mask, Attention, GatedMlp, KvCache, LayerShared, Linear, Mlp, RmsNorm, Rotary, SparseMoe,
+};
+use crate::weights::WeightLoader;
+
+/// The norms of one layer; which exist depends on the layout.
+#[derive(Debug)]
+struct Norms {
+    /// Before attention (pre-norm and sandwich).
+    input: Option<RmsNorm>,
+    /// After attention (post-norm and sandwich); before the MLP in the pre-norm layout, where
+    /// transformers names the pre-MLP norm `post_attention_layernorm`.
+    post_attention: Option<RmsNorm>,
+    /// Before the MLP (sandwich).
+    pre_feedforward: Option<RmsNorm>,
+    /// After the MLP (post-norm and sandwich).
+    post_feedforward: Option<RmsNorm>,
+}
+
+#[derive(Debug)]
+struct Block {
+    norms: Norms,
+    self_attn: Attention,
+    mlp: Mlp,
+    sliding: bool,
+}
+
+fn apply(norm: &Option<RmsNorm>, x: Tensor) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward(&x),
+        None => Ok(x),
+    }
+}
+
+/// The decoder stack without the LM head.
+#[derive(Debug)]
+pub struct DecoderModel {
+    pub(crate) embed_tokens: Tensor, // [vocab, hidden]
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    rotary: Rotary,
+    /// The RoPE of sliding layers where it differs.
+    rotary_local: Option<Rotary>,
+    embed_scale: Option<f64>,
+    sliding_window: Option<i64>,
+}
+
+impl DecoderModel {
+    /// Loads the backbone from the `model.` scope.
+    pub fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
+        let rope = cfg.rope.as_ref().ok_or_else(|| ModelError::Input("rotary decoder config without rope".into()))?;
+        let embed_tokens = w.pp("embed_tokens").get("weight", &[cfg.vocab_size, cfg.hidden_size])?;
+        let (h, eps, kind) = (cfg.hidden_size, cfg.norm_eps, cfg.norm);
+        let norm = |l: &WeightLoader, name: &str| RmsNorm::load_kind(&l.pp(name), h, eps, kind);
+        let mut layers = Vec::with_capacity(cfg.num_layers as usize);
+        for i in 0..cfg.num_layers {
+            let l = w.pp("layers").pp(i);
+            let norms = match cfg.layout {
+                BlockLayout::PreNorm => Norms {
+                    input: Some(norm(&l, "input_layernorm")?),
+                    post_attention: None,
+                    pre_feedforward: Some(norm(&l, "post_attention_layernorm")?),
+                    post_feedforward: None,
+                },
+                BlockLayout::PostNorm => Norms {
+                    input: None,
+                    post_attention: Some(norm(&l, "post_attention_layernorm")?),
+                    pre_feedforward: None,
+                    post_feedforward: Some(norm(&l, "post_feedforward_layernorm")?),
+                },
+                BlockLayout::Sandwich => Norms {
+                    input: Some(norm(&l, "input_layernorm")?),
+                    post_attention: Some(norm(&l, "post_attention_layernorm")?),
+                    pre_feedforward: Some(norm(&l, "pre_feedforward_layernorm")?),
+                    post_feedforward: Some(norm(&l, "post_feedforward_layernorm")?),
+                },
+            };
+            let sparse = cfg.moe.as_ref().filter(|m| m.sparse_layers.get(i as usize) == Some(&true));
+            let mlp = match sparse {
+                Some(moe) => Mlp::Sparse(SparseMoe::load(&l.pp("mlp"), cfg, moe)?),
+                None => Mlp::Dense(GatedMlp::load(&l.pp("mlp"), cfg, cfg.intermediate_size)?),
+            };
+            layers.push(Block {
+                norms,
+                self_attn: Attention::load(&l.pp("self_attn"), cfg)?,
+                mlp,
+                sliding: cfg.is_sliding(i as usize),
+            });
+        }
+        let norm = RmsNorm::load_kind(&w.pp("norm"), h, eps, kind)?;
+        let rotary = Rotary::new(rope, cfg.rotary_dim, w.device())?;
+        let rotary_local = cfg.rope_local.as_ref().map(|r| Rotary::new(r, cfg.rotary_dim, w.device())).transpose()?;
+        Ok(DecoderModel {
+            embed_tokens,
+            layers,
+            norm,
+            rotary,
+            rotary_local,
+            embed_scale: cfg.embed_scale,
+            sliding_window: cfg.sliding_window,
+        })
+    }
+
+    /// Every linear layer with its weight path below the backbone scope (`layers.0.self_attn.q_proj`).
+    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.layers.iter_mut().enumerate() {
+            for (name, l) in b.self_attn.linears_mut() {
+                out.push((format!("layers.{i}.self_attn.{name}"), l));
+            }
+            for (name, l) in b.mlp.linears_mut() {
+                out.push((format!("layers.{i}.mlp.{name}"), l));
+            }
+        }
+        out
+    }
+
+    /// [`DecoderModel::linears_mut`], shared.
+    pub(crate) fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.layers.iter().enumerate() {
+            for (name, l) in b.self_attn.linears() {
+                out.push((format!("layers.{i}.self_attn.{name}"), l));
+            }
+            for (name, l) in b.mlp.linears() {
+                out.push((format!("layers.{i}.mlp.{name}"), l));
+            }
+        }
+        out
+    }
+
+    /// The routed MLPs, with their layer index.
+    pub(crate) fn sparse_mlps(&self) -> Vec<(usize, &SparseMoe)> {
+        let mut out = Vec::new();
+        for (i, b) in self.layers.iter().enumerate() {
+            if let Mlp::Sparse(m) = &b.mlp {
+                out.push((i, m));
+            }
+        }
+        out
+    }
+
+    /// Token embeddings, and what every layer of this forward shares (masks, rotary tables).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]`
+    /// - returns `[batch, seq, hidden]`
+    pub fn embed(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        key_mask: &Tensor,
+        past: i64,
+    ) -> Result<(Tensor, LayerShared)> {
+        let seq = input_ids.size()[1];
+        let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
+        if let Some(scale) = self.embed_scale {
+            // Gemma multiplies by √hidden rounded to the weights' dtype first.
+            h = h.f_mul(&Tensor::f_scalar_tensor(scale, (h.kind(), h.device()))?)?;
+        }
+        let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
+        let rotary_local = self.rotary_local.as_ref().map(|r| r.cos_sin(position_ids, h.kind())).transpose()?;
+        let mask = windowed_attention_mask(key_mask, past, seq, None)?;
+        let sliding_mask = match self.sliding_window {
+            Some(w) if self.layers.iter().any(|b| b.sliding) => {
+                Some(windowed_attention_mask(key_mask, past, seq, Some(w))?)
+            }
+            _ => None,
+        };
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local }))
+    }
+
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layer `i`: attention and MLP, each added to the residual stream with the layout's norms.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn layer(&self, i: usize, h: &Tensor, shared: &LayerShared, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let block = &self.layers[i];
+        let (cos, sin) = shared
+            .rotary_for(block.sliding)
+            .ok_or_else(|| ModelError::Input("rotary layer without rotary tables".into()))?;
+        let mask = shared.mask_for(block.sliding);
+        let n = &block.norms;
+        let x = apply(&n.input, h.shallow_clone())?;
+        let a = block.self_attn.forward(&x, cos, sin, mask, cache.map(|c| (c, i)))?;
+        let h = h.f_add(&apply(&n.post_attention, a)?)?;
+        let x = apply(&n.pre_feedforward, h.shallow_clone())?;
+        let m = apply(&n.post_feedforward, block.mlp.forward(&x)?)?;
+        Ok(h.f_add(&m)?)
+    }
+
+    /// The last RMSNorm.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn final_norm(&self, h: &Tensor) -> Result<Tensor> {
+        self.norm.forward(h)
+    }
+}

@@ -1,0 +1,124 @@
+//! The key/value cache of incremental decoding.
+
+use tch::{Kind, Tensor};
+
+use crate::error::Result;
+
+/// Key/value buffers for incremental decoding: preallocated and written in place ([`KvCache::new`],
+/// generation), or grown by concatenation ([`KvCache::growing`]) so that autograd can differentiate
+/// through what it holds (a shared prompt prefix computed with gradients).
+#[derive(Debug)]
+pub struct KvCache {
+    /// Per layer `(k, v)`, each `[batch, kv_heads, max_len, head_dim]` (growing: `[.., len, ..]`).
+    layers: Vec<(Tensor, Tensor)>,
+    len: i64,
+    max_len: i64,
+    growing: bool,
+}
+
+impl KvCache {
+    /// Allocates buffers for `num_layers` layers.
+    pub fn new(
+        num_layers: i64,
+        batch: i64,
+        kv_heads: i64,
+        max_len: i64,
+        head_dim: i64,
+        kind: Kind,
+        device: tch::Device,
+    ) -> Result<Self> {
+        let mut layers = Vec::with_capacity(num_layers as usize);
+        for _ in 0..num_layers {
+            let k = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
+            let v = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
+            layers.push((k, v));
+        }
+        Ok(KvCache { layers, len: 0, max_len, growing: false })
+    }
+
+    /// An empty cache without buffers: each append concatenates (no in-place write), so the cached
+    /// keys and values stay part of the autograd graph.
+    pub fn growing() -> Self {
+        KvCache { layers: Vec::new(), len: 0, max_len: i64::MAX, growing: true }
+    }
+
+    /// Tokens already cached.
+    pub fn len(&self) -> i64 {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Capacity in tokens.
+    pub fn max_len(&self) -> i64 {
+        self.max_len
+    }
+
+    /// Writes the new keys/values of `layer` at the current end and returns all cached ones.
+    ///
+    /// # Shapes
+    /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]` → `([batch, kv_heads, len + seq, head_dim], same)`
+    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let seq = k.size()[2];
+        if self.growing {
+            // Layers not seen yet hold undefined tensors (a layer may be run alone, as the
+            // checkpointed backward recomputes one layer at a time).
+            while self.layers.len() <= layer {
+                self.layers.push((Tensor::new(), Tensor::new()));
+            }
+            let (kb, vb) = &mut self.layers[layer];
+            if kb.defined() {
+                *kb = Tensor::f_cat(&[&*kb, k], 2)?;
+                *vb = Tensor::f_cat(&[&*vb, v], 2)?;
+            } else {
+                (*kb, *vb) = (k.shallow_clone(), v.shallow_clone());
+            }
+            return Ok((kb.shallow_clone(), vb.shallow_clone()));
+        }
+        if self.len + seq > self.max_len {
+            return Err(crate::error::ModelError::Input(format!(
+                "KV cache full: {} + {seq} tokens exceed its {} slots",
+                self.len, self.max_len
+            )));
+        }
+        let (kb, vb) = &mut self.layers[layer];
+        kb.f_narrow(2, self.len, seq)?.f_copy_(k)?;
+        vb.f_narrow(2, self.len, seq)?.f_copy_(v)?;
+        Ok((kb.f_narrow(2, 0, self.len + seq)?, vb.f_narrow(2, 0, self.len + seq)?))
+    }
+
+    /// Repeats every row `times` times in place (`[r0, r0, r1, r1]` for 2), keeping what is
+    /// cached: prompts prefilled once, then decoded as several samples each.
+    ///
+    /// # Shapes
+    /// each buffer `[batch, kv_heads, max_len, head_dim]` → `[batch · times, kv_heads, max_len, head_dim]`
+    pub fn repeat_rows(&mut self, times: i64) -> Result<()> {
+        for (k, v) in self.layers.iter_mut() {
+            *k = k.f_repeat_interleave_self_int(times, 0, None)?;
+            *v = v.f_repeat_interleave_self_int(times, 0, None)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the rows `index` in that order (`[r0, r0, r1]` for `[0, 0, 1]`): one cached prefix
+    /// given to every sequence that shares it. Differentiable: the gradient of a row sums over
+    /// its copies.
+    ///
+    /// # Shapes
+    /// `index`: `[rows]` (int64); each buffer `[batch, ..]` → `[rows, ..]`
+    pub fn select_rows(&mut self, index: &Tensor) -> Result<()> {
+        for (k, v) in self.layers.iter_mut().filter(|(k, _)| k.defined()) {
+            *k = k.f_index_select(0, index)?;
+            *v = v.f_index_select(0, index)?;
+        }
+        Ok(())
+    }
+
+    /// Marks `seq` more tokens as cached; called once per forward after every layer appended.
+    pub fn advance(&mut self, seq: i64) {
+        self.len += seq;
+    }
+}

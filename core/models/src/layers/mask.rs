@@ -1,0 +1,108 @@
+//! Attention masks (causal, padded, packed, windowed) and position ids.
+
+use tch::{Kind, Tensor};
+
+use crate::error::Result;
+
+/// Boolean attention mask for `scaled_dot_product_attention` (`true` = may attend): causal over
+/// absolute positions; a real query attends to the real keys of its own segment; a padding query
+/// attends to every real key before it, as in transformers (so a right-padded row's values past
+/// its end, which DeepSpeed-Chat's pairwise loss reads, depend on its content); a padding query
+/// with no real key before it (left padding) sees itself, so no row is empty (it would be NaN).
+///
+/// `key_mask` holds segment ids: 0 = padding, any other value = a real token of that segment. A
+/// plain 0/1 mask is one segment per row (the usual padding mask); a packed row of several examples
+/// numbered 1, 2, 3... gets a block-diagonal causal mask, so no example attends to another.
+///
+/// # Shapes
+/// - `key_mask`: `[batch, past + seq]` (integer or bool); returns `[batch, 1, seq, past + seq]`
+pub fn attention_mask(key_mask: &Tensor, past: i64, seq: i64) -> Result<Tensor> {
+    windowed_attention_mask(key_mask, past, seq, None)
+}
+
+/// [`attention_mask`] with a sliding window: a query at slot `q` also sees no key at `k <= q −
+/// window`, so at most `window` keys, its own included (transformers' `sliding_window_overlay`:
+/// `kv_idx > q_idx − sliding_window`). Slots are what is windowed, as in transformers; padding
+/// sits only at the ends of a row and a packed segment's slots are contiguous, so within a
+/// sequence a slot distance is a position distance.
+///
+/// # Shapes
+/// - `key_mask`: `[batch, past + seq]`; returns `[batch, 1, seq, past + seq]`
+pub fn windowed_attention_mask(key_mask: &Tensor, past: i64, seq: i64, window: Option<i64>) -> Result<Tensor> {
+    let device = key_mask.device();
+    let total = past + seq;
+    let q = Tensor::f_arange_start(past, total, (Kind::Int64, device))?.f_view([seq, 1])?;
+    let k = Tensor::f_arange(total, (Kind::Int64, device))?.f_view([1, total])?;
+    let mut causal = k.f_le_tensor(&q)?; // [seq, total]
+    if let Some(w) = window {
+        causal = causal.f_logical_and(&k.f_gt_tensor(&q.f_sub_scalar(w)?)?)?; // k > q − w
+    }
+    let diag = k.f_eq_tensor(&q)?; // [seq, total]
+    let segs = key_mask.f_to_kind(Kind::Int64)?; // [b, total]
+    let key_seg = segs.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
+    let query_seg = segs.f_narrow(1, past, seq)?.f_view([-1, 1, seq, 1])?; // [b, 1, seq, 1]
+    let key_real = key_seg.f_ne(0)?; // [b, 1, 1, total]
+    let same = key_seg.f_eq_tensor(&query_seg)?.f_logical_and(&key_real)?; // [b, 1, seq, total]
+    let pad_query = query_seg.f_eq(0)?.f_logical_and(&key_real)?; // [b, 1, seq, total]
+    let allowed = causal.f_logical_and(&same.f_logical_or(&pad_query)?)?; // [b, 1, seq, total]
+    let empty = allowed.f_any_dims(Some([-1i64].as_slice()), true)?.f_logical_not()?; // [b, 1, seq, 1]
+    Ok(allowed.f_logical_or(&diag.f_logical_and(&empty)?)?) // [b, 1, seq, total]
+}
+
+/// Position ids for left- or right-padded batches: `t − (start of t's segment)`, so real tokens
+/// get `cumsum(mask != 0) − 1` as transformers' `generate` passes them (a sequence's positions do
+/// not depend on its left padding), left padding gets 0, and right padding keeps counting as
+/// transformers' default `arange` does. With segment ids in `mask` (see [`attention_mask`])
+/// positions restart at 0 where a new segment begins, as transformers' padding-free packing
+/// passes them.
+///
+/// # Shapes
+/// - `mask`: `[batch, seq]` → `[batch, seq]` (int64)
+pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
+    let segs = mask.f_to_kind(Kind::Int64)?; // [b, s]
+    let (b, s) = (segs.size()[0], segs.size()[1]);
+    let t = Tensor::f_arange(s, (Kind::Int64, segs.device()))?.f_view([1, s])?.f_expand([b, s], false)?; // [b, s]
+                                                                                                         // A segment starts at a real token whose id differs from the previous slot's (padding sits only
+                                                                                                         // at the ends of a row, so the previous slot is the previous real token or padding).
+    let first = Tensor::f_full([b, 1], -1, (Kind::Int64, segs.device()))?; // [b, 1]
+    let prev = Tensor::f_cat(&[&first, &segs.f_narrow(1, 0, s - 1)?], 1)?; // [b, s]: segs[t − 1]
+    let start = segs.f_ne_tensor(&prev)?.f_logical_and(&segs.f_ne(0)?)?; // [b, s]
+    let seg_start = t.f_where_scalarother(&start, -1)?.f_cummax(-1)?.0; // [b, s]: −1 before any
+    let pos = t.f_sub(&seg_start)?; // [b, s]
+    Ok(pos.f_where_scalarother(&seg_start.f_ge(0)?, 0)?)
+}
+
+/// What the decoder layers of one forward share: the attention masks (see [`attention_mask`]) and,
+/// for rotary models, the cos/sin tables of the positions.
+///
+/// # Shapes
+/// `mask`, `sliding_mask`: `[batch, 1, seq, past + seq]` (bool); `rotary`, `rotary_local`:
+/// `([batch, 1, seq, rotary_dim], same)`
+#[derive(Debug)]
+pub struct LayerShared {
+    /// The mask of full-attention layers.
+    pub mask: Tensor,
+    /// The mask of sliding-window layers, where the model has some.
+    pub sliding_mask: Option<Tensor>,
+    pub rotary: Option<(Tensor, Tensor)>,
+    /// The tables of sliding-window layers where their RoPE differs (Gemma 3).
+    pub rotary_local: Option<(Tensor, Tensor)>,
+}
+
+impl LayerShared {
+    /// The mask of a layer that slides or not.
+    pub fn mask_for(&self, sliding: bool) -> &Tensor {
+        match (&self.sliding_mask, sliding) {
+            (Some(m), true) => m,
+            _ => &self.mask,
+        }
+    }
+
+    /// The rotary tables of a layer that slides or not.
+    pub fn rotary_for(&self, sliding: bool) -> Option<&(Tensor, Tensor)> {
+        match (&self.rotary_local, sliding) {
+            (Some(r), true) => Some(r),
+            _ => self.rotary.as_ref(),
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The MLPs of the rotary decoders: the gated MLP `down(act(gate(x)) · up(x))` with separate or
+//! fused (`gate_up_proj`, Phi-3) projections, and the routed mixture of experts of Qwen3-MoE.
+
+use std::sync::Mutex;
+
+use tch::{Kind, Tensor};
+
+use super::{activate, linear, Linear};
+use crate::config::{Activation, ArchConfig, MoeConfig};
+use crate::error::Result;
+use crate::weights::WeightLoader;
+
+/// gate and up projections.
+#[derive(Debug)]
+enum GateUp {
+    Separate {
+        gate_proj: Linear,
+        up_proj: Linear,
+    },
+    /// One `[gate; up]` projection, split in halves.
+    Fused(Linear),
+}
+
+/// Gated MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub struct GatedMlp {
+    gate_up: GateUp,
+    down_proj: Linear,
+    act: Activation,
+}
+
+impl GatedMlp {
+    /// Loads an MLP of intermediate size `inter` from scope `w`.
+    pub fn load(w: &WeightLoader, cfg: &ArchConfig, inter: i64) -> Result<Self> {
+        let (h, bias) = (cfg.hidden_size, cfg.mlp_bias);
+        let gate_up = if cfg.fused_gate_up {
+            GateUp::Fused(Linear::load(&w.pp("gate_up_proj"), h, 2 * inter, bias)?)
+        } else {
+            GateUp::Separate {
+                gate_proj: Linear::load(&w.pp("gate_proj"), h, inter, bias)?,
+                up_proj: Linear::load(&w.pp("up_proj"), h, inter, bias)?,
+            }
+        };
+        Ok(GatedMlp { gate_up, down_proj: Linear::load(&w.pp("down_proj"), inter, h, bias)?, act: cfg.activation })
+    }
+
+    /// # Shapes
+    /// - `x`: `[..., hidden]` → `[..., hidden]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (gate, up) = match &self.gate_up {
+            GateUp::Separate { gate_proj, up_proj } => (gate_proj.forward(x)?, up_proj.forward(x)?),
+            GateUp::Fused(l) => {
+                let both = l.forward(x)?.f_chunk(2, -1)?;
+                (both[0].shallow_clone(), both[1].shallow_clone())
+            }
+        };
+        self.down_proj.forward(&activate(&gate, self.act)?.f_mul(&up)?)
+    }
+
+    /// The linear layers with their names below `mlp`.
+    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let mut out = match &mut self.gate_up {
+            GateUp::Separate { gate_proj, up_proj } => vec![("gate_proj", gate_proj), ("up_proj", up_proj)],
+            GateUp::Fused(l) => vec![("gate_up_proj", l)],
+        };
+        out.push(("down_proj", &mut self.down_proj));
+        out
+    }
+
+    /// [`GatedMlp::linears_mut`], shared.
+    pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let mut out = match &self.gate_up {
+            GateUp::Separate { gate_proj, up_proj } => vec![("gate_proj", gate_proj), ("up_proj", up_proj)],
+            GateUp::Fused(l) => vec![("gate_up_proj", l)],
+        };
+        out.push(("down_proj", &self.down_proj));
+        out
+    }
+}
+
+/// Routed mixture of experts (Shazeer et al. 2017; Qwen3-MoE's `SparseMoeBlock`): a router
+/// `gate: [experts, hidden]` scores each token, softmax in f32, the top-k experts' gated MLPs run
+/// on it and their outputs are summed weighted by the (optionally renormalised) probabilities.
+/// Tokens are grouped by expert and each expert runs once on its own tokens (a gather and an
+/// index-add per expert that has any): no token goes through an expert it was not routed to, and
+/// no token is dropped.
+#[derive(Debug)]
+pub struct SparseMoe {
+    router: Tensor, // [experts, hidden]
+    experts: Vec<GatedMlp>,
+    top_k: i64,
+    norm_topk_prob: bool,
+    /// Tokens routed to each expert by the forwards gradients flow through (the trained passes,
+    /// whose router output requires a gradient) since the last [`SparseMoe::take_load`].
+    load: Mutex<Vec<i64>>,
+}
+
+impl SparseMoe {
+    /// Loads `mlp.gate.weight` and `mlp.experts.{e}.{gate,up,down}_proj` from scope `w` (`mlp`).
+    pub fn load(w: &WeightLoader, cfg: &ArchConfig, moe: &MoeConfig) -> Result<Self> {
+        let router = w.pp("gate").get("weight", &[moe.num_experts, cfg.hidden_size])?;
+        let experts = (0..moe.num_experts)
+            .map(|e| GatedMlp::load(&w.pp("experts").pp(e), cfg, moe.intermediate_size))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SparseMoe {
+            router,
+            experts,
+            top_k: moe.top_k,
+            norm_topk_prob: moe.norm_topk_prob,
+            load: Mutex::new(vec![0; moe.num_experts as usize]),
+        })
+    }
+
+    /// The experts' linear layers, named `experts.{e}.{proj}` below `mlp`.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (e, m) in self.experts.iter_mut().enumerate() {
+            out.extend(m.linears_mut().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
+        }
+        out
+    }
+
+    /// [`SparseMoe::linears_mut`], shared.
+    pub fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (e, m) in self.experts.iter().enumerate() {
+            out.extend(m.linears().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
+        }
+        out
+    }
+
+    /// Tokens routed to each expert since the last call (trained passes only), and resets them.
+    pub fn take_load(&self) -> Vec<i64> {
+        let mut load = self.load.lock().unwrap_or_else(|p| p.into_inner());
+        let out = load.clone();
+        load.iter_mut().for_each(|c| *c = 0);
+        out
+    }
+
+    /// Router probabilities (f32) and, for each token, its top-k experts and their weights in the
+    /// input's dtype (transformers' `TopKRouter`).
+    ///
+    /// # Shapes
+    /// - `x`: `[tokens, hidden]` → `([tokens, experts] f32, [tokens, k] int64, [tokens, k])`
+    pub fn route(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let logits = linear(x, &self.router, None)?; // [n, E]
+        let probs = logits.f_softmax(-1, Kind::Float)?;
+        let (mut weights, experts) = probs.f_topk(self.top_k, -1, true, true)?;
+        if self.norm_topk_prob {
+            weights = weights.f_div(&weights.f_sum_dim_intlist(-1, true, Kind::Float)?)?;
+        }
+        Ok((probs, experts, weights.f_to_kind(x.kind())?))
+    }
+
+    /// # Shapes
+    /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let shape = x.size();
+        let hidden = shape[shape.len() - 1];
+        let flat = x.f_reshape([-1, hidden])?; // [n, h]
+        let (probs, experts, weights) = self.route(&flat)?; // [n, k] each
+        let choice = experts.f_reshape([-1])?; // [n·k]: slot j of token t at t·k + j
+        let order = choice.f_argsort_stable(true, 0, false)?; // slots grouped by expert, in token order
+        let num_experts = self.experts.len() as i64;
+        // One host copy: how many slots each expert has.
+        let counts =
+            Vec::<i64>::try_from(choice.f_bincount::<&Tensor>(None, num_experts)?.f_to_device(tch::Device::Cpu)?)?;
+        if probs.requires_grad() {
+            let mut load = self.load.lock().unwrap_or_else(|p| p.into_inner());
+            load.iter_mut().zip(&counts).for_each(|(l, c)| *l += c);
+        }
+        let tokens = order.f_div_scalar_mode(self.top_k, "floor")?; // [n·k]
+        let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?; // [n·k]
+        let mut out = flat.f_zeros_like()?;
+        let mut start = 0;
+        for (e, &count) in counts.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let rows = tokens.f_narrow(0, start, count)?; // [c]
+            let y = self.experts[e].forward(&flat.f_index_select(0, &rows)?)?; // [c, h]
+            let y = y.f_mul(&slot_weights.f_narrow(0, start, count)?.f_unsqueeze(-1)?)?;
+            out = out.f_index_add(0, &rows, &y)?;
+            start += count;
+        }
+        Ok(out.f_reshape(shape.as_slice())?)
+    }
+}
+
+/// A layer's MLP: dense, or a routed mixture of experts.
+#[derive(Debug)]
+pub enum Mlp {
+    Dense(GatedMlp),
+    Sparse(SparseMoe),
+}
+
+impl Mlp {
+    /// # Shapes
+    /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Dense(m) => m.forward(x),
+            Mlp::Sparse(m) => m.forward(x),
+        }
+    }
+
+    /// The linear layers with their names below `mlp`.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        match self {
+            Mlp::Dense(m) => m.linears_mut().into_iter().map(|(n, l)| (n.to_string(), l)).collect(),
+            Mlp::Sparse(m) => m.linears_mut(),
+        }
+    }
+
+    /// [`Mlp::linears_mut`], shared.
+    pub fn linears(&self) -> Vec<(String, &Linear)> {
+        match self {
+            Mlp::Dense(m) => m.linears().into_iter().map(|(n, l)| (n.to_string(), l)).collect(),
+            Mlp::Sparse(m) => m.linears(),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The newer families against transformers on tiny random checkpoints made at test time
+//! (`fixtures/make_families.py`): Qwen3, Qwen3-MoE (both `norm_topk_prob` values, a dense layer
+//! among sparse ones), Gemma 2 and 3, OLMo 2, Phi-3, and Mistral and Qwen2 with sliding windows.
+//! Every window is shorter than the sequences: logits of a left-padded batch and of a packed row,
+//! greedy tokens through the KV cache past the window, scalar-head scores, save → transformers
+//! reload → the same logits with the same tensor names, LoRA training on every family, and a key
+//! the loader does not implement refused for every family.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use rlhf_generation::{batch::to_rows, generate, GenerateConfig};
+use rlhf_integration_tests::{family_models, hf_check, python, FAMILIES};
+use rlhf_models::{CausalLm, LoraConfig, ModelConfig, ScalarHeadModel};
+use rlhf_tokenizer::HfTokenizer;
+use tch::nn::OptimizerConfig;
+use tch::{Device, Kind, Tensor};
+
+/// The largest logit difference tolerated, as in `transformers_parity.rs`.
+const TOL: f64 = 1e-4;
+
+fn reference(dir: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect()
+}
+
+fn load(dir: &Path) -> CausalLm {
+    CausalLm::from_dir(dir, Device::Cpu, Kind::Float).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// Max |a − b| where `mask` is 1 (`a`, `b`: `[batch, seq, ...]`, `mask`: `[batch, seq]`).
+fn masked_max_abs_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f64 {
+    let mut m = mask.to_kind(Kind::Bool);
+    while m.dim() < a.dim() {
+        m = m.unsqueeze(-1);
+    }
+    (a - b).abs().masked_fill(&m.logical_not(), 0.0).max().double_value(&[])
+}
+
+/// The models, or `None` (skipped outside CI) without Python.
+fn models() -> Option<&'static Path> {
+    python().map(|p| family_models(&p))
+}
+
+#[test]
+fn logits_of_padded_and_packed_batches_match_transformers() {
+    let Some(root) = models() else { return };
+    for name in FAMILIES {
+        let dir = root.join(name);
+        let model = load(&dir);
+        let r = reference(&dir);
+        let logits = tch::no_grad(|| model.forward(&r["input_ids"], &r["attention_mask"])).unwrap();
+        let diff = masked_max_abs_diff(&logits, &r["logits"], &r["attention_mask"]);
+        println!("{name}: padded max |Δlogit| = {diff:.2e}");
+        assert!(diff < TOL, "{name}: padded batch logits differ by {diff}");
+        // Both prompts packed in one row, segment ids 1 and 2: each must equal its prompt alone.
+        let ids = &r["packed_ids"];
+        let (a, b) = (r["packed_logits_0"].size()[0], r["packed_logits_1"].size()[0]);
+        let segs = Tensor::cat(
+            &[Tensor::ones([1, a], (Kind::Int64, Device::Cpu)), Tensor::full([1, b], 2, (Kind::Int64, Device::Cpu))],
+            1,
+        );
+        let packed = tch::no_grad(|| model.forward(ids, &segs)).unwrap().squeeze_dim(0);
+        let want = Tensor::cat(&[&r["packed_logits_0"], &r["packed_logits_1"]], 0);
+        let diff = (&packed - &want).abs().max().double_value(&[]);
+        println!("{name}: packed max |Δlogit| = {diff:.2e}");
+        assert!(diff < TOL, "{name}: packed row logits differ by {diff}");
+    }
+}
+
+#[test]
+fn greedy_tokens_through_the_kv_cache_match_transformers() {
+    let Some(root) = models() else { return };
+    for name in FAMILIES {
+        let dir = root.join(name);
+        let model = load(&dir);
+        let tok = HfTokenizer::from_dir(&dir).unwrap();
+        let r = reference(&dir);
+        let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
+        let cfg = GenerateConfig::greedy(8, eos, i64::from(tok.pad_token_id()));
+        let single_len = r["greedy_single"].size()[1] - 8;
+        let cases = [
+            (r["input_ids"].shallow_clone(), r["attention_mask"].shallow_clone(), &r["greedy_ids"]),
+            (
+                r["greedy_single"].narrow(1, 0, single_len),
+                Tensor::ones([1, single_len], (Kind::Int64, Device::Cpu)),
+                &r["greedy_single"],
+            ),
+        ];
+        for (ids, mask, expected) in cases {
+            let out = generate(&model, &ids, &mask, &cfg).unwrap();
+            let (width, have) = (expected.size()[1], out.sequences.size()[1]);
+            let ours = if have < width {
+                let pad = Tensor::full([ids.size()[0], width - have], cfg.pad_token_id, (Kind::Int64, Device::Cpu));
+                Tensor::cat(&[&out.sequences, &pad], 1)
+            } else {
+                out.sequences.shallow_clone()
+            };
+            assert_eq!(to_rows(&ours).unwrap(), to_rows(expected).unwrap(), "{name}: greedy tokens differ");
+        }
+    }
+}
+
+#[test]
+fn scalar_head_scores_match_transformers() {
+    let Some(root) = models() else { return };
+    for name in FAMILIES {
+        let dir = root.join(format!("{name}-rm"));
+        let model = ScalarHeadModel::from_dir(&dir, Device::Cpu, Kind::Float).unwrap();
+        let r = reference(&dir);
+        let scores = tch::no_grad(|| model.scores(&r["input_ids"], &r["attention_mask"])).unwrap();
+        let diff = (&scores - &r["scores"]).abs().max().double_value(&[]);
+        println!("{name}-rm: max |Δscore| = {diff:.2e}");
+        assert!(diff < TOL, "{name}-rm: scores differ by {diff}");
+        // Saved as transformers writes the family's classifier.
+        let out = tempfile::tempdir().unwrap();
+        model.save(out.path()).unwrap();
+        let saved = ModelConfig::from_dir(out.path()).unwrap();
+        let want = saved.arch.family.sequence_classification_architecture();
+        assert_eq!(saved.hf.architectures.as_deref(), Some(&[want.to_string()][..]), "{name}-rm");
+    }
+}
+
+fn tensor_names(dir: &Path) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") && !p.ends_with("reference.safetensors") {
+            names.extend(Tensor::read_safetensors(&p).unwrap().into_iter().map(|(n, _)| n));
+        }
+    }
+    names
+}
+
+#[test]
+fn saved_checkpoints_reload_in_transformers_with_the_same_names_and_logits() {
+    let Some(python) = python() else { return };
+    let root = family_models(&python);
+    let keep = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = vec![5, 17, 42, 9, 101, 7, 3, 64, 12, 250, 33, 8];
+    let mut ours = Vec::new();
+    let mut dirs = Vec::new();
+    for name in FAMILIES {
+        let model = load(&root.join(name));
+        let out = keep.path().join(name);
+        model.save(&out).unwrap();
+        assert_eq!(tensor_names(&out), tensor_names(&root.join(name)), "{name}: saved tensor names");
+        let x = Tensor::from_slice(&ids).view([1, -1]);
+        ours.push(tch::no_grad(|| model.forward(&x, &x.ones_like())).unwrap().squeeze_dim(0));
+        dirs.push(out.display().to_string());
+    }
+    let ids_arg = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let theirs = hf_check(&python, &["logits-many", "--models", &dirs.join(","), "--ids", &ids_arg]);
+    for ((name, dir), ours) in FAMILIES.iter().zip(&dirs).zip(&ours) {
+        let rows: Vec<Vec<f32>> = serde_json::from_value(theirs[dir.as_str()].clone()).unwrap();
+        let flat: Vec<f32> = rows.concat();
+        let theirs = Tensor::from_slice(&flat).view([rows.len() as i64, -1]);
+        let diff = (ours - &theirs).abs().max().double_value(&[]);
+        println!("{name}: saved → transformers max |Δlogit| = {diff:.2e}");
+        assert!(diff < TOL, "{name}: transformers reads our save differently ({diff})");
+    }
+}
+
+/// A few AdamW steps on LoRA adapters of every linear layer lower the loss of a fixed batch, and
+/// the merged save computes what the adapted model computes.
+#[test]
+fn lora_trains_on_every_family() {
+    let Some(root) = models() else { return };
+    let ids = Tensor::from_slice(&[5i64, 17, 42, 9, 101, 7, 3, 64, 12, 250, 33, 8]).view([2, 6]);
+    let mask = ids.ones_like();
+    for name in FAMILIES {
+        let mut m = load(&root.join(name));
+        let cfg = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: vec!["all-linear".into()] };
+        assert!(m.apply_lora(&cfg).unwrap() > 0, "{name}: no layer adapted");
+        let training: Vec<String> =
+            m.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).map(|(n, _)| n).collect();
+        assert!(training.iter().all(|n| n.contains(".lora_")), "{name}: only adapters train: {training:?}");
+        let mut opt = tch::nn::Adam::default().build(&m.vs, 1e-2).unwrap();
+        let loss_of = |m: &CausalLm| {
+            let logits = m.forward(&ids, &mask).unwrap();
+            let v = logits.size()[2];
+            logits.narrow(1, 0, 5).reshape([-1, v]).cross_entropy_for_logits(&ids.narrow(1, 1, 5).reshape([-1]))
+        };
+        let first = loss_of(&m).double_value(&[]);
+        for _ in 0..5 {
+            opt.backward_step(&loss_of(&m));
+        }
+        let last = tch::no_grad(|| loss_of(&m)).double_value(&[]);
+        println!("{name}: LoRA loss {first:.4} -> {last:.4}");
+        assert!(last < first, "{name}: LoRA training did not lower the loss ({first} -> {last})");
+        let adapted = tch::no_grad(|| m.forward(&ids, &mask)).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        m.save(out.path()).unwrap();
+        let merged = tch::no_grad(|| load(out.path()).forward(&ids, &mask)).unwrap();
+        let diff = (&adapted - &merged).abs().max().double_value(&[]);
+        assert!(diff < 1e-4, "{name}: merged save differs from the adapted model by {diff}");
+    }
+}
+
+/// A key that would change the computation and that no family implements (OLMo's `clip_qkv`) is
+/// refused with the file and the key, for every family.
+#[test]
+fn unimplemented_config_keys_are_refused_for_every_family() {
+    let Some(root) = models() else { return };
+    for name in FAMILIES {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = rlhf_integration_tests::read_json(&root.join(name).join("config.json"));
+        config["clip_qkv"] = serde_json::json!(8.0);
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let e = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("config.json: clip_qkv: not a key this loader implements"), "{name}: {e}");
+        assert_eq!(e.lines().count(), 1, "{name}: {e}");
+    }
+}
