@@ -244,7 +244,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         Some(other) => bail!("--model builtin:{other}: unknown built-in model (available: builtin:tiny)"),
         None => {
-            let dir = PathBuf::from(&args.model);
+            let dir = rlhf_hub::resolve_model(&args.model)?;
             if !dir.is_dir() {
                 bail!("--model {}: model directory not found", dir.display());
             }

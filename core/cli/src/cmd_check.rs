@@ -78,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--batch, --len and --new-tokens must be >= 1");
     }
     let tolerance = args.tolerance.unwrap_or(if kind == Kind::Float { 1e-4 } else { 0.15 });
-    let dir = &args.model.model;
+    let dir = &args.model.dir()?;
     if !dir.is_dir() {
         anyhow::bail!("{}: model directory not found", dir.display());
     }

@@ -54,14 +54,15 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         None => ConfigSource::Preset("grpo".into()),
     };
     let cfg = RlConfig::load(&source, None, &sets)?;
-    if !args.model.exists() {
+    let model = rlhf_hub::resolve_model(&args.model.to_string_lossy())?;
+    if !model.exists() {
         anyhow::bail!("{}: no such model, run or checkpoint directory", args.model.display());
     }
     let dirs =
         if cfg.plugin_dirs.is_empty() { rlhf_trainer::plugins::default_plugin_dirs() } else { cfg.plugin_dirs.clone() };
     let registry = PluginRegistry::scan(&dirs)?;
     let samples = args.out.as_deref().map(samples_path);
-    let result = evaluate_saved(&cfg, &registry, &args.model, &world, samples.as_deref())?;
+    let result = evaluate_saved(&cfg, &registry, &model, &world, samples.as_deref())?;
     if !world.is_main() {
         return Ok(());
     }

@@ -8,7 +8,8 @@ use tch::{Device, Kind};
 /// `--model`, `--device`, `--dtype`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Hugging Face model directory (config.json, safetensors, tokenizer.json).
+    /// Hugging Face model directory (config.json, safetensors, tokenizer.json), or a Hub id
+    /// (`org/name[@revision]`) read from the Hugging Face cache and downloaded when missing.
     #[arg(long)]
     pub model: PathBuf,
     /// cpu, cuda or cuda:N.
@@ -25,13 +26,19 @@ impl ModelArgs {
         Ok((rlhf_models::parse_device(&self.device)?, rlhf_models::parse_dtype(&self.dtype)?))
     }
 
+    /// The model directory: `--model` as a path, or the snapshot of a Hub id.
+    pub fn dir(&self) -> anyhow::Result<PathBuf> {
+        Ok(rlhf_hub::resolve_model(&self.model.to_string_lossy())?)
+    }
+
     /// Loads the causal LM.
     pub fn load_lm(&self) -> anyhow::Result<rlhf_models::CausalLm> {
         let (device, kind) = self.device_kind()?;
-        if !self.model.is_dir() {
-            anyhow::bail!("{}: model directory not found", self.model.display());
+        let dir = self.dir()?;
+        if !dir.is_dir() {
+            anyhow::bail!("{}: model directory not found", dir.display());
         }
-        Ok(rlhf_models::CausalLm::from_dir(&self.model, device, kind)?)
+        Ok(rlhf_models::CausalLm::from_dir(&dir, device, kind)?)
     }
 
     /// Loads the causal LM and its tokenizer, checked to fit each other.
@@ -44,8 +51,9 @@ impl ModelArgs {
 
     /// Loads the tokenizer files of the model directory.
     pub fn load_tokenizer(&self) -> anyhow::Result<rlhf_tokenizer::HfTokenizer> {
-        rlhf_tokenizer::HfTokenizer::from_dir(&self.model)
-            .with_context(|| format!("loading the tokenizer of {}", self.model.display()))
+        let dir = self.dir()?;
+        rlhf_tokenizer::HfTokenizer::from_dir(&dir)
+            .with_context(|| format!("loading the tokenizer of {}", dir.display()))
     }
 }
 

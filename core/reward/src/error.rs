@@ -14,6 +14,9 @@ pub enum RewardError {
     /// Text `index` of a batch encodes to no token at all, so it has no score.
     #[error("text {index} has no tokens (an empty text without special tokens)")]
     EmptyText { index: usize },
+    /// A model named by Hub id cannot be had.
+    #[error(transparent)]
+    Hub(#[from] rlhf_hub::HubError),
     #[error(transparent)]
     Model(#[from] rlhf_models::ModelError),
     #[error(transparent)]

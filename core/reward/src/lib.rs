@@ -49,8 +49,8 @@ pub struct RewardModelScorer {
 }
 
 impl RewardModelScorer {
-    /// Loads the reward model of `dir` (config, safetensors, tokenizer files) onto `device` in
-    /// `kind`, frozen. `batch_size` texts are scored per forward pass; texts longer than `max_len`
+    /// Loads the reward model of `dir` (config, safetensors, tokenizer files; or a Hugging Face
+    /// Hub id, `org/name[@revision]`, resolved through the cache) onto `device` in `kind`, frozen. `batch_size` texts are scored per forward pass; texts longer than `max_len`
     /// tokens keep their last `max_len` tokens. Both must be at least 1.
     pub fn from_dir(dir: &Path, device: Device, kind: Kind, batch_size: usize, max_len: usize) -> Result<Self> {
         if batch_size == 0 {
@@ -59,6 +59,7 @@ impl RewardModelScorer {
         if max_len == 0 {
             return Err(RewardError::Setting { key: "max_len", message: "must be at least 1".into() });
         }
+        let dir = &rlhf_hub::resolve_model(&dir.to_string_lossy())?;
         if !dir.is_dir() {
             return Err(RewardError::NoModelDir { dir: dir.to_path_buf() });
         }

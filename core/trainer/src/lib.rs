@@ -19,6 +19,7 @@ pub mod data;
 pub mod dist;
 pub mod error;
 pub mod metrics;
+pub mod model_source;
 pub mod optim;
 pub mod plugin_log;
 pub mod plugins;

@@ -92,8 +92,18 @@ fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Plugins> {
 /// The algorithm, the training's reward sources and the environment.
 type Plugins = (AlgorithmHandle, Vec<RewardSource>, Option<crate::rl::episode::EnvRuntime>);
 
-/// Refuses an unknown `builtin:` actor before anything is written.
+/// Refuses an unknown `builtin:` actor, and resolves (downloads) models named by Hub id, before
+/// anything is written.
 fn check_actor_spec(cfg: &RlConfig) -> Result<()> {
+    if !cfg.model.actor.starts_with("builtin:") {
+        crate::model_source::resolve(&cfg.model.actor, "model.actor")?;
+    }
+    if let Some(spec) = &cfg.model.reference {
+        crate::model_source::resolve(spec, "model.reference")?;
+    }
+    if cfg.model.critic != "actor" {
+        crate::model_source::resolve(&cfg.model.critic, "model.critic")?;
+    }
     match cfg.model.actor.strip_prefix("builtin:") {
         Some(other) if !crate::builtin::MODELS.contains(&other) => Err(TrainerError::Config(format!(
             "{}: model.actor: unknown built-in model `builtin:{other}` (available: {})",
@@ -113,7 +123,7 @@ fn actor_dir_of(cfg: &RlConfig, run_dir: &Path) -> Result<PathBuf> {
             crate::builtin::write_model(name, &dir, cfg.run.seed)?;
             Ok(dir)
         }
-        None => Ok(PathBuf::from(&cfg.model.actor)),
+        None => crate::model_source::resolve(&cfg.model.actor, "model.actor"),
     }
 }
 
@@ -195,7 +205,10 @@ fn companions(
     kind: Kind,
 ) -> Result<Companions> {
     let reference = if req.reference {
-        let dir = cfg.model.reference.as_ref().map(PathBuf::from).unwrap_or_else(|| actor_dir.to_path_buf());
+        let dir = match &cfg.model.reference {
+            Some(spec) => crate::model_source::resolve(spec, "model.reference")?,
+            None => actor_dir.to_path_buf(),
+        };
         let mut r = CausalLm::from_dir(&dir, device, kind)?;
         r.freeze();
         Some(r)
@@ -205,7 +218,7 @@ fn companions(
     let critic = if req.critic {
         let mut c = match cfg.model.critic.as_str() {
             "actor" => ScalarHeadModel::from_causal_lm_dir(actor_dir, device, kind)?,
-            dir => ScalarHeadModel::from_dir(Path::new(dir), device, kind)?,
+            spec => ScalarHeadModel::from_dir(&crate::model_source::resolve(spec, "model.critic")?, device, kind)?,
         };
         if c.apply_lora(&cfg.model.critic_lora).map_err(|e| TrainerError::Config(format!("model.critic_{e}")))? > 0 {
             let (t, n) = rlhf_models::lora::parameter_counts(&c.vs);

@@ -392,6 +392,8 @@ pub fn run_dpo(cfg: DpoConfig, world: &World) -> Result<DpoSummary> {
     tch::manual_seed(cfg.run.seed as i64);
     let d = &cfg.data;
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
+    // A model named by Hub id is downloaded (or refused) before the run directory is made.
+    crate::supervised::phase::check_model_spec(&cfg.model.path)?;
     in_phase_dir(
         world,
         || prepare_run_dir(&cfg.run.run_dir, "dpo", &cfg),
@@ -428,7 +430,11 @@ fn dpo_in(
         }
         (_, "policy") if cfg.lora.enabled() => Reference::Adapters,
         (_, spec) => {
-            let dir = if spec == "policy" { model_dir.clone() } else { PathBuf::from(spec) };
+            let dir = if spec == "policy" {
+                model_dir.clone()
+            } else {
+                crate::model_source::resolve(spec, "model.reference")?
+            };
             if !dir.is_dir() {
                 return Err(TrainerError::Config(format!("model.reference: {spec}: model directory not found")));
             }

@@ -277,7 +277,17 @@ impl DataReport {
     }
 }
 
-/// The starting model directory: a path as is, or `builtin:tiny` written into `<run_dir>/builtin-model`.
+/// Resolves `model.path` when it names a Hub id (nothing for a path or a `builtin:` model), so a
+/// missing or gated model is refused before anything is created.
+pub fn check_model_spec(spec: &str) -> Result<()> {
+    if !spec.starts_with("builtin:") {
+        crate::model_source::resolve(spec, "model.path")?;
+    }
+    Ok(())
+}
+
+/// The starting model directory: a path as is, a Hub id through the Hugging Face cache, or
+/// `builtin:tiny` written into `<run_dir>/builtin-model`.
 pub fn resolve_model_dir(spec: &str, run_dir: &Path, seed: u64) -> Result<PathBuf> {
     match spec.strip_prefix("builtin:") {
         Some(name) if crate::builtin::MODELS.contains(&name) => {
@@ -290,7 +300,7 @@ pub fn resolve_model_dir(spec: &str, run_dir: &Path, seed: u64) -> Result<PathBu
             crate::builtin::MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
         ))),
         None => {
-            let p = PathBuf::from(spec);
+            let p = crate::model_source::resolve(spec, "model.path")?;
             if !p.is_dir() {
                 return Err(TrainerError::Config(format!("model.path: {spec}: model directory not found")));
             }

@@ -139,6 +139,8 @@ pub fn run_sft(cfg: SftConfig, world: &World) -> Result<SftSummary> {
     tch::manual_seed(cfg.run.seed as i64);
     let d = &cfg.data;
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
+    // A model named by Hub id is downloaded (or refused) before the run directory is made.
+    crate::supervised::phase::check_model_spec(&cfg.model.path)?;
     in_phase_dir(
         world,
         || prepare_run_dir(&cfg.run.run_dir, "sft", &cfg),

@@ -72,7 +72,8 @@ fn load_policy(path: &Path, device: tch::Device, kind: tch::Kind) -> Result<(Cau
     let base = [run_dir.join("warmup-model"), run_dir.join("builtin-model")]
         .into_iter()
         .find(|d| d.join("config.json").is_file())
-        .unwrap_or_else(|| PathBuf::from(&cfg.model.actor));
+        .map(Ok)
+        .unwrap_or_else(|| crate::model_source::resolve(&cfg.model.actor, "model.actor"))?;
     let mut actor = CausalLm::from_dir(&base, device, kind)?;
     actor.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))?;
     ckpt.restore_vars("actor", &actor.vs)?;
