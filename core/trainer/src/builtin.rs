@@ -11,17 +11,13 @@
 //! Datasets `builtin:addition-sft` and `builtin:addition-pairs` ([`dataset`]) feed `rlhf sft` and
 //! `rlhf rm` (the `cargo xtask pipeline` default), each with a held-out eval split.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
 use serde_json::json;
-use tch::{Device, Kind, Tensor};
 
 use crate::data::RawPrompt;
 use crate::error::{Result, TrainerError};
 
 /// Words of the built-in vocabulary after the three specials (`<pad>`, `<eos>`, `<unk>`).
-const WORDS: &[&str] = &["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "=", "the", "answer", "is"];
+pub(crate) const WORDS: &[&str] = &["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "=", "the", "answer", "is"];
 
 /// Prompts of `builtin:addition`, in a fixed order.
 pub fn addition_prompts() -> Vec<RawPrompt> {
@@ -157,7 +153,7 @@ pub fn dataset(name: &str) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Va
     Ok((train, eval))
 }
 
-fn tokenizer_json() -> serde_json::Value {
+pub(crate) fn tokenizer_json() -> serde_json::Value {
     let specials = ["<pad>", "<eos>", "<unk>"];
     let mut vocab = serde_json::Map::new();
     for (i, w) in specials.iter().chain(WORDS).enumerate() {
@@ -178,76 +174,7 @@ fn tokenizer_json() -> serde_json::Value {
     })
 }
 
-/// The built-in models, by the name after `builtin:`.
-pub const MODELS: &[&str] = &["tiny", "tiny-calc"];
-
-/// Writes the built-in model `name` ([`MODELS`]) with random weights from `seed` into `dir`.
-pub fn write_model(name: &str, dir: &Path, seed: u64) -> Result<()> {
-    match name {
-        "tiny" => write_tiny_model(dir, seed),
-        "tiny-calc" => {
-            let (tokenizer, vocab) = crate::builtin_calc::tokenizer_json();
-            write_llama(dir, seed, &tokenizer, vocab)
-        }
-        other => Err(TrainerError::Config(format!(
-            "unknown built-in model `builtin:{other}` (available: {})",
-            MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
-        ))),
-    }
-}
-
-/// Writes the tiny built-in model (random weights from `seed`) into `dir`.
-///
-/// Llama, hidden 64, 2 layers, 4 heads (2 KV heads), tied embeddings, vocabulary of 18 words.
-pub fn write_tiny_model(dir: &Path, seed: u64) -> Result<()> {
-    write_llama(dir, seed, &tokenizer_json(), (3 + WORDS.len()) as i64)
-}
-
-/// The tiny Llama with `tokenizer` (`vocab` entries; `<pad>` 0, `<eos>` 1, `<unk>` 2).
-fn write_llama(dir: &Path, seed: u64, tokenizer: &serde_json::Value, vocab: i64) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
-    let (hidden, layers, heads, kv_heads, inter) = (64i64, 2i64, 4i64, 2i64, 128i64);
-    let head_dim = hidden / heads;
-    let config = json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter,
-        "hidden_act": "silu", "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
-        "bos_token_id": null, "eos_token_id": 1, "pad_token_id": 0, "dtype": "float32",
-        "initializer_range": 0.02
-    });
-    let write = |name: &str, v: &serde_json::Value| rlhf_models::weights::write_json(&dir.join(name), v);
-    write("config.json", &config)?;
-    write("tokenizer.json", tokenizer)?;
-    write(
-        "tokenizer_config.json",
-        &json!({"eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "bos_token": null,
-                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 64}),
-    )?;
-    write("generation_config.json", &json!({"eos_token_id": 1, "pad_token_id": 0}))?;
-
-    tch::manual_seed(seed as i64);
-    let opts = (Kind::Float, Device::Cpu);
-    let normal = |shape: &[i64]| Tensor::randn(shape, opts) * 0.02;
-    let mut t: BTreeMap<String, Tensor> = BTreeMap::new();
-    t.insert("model.embed_tokens.weight".into(), normal(&[vocab, hidden]));
-    for i in 0..layers {
-        let p = format!("model.layers.{i}");
-        t.insert(format!("{p}.input_layernorm.weight"), Tensor::ones([hidden], opts));
-        t.insert(format!("{p}.post_attention_layernorm.weight"), Tensor::ones([hidden], opts));
-        t.insert(format!("{p}.self_attn.q_proj.weight"), normal(&[heads * head_dim, hidden]));
-        t.insert(format!("{p}.self_attn.k_proj.weight"), normal(&[kv_heads * head_dim, hidden]));
-        t.insert(format!("{p}.self_attn.v_proj.weight"), normal(&[kv_heads * head_dim, hidden]));
-        t.insert(format!("{p}.self_attn.o_proj.weight"), normal(&[hidden, heads * head_dim]));
-        t.insert(format!("{p}.mlp.gate_proj.weight"), normal(&[inter, hidden]));
-        t.insert(format!("{p}.mlp.up_proj.weight"), normal(&[inter, hidden]));
-        t.insert(format!("{p}.mlp.down_proj.weight"), normal(&[hidden, inter]));
-    }
-    t.insert("model.norm.weight".into(), Tensor::ones([hidden], opts));
-    rlhf_models::weights::save_safetensors(dir, &t, rlhf_models::model::DEFAULT_MAX_SHARD_BYTES)?;
-    Ok(())
-}
+pub use crate::builtin_models::{write_model, write_tiny_model, MODELS};
 
 #[cfg(test)]
 mod tests {

@@ -200,3 +200,44 @@ impl Drop for Scratch {
 pub fn scratch_path(world: &World) -> PathBuf {
     std::env::temp_dir().join(format!("rlhf-rank{}-{}", world.rank(), std::process::id()))
 }
+
+/// The routing of a mixture-of-experts model's trained passes since the last call, summed over
+/// the ranks: `moe/load_max` and `moe/load_min`, the largest and smallest share of tokens any
+/// expert of any sparse layer received, in units of the balanced share (1 = perfectly even,
+/// `experts` = one expert took every token), and `moe/experts_idle`, the (layer, expert) pairs
+/// that received none. Tokens are never dropped (no capacity limit). Nothing for a dense model.
+pub fn expert_load_metrics(
+    world: &World,
+    model: &rlhf_models::CausalLm,
+    m: &mut crate::metrics::StepMetrics,
+) -> Result<()> {
+    let loads = model.take_expert_load();
+    if loads.is_empty() {
+        return Ok(());
+    }
+    let mut flat: Vec<f64> = loads.iter().flat_map(|(_, l)| l.iter().map(|&c| c as f64)).collect();
+    if world.is_distributed() {
+        flat = world.all_reduce_f64(&flat, rlhf_collective::ReduceOp::Sum).map_err(err)?;
+    }
+    let (mut max, mut min, mut idle, mut at) = (0.0f64, f64::INFINITY, 0usize, 0usize);
+    for (_, layer) in &loads {
+        let counts = &flat[at..at + layer.len()];
+        at += layer.len();
+        let total: f64 = counts.iter().sum();
+        if total == 0.0 {
+            continue;
+        }
+        let balanced = total / counts.len() as f64;
+        for &c in counts {
+            max = max.max(c / balanced);
+            min = min.min(c / balanced);
+            idle += usize::from(c == 0.0);
+        }
+    }
+    if min.is_finite() {
+        m.set("moe/load_max", max);
+        m.set("moe/load_min", min);
+        m.set("moe/experts_idle", idle as f64);
+    }
+    Ok(())
+}

@@ -13,6 +13,7 @@
 pub mod adamw;
 pub mod builtin;
 pub mod builtin_calc;
+pub mod builtin_models;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

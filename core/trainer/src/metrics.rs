@@ -24,7 +24,7 @@ pub const HOST_METRICS: &[&str] = &[
 
 /// Prefixes of host metric families (`completions/count`, `rewards/<source>/mean`, ...).
 pub const HOST_METRIC_PREFIXES: &[&str] =
-    &["completions/", "rewards/", "rollout/", "time/", "grad_norm/", "lr/", "comm/", "is/"];
+    &["completions/", "rewards/", "rollout/", "time/", "grad_norm/", "lr/", "comm/", "is/", "moe/"];
 
 /// Whether `name` is (or would shadow) a metric of the RL host.
 pub fn is_host_metric(name: &str) -> bool {

@@ -12,3 +12,17 @@ use crate::error::{Result, TrainerError};
 pub fn resolve(spec: &str, key: &str) -> Result<PathBuf> {
     rlhf_hub::resolve_model(spec).map_err(|e| TrainerError::Config(format!("{key}: {e}")))
 }
+
+/// Refuses to train a model whose `config.json` asks for something in training that this trainer
+/// does not do: transformers' load-balancing loss of a mixture of experts
+/// (`output_router_logits: true`) — generation and evaluation of such a model are fine.
+pub fn check_trainable(config: &rlhf_models::ModelConfig) -> Result<()> {
+    if config.arch.moe.as_ref().is_some_and(|m| m.aux_loss_coef.is_some()) {
+        return Err(TrainerError::Config(format!(
+            "{}: output_router_logits: true adds transformers' load-balancing loss to the training loss, which this \
+             trainer does not compute; set it to false to train without it (the expert load is logged as moe/*)",
+            config.path.display()
+        )));
+    }
+    Ok(())
+}

@@ -353,6 +353,7 @@ impl Trainer {
             &mut m,
         )?;
         let t_train = clock.stop();
+        crate::dist::expert_load_metrics(&self.world, &self.actor, &mut m)?;
 
         self.step += 1;
         let step_time = t0.elapsed().as_secs_f64();

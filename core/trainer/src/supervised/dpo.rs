@@ -416,6 +416,7 @@ fn dpo_in(
     let opts = PairOptions::of(d);
     let (train, eval) = pair_sets(&splits, |src, report| build_split_pairs(src, &tok, &opts, report))?;
     let mut policy = CausalLm::from_dir(&model_dir, device, kind)?;
+    crate::model_source::check_trainable(&policy.config)?;
     tok.check_fits_vocab(policy.arch().vocab_size)?;
     let t = &cfg.train.common();
     let pad = i64::from(tok.pad_token_id());

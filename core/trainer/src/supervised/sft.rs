@@ -178,6 +178,7 @@ fn sft_in(
         tracing::info!("packing: {train_examples} examples into {} rows of up to {} tokens", train.len(), d.max_len);
     }
     let mut model = CausalLm::from_dir(&model_dir, device, kind)?;
+    crate::model_source::check_trainable(&model.config)?;
     tok.check_fits_vocab(model.arch().vocab_size)?;
     if model.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);

@@ -1,0 +1,71 @@
+//! The Qwen3 presets learn: `configs/grpo-qwen3.toml` (a tiny random Qwen3) and
+//! `configs/grpo-qwen3-moe.toml` (a tiny random Qwen3-MoE) raise the reward of the built-in
+//! addition task on one process, on 2 ranks (sampling the same tokens as one process at first),
+//! and at ZeRO stage 3. Shortened to 150 steps without evaluation; the full presets go from
+//! 0.14 to 0.71 (Qwen3) and 0.18 to 0.85 (MoE) over 300 steps.
+
+use std::path::Path;
+use std::process::Output;
+
+use rlhf_integration_tests::{metrics, rlhf_bin};
+
+const STEPS: &str = "train.steps=150";
+
+fn run(preset: &str, run_dir: &Path, extra: &[&str]) -> Output {
+    let mut c = std::process::Command::new(rlhf_bin());
+    c.args(["train", "--config", &format!("{}/../configs/{preset}", env!("CARGO_MANIFEST_DIR")), "--no-progress"])
+        .args(["--run-dir", run_dir.to_str().unwrap(), "--set", STEPS, "--set", "eval.data=\"\""])
+        .args(extra);
+    let o = c.output().expect("spawn rlhf");
+    assert!(o.status.success(), "{preset}: {}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+fn rewards(run_dir: &Path) -> Vec<f64> {
+    metrics(run_dir).iter().filter(|l| l["step"] != 0).map(|l| l["reward"].as_f64().unwrap()).collect()
+}
+
+/// Mean reward of the first and the last 10 % of steps.
+fn gain(r: &[f64]) -> (f64, f64) {
+    let k = r.len() / 10;
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    (mean(&r[..k]), mean(&r[r.len() - k..]))
+}
+
+fn learns(what: &str, r: &[f64]) {
+    let (first, last) = gain(r);
+    println!("{what}: reward first 10% {first:.3}, last 10% {last:.3}");
+    assert!(last >= first + 0.2, "{what}: reward {first:.3} -> {last:.3} (needs +0.2)");
+}
+
+/// One process, then 2 ranks (ZeRO stage `stage`): both learn, and 2 ranks sample what one
+/// process samples for the first steps (the same rewards).
+fn one_and_two_ranks(preset: &str, stage: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    run(preset, &one, &[]);
+    let zero = format!("distributed.zero_stage={stage}");
+    run(preset, &two, &["--nproc", "2", "--set", &zero]);
+    let (r1, r2) = (rewards(&one), rewards(&two));
+    assert_eq!(r1.len(), 150);
+    assert_eq!(r1[..5], r2[..5], "{preset}: 2 ranks sample other tokens than 1 process in the first steps");
+    learns(&format!("{preset} (1 process)"), &r1);
+    learns(&format!("{preset} (2 ranks, ZeRO stage {stage})"), &r2);
+}
+
+#[test]
+fn the_qwen3_preset_learns_on_one_process_and_two_ranks() {
+    one_and_two_ranks("grpo-qwen3.toml", "0");
+}
+
+#[test]
+fn the_qwen3_moe_preset_learns_at_zero_stage_3_and_logs_expert_load() {
+    one_and_two_ranks("grpo-qwen3-moe.toml", "3");
+    let dir = tempfile::tempdir().unwrap();
+    run("grpo-qwen3-moe.toml", &dir.path().join("r"), &["--set", "train.steps=2"]);
+    let last = metrics(&dir.path().join("r")).pop().unwrap();
+    let (max, min) = (last["moe/load_max"].as_f64().unwrap(), last["moe/load_min"].as_f64().unwrap());
+    // 4 experts: shares in units of the balanced one lie in [0, 4], the largest at least 1.
+    assert!((1.0..=4.0).contains(&max) && (0.0..=1.0).contains(&min), "moe/load_max {max}, moe/load_min {min}");
+    assert!(last["moe/experts_idle"].as_f64().is_some());
+}
