@@ -153,6 +153,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         special: &SpecialTokens,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TokenizerError> {
         let (source_path, env) = match self {
             Self::Missing { config_path } => return Err(TokenizerError::NoChatTemplate { path: config_path.clone() }),
@@ -180,6 +181,9 @@ impl ChatTemplate {
         ];
         for (key, text) in &special.tokens {
             ctx.push((key, Value::from(text.as_str())));
+        }
+        for (key, value) in kwargs {
+            ctx.push((key, Value::from_serialize(value)));
         }
         let ctx: Value = ctx.into_iter().collect();
         template.render(ctx).map_err(render_err)

@@ -63,6 +63,9 @@ pub struct HfTokenizer {
     bos_id: Option<u32>,
     clean_up_tokenization_spaces: bool,
     chat_template: ChatTemplate,
+    /// Extra variables every chat template rendering sees (transformers' `apply_chat_template`
+    /// keyword arguments, e.g. Qwen3's `enable_thinking`).
+    template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl fmt::Debug for HfTokenizer {
@@ -211,6 +214,7 @@ impl HfTokenizer {
             bos_id,
             clean_up_tokenization_spaces,
             chat_template,
+            template_kwargs: serde_json::Map::new(),
         })
     }
 
@@ -274,7 +278,28 @@ impl HfTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
-        self.chat_template.render(messages, add_generation_prompt, &self.special)
+        self.chat_template.render(messages, add_generation_prompt, &self.special, &self.template_kwargs)
+    }
+
+    /// Extra variables for every chat template rendering, as transformers'
+    /// `apply_chat_template(..., **kwargs)` passes them (Qwen3's `enable_thinking = false`, say).
+    /// Names the template already receives (`messages`, `add_generation_prompt`, `tools`,
+    /// `documents`, special tokens) are refused, as transformers refuses a repeated argument.
+    pub fn set_chat_template_kwargs(
+        &mut self,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), TokenizerError> {
+        let reserved = ["messages", "add_generation_prompt", "tools", "documents"];
+        if let Some(k) =
+            kwargs.keys().find(|k| reserved.contains(&k.as_str()) || self.special.tokens.iter().any(|(t, _)| t == k))
+        {
+            return Err(TokenizerError::TemplateRender {
+                path: self.dir.join("tokenizer_config.json"),
+                message: format!("chat_template_kwargs: `{k}` is an argument the template already gets"),
+            });
+        }
+        self.template_kwargs = kwargs.clone();
+        Ok(())
     }
 
     /// Whether the model has a chat template (from `chat_template.jinja` or

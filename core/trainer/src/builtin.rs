@@ -179,6 +179,7 @@ pub use crate::builtin_models::{write_model, write_tiny_model, MODELS};
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::{Device, Kind};
 
     #[test]
     fn tiny_model_loads_and_tokenizes() {
@@ -194,6 +195,14 @@ mod tests {
         assert_eq!(addition_prompts().len(), 55);
         // `prompt + response` without a space still splits the answer off (the reward model reads it).
         assert_eq!(tok.encode("3 + 4 =7", true).unwrap(), tok.encode("3 + 4 = 7", true).unwrap());
+        // The Qwen3 variants load with the same vocabulary.
+        for name in ["tiny-qwen3", "tiny-qwen3-moe"] {
+            let dir = tempfile::tempdir().unwrap();
+            write_model(name, dir.path(), 1).unwrap();
+            let m = rlhf_models::CausalLm::from_dir(dir.path(), Device::Cpu, Kind::Float).unwrap();
+            assert_eq!((m.arch().vocab_size, m.arch().head_dim), (18, 32), "{name}");
+            assert_eq!(m.arch().moe.is_some(), name.ends_with("moe"));
+        }
     }
 
     /// The presets' training and held-out prompts: together the task, sharing no prompt.

@@ -26,3 +26,14 @@ pub fn check_trainable(config: &rlhf_models::ModelConfig) -> Result<()> {
     }
     Ok(())
 }
+
+/// The tokenizer of `dir` with the configured chat template keyword arguments
+/// (`data.chat_template_kwargs`).
+pub fn tokenizer(
+    dir: &std::path::Path,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+) -> Result<rlhf_tokenizer::HfTokenizer> {
+    let mut tok = rlhf_tokenizer::HfTokenizer::from_dir(dir)?;
+    tok.set_chat_template_kwargs(kwargs).map_err(|e| TrainerError::Config(format!("data.{e}")))?;
+    Ok(tok)
+}

@@ -210,6 +210,10 @@ pub struct SftDataConfig {
     pub overlong: Overlong,
     /// Render prompt/response through the chat template when the tokenizer has one (else raw text).
     pub apply_chat_template: bool,
+    /// Extra variables for the chat template, as transformers' `apply_chat_template(**kwargs)`
+    /// (Qwen3's `enable_thinking = false`, say).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Train on the prompt tokens too.
     pub loss_on_prompt: bool,
     /// `all` assistant turns of a conversation, or the `last`.
@@ -243,6 +247,7 @@ impl Default for SftDataConfig {
             max_len: 512,
             overlong: Overlong::Truncate,
             apply_chat_template: true,
+            chat_template_kwargs: serde_json::Map::new(),
             loss_on_prompt: false,
             assistant_turns: AssistantTurns::All,
             packing: false,
@@ -315,6 +320,10 @@ pub struct RmDataConfig {
     pub overlong: Overlong,
     /// Render through the chat template when the tokenizer has one (else `prompt + response`).
     pub apply_chat_template: bool,
+    /// Extra variables for the chat template, as transformers' `apply_chat_template(**kwargs)`
+    /// (Qwen3's `enable_thinking = false`, say).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Append EOS to every side (DSC appends its end-of-conversation token). Off by default: the
     /// `reward-model` plugin scores the text as is, and training should see what scoring sees.
     pub append_eos: bool,
@@ -345,6 +354,7 @@ impl Default for RmDataConfig {
             max_len: 512,
             overlong: Overlong::Truncate,
             apply_chat_template: true,
+            chat_template_kwargs: serde_json::Map::new(),
             append_eos: false,
             prompt_key: "prompt".into(),
             chosen_key: "chosen".into(),

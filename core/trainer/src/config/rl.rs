@@ -91,6 +91,10 @@ pub struct DataConfig {
     pub max_prompt_len: usize,
     /// Render prompts through the tokenizer's chat template when it has one.
     pub apply_chat_template: bool,
+    /// Extra variables for the chat template, as transformers' `apply_chat_template(**kwargs)`
+    /// (Qwen3's `enable_thinking = false`, say).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Shuffle prompts every pass over the data.
     pub shuffle: bool,
     /// The columns (JSONL fields) holding the prompt, the chat messages and the label.
@@ -117,6 +121,7 @@ impl Default for DataConfig {
             prompts: "builtin:addition".into(),
             max_prompt_len: 256,
             apply_chat_template: true,
+            chat_template_kwargs: serde_json::Map::new(),
             shuffle: true,
             prompt_key: "prompt".into(),
             messages_key: "messages".into(),

@@ -352,7 +352,7 @@ impl Trainer {
         let resolved =
             toml::to_string(&cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
         let actor_dir = actor_dir_of(&cfg, out_dir)?;
-        let tok = HfTokenizer::from_dir(&actor_dir)?;
+        let tok = crate::model_source::tokenizer(&actor_dir, &cfg.data.chat_template_kwargs)?;
         let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
         let evaluator = match eval {
             Some(e) => {

@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 
 use rlhf_generation::{token_logprobs_pass, CheckpointedLogProbs, LogProbOptions};
 use rlhf_models::{parse_dtype, CausalLm};
-use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
 use super::pairs::{build_split_pairs, pair_sets, PairOptions, SplitPair};
@@ -411,7 +410,7 @@ fn dpo_in(
 ) -> Result<DpoSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
-    let tok = HfTokenizer::from_dir(&model_dir)?;
+    let tok = crate::model_source::tokenizer(&model_dir, &cfg.data.chat_template_kwargs)?;
     let d = &cfg.data;
     let opts = PairOptions::of(d);
     let (train, eval) = pair_sets(&splits, |src, report| build_split_pairs(src, &tok, &opts, report))?;

@@ -10,7 +10,6 @@
 use std::path::{Path, PathBuf};
 
 use rlhf_models::{parse_dtype, Checkpointed, ScalarHeadModel};
-use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
 use super::pairs::{build_pairs, collate_pairs, pair_sets, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
@@ -176,7 +175,7 @@ fn rm_in(
 ) -> Result<RmSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
-    let tok = HfTokenizer::from_dir(&model_dir)?;
+    let tok = crate::model_source::tokenizer(&model_dir, &cfg.data.chat_template_kwargs)?;
     let d = &cfg.data;
     let opts = PairOptions::of(d);
     let (train, eval) = pair_sets(&splits, |src, report| build_pairs(src, &tok, &opts, report))?;

@@ -158,7 +158,7 @@ fn sft_in(
 ) -> Result<SftSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
-    let tok = HfTokenizer::from_dir(&model_dir)?;
+    let tok = crate::model_source::tokenizer(&model_dir, &cfg.data.chat_template_kwargs)?;
     let d = &cfg.data;
     let opts = SftTokenizeOptions {
         max_len: d.max_len,

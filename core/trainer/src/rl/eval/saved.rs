@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 
 use rlhf_collective::World;
 use rlhf_models::{parse_dtype, CausalLm};
-use rlhf_tokenizer::HfTokenizer;
 
 use crate::checkpoint;
 use crate::config::{ConfigSource, RlConfig};
@@ -39,7 +38,7 @@ pub fn evaluate_saved(
     let inputs = crate::rl::eval::inputs(cfg, registry)?
         .ok_or_else(|| TrainerError::Config("no held-out prompts: give --data FILE (or set eval.data)".into()))?;
     let (actor, model_dir) = load_policy(path, device, kind)?;
-    let tok = HfTokenizer::from_dir(&model_dir)?;
+    let tok = crate::model_source::tokenizer(&model_dir, &cfg.data.chat_template_kwargs)?;
     let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
     let data = crate::data::PromptDataset::new(inputs.raw, &tok, &unshuffled, cfg.run.seed)?;
     let mut evaluator = Evaluator::new(&cfg.eval, data, inputs.rewards, &cfg.rollout, cfg.run.seed, inputs.env)?;
