@@ -25,6 +25,8 @@ pub(crate) const TORCH_VERSION: &str = "2.11.0";
 pub(crate) const TRANSFORMERS_VERSION: &str = "5.23.0";
 /// The pyarrow release the Parquet data tests write their files with.
 pub(crate) const PYARROW_VERSION: &str = "26.0.1";
+/// The `gguf` package (llama.cpp's Python reader) the K-quant dequantisation is checked against.
+pub(crate) const GGUF_VERSION: &str = "0.19.0";
 
 const TORCH_MARKER: &str = ".rlhf-torch-installed";
 const LIBTORCH_CPU: &str = "lib/libtorch_cpu.so";
@@ -193,11 +195,12 @@ pub(crate) fn ensure_test_deps(torch: &Torch, force: bool) -> Result<()> {
                 Ok(())
             }
             None => bail!(
-                "no Python for the test dependencies: LIBTORCH is set and RLHF_PYTHON is not; set RLHF_PYTHON to a Python with transformers=={TRANSFORMERS_VERSION} and pyarrow=={PYARROW_VERSION}, or unset LIBTORCH"
+                "no Python for the test dependencies: LIBTORCH is set and RLHF_PYTHON is not; set RLHF_PYTHON to a Python with transformers=={TRANSFORMERS_VERSION}, pyarrow=={PYARROW_VERSION} and gguf=={GGUF_VERSION}, or unset LIBTORCH"
             ),
         };
     };
-    let marker = venv.dir.join(format!(".rlhf-test-deps-{TRANSFORMERS_VERSION}-pyarrow-{PYARROW_VERSION}"));
+    let marker =
+        venv.dir.join(format!(".rlhf-test-deps-{TRANSFORMERS_VERSION}-pyarrow-{PYARROW_VERSION}-gguf-{GGUF_VERSION}"));
     if !force && marker.is_file() {
         return Ok(());
     }
@@ -208,8 +211,12 @@ pub(crate) fn ensure_test_deps(torch: &Torch, force: bool) -> Result<()> {
     venv.create()?;
     venv.pip_install(&format!("transformers=={TRANSFORMERS_VERSION}"))?;
     venv.pip_install(&format!("pyarrow=={PYARROW_VERSION}"))?;
-    fs::write(&marker, format!("transformers=={TRANSFORMERS_VERSION}\npyarrow=={PYARROW_VERSION}\n"))
-        .with_context(|| format!("could not write {}", marker.display()))?;
+    venv.pip_install(&format!("gguf=={GGUF_VERSION}"))?;
+    fs::write(
+        &marker,
+        format!("transformers=={TRANSFORMERS_VERSION}\npyarrow=={PYARROW_VERSION}\ngguf=={GGUF_VERSION}\n"),
+    )
+    .with_context(|| format!("could not write {}", marker.display()))?;
     Ok(())
 }
 

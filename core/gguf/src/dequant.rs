@@ -10,6 +10,18 @@
 //!
 //! where the nibble `n_j` is the low four bits of byte `j` for `j < 16` and the high four bits
 //! of byte `j − 16` for `j ≥ 16`.
+//!
+//! The K-quants (256 elements per block, in sub-blocks with their own scales):
+//!
+//! | type | bytes | layout | element |
+//! | --- | --- | --- | --- |
+//! | `Q4_K` | 144 | `f16 d`, `f16 dmin`, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles | `d · sc · n − dmin · m` |
+//! | `Q5_K` | 176 | as `Q4_K`, then 32 bytes of fifth bits before the nibbles | `d · sc · (n + 16·h) − dmin · m` |
+//! | `Q6_K` | 210 | 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 `i8` scales, `f16 d` | `d · sc · (q − 32)` |
+//!
+//! Q4_K and Q5_K have 8 sub-blocks of 32 with a 6-bit scale and min each (`get_scale_min_k4`),
+//! Q6_K 16 sub-blocks of 16 with an `i8` scale; the element order is ggml's
+//! `dequantize_row_q{4,5,6}_K`.
 
 use half::{bf16, f16};
 
@@ -58,6 +70,17 @@ pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, String
                 out.extend(qs.iter().map(|&q| d * f32::from(q >> 4) + m));
             }
         }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let five = t == GgmlType::Q5_K;
+            for block in data.chunks_exact(t.block_bytes() as usize) {
+                k4_k5_block(block, five, &mut out);
+            }
+        }
+        GgmlType::Q6_K => {
+            for block in data.chunks_exact(210) {
+                q6_k_block(block, &mut out);
+            }
+        }
         other => {
             let supported: Vec<&str> =
                 crate::types::ALL_TYPES.iter().filter(|t| t.can_dequantize()).map(|t| t.name()).collect();
@@ -66,4 +89,56 @@ pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, String
     }
     debug_assert_eq!(out.len(), n);
     Ok(out)
+}
+
+/// Scale and min `j` (0..8) of a Q4_K / Q5_K block's 12 packed bytes (ggml's `get_scale_min_k4`).
+fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
+    let (d, m) = if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    };
+    (f32::from(d), f32::from(m))
+}
+
+/// One Q4_K (or, with `five`, Q5_K) block of 256 elements.
+fn k4_k5_block(block: &[u8], five: bool, out: &mut Vec<f32>) {
+    let d = f16_at(block, 0);
+    let dmin = f16_at(block, 2);
+    let scales = &block[4..16];
+    let (qh, ql) = if five { (&block[16..48], &block[48..]) } else { (&block[0..0], &block[16..]) };
+    let (mut u1, mut u2) = (1u8, 2u8);
+    for (chunk, q) in ql.chunks_exact(32).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (d1, min1, d2, min2) = (d * sc1, dmin * m1, d * sc2, dmin * m2);
+        let high = |l: usize, u: u8| if five && qh[l] & u != 0 { 16.0 } else { 0.0 };
+        out.extend(q.iter().enumerate().map(|(l, &b)| d1 * (f32::from(b & 0x0f) + high(l, u1)) - min1));
+        out.extend(q.iter().enumerate().map(|(l, &b)| d2 * (f32::from(b >> 4) + high(l, u2)) - min2));
+        u1 <<= 2;
+        u2 <<= 2;
+    }
+}
+
+/// One Q6_K block of 256 elements.
+fn q6_k_block(block: &[u8], out: &mut Vec<f32>) {
+    let (ql, qh, sc) = (&block[..128], &block[128..192], &block[192..208]);
+    let d = f16_at(block, 208);
+    for half in 0..2 {
+        let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
+        let mut y = [0f32; 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = i32::from((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32;
+            let q2 = i32::from((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            let q3 = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            let q4 = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            let s = |k: usize| d * f32::from(sc[is + k] as i8);
+            y[l] = s(0) * q1 as f32;
+            y[l + 32] = s(2) * q2 as f32;
+            y[l + 64] = s(4) * q3 as f32;
+            y[l + 96] = s(6) * q4 as f32;
+        }
+        out.extend_from_slice(&y);
+    }
 }

@@ -368,7 +368,7 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
             return Err(GgufError::unsupported(
                 path,
                 format!(
-                    "tensor `{}` is {}, which this importer cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                    "tensor `{}` is {}, which this importer cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
                     info.name, info.ggml_type
                 ),
             ));
