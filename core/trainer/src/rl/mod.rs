@@ -107,6 +107,8 @@ pub struct Trainer {
     env: Option<episode::EnvRuntime>,
     /// Where a rank other than 0 writes what it must (a built-in model), removed at the end.
     _scratch: Option<crate::dist::Scratch>,
+    /// The run's own files to open once every rank has set up (rank 0).
+    run_files: Option<setup::RunFiles>,
 }
 
 /// Seeds libtorch for step `step` (0-based): every random draw of a step (sampling, dropout)

@@ -89,6 +89,14 @@ fn load_plugins(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Plugins> {
     Ok((algo, score::load_rewards(cfg, registry)?, env))
 }
 
+/// What rank 0 writes into the run directory once every rank has set up.
+pub(crate) struct RunFiles {
+    /// The resolved config, for `config.toml`.
+    resolved: String,
+    wandb: Option<rlhf_wandb::WandbSettings>,
+    resumed: bool,
+}
+
 /// The algorithm, the training's reward sources and the environment.
 type Plugins = (AlgorithmHandle, Vec<RewardSource>, Option<crate::rl::episode::EnvRuntime>);
 
@@ -256,9 +264,61 @@ impl Trainer {
     /// model) into a scratch directory. Every rank builds the same trainer, rank 0's initial
     /// weights are broadcast, and the ranks agree that setup succeeded everywhere before the
     /// first step.
+    ///
+    /// The run's own files (`config.toml`, `metrics.jsonl`, W&B) are touched only once every rank
+    /// has set up: a start or resume refused on any rank (a damaged optimizer shard of rank 1,
+    /// say) leaves every file of the run as it was, and a fresh start leaves nothing behind.
     pub fn new(cfg: RlConfig, registry: &PluginRegistry, resume: Option<&Loaded>, world: Arc<World>) -> Result<Self> {
         let result = Self::new_on_rank(cfg, registry, resume, world.clone());
-        crate::dist::agree(&world, "setup", result)
+        let here = match &result {
+            Ok(_) => Ok(()),
+            Err(_) => Err(TrainerError::Run("setup failed on this rank".into())),
+        };
+        let everywhere = crate::dist::agree(&world, "setup", here);
+        let mut trainer = match (result, everywhere) {
+            (Err(e), _) => return Err(e),
+            (Ok(t), Err(e)) => {
+                t.abandon_start(resume.is_none());
+                return Err(e);
+            }
+            (Ok(t), Ok(())) => t,
+        };
+        let opened = trainer.open_run_files();
+        match crate::dist::agree(&world, "opening the run's files", opened) {
+            Ok(()) => Ok(trainer),
+            Err(e) => {
+                trainer.abandon_start(resume.is_none());
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up a start that did not begin: a fresh run's directory goes (see
+    /// [`RunLock::abandon`]); a resumed run's stays as it was.
+    fn abandon_start(mut self, fresh: bool) {
+        if let (true, Some(lock)) = (fresh, self._lock.take()) {
+            lock.abandon();
+        }
+    }
+
+    /// Rank 0: truncates `metrics.jsonl` to the resumed step (or clears a fresh directory's),
+    /// writes the resolved `config.toml`, opens the metrics file and W&B.
+    fn open_run_files(&mut self) -> Result<()> {
+        let Some(files) = self.run_files.take() else { return Ok(()) };
+        let metrics_path = self.run_dir.join("metrics.jsonl");
+        if files.resumed {
+            crate::metrics::truncate_after(&metrics_path, self.step)?;
+        } else if metrics_path.is_file() {
+            // A fresh run here may find only a stopped run's step-0 evaluation (`check_fresh`).
+            std::fs::remove_file(&metrics_path).map_err(|e| TrainerError::io(&metrics_path, e))?;
+        }
+        let config_path = self.run_dir.join("config.toml");
+        std::fs::write(&config_path, files.resolved).map_err(|e| TrainerError::io(&config_path, e))?;
+        self.metrics = Some(MetricsWriter::create(&self.run_dir)?);
+        if let Some(settings) = files.wandb {
+            self.start_wandb(settings);
+        }
+        Ok(())
     }
 
     fn new_on_rank(
@@ -444,6 +504,7 @@ impl Trainer {
             evaluator,
             env,
             _scratch: None,
+            run_files: None,
         };
         if let Some(ckpt) = resume {
             trainer.restore(ckpt)?;
@@ -452,21 +513,8 @@ impl Trainer {
             return Ok(trainer);
         }
         let wandb = trainer.wandb_settings(resume)?;
-        // Nothing can fail past this point but I/O: only now touch the run's files.
-        if resume.is_some() {
-            crate::metrics::truncate_after(&trainer.run_dir.join("metrics.jsonl"), trainer.step)?;
-        }
-        let metrics_path = trainer.run_dir.join("metrics.jsonl");
-        if resume.is_none() && metrics_path.is_file() {
-            // A fresh run here may find only a stopped run's step-0 evaluation (`check_fresh`).
-            std::fs::remove_file(&metrics_path).map_err(|e| TrainerError::io(&metrics_path, e))?;
-        }
-        let config_path = trainer.run_dir.join("config.toml");
-        std::fs::write(&config_path, resolved).map_err(|e| TrainerError::io(&config_path, e))?;
-        trainer.metrics = Some(MetricsWriter::create(&trainer.run_dir)?);
-        if let Some(settings) = wandb {
-            trainer.start_wandb(settings);
-        }
+        // The run's files are opened once every rank got here ([`Trainer::new`]).
+        trainer.run_files = Some(RunFiles { resolved, wandb, resumed: resume.is_some() });
         Ok(trainer)
     }
 }
