@@ -334,12 +334,24 @@ impl RankProc {
 /// and its peers' "connection reset" exits are the consequence (a peer notices within
 /// milliseconds, so both are often dead by the time the launcher looks). The others follow.
 fn wait_all(ranks: &mut [RankProc]) -> anyhow::Result<Option<Failure>> {
+    let mut forwarded = None;
     loop {
+        // SIGTERM / SIGINT to the launcher: passed on once to every rank, which checkpoints and
+        // exits with 128 + the signal; that exit is the request carried out, not a failure.
+        let signal = rlhf_trainer::signals::requested();
+        if let (Some(sig), None) = (signal, forwarded) {
+            for r in ranks.iter_mut().filter(|r| r.exited.is_none()) {
+                signal_rank(&mut r.child, sig);
+            }
+            forwarded = Some(sig);
+        }
+        let stopped_code = forwarded.map(|s| i32::from(rlhf_trainer::signals::exit_code(s)));
         let mut running = 0;
         let mut failed = Vec::new();
         for r in ranks.iter_mut() {
             match r.poll().with_context(|| format!("rank {}", r.rank))? {
                 None => running += 1,
+                Some(status) if status.code().is_some() && status.code() == stopped_code => {}
                 Some(status) if !status.success() => failed.push((r.rank, status)),
                 Some(_) => {}
             }
@@ -350,6 +362,14 @@ fn wait_all(ranks: &mut [RankProc]) -> anyhow::Result<Option<Failure>> {
             return Ok(Some(Failure(failed)));
         }
         if running == 0 {
+            if let Some(sig) = forwarded {
+                let name = rlhf_trainer::signals::name(sig);
+                return Err(rlhf_trainer::signals::Stopped {
+                    signal: sig,
+                    message: format!("stopped by {name}: every rank ended after its step (see rank 0's line above)"),
+                }
+                .into());
+            }
             return Ok(None);
         }
         std::thread::sleep(POLL);
@@ -394,6 +414,22 @@ fn stop(ranks: &mut [RankProc]) -> usize {
         }
     }
     stopped
+}
+
+/// Sends `sig` to a rank still running.
+#[cfg(unix)]
+fn signal_rank(child: &mut Child, sig: i32) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child, not reaped yet, so its pid is still ours.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn signal_rank(child: &mut Child, _sig: i32) {
+    let _ = child.kill();
 }
 
 /// SIGTERM, so that a rank can end the way it does on Ctrl-C.

@@ -75,7 +75,14 @@ fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
         _ => tracing_subscriber::EnvFilter::try_new(level)
             .map_err(|e| anyhow::anyhow!("--log-level {level}: invalid level or filter: {e}"))?,
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(rlhf_trainer::progress::log_writer);
+    // Colour only on a terminal, and never with NO_COLOR (https://no-color.org): a log piped to a
+    // file or a CI log gets no escape codes.
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour)
+        .with_writer(rlhf_trainer::progress::log_writer);
     let _ = if format == "json" { builder.json().flatten_event(true).try_init() } else { builder.try_init() };
     Ok(())
 }
@@ -100,14 +107,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     rlhf_trainer::progress::set_enabled(!cli.no_progress);
+    if matches!(cli.command, Command::Train(_) | Command::Sft(_) | Command::Rm(_) | Command::Dpo(_)) {
+        // The first SIGTERM / SIGINT ends the run after its step, checkpointed; a second, at once.
+        rlhf_trainer::signals::install();
+    }
     let result = init_logging(&cli.log_level, &cli.log_format).and_then(|()| run(cli));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}", one_line(&e));
-            ExitCode::FAILURE
-        }
+        Err(e) => match stopped(&e) {
+            Some(stopped) => {
+                eprintln!("{}", stopped.message);
+                ExitCode::from(rlhf_trainer::signals::exit_code(stopped.signal))
+            }
+            None => {
+                eprintln!("error: {}", one_line(&e));
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// The signal stop behind `e`, if that is what ended the command (raised by the trainer, or by the
+/// launcher whose ranks stopped).
+fn stopped(e: &anyhow::Error) -> Option<&rlhf_trainer::signals::Stopped> {
+    e.chain().find_map(|c| match c.downcast_ref::<rlhf_trainer::TrainerError>() {
+        Some(rlhf_trainer::TrainerError::Stopped(s)) => Some(s),
+        _ => c.downcast_ref::<rlhf_trainer::signals::Stopped>(),
+    })
 }
 
 /// The error and its causes on one line, `outer: inner: ...` as `{:#}` prints them, except that a

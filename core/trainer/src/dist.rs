@@ -201,6 +201,15 @@ pub fn scratch_path(world: &World) -> PathBuf {
     std::env::temp_dir().join(format!("rlhf-rank{}-{}", world.rank(), std::process::id()))
 }
 
+/// The signal that asks the run to stop (SIGTERM, SIGINT), as every rank sees it: the largest
+/// signal any rank received (one all-reduce), so all ranks stop after the same step.
+pub fn stop_signal(world: &World) -> Result<Option<i32>> {
+    let local = f64::from(crate::signals::requested().unwrap_or(0));
+    let sig =
+        if world.is_distributed() { world.all_reduce_f64(&[local], ReduceOp::Max).map_err(err)?[0] } else { local };
+    Ok((sig > 0.0).then_some(sig as i32))
+}
+
 /// The routing of a mixture-of-experts model's trained passes since the last call, summed over
 /// the ranks: `moe/load_max` and `moe/load_min`, the largest and smallest share of tokens any
 /// expert of any sparse layer received, in units of the balanced share (1 = perfectly even,

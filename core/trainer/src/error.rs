@@ -33,6 +33,9 @@ pub enum TrainerError {
     /// A collective failed or ranks disagree (message names the rank).
     #[error("{0}")]
     Distributed(String),
+    /// SIGTERM or SIGINT stopped the run (the message says what was kept and how to continue).
+    #[error(transparent)]
+    Stopped(#[from] crate::signals::Stopped),
     /// Anything else that stops training, e.g. every sample dropped.
     #[error("{0}")]
     Run(String),

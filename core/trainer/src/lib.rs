@@ -28,6 +28,7 @@ pub mod progress;
 pub mod rl;
 pub mod run_lock;
 pub mod shard_files;
+pub mod signals;
 pub mod supervised;
 pub mod tabular;
 pub mod train_engine;

@@ -109,6 +109,8 @@ pub struct Trainer {
     _scratch: Option<crate::dist::Scratch>,
     /// The run's own files to open once every rank has set up (rank 0).
     run_files: Option<setup::RunFiles>,
+    /// The step this process started from (the checkpoint's when resumed, else 0).
+    resumed_at: usize,
 }
 
 /// Seeds libtorch for step `step` (0-based): every random draw of a step (sampling, dropout)
@@ -184,6 +186,9 @@ impl Trainer {
             }
         }
         while self.step < self.cfg.train.steps {
+            if let Some(sig) = crate::dist::stop_signal(&self.world)? {
+                return Err(self.stopped_by(sig)?.into());
+            }
             let mut m = self.train_step()?;
             if let Some(e) = self.evaluate_if_due()? {
                 for (k, v) in e.means() {
@@ -211,6 +216,38 @@ impl Trainer {
             }
         }
         Ok(())
+    }
+
+    /// Ends the run on signal `sig` between steps: the last finished step is checkpointed on every
+    /// rank (unless the periodic checkpoint just did), so a resume repeats nothing and loses
+    /// nothing; the message says where to continue.
+    fn stopped_by(&mut self, sig: i32) -> Result<crate::signals::Stopped> {
+        let name = crate::signals::name(sig);
+        if self.step == self.resumed_at {
+            let message = match self.step {
+                0 => format!("stopped by {name} before the first step: nothing was trained"),
+                s => {
+                    format!("stopped by {name} before step {}: the run is as its checkpoint of step {s} left it", s + 1)
+                }
+            };
+            return Ok(crate::signals::Stopped { signal: sig, message });
+        }
+        let every = self.cfg.checkpoint.every;
+        let saved = if every > 0 && self.step.is_multiple_of(every) {
+            crate::checkpoint::latest(&self.run_dir)?
+        } else {
+            self.save_checkpoint()?
+        };
+        let dir = saved.map(|d| d.display().to_string()).unwrap_or_else(|| "(written by rank 0)".into());
+        Ok(crate::signals::Stopped {
+            signal: sig,
+            message: format!(
+                "stopped by {name} after step {} of {}: checkpoint {dir}; continue with `rlhf train --resume {}`",
+                self.step,
+                self.cfg.train.steps,
+                self.run_dir.display()
+            ),
+        })
     }
 
     /// Stage 4, **experience**: the old policy, reference and critic passes over this rank's

@@ -505,9 +505,11 @@ impl Trainer {
             env,
             _scratch: None,
             run_files: None,
+            resumed_at: 0,
         };
         if let Some(ckpt) = resume {
             trainer.restore(ckpt)?;
+            trainer.resumed_at = trainer.step;
         }
         if !trainer.world.is_main() {
             return Ok(trainer);

@@ -116,6 +116,9 @@ pub fn run_phase<T: PhaseTask>(
             if step >= total {
                 break 'epochs;
             }
+            if let Some(sig) = dist::stop_signal(world)? {
+                return Err(stopped(sig, step, total, run_dir, task, opt, world)?.into());
+            }
             let t0 = Instant::now();
             let comm0 = world.stats();
             let mut m = StepMetrics::default();
@@ -199,6 +202,40 @@ pub fn run_phase<T: PhaseTask>(
         }
     }
     Ok(LoopSummary { steps: step, eval_before, eval_after, loss_first, loss_last, model_dir })
+}
+
+/// Ends a supervised phase on signal `sig` between steps: the model after the last finished step is
+/// saved (a Hugging Face directory under `checkpoints/`, like `save_every`'s) so the work is not
+/// lost; the phase keeps no optimizer state, so it cannot be continued where it stopped.
+fn stopped(
+    sig: i32,
+    step: usize,
+    total: usize,
+    run_dir: &Path,
+    task: &mut dyn PhaseTask,
+    opt: &mut TrainEngine,
+    world: &World,
+) -> Result<crate::signals::Stopped> {
+    let name = crate::signals::name(sig);
+    if step == 0 {
+        return Ok(crate::signals::Stopped {
+            signal: sig,
+            message: format!("stopped by {name} before the first step"),
+        });
+    }
+    opt.gather_params()?;
+    let dir = checkpoint_dir(run_dir, step);
+    if world.is_main() {
+        task.save(&dir)?;
+    }
+    Ok(crate::signals::Stopped {
+        signal: sig,
+        message: format!(
+            "stopped by {name} after step {step} of {total}: the model is saved in {} (this phase keeps no optimizer \
+             state, so it starts over rather than continuing)",
+            dir.display()
+        ),
+    })
 }
 
 /// Sets `lr`, `grad_norm`, `loss` and `skipped_steps` of optimizer step `step` from what it did
