@@ -20,11 +20,25 @@ pub const HOST_METRICS: &[&str] = &[
     "tokens_per_s",
     "loss/total",
     "loss/ptx",
+    "step",
+    "timestamp",
 ];
 
 /// Prefixes of host metric families (`completions/count`, `rewards/<source>/mean`, ...).
-pub const HOST_METRIC_PREFIXES: &[&str] =
-    &["completions/", "rewards/", "rollout/", "time/", "grad_norm/", "lr/", "comm/", "is/", "moe/"];
+pub const HOST_METRIC_PREFIXES: &[&str] = &[
+    "completions/",
+    "rewards/",
+    "rollout/",
+    "time/",
+    "grad_norm/",
+    "lr/",
+    "comm/",
+    "is/",
+    "moe/",
+    "env/",
+    "eval/",
+    "mem/",
+];
 
 /// Whether `name` is (or would shadow) a metric of the RL host.
 pub fn is_host_metric(name: &str) -> bool {

@@ -154,6 +154,9 @@ pub struct TrainConfig {
     pub schedule: Schedule,
     /// Gradient-norm clip per model (0 disables).
     pub max_grad_norm: f64,
+    /// Steps in a row that train nothing (every optimizer step skipped for a non-finite loss, or
+    /// no sample to train on) before the run stops with the likely cause; 0 = never stop.
+    pub max_idle_steps: usize,
     /// EMA decay of an extra actor copy (DeepSpeed-Chat's `enable_ema`); none = off.
     pub ema_decay: Option<f64>,
     /// Weight of the unsupervised LM loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off.
@@ -193,6 +196,7 @@ impl Default for TrainConfig {
             warmup_steps: 0,
             schedule: Schedule::Constant,
             max_grad_norm: 1.0,
+            max_idle_steps: 5,
             ema_decay: None,
             ptx_coef: 0.0,
             ptx_data: None,

@@ -63,6 +63,7 @@ pub struct AlgorithmHandle {
     pub meta: PluginMeta,
     obj: AlgorithmBox,
     req: Requirements,
+    names: super::metric_names::MetricNames,
 }
 
 impl AlgorithmHandle {
@@ -83,7 +84,7 @@ impl AlgorithmHandle {
                 ),
             )
         })?;
-        Ok(AlgorithmHandle { meta: p.meta.clone(), obj, req })
+        Ok(AlgorithmHandle { meta: p.meta.clone(), obj, req, names: Default::default() })
     }
 
     /// What the algorithm needs.
@@ -135,7 +136,11 @@ impl AlgorithmHandle {
                 }
             }
         }
-        Ok(Prepared { advantages, returns, metrics: namespaced(&self.meta, out.metrics) })
+        Ok(Prepared {
+            advantages,
+            returns,
+            metrics: self.names.filter(&self.meta.name, namespaced(&self.meta, out.metrics)),
+        })
     }
 
     /// The loss of a minibatch (a scalar carrying gradients to the host's models).
@@ -170,7 +175,7 @@ impl AlgorithmHandle {
                 format!("loss returned a tensor of shape {:?}, not a scalar", loss.size()),
             ));
         }
-        Ok(LossOutput { loss, metrics: namespaced(&self.meta, out.metrics) })
+        Ok(LossOutput { loss, metrics: self.names.filter(&self.meta.name, namespaced(&self.meta, out.metrics)) })
     }
 
     /// The plugin's checkpoint state (JSON).
@@ -206,13 +211,14 @@ fn sample_abi(s: &Sample) -> SampleAbi {
 pub struct RewardHandle {
     pub meta: PluginMeta,
     obj: RewardBox,
+    names: super::metric_names::MetricNames,
 }
 
 impl RewardHandle {
     /// Builds the reward source; `section` names its config section in errors (`rewards[0].config`).
     pub fn new(p: &LoadedPlugin, config_json: &str, ctx: HostContext, section: &str) -> Result<Self> {
         match (p.module.new_reward())(RStr::from_str(config_json), ctx) {
-            RResult::ROk(obj) => Ok(RewardHandle { meta: p.meta.clone(), obj }),
+            RResult::ROk(obj) => Ok(RewardHandle { meta: p.meta.clone(), obj, names: Default::default() }),
             RResult::RErr(e) => Err(call_err(&p.meta, e, section)),
         }
     }
@@ -225,7 +231,10 @@ impl RewardHandle {
         if out.scores.len() != n {
             return Err(plugin_err(&self.meta, format!("returned {} scores for {n} samples", out.scores.len())));
         }
-        Ok(Scores { scores: out.scores.into(), metrics: namespaced(&self.meta, out.metrics) })
+        Ok(Scores {
+            scores: out.scores.into(),
+            metrics: self.names.filter(&self.meta.name, namespaced(&self.meta, out.metrics)),
+        })
     }
 
     /// The plugin's checkpoint state (JSON).

@@ -4,6 +4,7 @@
 pub mod environment;
 pub mod handles;
 pub mod loader;
+pub mod metric_names;
 
 pub use environment::EnvHandle;
 pub use handles::{AlgorithmHandle, RewardHandle};

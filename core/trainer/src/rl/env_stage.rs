@@ -81,7 +81,7 @@ impl Trainer {
             tracing::warn!("step {}: environment `{}`: {err}", self.step + 1, rt.handle.name);
         }
         let (stats, rewards) = episode::gather(&self.world, e.stats, e.rewards)?;
-        episode::metrics(&stats, &rewards, &mut rt.seen_metrics, m);
+        episode::metrics(&stats, &rewards, &rt.handle.name, &mut rt.seen_metrics, m);
         let max = self.cfg.environment.max_failed_batches;
         rt.failures.note(&stats, e.first_error.as_deref(), &rt.handle.name, max)
     }

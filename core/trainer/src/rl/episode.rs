@@ -254,6 +254,12 @@ fn answer(
         return Ok(());
     }
     t.reward += o.reward;
+    if !t.reward.is_finite() {
+        // Finite turn rewards can overflow when summed: the environment's failure, not a reward.
+        first_error.get_or_insert_with(|| format!("episode {}: its reward summed over turns is {}", a.id, t.reward));
+        t.fail(s.env.error_penalty);
+        return Ok(());
+    }
     for (k, v) in o.metrics {
         *t.stats.metrics.entry(k).or_insert(0.0) += v;
     }
@@ -409,15 +415,22 @@ fn into_rollout(trajs: &[Trajectory], batch: &PromptBatch, s: &EpisodeSettings<'
     Ok(Rollout { generated, kept_rows, responses, behavior_logprobs })
 }
 
+/// The host's own `env/*` metric names (an environment's metric of one of these names goes under
+/// `env/<plugin>/` so it cannot replace them).
+const HOST_ENV_METRICS: &[&str] = &["turns", "errors", "truncated", "reward"];
+
 /// `env/*` metrics of a whole batch's episodes (all ranks'): `env/turns/mean`, `env/errors`,
-/// `env/truncated` (counts), `env/reward/mean`, and `env/<name>/mean` per environment metric.
+/// `env/truncated` (counts), `env/reward/mean`, and `env/<name>/mean` per environment metric
+/// (`env/<plugin>/<name>/mean` for a name of the host's own).
 ///
-/// `seen` collects the environment's metric names over the run: one an earlier batch reported and
-/// this one did not is 0, so every step's row has every key.
+/// `seen` collects the environment's metric names over the run (at most
+/// [`crate::plugins::metric_names::MAX_PLUGIN_METRICS`]): one an earlier batch reported and this
+/// one did not is 0, so every step's row has every key.
 pub fn metrics(
     stats: &[EpisodeStats],
     rewards: &[f64],
-    seen: &mut std::collections::BTreeSet<String>,
+    plugin: &str,
+    seen: &mut crate::plugins::metric_names::MetricNames,
     m: &mut crate::metrics::StepMetrics,
 ) {
     let n = stats.len().max(1) as f64;
@@ -425,10 +438,14 @@ pub fn metrics(
     m.set("env/errors", stats.iter().filter(|s| s.error).count() as f64);
     m.set("env/truncated", stats.iter().filter(|s| s.truncated).count() as f64);
     m.set("env/reward/mean", rewards.iter().sum::<f64>() / n);
-    seen.extend(stats.iter().flat_map(|s| s.metrics.keys()).cloned());
-    for name in seen.iter() {
+    for name in stats.iter().flat_map(|s| s.metrics.keys()) {
+        seen.admit(plugin, name);
+    }
+    for name in seen.names() {
         let sum: f64 = stats.iter().map(|s| s.metrics.get(name).copied().unwrap_or(0.0)).sum();
-        m.set(&format!("env/{name}/mean"), sum / n);
+        let host = HOST_ENV_METRICS.iter().any(|h| name == h || name.starts_with(&format!("{h}/")));
+        let key = if host { format!("env/{plugin}/{name}/mean") } else { format!("env/{name}/mean") };
+        m.set(&key, sum / n);
     }
 }
 
@@ -459,7 +476,7 @@ pub struct EnvRuntime {
     pub stops: Vec<String>,
     pub failures: FailureCount,
     /// The environment's metric names reported so far (see [`metrics`]).
-    pub seen_metrics: std::collections::BTreeSet<String>,
+    pub seen_metrics: crate::plugins::metric_names::MetricNames,
 }
 
 impl EnvRuntime {

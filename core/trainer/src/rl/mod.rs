@@ -113,6 +113,28 @@ pub struct Trainer {
     resumed_at: usize,
 }
 
+/// The run stops after `idle` steps in a row that trained nothing; the message names the likely
+/// cause from the last step's metrics.
+fn idle_error(idle: usize, m: &StepMetrics) -> crate::error::TrainerError {
+    let why = match (m.get("completions/scored"), m.get("skipped_steps"), m.get("reward"), m.get("reward_std")) {
+        (Some(s), ..) if s == 0.0 => "no sample could be scored (see the reward sources' warnings)".to_string(),
+        (None, ..) => "every response was empty".to_string(),
+        (_, Some(k), Some(r), Some(sd)) if k > 0.0 && (r.abs() > 1e30 || sd > 1e30 || !r.is_finite()) => format!(
+            "every optimizer step had a non-finite loss; the rewards are too large to train on (mean {r:e}, std \
+             {sd:e}): scale the reward sources or their weights down"
+        ),
+        (_, Some(k), ..) if k > 0.0 => {
+            "every optimizer step had a non-finite loss (see the warnings: a reward, a plugin's loss or the \
+             learning rate)"
+                .to_string()
+        }
+        _ => "no optimizer step ran".to_string(),
+    };
+    crate::error::TrainerError::Run(format!(
+        "the last {idle} steps trained nothing: {why} (train.max_idle_steps = {idle})"
+    ))
+}
+
 /// Seeds libtorch for step `step` (0-based): every random draw of a step (sampling, dropout)
 /// follows from (seed, step), so a run resumed at step k repeats the uninterrupted run's steps
 /// bit for bit on CPU.
@@ -180,6 +202,8 @@ impl Trainer {
     }
 
     fn run_steps(&mut self) -> Result<()> {
+        // Steps in a row without an optimizer step.
+        let mut idle = 0usize;
         if self.step == 0 {
             if let Some(m) = self.evaluate_if_due()? {
                 self.record(&m)?;
@@ -189,7 +213,9 @@ impl Trainer {
             if let Some(sig) = crate::dist::stop_signal(&self.world)? {
                 return Err(self.stopped_by(sig)?.into());
             }
+            let optimizer_steps = self.actor_opt.steps();
             let mut m = self.train_step()?;
+            idle = if self.actor_opt.steps() == optimizer_steps { idle + 1 } else { 0 };
             if let Some(e) = self.evaluate_if_due()? {
                 for (k, v) in e.means() {
                     m.set(&k, v);
@@ -213,6 +239,10 @@ impl Trainer {
             let every = self.cfg.checkpoint.every;
             if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.train.steps {
                 self.save_checkpoint()?;
+            }
+            let max_idle = self.cfg.train.max_idle_steps;
+            if max_idle > 0 && idle >= max_idle {
+                return Err(idle_error(idle, &m));
             }
         }
         Ok(())

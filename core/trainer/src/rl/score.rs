@@ -156,17 +156,33 @@ pub fn combine(
         let (mean, std) = mean_std(&valid);
         m.set(&format!("rewards/{name}/mean"), mean);
         m.set(&format!("rewards/{name}/std"), std);
-        m.set(&format!("rewards/{name}/skipped"), (out.scores.len() - valid.len()) as f64);
         for (name, value) in &out.metrics {
             m.add(name, *value);
         }
+        // A score whose weighted value overflows is its source's failure for that sample: the
+        // sample is not trained on (counted in `rewards/<name>/skipped`), never an infinite reward.
+        let mut overflow = 0usize;
         for ((t, u), s) in total.iter_mut().zip(unscored.iter_mut()).zip(out.scores.iter()) {
             if s.is_nan() {
                 *u = true;
+            } else if !(weight * s).is_finite() {
+                *u = true;
+                overflow += usize::from(s.is_finite());
             } else {
                 *t += weight * s;
             }
         }
+        if overflow > 0 {
+            tracing::warn!(
+                "reward source `{name}`: weight {weight:e} × score overflows for {overflow} samples, which are not \
+                 trained on"
+            );
+        }
+        m.set(&format!("rewards/{name}/skipped"), (out.scores.len() - valid.len() + overflow) as f64);
+    }
+    // A sum of finite weighted scores can overflow too.
+    for (t, u) in total.iter().zip(unscored.iter_mut()) {
+        *u |= !t.is_finite();
     }
     let kept: Vec<usize> = (0..n).filter(|&k| !unscored[k]).collect();
     m.set("completions/scored", kept.len() as f64);

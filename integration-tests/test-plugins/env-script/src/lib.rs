@@ -6,7 +6,8 @@
 //! `(id, turn, token_ids, ended)` is appended to that file as a JSON line (token-in-token-out tests).
 //! Faults from the `fail_from`-th step call on (0-based, counted over the run): `error` (the call
 //! fails), `panic`, `garbage` (one outcome too few), `episode` (a per-episode error on even ids),
-//! `nan` (a NaN reward).
+//! `nan` (a NaN reward). `metrics` names more metrics (value 7) each action reports, and
+//! `fresh_metrics` that many metrics of names never reported before (`fresh-<call>-<i>`).
 
 use std::io::Write;
 
@@ -24,6 +25,8 @@ struct Config {
     fail: String,
     fail_from: u64,
     log: Option<String>,
+    metrics: Vec<String>,
+    fresh_metrics: u32,
 }
 
 impl Default for Config {
@@ -37,6 +40,8 @@ impl Default for Config {
             fail: "none".into(),
             fail_from: 0,
             log: None,
+            metrics: Vec::new(),
+            fresh_metrics: 0,
         }
     }
 }
@@ -98,7 +103,14 @@ impl Environment for Script {
                 if failing && self.cfg.fail == "nan" {
                     o.reward = f64::NAN;
                 }
-                o.metric("tool_calls", 1.0)
+                let mut o = o.metric("tool_calls", 1.0);
+                for name in &self.cfg.metrics {
+                    o = o.metric(name, 7.0);
+                }
+                for i in 0..self.cfg.fresh_metrics {
+                    o = o.metric(&format!("fresh-{call}-{i}"), 1.0);
+                }
+                o
             })
             .collect();
         if failing && self.cfg.fail == "garbage" {
