@@ -117,7 +117,7 @@ pub struct Trainer {
 /// cause from the last step's metrics.
 fn idle_error(idle: usize, m: &StepMetrics) -> crate::error::TrainerError {
     let why = match (m.get("completions/scored"), m.get("skipped_steps"), m.get("reward"), m.get("reward_std")) {
-        (Some(s), ..) if s == 0.0 => "no sample could be scored (see the reward sources' warnings)".to_string(),
+        (Some(0.0), ..) => "no sample could be scored (see the reward sources' warnings)".to_string(),
         (None, ..) => "every response was empty".to_string(),
         (_, Some(k), Some(r), Some(sd)) if k > 0.0 && (r.abs() > 1e30 || sd > 1e30 || !r.is_finite()) => format!(
             "every optimizer step had a non-finite loss; the rewards are too large to train on (mean {r:e}, std \
