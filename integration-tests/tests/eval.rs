@@ -455,3 +455,67 @@ fn rlhf_eval_on_fixture_models_answers_as_transformers_greedy() {
         }
     }
 }
+
+/// `rlhf eval` checks `--out` before any work, takes a checkpoint by a relative path or copied out
+/// of its run (naming the checkpoint when it cannot), and fails when the environment failed every
+/// episode instead of reporting pass@1 = 0.
+#[test]
+fn rlhf_eval_checks_out_first_takes_checkpoints_by_any_path_and_fails_when_every_episode_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = held_out(dir.path());
+    let d = data.to_str().unwrap();
+    let run = dir.path().join("run");
+    let o = grpo(&run, &["--set", "train.steps=2", "--set", "warmup.steps=0", "--set", "eval.data=\"\""]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ckpt = run.join("checkpoints").join("step-000002");
+
+    // --out a directory, or under a missing directory: refused before the model loads.
+    for (out, want) in [(dir.path().to_path_buf(), "is a directory"), (dir.path().join("no/such/out.json"), "cannot be written")] {
+        let t = std::time::Instant::now();
+        let o = eval_cmd(&["--model", ckpt.to_str().unwrap(), "--data", d, "--out", out.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{err}");
+        assert!(!err.contains("INFO"), "work began before --out was checked: {err}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    }
+    assert!(!dir.path().join(".samples.jsonl").exists() && !dir.path().join("tmp.samples.jsonl").exists());
+
+    // A relative path, from inside the checkpoints directory.
+    let o = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+        .args(["eval", "--model", "step-000002", "--data", d, "--samples", "1"])
+        .current_dir(run.join("checkpoints"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Copied out of its run (a built-in model without warm-up is made again from the run's seed).
+    let copy = dir.path().join("copied-ckpt");
+    rlhf_integration_tests::copy_dir(&ckpt, &copy);
+    let o = eval_cmd(&["--model", copy.to_str().unwrap(), "--data", d, "--samples", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A run with a warm-up: its starting weights are in its run directory only.
+    let warm = dir.path().join("warm");
+    let o = grpo(&warm, &["--set", "train.steps=2", "--set", "eval.data=\"\""]);
+    assert!(o.status.success());
+    let copy = dir.path().join("copied-warm");
+    rlhf_integration_tests::copy_dir(&warm.join("checkpoints").join("step-000002"), &copy);
+    let o = eval_cmd(&["--model", copy.to_str().unwrap(), "--data", d]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let last = err.lines().last().unwrap_or("");
+    assert!(!o.status.success() && last.contains(copy.to_str().unwrap()) && last.contains("warm-up"), "{err}");
+
+    // An environment that fails every episode: an error, not a table of zeros.
+    let o = eval_cmd(&[
+        "--model",
+        run.join("actor").to_str().unwrap(),
+        "--data",
+        d,
+        "--set",
+        "environment.plugin=\"env-script\"",
+        "--set",
+        "environment.config={ fail = \"error\" }",
+        "--set",
+        "environment.reward=\"sum\"",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("the environment failed every one of the 24 episodes"), "{err}");
+}

@@ -54,6 +54,10 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         None => ConfigSource::Preset("grpo".into()),
     };
     let cfg = RlConfig::load(&source, None, &sets)?;
+    if let (Some(out), true) = (&args.out, world.is_main()) {
+        check_writable(out)?;
+        check_writable(&samples_path(out))?;
+    }
     let model = rlhf_hub::resolve_model(&args.model.to_string_lossy())?;
     if !model.exists() {
         anyhow::bail!("{}: no such model, run or checkpoint directory", args.model.display());
@@ -81,6 +85,25 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         if let Some(s) = &samples {
             println!("answers: {}", s.display());
         }
+    }
+    Ok(())
+}
+
+/// Refuses an `--out` that cannot be written — a directory, a missing or read-only parent — before
+/// any work: it opens the file for appending (nothing it holds changes) and removes it again when
+/// it did not exist.
+fn check_writable(path: &Path) -> anyhow::Result<()> {
+    if path.is_dir() {
+        anyhow::bail!("--out {}: is a directory; give a file name (the JSON summary)", path.display());
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("--out {}: cannot be written: {e}", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
     }
     Ok(())
 }

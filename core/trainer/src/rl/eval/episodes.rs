@@ -19,6 +19,9 @@ use crate::rl::shard::Part;
 pub struct EvalEnv {
     pub rt: EnvRuntime,
     pub cfg: EnvironmentConfig,
+    /// This evaluation's episodes on this rank, and how many of them the environment failed.
+    pub episodes: usize,
+    pub failed: usize,
 }
 
 impl Evaluator {
@@ -63,6 +66,8 @@ impl Evaluator {
             turn_seed: self.seed ^ EVAL_SEED_SALT,
         };
         let out = episode::run(&decoder, &mut env.rt.handle, batch, &episodes, &settings)?;
+        env.episodes += out.stats.len();
+        env.failed += out.stats.iter().filter(|s| s.error).count();
         if let Some(e) = &out.first_error {
             tracing::warn!("held-out evaluation: environment `{}`: {e}", env.rt.handle.name);
         }

@@ -138,6 +138,9 @@ impl Evaluator {
         if let Some(e) = engine.as_mut() {
             e.engine.ensure_synced(actor, e.version, e.probe, world, &mut sync)?;
         }
+        if let Some(e) = self.env.as_mut() {
+            (e.episodes, e.failed) = (0, 0);
+        }
         let chunk = self.generation.prompts_per_batch.max(world.size());
         let mut answers = Vec::with_capacity(prompts * n);
         for start in (0..prompts).step_by(chunk) {
@@ -161,6 +164,12 @@ impl Evaluator {
         }
         if let Some(s) = sync.get("rollout/sync_s") {
             summary.metrics.set("eval/sync_s", s);
+        }
+        if let Some(e) = &self.env {
+            // Every rank has the environment: one sum over the ranks.
+            let counts = crate::dist::sum(world, &[e.episodes as f64, e.failed as f64])?;
+            summary.metrics.set("eval/env/episodes", counts[0]);
+            summary.metrics.set("eval/env/errors", counts[1]);
         }
         Ok(summary.metrics)
     }
@@ -278,7 +287,7 @@ pub(crate) fn inputs(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Option
     let wanted = &cfg.eval.rewards;
     let rewards = all.into_iter().filter(|r| wanted.is_empty() || wanted.contains(&r.name)).collect();
     let env = crate::rl::episode::EnvRuntime::load(cfg, registry)?
-        .map(|rt| episodes::EvalEnv { rt, cfg: cfg.environment.clone() });
+        .map(|rt| episodes::EvalEnv { rt, cfg: cfg.environment.clone(), episodes: 0, failed: 0 });
     Ok(Some(EvalInputs { raw, rewards, env }))
 }
 

@@ -43,8 +43,53 @@ pub fn evaluate_saved(
     let data = crate::data::PromptDataset::new(inputs.raw, &tok, &unshuffled, cfg.run.seed)?;
     let mut evaluator = Evaluator::new(&cfg.eval, data, inputs.rewards, &cfg.rollout, cfg.run.seed, inputs.env)?;
     let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
-    let m = evaluator.evaluate(&actor, None, &tok, &eos, i64::from(tok.pad_token_id()), world, samples, 0)?;
-    Ok(SavedEval { metrics: m.means(), model_dir })
+    let m = evaluator.evaluate(&actor, None, &tok, &eos, i64::from(tok.pad_token_id()), world, samples, 0);
+    if model_dir.starts_with(std::env::temp_dir()) && model_dir.to_string_lossy().contains("rlhf-eval-") {
+        // A built-in model written for this evaluation only.
+        let _ = std::fs::remove_dir_all(&model_dir);
+    }
+    let metrics = m?.means();
+    // An environment that failed every episode leaves nothing to measure: no pass@1 = 0.
+    if let (Some(&n), Some(&failed)) = (metrics.get("eval/env/episodes"), metrics.get("eval/env/errors")) {
+        if n > 0.0 && failed == n {
+            return Err(TrainerError::Run(format!(
+                "held-out evaluation: the environment failed every one of the {n} episodes (see its warning above); \
+                 no metric is reported"
+            )));
+        }
+    }
+    Ok(SavedEval { metrics, model_dir })
+}
+
+/// The actor's starting weights for the checkpoint at `path` (by any path: relative, or copied out
+/// of its run): the warm-up's output or the written-out built-in model when its run directory
+/// holds them, else the built-in model written anew (it is made from the run's seed), else the
+/// configured model (as the run itself resumes). A warm-up model that is not there is an error
+/// naming the checkpoint.
+fn starting_weights(path: &Path, cfg: &RlConfig) -> Result<PathBuf> {
+    let abs = std::path::absolute(path).map_err(|e| TrainerError::io(path, e))?;
+    let run_dir = abs.parent().filter(|p| p.ends_with("checkpoints")).and_then(Path::parent);
+    if let Some(run) = run_dir {
+        let found = [run.join("warmup-model"), run.join("builtin-model")].into_iter().find(|d| d.join("config.json").is_file());
+        if let Some(dir) = found {
+            return Ok(dir);
+        }
+    }
+    if cfg.warmup.steps > 0 {
+        return Err(TrainerError::Checkpoint(format!(
+            "{}: its run started from a supervised warm-up whose model (warmup-model/ of the run directory) is not \
+             next to it; evaluate the checkpoint inside its run's checkpoints/ directory",
+            path.display()
+        )));
+    }
+    match cfg.model.actor.strip_prefix("builtin:") {
+        Some(name) => {
+            let dir = std::env::temp_dir().join(format!("rlhf-eval-{}-{name}-{}", std::process::id(), cfg.run.seed));
+            crate::builtin::write_model(name, &dir, cfg.run.seed)?;
+            Ok(dir)
+        }
+        None => crate::model_source::resolve(&cfg.model.actor, "model.actor"),
+    }
 }
 
 /// The policy at `path` and the Hugging Face directory its tokenizer (and starting weights) are in.
@@ -64,16 +109,10 @@ fn load_policy(path: &Path, device: tch::Device, kind: tch::Kind) -> Result<(Cau
         )));
     }
     let ckpt = checkpoint::load(path)?;
-    let run_dir = path.parent().and_then(Path::parent).unwrap_or(Path::new("."));
-    let cfg = RlConfig::load(&ConfigSource::File(path.join("config.toml")), None, &[])?;
-    // The actor's starting weights: the warm-up's output, the written-out built-in model, or the
-    // configured directory (as the run itself resumes).
-    let base = [run_dir.join("warmup-model"), run_dir.join("builtin-model")]
-        .into_iter()
-        .find(|d| d.join("config.json").is_file())
-        .map(Ok)
-        .unwrap_or_else(|| crate::model_source::resolve(&cfg.model.actor, "model.actor"))?;
-    let mut actor = CausalLm::from_dir(&base, device, kind)?;
+    let named = |e: TrainerError| TrainerError::Checkpoint(format!("{}: {e}", path.display()));
+    let cfg = RlConfig::load(&ConfigSource::File(path.join("config.toml")), None, &[]).map_err(named)?;
+    let base = starting_weights(path, &cfg)?;
+    let mut actor = CausalLm::from_dir(&base, device, kind).map_err(|e| named(e.into()))?;
     actor.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))?;
     ckpt.restore_vars("actor", &actor.vs)?;
     Ok((actor, base))
