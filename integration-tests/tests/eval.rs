@@ -470,7 +470,9 @@ fn rlhf_eval_checks_out_first_takes_checkpoints_by_any_path_and_fails_when_every
     let ckpt = run.join("checkpoints").join("step-000002");
 
     // --out a directory, or under a missing directory: refused before the model loads.
-    for (out, want) in [(dir.path().to_path_buf(), "is a directory"), (dir.path().join("no/such/out.json"), "cannot be written")] {
+    for (out, want) in
+        [(dir.path().to_path_buf(), "is a directory"), (dir.path().join("no/such/out.json"), "cannot be written")]
+    {
         let t = std::time::Instant::now();
         let o = eval_cmd(&["--model", ckpt.to_str().unwrap(), "--data", d, "--out", out.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&o.stderr);

@@ -109,3 +109,61 @@ fn refused_resumes_on_one_process_leave_the_run_as_it_was() {
     flip_last_byte(&actor);
     refused(&rd, &["train", "--resume", ck], None, "actor.safetensors");
 }
+
+/// A resume may change what does not change the trained numbers (failure budgets, evaluation,
+/// how long an idle run waits), each logged; a prompt file rewritten at the same path is refused
+/// unless `--allow-data-change`.
+#[test]
+fn harmless_changes_resume_and_changed_prompt_data_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = tmp.path().join("run");
+    let prompts = tmp.path().join("prompts.jsonl");
+    let lines: Vec<String> = (0..6).map(|a| format!(r#"{{"prompt": "{a} + 1 =", "label": "{}"}}"#, a + 1)).collect();
+    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
+    let data = format!("data.prompts=\"{}\"", prompts.display());
+    let mut args = BASE.to_vec();
+    args.extend(["--set", &data, "--set", "warmup.steps=0", "--run-dir", rd.to_str().unwrap()]);
+    let o = run(&args, None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ckpt = rd.join("checkpoints/step-000002");
+    let ck = ckpt.to_str().unwrap();
+    // Harmless changes: accepted, each logged.
+    let held_out = format!("eval.data=\"{}\"", prompts.display());
+    let o = run(
+        &[
+            "train",
+            "--resume",
+            ck,
+            "--algo",
+            "grpo",
+            "--set",
+            &data,
+            "--set",
+            "warmup.steps=0",
+            "--set",
+            "train.steps=4",
+            "--set",
+            "checkpoint.every=2",
+            "--set",
+            "checkpoint.keep=5",
+            "--set",
+            &held_out,
+            "--set",
+            "train.max_idle_steps=9",
+            "--run-dir",
+            rd.to_str().unwrap(),
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("resume: eval.data changed") && err.contains("resume: train.max_idle_steps changed"), "{err}");
+    // The same path, relabelled: refused, the run untouched; then accepted when asked for.
+    let relabelled = std::fs::read_to_string(&prompts).unwrap().replace("\"1\"", "\"9\"");
+    std::fs::write(&prompts, relabelled).unwrap();
+    let want = format!("{}: the prompt data changed since the checkpoint", prompts.display());
+    refused(&rd, &["train", "--resume", ck], None, &want);
+    let o = run(&["train", "--resume", ck, "--allow-data-change"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("resuming anyway (--allow-data-change)"), "{err}");
+}

@@ -24,14 +24,21 @@ pub struct TrainArgs {
     run_dir: Option<PathBuf>,
     /// Continue from a checkpoint: its directory, a run directory (its newest checkpoint), or
     /// `latest` (the newest in the configured run dir). Without --config/--algo the checkpoint's
-    /// own config is used; with them, they must match it (train.steps, checkpoint.*, wandb.*,
-    /// run.run_dir, run.device, plugin_dirs and where the vLLM servers are may differ). A checkpoint outside
-    /// `RUN/checkpoints/` needs --run-dir.
+    /// own config is used; with them, they must match it except in what does not change the
+    /// trained numbers (train.steps, checkpoint.*, wandb.*, eval.*, run.run_dir, run.device,
+    /// plugin_dirs, where the vLLM servers, the environment and remote reward sources are and
+    /// their timeouts and retries, environment.max_failed_batches; each change is logged). The
+    /// prompt files must be those the checkpoint read (see --allow-data-change). A checkpoint
+    /// outside `RUN/checkpoints/` needs --run-dir.
     #[arg(long, value_name = "DIR|latest")]
     resume: Option<PathBuf>,
     /// Start N data-parallel ranks on this machine (Gloo on CPU, NCCL on CUDA); for several machines use torchrun.
     #[arg(long, value_name = "N")]
     nproc: Option<usize>,
+    /// With --resume: continue even if a prompt file changed since the checkpoint (its position
+    /// in the data then points at other prompts).
+    #[arg(long)]
+    allow_data_change: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -90,7 +97,8 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             if world.is_main() {
                 RunLock::check_free(&ckpt_run_dir)?;
             }
-            let ckpt = checkpoint::load(&dir)?;
+            let mut ckpt = checkpoint::load(&dir)?;
+            ckpt.allow_data_change = args.allow_data_change;
             let cfg = if configured {
                 RlConfig::load(&source_of(&args.config, &args.algo), args.algo.as_deref(), &sets)?
             } else {
@@ -162,7 +170,36 @@ const MAY_DIFFER: &[&str] = &[
     "rollout.vllm.urls",
     "rollout.vllm.timeout_s",
     "rollout.vllm.retries",
+    // Where an environment or a remote reward source is and how patiently it is called (a failure
+    // after a resume's fix is what resuming is for), and how many failures the run tolerates.
+    "environment.config.url",
+    "environment.config.urls",
+    "environment.config.timeout_s",
+    "environment.config.retries",
+    "environment.config.token_env",
+    "environment.max_failed_batches",
+    "rewards.*.config.url",
+    "rewards.*.config.urls",
+    "rewards.*.config.timeout_s",
+    "rewards.*.config.retries",
+    "rewards.*.config.token_env",
+    // Evaluation never perturbs training; what is logged and how long an idle run waits neither.
+    "eval.",
+    "run.save_rollouts",
+    "train.max_idle_steps",
 ];
+
+/// Whether `key` (`a.b.c`) is one of [`MAY_DIFFER`]: equal, under a prefix ending in `.`, or
+/// matching a pattern whose `*` stands for one key part (an array index).
+fn may_differ(key: &str) -> bool {
+    MAY_DIFFER.iter().any(|p| {
+        if let Some(prefix) = p.strip_suffix('.') {
+            return key == prefix || key.starts_with(p);
+        }
+        let (pk, kk): (Vec<&str>, Vec<&str>) = (p.split('.').collect(), key.split('.').collect());
+        pk.len() == kk.len() && pk.iter().zip(&kk).all(|(a, b)| *a == "*" || a == b)
+    })
+}
 
 /// Refuses to resume a checkpoint written under a different configuration, naming the keys.
 fn check_same_config(dir: &std::path::Path, saved: &str, cfg: &RlConfig) -> anyhow::Result<()> {
@@ -186,10 +223,14 @@ fn check_same_config(dir: &std::path::Path, saved: &str, cfg: &RlConfig) -> anyh
     }
     let mut diffs = Vec::new();
     for key in a.keys().chain(b.keys()).collect::<std::collections::BTreeSet<_>>() {
-        if MAY_DIFFER.iter().any(|p| key == p.trim_end_matches('.') || key.starts_with(p)) {
+        let (x, y) = (a.get(key), b.get(key));
+        if may_differ(key) {
+            if x != y && !key.starts_with("run.run_dir") {
+                let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
+                tracing::info!("resume: {key} changed ({} in the checkpoint, {} now)", show(x), show(y));
+            }
             continue;
         }
-        let (x, y) = (a.get(key), b.get(key));
         if x != y {
             let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
             diffs.push(format!("{key} ({} there, {} here)", show(x), show(y)));
@@ -208,12 +249,19 @@ fn check_same_config(dir: &std::path::Path, saved: &str, cfg: &RlConfig) -> anyh
     Ok(())
 }
 
+/// Every leaf of `v` as `(dotted key, value)`; an array of tables (`[[rewards]]`) by index
+/// (`rewards.0.config.url`).
 fn flatten(v: &toml::Value, prefix: &str, out: &mut Vec<(String, String)>) {
+    let key = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
     match v {
         toml::Value::Table(t) => {
             for (k, x) in t {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                flatten(x, &key, out);
+                flatten(x, &key(k), out);
+            }
+        }
+        toml::Value::Array(items) if !items.is_empty() && items.iter().all(toml::Value::is_table) => {
+            for (i, x) in items.iter().enumerate() {
+                flatten(x, &key(&i.to_string()), out);
             }
         }
         other => out.push((prefix.to_string(), other.to_string())),

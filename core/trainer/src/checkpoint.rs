@@ -44,7 +44,7 @@ fn parse_step(name: &str) -> Option<usize> {
 }
 
 /// 64-bit FNV-1a of a file's bytes (detects truncation and corruption; not cryptographic).
-fn fnv1a(path: &Path) -> Result<(u64, u64)> {
+pub(crate) fn fnv1a(path: &Path) -> Result<(u64, u64)> {
     let mut f = File::open(path).map_err(|e| io(path, e))?;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut len = 0u64;
@@ -283,6 +283,8 @@ pub struct Loaded {
     pub step: usize,
     pub state: Value,
     pub config_toml: String,
+    /// Resume even if the prompt files changed since the checkpoint (`--allow-data-change`).
+    pub allow_data_change: bool,
     tensors: HashMap<String, HashMap<String, Tensor>>,
     /// Every file the manifest seals, with its size and checksum.
     files: serde_json::Map<String, Value>,
@@ -333,7 +335,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     let state: Value = serde_json::from_str(&read("state.json")?)
         .map_err(|e| err(format!("{}: corrupt state.json: {e}", dir.display())))?;
     let config_toml = read("config.toml")?;
-    Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, tensors, files })
+    Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, allow_data_change: false, tensors, files })
 }
 
 /// Checks a file's size (and checksum, when given) against its manifest entry `meta`.

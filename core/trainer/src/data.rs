@@ -4,7 +4,7 @@
 //! truncated from the left to `max_prompt_len` with a warning. Batches cycle through the data in
 //! a seeded order that is reshuffled every pass.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rlhf_tokenizer::{ChatMessage, HfTokenizer};
 use serde_json::{Map, Value};
@@ -115,6 +115,24 @@ pub fn read_prompt_data(cfg: &DataConfig) -> Result<Vec<RawPrompt>> {
         return Err(TrainerError::Data { path: cfg.prompts.clone().into(), message: "no prompts (no rows)".into() });
     }
     Ok(out)
+}
+
+/// What identifies the prompt data of `spec` for a resume: each file read (the JSONL file, or the
+/// Parquet shards) with its size and FNV-1a checksum; nothing for a built-in task. A checkpoint
+/// keeps only a position in the data, so the same position in other data would be other prompts.
+pub fn identity(spec: &str) -> Result<Vec<serde_json::Value>> {
+    if spec.starts_with("builtin:") {
+        return Ok(Vec::new());
+    }
+    let files =
+        if crate::tabular::is_parquet(spec) { crate::tabular::shards(spec)? } else { vec![PathBuf::from(spec)] };
+    files
+        .iter()
+        .map(|f| {
+            let (bytes, fnv) = crate::checkpoint::fnv1a(f)?;
+            Ok(serde_json::json!({"path": f.display().to_string(), "bytes": bytes, "fnv1a64": format!("{fnv:016x}")}))
+        })
+        .collect()
 }
 
 /// Reads a JSONL prompt file.

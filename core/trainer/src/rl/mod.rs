@@ -111,6 +111,8 @@ pub struct Trainer {
     run_files: Option<setup::RunFiles>,
     /// The step this process started from (the checkpoint's when resumed, else 0).
     resumed_at: usize,
+    /// The prompt files read, with sizes and checksums ([`crate::data::identity`]).
+    data_identity: Vec<serde_json::Value>,
 }
 
 /// The run stops after `idle` steps in a row that trained nothing; the message names the likely

@@ -476,6 +476,7 @@ impl Trainer {
             _ => None,
         };
         let engine = super::engine::Engine::new(&cfg.rollout, &run_dir)?;
+        let cfg_prompts = cfg.data.prompts.clone();
         let mut trainer = Trainer {
             cfg,
             run_dir,
@@ -506,6 +507,7 @@ impl Trainer {
             _scratch: None,
             run_files: None,
             resumed_at: 0,
+            data_identity: crate::data::identity(&cfg_prompts)?,
         };
         if let Some(ckpt) = resume {
             trainer.restore(ckpt)?;

@@ -41,6 +41,7 @@ impl Trainer {
             "step": self.step,
             "prompts_seen": self.prompts_seen,
             "data": {"epoch": epoch, "pos": pos},
+            "data_files": self.data_identity,
             "optimizer_steps": {"actor": self.actor_opt.steps(), "critic": self.critic_opt.as_ref().map(|o| o.steps())},
             "algorithm": {"name": self.algo.meta.name, "state": self.algo.state()?},
             "rewards": rewards,
@@ -114,6 +115,33 @@ impl Trainer {
 
     /// Restores a checkpoint: weights, optimizer moments and schedule positions, data position,
     /// plugin states, reward history (the caller truncates `metrics.jsonl` to its step once nothing else can fail).
+    /// Refuses a resume over prompt files that changed since the checkpoint (another size or
+    /// checksum, another set of shards), unless `--allow-data-change`. Checkpoints written before
+    /// files were recorded are not checked.
+    fn check_same_data(&self, ckpt: &Loaded) -> Result<()> {
+        let Some(saved) = ckpt.state.get("data_files").and_then(|v| v.as_array()) else { return Ok(()) };
+        if *saved == self.data_identity {
+            return Ok(());
+        }
+        let key = |v: &serde_json::Value| v.get("path").and_then(|p| p.as_str()).unwrap_or("").to_string();
+        let changed = saved
+            .iter()
+            .find(|s| !self.data_identity.contains(s))
+            .or_else(|| self.data_identity.iter().find(|n| !saved.contains(n)))
+            .map(key)
+            .unwrap_or_default();
+        let what = format!(
+            "{changed}: the prompt data changed since the checkpoint {} was written (a checkpoint keeps only its \
+             position in the data, which would now point at other prompts)",
+            ckpt.dir.display()
+        );
+        if ckpt.allow_data_change {
+            tracing::warn!("{what}; resuming anyway (--allow-data-change)");
+            return Ok(());
+        }
+        Err(TrainerError::Checkpoint(format!("{what}; pass --allow-data-change to resume anyway")))
+    }
+
     pub(crate) fn restore(&mut self, ckpt: &Loaded) -> Result<()> {
         let bad = |what: &str| TrainerError::Checkpoint(format!("{}: state.json: {what}", ckpt.dir.display()));
         let st = &ckpt.state;
@@ -131,6 +159,7 @@ impl Trainer {
                 self.world.size()
             );
         }
+        self.check_same_data(ckpt)?;
         ckpt.restore_vars("actor", &self.actor.vs)?;
         let steps = get_usize(st.pointer("/optimizer_steps/actor"), "optimizer_steps.actor")?;
         self.actor_opt.restore(ckpt, "optimizer-actor", steps)?;

@@ -286,8 +286,12 @@ pub(crate) fn inputs(cfg: &RlConfig, registry: &PluginRegistry) -> Result<Option
     let all = score::load_rewards(cfg, registry)?;
     let wanted = &cfg.eval.rewards;
     let rewards = all.into_iter().filter(|r| wanted.is_empty() || wanted.contains(&r.name)).collect();
-    let env = crate::rl::episode::EnvRuntime::load(cfg, registry)?
-        .map(|rt| episodes::EvalEnv { rt, cfg: cfg.environment.clone(), episodes: 0, failed: 0 });
+    let env = crate::rl::episode::EnvRuntime::load(cfg, registry)?.map(|rt| episodes::EvalEnv {
+        rt,
+        cfg: cfg.environment.clone(),
+        episodes: 0,
+        failed: 0,
+    });
     Ok(Some(EvalInputs { raw, rewards, env }))
 }
 

@@ -70,7 +70,8 @@ fn starting_weights(path: &Path, cfg: &RlConfig) -> Result<PathBuf> {
     let abs = std::path::absolute(path).map_err(|e| TrainerError::io(path, e))?;
     let run_dir = abs.parent().filter(|p| p.ends_with("checkpoints")).and_then(Path::parent);
     if let Some(run) = run_dir {
-        let found = [run.join("warmup-model"), run.join("builtin-model")].into_iter().find(|d| d.join("config.json").is_file());
+        let found =
+            [run.join("warmup-model"), run.join("builtin-model")].into_iter().find(|d| d.join("config.json").is_file());
         if let Some(dir) = found {
             return Ok(dir);
         }
