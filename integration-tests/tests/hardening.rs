@@ -90,3 +90,99 @@ fn piped_logs_have_no_colour() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("INFO") && !err.contains('\u{1b}'), "escape codes in piped logs: {err:?}");
 }
+
+/// `rlhf train ARGS` for bad input: non-zero, one `error:` line containing `want`, no panic or
+/// libtorch stack trace, and (for a fresh start) no run directory left behind.
+fn refused(args: &[&str], run: &Path, want: &str) {
+    let o = Command::new(rlhf_bin()).args(args).arg("--no-progress").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?}: accepted");
+    assert!(!err.contains("panicked") && !err.contains("Exception raised from"), "{args:?}: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{args:?}: {err}");
+    assert!(errors[0].contains(want), "{args:?}: {}", errors[0]);
+    assert!(!run.exists() || run.join("checkpoints").exists(), "{args:?} left {}", run.display());
+}
+
+/// 64-bit FNV-1a, as checkpoint manifests seal files.
+fn fnv1a(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+#[test]
+fn bad_values_are_one_line_errors_naming_the_key_before_anything_is_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let rd = run.to_str().unwrap();
+    let empty = tmp.path().join("empty.jsonl");
+    std::fs::write(&empty, "{\"prompt\": \"2 + 2 =\"}\n{\"prompt\": \"\"}\n").unwrap();
+    let empty_set = format!("data.prompts=\"{}\"", empty.display());
+    let env = ["--set", "environment.plugin=\"env-script\"", "--set", "environment.reward=\"sum\""];
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["--set", "data.max_prompt_len=0"], "data.max_prompt_len: must be >= 1".into()),
+        (
+            [&env[..], &["--set", "environment.config=\"hello\""]].concat(),
+            "environment.config: expected a table".into(),
+        ),
+        (vec!["--set", "algorithm.config.beta=nan"], "algorithm.config.beta: NaN is not a finite number".into()),
+        (
+            vec!["--set", "train.steps=99999999999999999999999"],
+            "train.steps: 99999999999999999999999 is out of range".into(),
+        ),
+        (vec!["--set", &empty_set], format!("{}: line 2: prompt: empty", empty.display())),
+        (vec!["--set", "eval.data=\"builtin:nope\""], "eval.data: unknown built-in task `builtin:nope`".into()),
+    ];
+    for (extra, want) in cases {
+        let args = [&["train", "--algo", "grpo", "--run-dir", rd][..], &extra].concat();
+        refused(&args, &run, &want);
+    }
+    let args = ["train", "--algo", "ppo", "--run-dir", rd, "--set", "model.critic_lora.rank=4", "--set"];
+    refused(
+        &[&args[..], &["model.critic_lora.target_modules=[\"nope\"]"]].concat(),
+        &run,
+        "model.critic_lora.target_modules:",
+    );
+}
+
+/// A checkpoint edited by hand — an empty AdamW `step` tensor (its manifest entry mended), a
+/// manifest step that disagrees with the state — is refused naming the file, never with
+/// libtorch's stack trace or at another step than the state's.
+#[test]
+fn hand_edited_checkpoints_are_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let rd = run.to_str().unwrap();
+    let o = Command::new(rlhf_bin())
+        .args(["train", "--algo", "grpo", "--no-progress", "--run-dir", rd, "--set", "train.steps=4"])
+        .args(["--set", "checkpoint.every=2", "--set", "checkpoint.keep=5", "--set", "eval.data=\"\""])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ckpt = run.join("checkpoints/step-000002");
+    let manifest_path = ckpt.join("manifest.json");
+    let manifest = std::fs::read_to_string(&manifest_path).unwrap();
+    // The manifest's step against the state's.
+    let mut m: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    m["step"] = serde_json::json!(3);
+    std::fs::write(&manifest_path, m.to_string()).unwrap();
+    refused(&["train", "--resume", ckpt.to_str().unwrap()], &run, "manifest.json says step 3, state.json 2");
+    // An empty step counter in the optimizer state, the manifest mended to match.
+    let opt = ckpt.join("optimizer-actor.safetensors");
+    let mut tensors = tch::Tensor::read_safetensors(&opt).unwrap();
+    let name = tensors.iter().map(|(n, _)| n.clone()).find(|n| n.ends_with(".step")).unwrap();
+    for (n, t) in tensors.iter_mut() {
+        if *n == name {
+            *t = tch::Tensor::zeros([0], (tch::Kind::Int64, tch::Device::Cpu));
+        }
+    }
+    tch::Tensor::write_safetensors(&tensors, &opt).unwrap();
+    let bytes = std::fs::read(&opt).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    m["files"]["optimizer-actor.safetensors"] = serde_json::json!({"bytes": bytes.len(), "fnv1a64": fnv1a(&bytes)});
+    std::fs::write(&manifest_path, m.to_string()).unwrap();
+    refused(&["train", "--resume", ckpt.to_str().unwrap()], &run, &format!("optimizer state `{name}`"));
+}

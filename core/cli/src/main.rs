@@ -143,7 +143,7 @@ fn stopped(e: &anyhow::Error) -> Option<&rlhf_trainer::signals::Stopped> {
 fn one_line(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
+        let text = without_backtrace(&cause.to_string());
         if !out.is_empty() && out.ends_with(&text) {
             continue;
         }
@@ -155,9 +155,27 @@ fn one_line(e: &anyhow::Error) -> String {
     out.replace('\n', " ")
 }
 
+/// A libtorch error's message without the C++ stack trace it carries ("Exception raised from
+/// ...", then one frame per line): the user gets the one line that says what failed.
+fn without_backtrace(text: &str) -> String {
+    let cut = ["Exception raised from", "\nframe #0"].iter().filter_map(|m| text.find(m)).min();
+    match cut {
+        Some(i) => text[..i].trim_end().to_string(),
+        None => text.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libtorch_stack_traces_are_cut() {
+        let t = "libtorch: a Tensor with 0 elements cannot be converted to Scalar\nException raised from item at \
+                 /pytorch/aten/src/ATen/native/Scalar.cpp:23 (most recent call first):\nframe #0: c10::Error::Error";
+        assert_eq!(without_backtrace(t), "libtorch: a Tensor with 0 elements cannot be converted to Scalar");
+        assert_eq!(without_backtrace("plain"), "plain");
+    }
 
     #[test]
     fn a_source_shown_in_its_error_is_printed_once() {

@@ -51,7 +51,7 @@ pub fn task_prompts(name: &str) -> Result<Vec<RawPrompt>> {
         "addition-train" => Ok(split(false)),
         "addition-test" => Ok(split(true)),
         other => Err(TrainerError::Config(format!(
-            "data.prompts: unknown built-in task `builtin:{other}` (available: builtin:addition, builtin:addition-train, \
+            "unknown built-in task `builtin:{other}` (available: builtin:addition, builtin:addition-train, \
              builtin:addition-test, builtin:multiplication, builtin:multiplication-train, builtin:multiplication-test)"
         ))),
     }

@@ -37,7 +37,7 @@ pub fn prompts(split: &str) -> Result<Vec<RawPrompt>> {
         "-train" => Ok(i % 6 != 5),
         "-test" => Ok(i % 6 == 5),
         other => Err(TrainerError::Config(format!(
-            "data.prompts: unknown built-in task `builtin:multiplication{other}` (available: builtin:multiplication, \
+            "unknown built-in task `builtin:multiplication{other}` (available: builtin:multiplication, \
              builtin:multiplication-train, builtin:multiplication-test)"
         ))),
     };

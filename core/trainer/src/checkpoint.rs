@@ -43,6 +43,21 @@ fn parse_step(name: &str) -> Option<usize> {
     name.strip_prefix("step-").and_then(|s| s.parse().ok())
 }
 
+/// The one integer a saved step counter holds (AdamW's `step`), or an error saying what `what`
+/// (the file and key) holds instead; never libtorch's own error about an empty tensor.
+pub fn step_count(t: &Tensor, what: &str) -> Result<i64> {
+    let integral =
+        matches!(t.kind(), tch::Kind::Int64 | tch::Kind::Int | tch::Kind::Int16 | tch::Kind::Int8 | tch::Kind::Uint8);
+    if t.numel() != 1 || !integral {
+        return Err(err(format!(
+            "{what}: a step counter holds one integer, this tensor {:?} values of {:?}",
+            t.size(),
+            t.kind()
+        )));
+    }
+    Ok(t.f_reshape([1])?.f_int64_value(&[0])?)
+}
+
 /// 64-bit FNV-1a of a file's bytes (detects truncation and corruption; not cryptographic).
 pub(crate) fn fnv1a(path: &Path) -> Result<(u64, u64)> {
     let mut f = File::open(path).map_err(|e| io(path, e))?;
@@ -334,6 +349,18 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     };
     let state: Value = serde_json::from_str(&read("state.json")?)
         .map_err(|e| err(format!("{}: corrupt state.json: {e}", dir.display())))?;
+    // The manifest is not sealed itself: its step must agree with the sealed state.json's (and
+    // with the directory's name), or the checkpoint is refused rather than read at either step.
+    let state_step = state.get("step").and_then(Value::as_u64).map(|s| s as usize);
+    let named_step = dir.file_name().and_then(|n| n.to_str()).and_then(parse_step);
+    if state_step != Some(step) || named_step.is_some_and(|n| n != step) {
+        return Err(err(format!(
+            "{}: corrupt checkpoint: manifest.json says step {step}, state.json {}{}",
+            dir.display(),
+            state_step.map(|s| s.to_string()).unwrap_or_else(|| "none".into()),
+            named_step.map(|n| format!(", the directory {n}")).unwrap_or_default()
+        )));
+    }
     let config_toml = read("config.toml")?;
     Ok(Loaded { dir: dir.to_path_buf(), step, state, config_toml, allow_data_change: false, tensors, files })
 }

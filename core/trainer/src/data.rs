@@ -84,6 +84,9 @@ fn prompt_of(mut obj: Map<String, Value>, at: &str) -> std::result::Result<RawPr
     obj.remove("label");
     if let Some(p) = obj.remove("prompt") {
         let Value::String(prompt) = p else { return Err(format!("{at}: prompt: expected a string, got {p}")) };
+        if prompt.trim().is_empty() {
+            return Err(format!("{at}: prompt: empty (a prompt needs some text)"));
+        }
         Ok(RawPrompt::Text { prompt, label, metadata: Value::Object(obj) })
     } else if let Some(m) = obj.remove("messages") {
         let messages: Vec<ChatMessage> = serde_json::from_value(m)

@@ -37,3 +37,14 @@ pub fn tokenizer(
     tok.set_chat_template_kwargs(kwargs).map_err(|e| TrainerError::Config(format!("data.{e}")))?;
     Ok(tok)
 }
+
+/// A LoRA setting the model refused, named by its config key: `section` is `model.lora` or
+/// `model.critic_lora` (the model's messages name `lora.<key>`).
+pub fn lora_error(section: &str, e: rlhf_models::ModelError) -> TrainerError {
+    match e {
+        rlhf_models::ModelError::Input(m) => {
+            TrainerError::Config(format!("{section}{}", m.strip_prefix("lora").unwrap_or(&format!(": {m}"))))
+        }
+        other => TrainerError::Config(format!("{section}: {other}")),
+    }
+}

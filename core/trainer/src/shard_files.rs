@@ -150,7 +150,7 @@ pub fn read_ranges(layout: &ShardLayout, path: impl Fn(usize) -> Result<PathBuf>
         let tensors: std::collections::HashMap<String, Tensor> =
             Tensor::read_safetensors(&file).map_err(|e| err(format!("{}: {e}", file.display())))?.into_iter().collect();
         let get = |k: &str| tensors.get(k).ok_or_else(|| err(format!("{}: no `{k}`", file.display())));
-        let t = get("step")?.f_int64_value(&[0])?;
+        let t = crate::checkpoint::step_count(get("step")?, &format!("{}: `step`", file.display()))?;
         if step.is_some_and(|s| s != t) {
             return Err(err(format!("{}: step {t}, the other shards {}", file.display(), step.unwrap_or(0))));
         }

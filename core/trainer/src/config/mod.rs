@@ -14,16 +14,19 @@ use serde::Serialize;
 
 use crate::error::{Result, TrainerError};
 
+mod data;
 mod distributed;
 mod dpo;
 mod environment;
 mod eval;
 mod phases;
+mod plugin_sections;
 mod rl;
 mod rollout;
 mod warmup;
 
 pub use crate::optim::Schedule;
+pub use data::*;
 pub use distributed::*;
 pub use dpo::*;
 pub use environment::*;
@@ -71,8 +74,25 @@ impl SetOverride {
         if key.is_empty() {
             return Err(TrainerError::Config(format!("--set {spec}: empty key")));
         }
-        Ok(SetOverride { label: format!("--set {spec}"), key: key.to_string(), value: toml_value(value) })
+        let label = format!("--set {spec}");
+        check_integer(&label, key, value)?;
+        Ok(SetOverride { label, key: key.to_string(), value: toml_value(value) })
     }
+}
+
+/// Refuses a whole number too large for TOML's 64-bit integers, which would otherwise be read as
+/// a string and refused as "found string".
+fn check_integer(label: &str, key: &str, text: &str) -> Result<()> {
+    let t = text.trim();
+    let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
+    let numeric = !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit() || c == '_');
+    if numeric && matches!(toml_value(text), toml::Value::String(_)) {
+        return Err(TrainerError::Config(format!(
+            "{label}: {key}: {t} is out of range for an integer (at most {})",
+            i64::MAX
+        )));
+    }
+    Ok(())
 }
 
 /// A command-line or environment value read as TOML (number, bool, array, inline table), else a
@@ -131,7 +151,7 @@ fn has_key(schema: &serde_json::Value, key: &str) -> bool {
 /// command's config only (`RLHF_TRAIN__ACTOR_LR` under `rlhf sft`) is skipped; any other variable
 /// whose section exists here applies too, so its unknown key is an error naming the variable, and
 /// one whose section exists nowhere is ignored with a warning.
-fn env_layer(this: &serde_json::Value) -> Vec<SetOverride> {
+fn env_layer(this: &serde_json::Value) -> Result<Vec<SetOverride>> {
     let mut vars: Vec<(String, String)> =
         std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX) && k.contains("__")).collect();
     vars.sort();
@@ -142,6 +162,7 @@ fn env_layer(this: &serde_json::Value) -> Vec<SetOverride> {
         let first = key.split('.').next().unwrap_or("");
         let section_here = this.get(first).is_some();
         if has_key(this, &key) || (section_here && !others.iter().any(|o| has_key(o, &key))) {
+            check_integer(&name, &key, &value)?;
             out.push(SetOverride { label: name, key, value: toml_value(&value) });
         } else if others.iter().any(|o| has_key(o, &key)) {
             tracing::debug!("{name}: skipped (a key of another command's config)");
@@ -149,13 +170,13 @@ fn env_layer(this: &serde_json::Value) -> Vec<SetOverride> {
             tracing::warn!("{name}: ignored (no section `{first}` in this config)");
         }
     }
-    out
+    Ok(out)
 }
 
 /// The env layer and the `--set` overrides over `base`, in that order (CLI last).
 fn layer(base: Figment, this: &serde_json::Value, sets: &[String]) -> Result<Figment> {
     let mut fig = base;
-    for var in env_layer(this) {
+    for var in env_layer(this)? {
         fig = fig.merge(var);
     }
     for s in sets {

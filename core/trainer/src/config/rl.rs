@@ -14,7 +14,8 @@ use super::eval::EvalConfig;
 use super::rollout::RolloutConfig;
 use super::warmup::WarmupConfig;
 use super::{
-    base_layer, describe_figment, layer, schema, ConfigSource, KeySource, Layers, Named, SetOverride, PRESETS,
+    base_layer, describe_figment, layer, schema, ConfigSource, DataConfig, KeySource, Layers, Named, SetOverride,
+    PRESETS,
 };
 use crate::error::{Result, TrainerError};
 use crate::optim::{OptimConfig, Schedule};
@@ -76,56 +77,6 @@ impl Default for ModelConfig {
             critic: "actor".into(),
             lora: LoraConfig::default(),
             critic_lora: LoraConfig::default(),
-        }
-    }
-}
-
-/// Prompt data.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DataConfig {
-    /// JSONL with `prompt` or chat `messages`, optional `label`; Parquet (a file, a directory of
-    /// `*.parquet` or a `*` glob) with those columns; or `builtin:addition`.
-    pub prompts: String,
-    /// Prompts longer than this many tokens are truncated from the left (with a warning).
-    pub max_prompt_len: usize,
-    /// Render prompts through the tokenizer's chat template when it has one.
-    pub apply_chat_template: bool,
-    /// Extra variables for the chat template, as transformers' `apply_chat_template(**kwargs)`
-    /// (Qwen3's `enable_thinking = false`, say).
-    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
-    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
-    /// Shuffle prompts every pass over the data.
-    pub shuffle: bool,
-    /// The columns (JSONL fields) holding the prompt, the chat messages and the label.
-    pub prompt_key: String,
-    pub messages_key: String,
-    pub label_key: String,
-}
-
-impl DataConfig {
-    /// The column mapping of `prompt_key`, `messages_key`, `label_key`.
-    pub fn columns(&self) -> crate::tabular::Columns {
-        crate::tabular::Columns::new(&[
-            ("prompt", "prompt_key", &self.prompt_key),
-            ("messages", "messages_key", &self.messages_key),
-            ("label", "label_key", &self.label_key),
-        ])
-        .requiring(&[&["prompt"], &["messages"]])
-    }
-}
-
-impl Default for DataConfig {
-    fn default() -> Self {
-        DataConfig {
-            prompts: "builtin:addition".into(),
-            max_prompt_len: 256,
-            apply_chat_template: true,
-            chat_template_kwargs: serde_json::Map::new(),
-            shuffle: true,
-            prompt_key: "prompt".into(),
-            messages_key: "messages".into(),
-            label_key: "label".into(),
         }
     }
 }
@@ -363,6 +314,7 @@ impl RlConfig {
         let fig = layer(fig, &schema::<RlConfig>(), sets)?;
         let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
         let src = KeySource { fig: &fig, base: &label };
+        super::plugin_sections::check(&src)?;
         cfg.validate(&src)?;
         let m = &cfg.model;
         let dropout = [&m.lora, &m.critic_lora].iter().filter(|l| l.rank > 0).map(|l| l.dropout).fold(0.0, f64::max);
@@ -403,6 +355,12 @@ impl RlConfig {
         self.eval.validate(&names, src)?;
         self.distributed.validate(src)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
+        if self.data.max_prompt_len == 0 {
+            return bad(
+                "data.max_prompt_len",
+                "must be >= 1 (a prompt of no tokens gives the policy nothing to answer)",
+            );
+        }
         if self.checkpoint.keep == 0 {
             return bad("checkpoint.keep", "must be >= 1");
         }

@@ -138,7 +138,12 @@ fn actor_dir_of(cfg: &RlConfig, run_dir: &Path) -> Result<PathBuf> {
 /// The raw prompts of `data.prompts` (a file or a `builtin:` task), read before the run directory
 /// is created.
 fn raw_prompts(cfg: &RlConfig) -> Result<Vec<RawPrompt>> {
-    crate::builtin::prompts_of(&cfg.data)
+    crate::builtin::prompts_of(&cfg.data).map_err(|e| match e {
+        TrainerError::Config(m) => {
+            TrainerError::Config(format!("{}: data.prompts: {m}", cfg.source_of("data.prompts")))
+        }
+        e => e,
+    })
 }
 
 /// The actor after the optional warm-up, and the directory its weights come from (the warm-up's
@@ -229,7 +234,9 @@ fn companions(
             "actor" => ScalarHeadModel::from_causal_lm_dir(actor_dir, device, kind)?,
             spec => ScalarHeadModel::from_dir(&crate::model_source::resolve(spec, "model.critic")?, device, kind)?,
         };
-        if c.apply_lora(&cfg.model.critic_lora).map_err(|e| TrainerError::Config(format!("model.critic_{e}")))? > 0 {
+        if c.apply_lora(&cfg.model.critic_lora).map_err(|e| crate::model_source::lora_error("model.critic_lora", e))?
+            > 0
+        {
             let (t, n) = rlhf_models::lora::parameter_counts(&c.vs);
             tracing::info!("critic LoRA: {t} of {n} parameters train");
         }
@@ -237,7 +244,7 @@ fn companions(
     } else {
         None
     };
-    if actor.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))? > 0 {
+    if actor.apply_lora(&cfg.model.lora).map_err(|e| crate::model_source::lora_error("model.lora", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&actor.vs);
         tracing::info!("actor LoRA: {t} of {n} parameters train");
     }
@@ -245,7 +252,7 @@ fn companions(
         Some(_) => {
             let mut e = CausalLm::from_dir(actor_dir, device, kind)?;
             // The same adapters, so the average tracks them by name.
-            e.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))?;
+            e.apply_lora(&cfg.model.lora).map_err(|e| crate::model_source::lora_error("model.lora", e))?;
             e.freeze();
             Some(e)
         }

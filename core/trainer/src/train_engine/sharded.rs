@@ -495,8 +495,8 @@ impl ShardedAdam {
                     theta.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, &master)?)?;
                 }
                 let key = format!("{}.step", slot.name);
-                steps_seen
-                    .push(state.get(&key).ok_or_else(|| state_err(format!("missing `{key}`")))?.f_int64_value(&[0])?);
+                let saved = state.get(&key).ok_or_else(|| state_err(format!("missing `{key}`")))?;
+                steps_seen.push(crate::checkpoint::step_count(saved, &format!("optimizer state `{key}`"))?);
                 for (dst, src) in [(&self.m, &m), (&self.v, &v)] {
                     dst.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, src)?)?;
                 }

@@ -114,7 +114,7 @@ fn load_policy(path: &Path, device: tch::Device, kind: tch::Kind) -> Result<(Cau
     let cfg = RlConfig::load(&ConfigSource::File(path.join("config.toml")), None, &[]).map_err(named)?;
     let base = starting_weights(path, &cfg)?;
     let mut actor = CausalLm::from_dir(&base, device, kind).map_err(|e| named(e.into()))?;
-    actor.apply_lora(&cfg.model.lora).map_err(|e| TrainerError::Config(format!("model.{e}")))?;
+    actor.apply_lora(&cfg.model.lora).map_err(|e| crate::model_source::lora_error("model.lora", e))?;
     ckpt.restore_vars("actor", &actor.vs)?;
     Ok((actor, base))
 }
