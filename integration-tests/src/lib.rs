@@ -132,3 +132,76 @@ pub fn behaviour_metrics(run: &Path) -> Vec<serde_json::Map<String, serde_json::
         })
         .collect()
 }
+
+/// A child started as the leader of its own process group (a server that starts workers of its
+/// own, such as vLLM's engine core and its multiprocessing helpers): [`ProcessGroup::stop`]
+/// and dropping end the whole group — SIGTERM, then SIGKILL to whatever is left after a grace
+/// period — on success, failure and panic alike.
+pub struct ProcessGroup {
+    pub child: std::process::Child,
+}
+
+impl ProcessGroup {
+    /// Spawns `cmd` in a new process group whose id is the child's pid.
+    pub fn spawn(cmd: &mut Command) -> std::io::Result<ProcessGroup> {
+        use std::os::unix::process::CommandExt;
+        Ok(ProcessGroup { child: cmd.process_group(0).spawn()? })
+    }
+
+    /// The group's id (the leader's pid).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Pids of the group's processes still alive.
+    pub fn members(&self) -> Vec<u32> {
+        group_members(self.id())
+    }
+
+    /// Ends every process of the group and reaps the leader, waiting up to 20 s after SIGTERM.
+    pub fn stop(&mut self) {
+        self.stop_within(std::time::Duration::from_secs(20));
+    }
+
+    /// [`ProcessGroup::stop`] with `grace` between SIGTERM and SIGKILL.
+    pub fn stop_within(&mut self, grace: std::time::Duration) {
+        let group = format!("-{}", self.id());
+        let signal = |sig: &str| {
+            let _ = Command::new("kill").args([sig, "--", &group]).stderr(std::process::Stdio::null()).status();
+        };
+        signal("-TERM");
+        let deadline = std::time::Instant::now() + grace;
+        loop {
+            let _ = self.child.try_wait();
+            if self.members().is_empty() || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        signal("-KILL");
+        let _ = self.child.wait();
+    }
+}
+
+/// Pids of the live processes of process group `id` (from `/proc/<pid>/stat`, whose 5th field is
+/// the group; zombies do not count).
+pub fn group_members(id: u32) -> Vec<u32> {
+    let group = id.to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+            // `pid (comm) state ppid pgrp ...`; comm may hold spaces, so split after the `)`.
+            let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+            fields.first().is_some_and(|s| *s != "Z") && fields.get(2) == Some(&group.as_str())
+        })
+        .collect()
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

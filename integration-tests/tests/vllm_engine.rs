@@ -5,22 +5,27 @@
 //! built-in tokenizer, so the embedded addition task and its rule reward apply.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rlhf_integration_tests::{free_port, metrics, rlhf_bin};
+use rlhf_integration_tests::{free_port, metrics, rlhf_bin, ProcessGroup};
 
-/// A vLLM OpenAI-compatible server, killed when dropped.
+/// A vLLM OpenAI-compatible server in its own process group: dropping it (test passed, failed or
+/// panicked) ends the API server and the engine-core, worker and resource-tracker processes it
+/// started, and checks that none is left.
 struct Server {
-    child: Child,
+    group: ProcessGroup,
     url: String,
     log: PathBuf,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.group.stop();
+        let left = self.group.members();
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!("vLLM processes {left:?} of group {} outlived the server", self.group.id());
+        }
     }
 }
 
@@ -30,8 +35,8 @@ fn start(model: &Path, work: &Path) -> Server {
     let python = std::env::var_os("RLHF_VLLM_PYTHON").expect("RLHF_VLLM_PYTHON: run through `cargo xtask test --vllm`");
     let port = free_port();
     let log = work.join(format!("vllm-{port}.log"));
-    let child = Command::new(python)
-        .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(model)
         .args(["--served-model-name", "policy", "--dtype", "float32", "--logprobs-mode", "processed_logprobs"])
         .args(["--port", &port.to_string(), "--max-model-len", "64", "--gpu-memory-utilization", "0.1"])
@@ -40,10 +45,9 @@ fn start(model: &Path, work: &Path) -> Server {
         .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
         .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::from(std::fs::File::options().append(true).open(&log).unwrap()))
-        .spawn()
-        .expect("start vLLM");
-    let mut server = Server { child, url: format!("http://127.0.0.1:{port}"), log };
+        .stderr(Stdio::from(std::fs::File::options().append(true).open(&log).unwrap()));
+    let group = ProcessGroup::spawn(&mut cmd).expect("start vLLM");
+    let mut server = Server { group, url: format!("http://127.0.0.1:{port}"), log };
     let t0 = Instant::now();
     loop {
         let up =
@@ -51,7 +55,7 @@ fn start(model: &Path, work: &Path) -> Server {
         if up {
             return server;
         }
-        if let Some(status) = server.child.try_wait().unwrap() {
+        if let Some(status) = server.group.child.try_wait().unwrap() {
             panic!("vLLM exited ({status}): {}", std::fs::read_to_string(&server.log).unwrap_or_default());
         }
         assert!(t0.elapsed() < Duration::from_secs(600), "vLLM not up after 10 min: {}", server.log.display());
