@@ -72,6 +72,42 @@ pub fn hf_check(python: &Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("hf_check.py prints JSON")
 }
 
+/// Checks `model`'s 8 greedy tokens against transformers' references in `r` (`greedy_ids` for
+/// the left-padded batch `input_ids`/`attention_mask`, `greedy_single` for its first prompt
+/// alone), as `make_fixtures.py` records them. transformers pads finished rows to the common length
+/// with the pad id; so do we, but we may stop earlier when every row has finished.
+pub fn assert_greedy_matches(
+    name: &str,
+    model: &rlhf_models::CausalLm,
+    tok: &rlhf_tokenizer::HfTokenizer,
+    r: &std::collections::HashMap<String, tch::Tensor>,
+) {
+    use tch::{Device, Kind, Tensor};
+    let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
+    let cfg = rlhf_generation::GenerateConfig::greedy(8, eos, i64::from(tok.pad_token_id()));
+    let single_len = r["greedy_single"].size()[1] - 8;
+    let cases = [
+        (r["input_ids"].shallow_clone(), r["attention_mask"].shallow_clone(), &r["greedy_ids"]),
+        (
+            r["greedy_single"].narrow(1, 0, single_len),
+            Tensor::ones([1, single_len], (Kind::Int64, Device::Cpu)),
+            &r["greedy_single"],
+        ),
+    ];
+    for (ids, mask, expected) in cases {
+        let out = rlhf_generation::generate(model, &ids, &mask, &cfg).unwrap();
+        let (width, have) = (expected.size()[1], out.sequences.size()[1]);
+        let ours = if have < width {
+            let pad = Tensor::full([ids.size()[0], width - have], cfg.pad_token_id, (Kind::Int64, Device::Cpu));
+            Tensor::cat(&[&out.sequences, &pad], 1)
+        } else {
+            out.sequences.shallow_clone()
+        };
+        let rows = |t: &Tensor| rlhf_generation::batch::to_rows(t).unwrap();
+        assert_eq!(rows(&ours), rows(expected), "{name}: greedy tokens differ");
+    }
+}
+
 /// Tiny random checkpoints of the newer families with their transformers references
 /// (`fixtures/make_families.py`), made once per test process into a temporary directory:
 /// `<dir>/<name>` (causal LM) and `<dir>/<name>-rm` (scalar head) for each of [`FAMILIES`].

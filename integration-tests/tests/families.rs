@@ -9,7 +9,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use rlhf_generation::{batch::to_rows, generate, GenerateConfig};
 use rlhf_integration_tests::{family_models, hf_check, python, FAMILIES};
 use rlhf_models::{CausalLm, LoraConfig, ModelConfig, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
@@ -72,31 +71,8 @@ fn greedy_tokens_through_the_kv_cache_match_transformers() {
     let Some(root) = models() else { return };
     for name in FAMILIES {
         let dir = root.join(name);
-        let model = load(&dir);
         let tok = HfTokenizer::from_dir(&dir).unwrap();
-        let r = reference(&dir);
-        let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
-        let cfg = GenerateConfig::greedy(8, eos, i64::from(tok.pad_token_id()));
-        let single_len = r["greedy_single"].size()[1] - 8;
-        let cases = [
-            (r["input_ids"].shallow_clone(), r["attention_mask"].shallow_clone(), &r["greedy_ids"]),
-            (
-                r["greedy_single"].narrow(1, 0, single_len),
-                Tensor::ones([1, single_len], (Kind::Int64, Device::Cpu)),
-                &r["greedy_single"],
-            ),
-        ];
-        for (ids, mask, expected) in cases {
-            let out = generate(&model, &ids, &mask, &cfg).unwrap();
-            let (width, have) = (expected.size()[1], out.sequences.size()[1]);
-            let ours = if have < width {
-                let pad = Tensor::full([ids.size()[0], width - have], cfg.pad_token_id, (Kind::Int64, Device::Cpu));
-                Tensor::cat(&[&out.sequences, &pad], 1)
-            } else {
-                out.sequences.shallow_clone()
-            };
-            assert_eq!(to_rows(&ours).unwrap(), to_rows(expected).unwrap(), "{name}: greedy tokens differ");
-        }
+        rlhf_integration_tests::assert_greedy_matches(name, &load(&dir), &tok, &reference(&dir));
     }
 }
 

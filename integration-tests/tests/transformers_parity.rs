@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use rlhf_generation::{batch::to_rows, generate, perplexity, GenerateConfig};
+use rlhf_generation::perplexity;
 use rlhf_integration_tests::{fixtures, model_dir, read_json};
 use rlhf_models::{CausalLm, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
@@ -49,39 +49,8 @@ fn logits_match_transformers() {
 #[test]
 fn greedy_tokens_match_transformers() {
     for name in CAUSAL {
-        let model = load(name);
         let tok = HfTokenizer::from_dir(&model_dir(name)).unwrap();
-        let r = reference(name);
-        let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
-        let cfg = GenerateConfig::greedy(8, eos, i64::from(tok.pad_token_id()));
-        let single_len = r["greedy_single"].size()[1] - 8;
-        let cases = [
-            (r["input_ids"].shallow_clone(), r["attention_mask"].shallow_clone(), &r["greedy_ids"]),
-            (
-                r["greedy_single"].narrow(1, 0, single_len),
-                Tensor::ones([1, single_len], (Kind::Int64, Device::Cpu)),
-                &r["greedy_single"],
-            ),
-        ];
-        for (ids, mask, expected) in cases {
-            let out = generate(&model, &ids, &mask, &cfg).unwrap();
-            // transformers pads finished rows to the common length with the pad id; so do we, but we
-            // may stop earlier when every row has finished.
-            let width = expected.size()[1];
-            let have = out.sequences.size()[1];
-            let ours = if have < width {
-                Tensor::cat(
-                    &[
-                        &out.sequences,
-                        &Tensor::full([ids.size()[0], width - have], cfg.pad_token_id, (Kind::Int64, Device::Cpu)),
-                    ],
-                    1,
-                )
-            } else {
-                out.sequences.shallow_clone()
-            };
-            assert_eq!(to_rows(&ours).unwrap(), to_rows(expected).unwrap(), "{name}: greedy tokens differ");
-        }
+        rlhf_integration_tests::assert_greedy_matches(name, &load(name), &tok, &reference(name));
     }
 }
 

@@ -66,7 +66,7 @@ fn start(model: &Path, work: &Path) -> Server {
 /// The built-in tokenizer with a random Llama of hidden 128 (2 heads of 64), 2 layers.
 fn tiny_model(work: &Path) -> PathBuf {
     let tok = work.join("builtin");
-    rlhf_trainer::builtin::write_tiny_model(&tok, 1).unwrap();
+    rlhf_trainer::builtin_models::write_tiny_model(&tok, 1).unwrap();
     let out = work.join("llama-h128");
     let python = std::env::var_os("RLHF_PYTHON").expect("RLHF_PYTHON (cargo xtask test sets it)");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtask/scripts/random_llama.py");

@@ -89,7 +89,7 @@ fn trainer_logprob(actor: &CausalLm, probe: &[u32], token: u32) -> f64 {
 fn a_server_must_confirm_each_version_and_old_versions_are_pruned() {
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("model");
-    rlhf_trainer::builtin::write_tiny_model(&model_dir, 7).unwrap();
+    rlhf_trainer::builtin_models::write_tiny_model(&model_dir, 7).unwrap();
     let actor = CausalLm::from_dir(&model_dir, Device::Cpu, Kind::Float).unwrap();
     let (url, mock) = serve();
     let cfg = VllmConfig { urls: vec![url.clone()], keep_versions: 2, ..VllmConfig::default() };
@@ -129,7 +129,7 @@ fn a_server_must_confirm_each_version_and_old_versions_are_pruned() {
 fn a_lora_version_is_a_peft_adapter() {
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("model");
-    rlhf_trainer::builtin::write_tiny_model(&model_dir, 7).unwrap();
+    rlhf_trainer::builtin_models::write_tiny_model(&model_dir, 7).unwrap();
     let mut actor = CausalLm::from_dir(&model_dir, Device::Cpu, Kind::Float).unwrap();
     let lora = rlhf_models::LoraConfig { rank: 2, alpha: 8.0, ..Default::default() };
     assert!(actor.apply_lora(&lora).unwrap() > 0);

@@ -239,7 +239,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (model_dir, model_name) = match args.model.strip_prefix("builtin:") {
         Some("tiny") => {
             let dir = work.0.join("builtin-tiny");
-            rlhf_trainer::builtin::write_tiny_model(&dir, args.seed)?;
+            rlhf_trainer::builtin_models::write_tiny_model(&dir, args.seed)?;
             (dir, "builtin-tiny".to_string())
         }
         Some(other) => bail!("--model builtin:{other}: unknown built-in model (available: builtin:tiny)"),

@@ -238,13 +238,13 @@ fn unknown_tensor_type() {
 
 #[test]
 fn known_type_without_dequantiser_is_refused_when_read() {
-    // Q4_K: 256 elements in 144 bytes. The file parses; dequantising names the type.
-    let bytes = GgufWriter::new().tensor("k.weight", &[256], GgmlType::Q4_K, vec![0; 144]).to_bytes();
+    // Q2_K: 256 elements in 84 bytes. The file parses; dequantising names the type.
+    let bytes = GgufWriter::new().tensor("k.weight", &[256], GgmlType::Q2_K, vec![0; 84]).to_bytes();
     let (dir, path) = temp_file("k.gguf", &bytes);
     let g = GgufFile::open(&path).unwrap();
     let err = g.dequantize(g.tensor("k.weight").unwrap()).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("Q4_K") && msg.contains("k.weight") && msg.contains("Q4_1"), "{msg}");
+    assert!(msg.contains("Q2_K") && msg.contains("k.weight") && msg.contains("Q6_K"), "{msg}");
     assert_names(&err, &path);
     drop(dir);
 }

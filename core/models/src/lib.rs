@@ -22,6 +22,7 @@ pub mod config;
 pub mod decoder;
 pub mod device;
 pub mod error;
+pub mod families;
 pub mod gate;
 pub mod gemma;
 pub mod gpt2;

@@ -174,11 +174,10 @@ pub(crate) fn tokenizer_json() -> serde_json::Value {
     })
 }
 
-pub use crate::builtin_models::{write_model, write_tiny_model, MODELS};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builtin_models::{write_model, write_tiny_model};
     use tch::{Device, Kind};
 
     #[test]

@@ -94,7 +94,7 @@ mod tests {
     #[test]
     fn the_calc_vocabulary_round_trips_prompts_and_tool_calls() {
         let dir = tempfile::tempdir().unwrap();
-        crate::builtin::write_model("tiny-calc", dir.path(), 1).unwrap();
+        crate::builtin_models::write_model("tiny-calc", dir.path(), 1).unwrap();
         let tok = rlhf_tokenizer::HfTokenizer::from_dir(dir.path()).unwrap();
         assert_eq!(tok.encode("37*48=", false).unwrap(), [6, 10, 13, 7, 11, 14]);
         let demo = "<calc>37*48</calc><result>1776</result>1776";

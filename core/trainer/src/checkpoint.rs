@@ -43,21 +43,6 @@ fn parse_step(name: &str) -> Option<usize> {
     name.strip_prefix("step-").and_then(|s| s.parse().ok())
 }
 
-/// The one integer a saved step counter holds (AdamW's `step`), or an error saying what `what`
-/// (the file and key) holds instead; never libtorch's own error about an empty tensor.
-pub fn step_count(t: &Tensor, what: &str) -> Result<i64> {
-    let integral =
-        matches!(t.kind(), tch::Kind::Int64 | tch::Kind::Int | tch::Kind::Int16 | tch::Kind::Int8 | tch::Kind::Uint8);
-    if t.numel() != 1 || !integral {
-        return Err(err(format!(
-            "{what}: a step counter holds one integer, this tensor {:?} values of {:?}",
-            t.size(),
-            t.kind()
-        )));
-    }
-    Ok(t.f_reshape([1])?.f_int64_value(&[0])?)
-}
-
 /// 64-bit FNV-1a of a file's bytes (detects truncation and corruption; not cryptographic).
 pub(crate) fn fnv1a(path: &Path) -> Result<(u64, u64)> {
     let mut f = File::open(path).map_err(|e| io(path, e))?;

@@ -302,7 +302,7 @@ impl Optim {
                     let saved = if m.size() != p.m.size() { m.size() } else { v.size() };
                     return Err(bad_shape(&p.name, "", &saved, &p.m.size()));
                 }
-                let t = crate::checkpoint::step_count(t, &format!("optimizer state `{kt}`"))?;
+                let t = crate::shard_files::step_count(t, &format!("optimizer state `{kt}`"))?;
                 if let Some(master) = &mut p.master {
                     match state.get(&format!("{}.master", p.name)) {
                         Some(saved) if saved.size() != master.size() => {

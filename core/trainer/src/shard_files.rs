@@ -150,7 +150,7 @@ pub fn read_ranges(layout: &ShardLayout, path: impl Fn(usize) -> Result<PathBuf>
         let tensors: std::collections::HashMap<String, Tensor> =
             Tensor::read_safetensors(&file).map_err(|e| err(format!("{}: {e}", file.display())))?.into_iter().collect();
         let get = |k: &str| tensors.get(k).ok_or_else(|| err(format!("{}: no `{k}`", file.display())));
-        let t = crate::checkpoint::step_count(get("step")?, &format!("{}: `step`", file.display()))?;
+        let t = step_count(get("step")?, &format!("{}: `step`", file.display()))?;
         if step.is_some_and(|s| s != t) {
             return Err(err(format!("{}: step {t}, the other shards {}", file.display(), step.unwrap_or(0))));
         }
@@ -178,6 +178,21 @@ pub fn read_ranges(layout: &ShardLayout, path: impl Fn(usize) -> Result<PathBuf>
         })?;
     }
     Ok(step.unwrap_or(0))
+}
+
+/// The one integer a saved step counter holds (AdamW's `step`), or an error saying what `what`
+/// (the file and key) holds instead; never libtorch's own error about an empty tensor.
+pub fn step_count(t: &Tensor, what: &str) -> Result<i64> {
+    let integral =
+        matches!(t.kind(), tch::Kind::Int64 | tch::Kind::Int | tch::Kind::Int16 | tch::Kind::Int8 | tch::Kind::Uint8);
+    if t.numel() != 1 || !integral {
+        return Err(TrainerError::Checkpoint(format!(
+            "{what}: a step counter holds one integer, this tensor {:?} values of {:?}",
+            t.size(),
+            t.kind()
+        )));
+    }
+    Ok(t.f_reshape([1])?.f_int64_value(&[0])?)
 }
 
 #[cfg(test)]

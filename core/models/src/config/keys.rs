@@ -4,17 +4,10 @@
 //! is refused with one line naming the file and the key: an unknown key could change the
 //! computation, and a silent difference from transformers is worse than a refusal. A user who
 //! knows a key to be inert for their checkpoint lists it in `RLHF_ALLOW_CONFIG_KEYS`
-//! (comma-separated).
-
-use std::path::Path;
-
-use serde_json::{Map, Value};
-
-use super::Family;
-use crate::error::{ModelError, Result};
+//! (comma-separated). [`crate::families`] applies the rule.
 
 /// Keys of transformers' `PretrainedConfig` and of hub configs that never change the forward pass.
-const INERT: &[&str] = &[
+pub(crate) const INERT: &[&str] = &[
     "_attn_implementation",
     "_attn_implementation_autoset",
     "_commit_hash",
@@ -90,19 +83,6 @@ const INERT: &[&str] = &[
     "summary_first_dropout",
 ];
 
-/// The keys `family` implements (beyond [`INERT`]).
-fn family_keys(family: Family) -> &'static [&'static str] {
-    match family {
-        Family::Gpt2 => crate::gpt2::CONFIG_KEYS,
-        Family::Llama | Family::Mistral | Family::Qwen2 => crate::llama::CONFIG_KEYS,
-        Family::Qwen3 => crate::qwen3::CONFIG_KEYS,
-        Family::Qwen3Moe => crate::qwen3_moe::CONFIG_KEYS,
-        Family::Gemma2 | Family::Gemma3 => crate::gemma::CONFIG_KEYS,
-        Family::Olmo2 => crate::olmo2::CONFIG_KEYS,
-        Family::Phi3 => crate::phi3::CONFIG_KEYS,
-    }
-}
-
 /// Keys every rotary decoder reads ([`super::rotary_decoder`]).
 pub(crate) const ROTARY_DECODER: &[&str] = &[
     "vocab_size",
@@ -121,28 +101,3 @@ pub(crate) const ROTARY_DECODER: &[&str] = &[
     "attention_bias",
     "hidden_act",
 ];
-
-/// Refuses the first key of `config` that is neither inert, implemented by `family`, nor allowed
-/// by the user (`RLHF_ALLOW_CONFIG_KEYS`).
-pub fn check(path: &Path, config: &Map<String, Value>, family: Family) -> Result<()> {
-    let allowed = std::env::var("RLHF_ALLOW_CONFIG_KEYS").unwrap_or_default();
-    let allowed: Vec<&str> = allowed.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
-    let own = family_keys(family);
-    let rotary = family != Family::Gpt2;
-    for key in config.keys() {
-        let k = key.as_str();
-        let known = INERT.contains(&k) || own.contains(&k) || (rotary && ROTARY_DECODER.contains(&k));
-        if !known && !allowed.contains(&k) {
-            return Err(ModelError::config(
-                path,
-                k,
-                format!(
-                    "not a key this loader implements for model_type `{}`; it may change the computation, so it is \
-                     refused rather than ignored (if it does not, list it in RLHF_ALLOW_CONFIG_KEYS)",
-                    family.model_type()
-                ),
-            ));
-        }
-    }
-    Ok(())
-}

@@ -2,9 +2,10 @@
 //! file with optional fields, [`ArchConfig`] is the resolved runtime configuration every layer reads.
 //!
 //! Each family resolves its own keys with transformers' defaults for that family (its file:
-//! [`crate::llama`], [`crate::qwen3`], [`crate::gemma`], ...); [`keys`] refuses every key no
-//! family implements, so a key that would change the computation is never ignored in silence;
-//! [`rope`] reads rotary scaling from both spellings transformers has used.
+//! [`crate::llama`], [`crate::qwen3`], [`crate::gemma`], ...; [`crate::families`] dispatches and
+//! loads); [`keys`] lists the keys every family may carry, so a key that would change the
+//! computation is never ignored in silence; [`rope`] reads rotary scaling from both spellings
+//! transformers has used.
 
 pub mod keys;
 pub mod rope;
@@ -318,27 +319,6 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Re
 }
 
 impl ModelConfig {
-    /// Loads `<dir>/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let raw: Value = read_json(&path)?;
-        let Some(obj) = raw.as_object() else {
-            return Err(ModelError::Json { path, message: "expected a JSON object".into() });
-        };
-        let hf: HfConfig = parse_json(&path, &raw.to_string())?;
-        let model_type = hf.model_type.as_deref().ok_or_else(|| ModelError::config(&path, "model_type", "missing"))?;
-        let family = Family::from_model_type(model_type).ok_or_else(|| {
-            ModelError::config(
-                &path,
-                "model_type",
-                format!("unsupported `{model_type}` (supported: {})", Family::supported()),
-            )
-        })?;
-        keys::check(&path, obj, family)?;
-        let arch = resolve(&path, &hf, family)?;
-        Ok(ModelConfig { path, raw, hf, arch })
-    }
-
     /// Whether `architectures` names a `*ForSequenceClassification` model.
     pub fn is_sequence_classification(&self) -> bool {
         self.hf.architectures.as_ref().is_some_and(|a| a.iter().any(|s| s.ends_with("ForSequenceClassification")))
@@ -352,31 +332,6 @@ pub(crate) fn require(path: &Path, key: &str, v: Option<i64>) -> Result<i64> {
         Some(v) => Err(ModelError::config(path, key, format!("must be positive, got {v}"))),
         None => Err(ModelError::config(path, key, "missing")),
     }
-}
-
-/// `pad_token_id`: an integer, the first of a list, or none.
-fn pad_token_id(path: &Path, hf: &HfConfig) -> Result<Option<i64>> {
-    match &hf.pad_token_id {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => Ok(n.as_i64()),
-        Some(Value::Array(a)) => Ok(a.first().and_then(Value::as_i64)),
-        Some(other) => Err(ModelError::config(path, "pad_token_id", format!("expected an integer, got {other}"))),
-    }
-}
-
-fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
-    let mut arch = match family {
-        Family::Gpt2 => crate::gpt2::resolve(path, hf)?,
-        Family::Llama | Family::Mistral | Family::Qwen2 => crate::llama::resolve(path, hf, family)?,
-        Family::Qwen3 => crate::qwen3::resolve(path, hf)?,
-        Family::Qwen3Moe => crate::qwen3_moe::resolve(path, hf)?,
-        Family::Gemma2 | Family::Gemma3 => crate::gemma::resolve(path, hf, family)?,
-        Family::Olmo2 => crate::olmo2::resolve(path, hf)?,
-        Family::Phi3 => crate::phi3::resolve(path, hf)?,
-    };
-    arch.pad_token_id = pad_token_id(path, hf)?;
-    arch.num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len() as i64)).unwrap_or(2);
-    Ok(arch)
 }
 
 /// The family-independent part of a rotary decoder's configuration, with transformers' defaults

@@ -58,7 +58,7 @@ mod tests {
     #[test]
     fn rows_repeat_prompts_and_group_ids_count_prompts() {
         let dir = tempfile::tempdir().unwrap();
-        crate::builtin::write_tiny_model(dir.path(), 1).unwrap();
+        crate::builtin_models::write_tiny_model(dir.path(), 1).unwrap();
         let tok = HfTokenizer::from_dir(dir.path()).unwrap();
         let raw = crate::builtin::task_prompts("addition").unwrap();
         let cfg = DataConfig { shuffle: false, ..DataConfig::default() };

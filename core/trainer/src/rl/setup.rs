@@ -113,10 +113,10 @@ fn check_actor_spec(cfg: &RlConfig) -> Result<()> {
         crate::model_source::resolve(&cfg.model.critic, "model.critic")?;
     }
     match cfg.model.actor.strip_prefix("builtin:") {
-        Some(other) if !crate::builtin::MODELS.contains(&other) => Err(TrainerError::Config(format!(
+        Some(other) if !crate::builtin_models::MODELS.contains(&other) => Err(TrainerError::Config(format!(
             "{}: model.actor: unknown built-in model `builtin:{other}` (available: {})",
             cfg.source_of("model.actor"),
-            crate::builtin::MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
+            crate::builtin_models::MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
         ))),
         _ => Ok(()),
     }
@@ -128,7 +128,7 @@ fn actor_dir_of(cfg: &RlConfig, run_dir: &Path) -> Result<PathBuf> {
     match cfg.model.actor.strip_prefix("builtin:") {
         Some(name) => {
             let dir = run_dir.join("builtin-model");
-            crate::builtin::write_model(name, &dir, cfg.run.seed)?;
+            crate::builtin_models::write_model(name, &dir, cfg.run.seed)?;
             Ok(dir)
         }
         None => crate::model_source::resolve(&cfg.model.actor, "model.actor"),

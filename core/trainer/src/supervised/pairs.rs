@@ -455,7 +455,7 @@ mod tests {
     #[test]
     fn pairs_are_rendered_like_the_scorer_and_bad_lines_counted() {
         let dir = tempfile::tempdir().unwrap();
-        crate::builtin::write_tiny_model(dir.path(), 1).unwrap();
+        crate::builtin_models::write_tiny_model(dir.path(), 1).unwrap();
         let tok = HfTokenizer::from_dir(dir.path()).unwrap();
         let opts =
             PairOptions { max_len: 8, apply_chat_template: true, append_eos: false, overlong: Overlong::Truncate };
@@ -500,7 +500,7 @@ mod tests {
     #[test]
     fn split_pairs_start_at_the_response() {
         let dir = tempfile::tempdir().unwrap();
-        crate::builtin::write_tiny_model(dir.path(), 1).unwrap();
+        crate::builtin_models::write_tiny_model(dir.path(), 1).unwrap();
         let tok = HfTokenizer::from_dir(dir.path()).unwrap();
         let opts =
             PairOptions { max_len: 8, apply_chat_template: true, append_eos: true, overlong: Overlong::Truncate };

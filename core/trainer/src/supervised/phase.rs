@@ -290,14 +290,14 @@ pub fn check_model_spec(spec: &str) -> Result<()> {
 /// `builtin:tiny` written into `<run_dir>/builtin-model`.
 pub fn resolve_model_dir(spec: &str, run_dir: &Path, seed: u64) -> Result<PathBuf> {
     match spec.strip_prefix("builtin:") {
-        Some(name) if crate::builtin::MODELS.contains(&name) => {
+        Some(name) if crate::builtin_models::MODELS.contains(&name) => {
             let dir = run_dir.join("builtin-model");
-            crate::builtin::write_model(name, &dir, seed)?;
+            crate::builtin_models::write_model(name, &dir, seed)?;
             Ok(dir)
         }
         Some(other) => Err(TrainerError::Config(format!(
             "model.path: unknown built-in model `builtin:{other}` (available: {})",
-            crate::builtin::MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
+            crate::builtin_models::MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")
         ))),
         None => {
             let p = crate::model_source::resolve(spec, "model.path")?;

@@ -372,7 +372,7 @@ mod tests {
 
     fn tiny_tok() -> (tempfile::TempDir, HfTokenizer) {
         let dir = tempfile::tempdir().unwrap();
-        crate::builtin::write_tiny_model(dir.path(), 1).unwrap();
+        crate::builtin_models::write_tiny_model(dir.path(), 1).unwrap();
         let tok = HfTokenizer::from_dir(dir.path()).unwrap();
         (dir, tok)
     }

@@ -496,7 +496,7 @@ impl ShardedAdam {
                 }
                 let key = format!("{}.step", slot.name);
                 let saved = state.get(&key).ok_or_else(|| state_err(format!("missing `{key}`")))?;
-                steps_seen.push(crate::checkpoint::step_count(saved, &format!("optimizer state `{key}`"))?);
+                steps_seen.push(crate::shard_files::step_count(saved, &format!("optimizer state `{key}`"))?);
                 for (dst, src) in [(&self.m, &m), (&self.v, &v)] {
                     dst.f_narrow(0, slot.local, slot.chunk)?.f_copy_(&self.chunk_of(slot, src)?)?;
                 }

@@ -86,7 +86,7 @@ fn starting_weights(path: &Path, cfg: &RlConfig) -> Result<PathBuf> {
     match cfg.model.actor.strip_prefix("builtin:") {
         Some(name) => {
             let dir = std::env::temp_dir().join(format!("rlhf-eval-{}-{name}-{}", std::process::id(), cfg.run.seed));
-            crate::builtin::write_model(name, &dir, cfg.run.seed)?;
+            crate::builtin_models::write_model(name, &dir, cfg.run.seed)?;
             Ok(dir)
         }
         None => crate::model_source::resolve(&cfg.model.actor, "model.actor"),

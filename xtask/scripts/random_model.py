@@ -1,10 +1,13 @@
-"""A randomly initialised Qwen2 with its own byte-level BPE tokenizer of the same vocabulary, for
-benchmarks of a small compute-bound step (the shape of a Qwen2 block at toy scale):
-`python random_qwen2.py OUT_DIR [--hidden 256 --layers 4 --heads 8 --kv-heads 2 --mlp 704 --vocab 512]`.
+"""A randomly initialised decoder with its own byte-level BPE tokenizer of the same vocabulary, for
+benchmarks: `python random_model.py OUT_DIR [--family qwen2|qwen3|qwen3_moe|llama] [--hidden 256
+--layers 4 --heads 8 --kv-heads 2 --mlp 704 --vocab 512] [--head-dim D] [--experts E --top-k K
+--expert-mlp M]`. Qwen2 (the default) has the shape of a Qwen2 block at toy scale; qwen3 adds
+per-head q/k norms (and `--head-dim`); qwen3_moe replaces every MLP by E experts of `--expert-mlp`,
+K routed per token; llama is the same shape without the Qwen biases, for a like-for-like ratio.
 
 The tokenizer is trained at run time (Hugging Face `tokenizers`, byte-level BPE) on sums written as
 the built-in addition task writes them, so every prompt and every sampled id decodes; the model's
-embeddings are tied, as in Qwen2-0.5B."""
+embeddings are tied, as in Qwen2-0.5B and Qwen3-0.6B."""
 
 import argparse
 import json
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import Qwen2Config, Qwen2ForCausalLM
+import transformers
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -24,6 +27,11 @@ ap.add_argument("--kv-heads", type=int, default=2)
 ap.add_argument("--mlp", type=int, default=704)
 ap.add_argument("--vocab", type=int, default=512)
 ap.add_argument("--seed", type=int, default=0)
+ap.add_argument("--family", default="qwen2", choices=["qwen2", "qwen3", "qwen3_moe", "llama"])
+ap.add_argument("--head-dim", type=int, default=None)
+ap.add_argument("--experts", type=int, default=8)
+ap.add_argument("--top-k", type=int, default=2)
+ap.add_argument("--expert-mlp", type=int, default=None)
 args = ap.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -45,7 +53,7 @@ eos = tok.token_to_id("<|endoftext|>")
     json.dumps({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"})
 )
 
-cfg = Qwen2Config(
+common = dict(
     vocab_size=args.vocab,
     hidden_size=args.hidden,
     intermediate_size=args.mlp,
@@ -58,7 +66,18 @@ cfg = Qwen2Config(
     eos_token_id=eos,
     pad_token_id=eos,
 )
+if args.head_dim is not None:
+    common["head_dim"] = args.head_dim
+elif args.family in ("qwen3", "qwen3_moe"):
+    common["head_dim"] = args.hidden // args.heads
+if args.family == "qwen3_moe":
+    common.update(num_experts=args.experts, num_experts_per_tok=args.top_k, norm_topk_prob=True,
+                  moe_intermediate_size=args.expert_mlp or args.mlp // args.top_k)
+classes = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+           "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
+config_cls, model_cls = (getattr(transformers, c) for c in classes[args.family])
+cfg = config_cls(**common)
 torch.manual_seed(args.seed)
-model = Qwen2ForCausalLM(cfg)
+model = model_cls(cfg)
 model.save_pretrained(out, safe_serialization=True)
 print(f"{out}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {tok.get_vocab_size()}")

@@ -1,0 +1,97 @@
+//! Which family a `config.json` is, and loading it: the `model_type` picks the family file that
+//! resolves its keys ([`crate::llama`], [`crate::qwen3`], [`crate::qwen3_moe`], [`crate::gemma`],
+//! [`crate::olmo2`], [`crate::phi3`], [`crate::gpt2`]); before that, every key must be one the
+//! family implements or one known not to change the computation ([`config::keys`]).
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::config::{keys, parse_json, read_json, ArchConfig, Family, HfConfig, ModelConfig};
+use crate::error::{ModelError, Result};
+
+impl ModelConfig {
+    /// Loads `<dir>/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let raw: Value = read_json(&path)?;
+        let Some(obj) = raw.as_object() else {
+            return Err(ModelError::Json { path, message: "expected a JSON object".into() });
+        };
+        let hf: HfConfig = parse_json(&path, &raw.to_string())?;
+        let model_type = hf.model_type.as_deref().ok_or_else(|| ModelError::config(&path, "model_type", "missing"))?;
+        let family = Family::from_model_type(model_type).ok_or_else(|| {
+            ModelError::config(
+                &path,
+                "model_type",
+                format!("unsupported `{model_type}` (supported: {})", Family::supported()),
+            )
+        })?;
+        check_keys(&path, obj, family)?;
+        let arch = resolve(&path, &hf, family)?;
+        Ok(ModelConfig { path, raw, hf, arch })
+    }
+}
+
+/// `pad_token_id`: an integer, the first of a list, or none.
+fn pad_token_id(path: &Path, hf: &HfConfig) -> Result<Option<i64>> {
+    match &hf.pad_token_id {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_i64()),
+        Some(Value::Array(a)) => Ok(a.first().and_then(Value::as_i64)),
+        Some(other) => Err(ModelError::config(path, "pad_token_id", format!("expected an integer, got {other}"))),
+    }
+}
+
+fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
+    let mut arch = match family {
+        Family::Gpt2 => crate::gpt2::resolve(path, hf)?,
+        Family::Llama | Family::Mistral | Family::Qwen2 => crate::llama::resolve(path, hf, family)?,
+        Family::Qwen3 => crate::qwen3::resolve(path, hf)?,
+        Family::Qwen3Moe => crate::qwen3_moe::resolve(path, hf)?,
+        Family::Gemma2 | Family::Gemma3 => crate::gemma::resolve(path, hf, family)?,
+        Family::Olmo2 => crate::olmo2::resolve(path, hf)?,
+        Family::Phi3 => crate::phi3::resolve(path, hf)?,
+    };
+    arch.pad_token_id = pad_token_id(path, hf)?;
+    arch.num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len() as i64)).unwrap_or(2);
+    Ok(arch)
+}
+
+/// The keys `family` implements (beyond [`keys::INERT`]).
+fn family_keys(family: Family) -> &'static [&'static str] {
+    match family {
+        Family::Gpt2 => crate::gpt2::CONFIG_KEYS,
+        Family::Llama | Family::Mistral | Family::Qwen2 => crate::llama::CONFIG_KEYS,
+        Family::Qwen3 => crate::qwen3::CONFIG_KEYS,
+        Family::Qwen3Moe => crate::qwen3_moe::CONFIG_KEYS,
+        Family::Gemma2 | Family::Gemma3 => crate::gemma::CONFIG_KEYS,
+        Family::Olmo2 => crate::olmo2::CONFIG_KEYS,
+        Family::Phi3 => crate::phi3::CONFIG_KEYS,
+    }
+}
+
+/// Refuses the first key of `config` that is neither inert, implemented by `family`, nor allowed
+/// by the user (`RLHF_ALLOW_CONFIG_KEYS`).
+pub(crate) fn check_keys(path: &Path, config: &Map<String, Value>, family: Family) -> Result<()> {
+    let allowed = std::env::var("RLHF_ALLOW_CONFIG_KEYS").unwrap_or_default();
+    let allowed: Vec<&str> = allowed.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let own = family_keys(family);
+    let rotary = family != Family::Gpt2;
+    for key in config.keys() {
+        let k = key.as_str();
+        let known = keys::INERT.contains(&k) || own.contains(&k) || (rotary && keys::ROTARY_DECODER.contains(&k));
+        if !known && !allowed.contains(&k) {
+            return Err(ModelError::config(
+                path,
+                k,
+                format!(
+                    "not a key this loader implements for model_type `{}`; it may change the computation, so it is \
+                     refused rather than ignored (if it does not, list it in RLHF_ALLOW_CONFIG_KEYS)",
+                    family.model_type()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
