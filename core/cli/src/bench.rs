@@ -49,7 +49,7 @@ pub struct BenchArgs {
     /// adds dp).
     #[arg(value_enum)]
     section: Option<Section>,
-    /// Hugging Face model directory (Llama, Qwen2, GPT-2) or `builtin:tiny`.
+    /// Hugging Face model directory or Hub id (any supported family) or `builtin:tiny`.
     #[arg(long, default_value = "builtin:tiny")]
     model: String,
     /// cpu, cuda or cuda:N.

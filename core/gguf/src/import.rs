@@ -1,6 +1,8 @@
-//! GGUF → Hugging Face directory for Llama-architecture models: `model.safetensors` (dequantised),
-//! `config.json` (`LlamaForCausalLM`), `generation_config.json`, `tokenizer.json`,
-//! `tokenizer_config.json`.
+//! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2` and
+//! `qwen3`: `model.safetensors` (dequantised), `config.json` (`LlamaForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`), `generation_config.json`, `tokenizer.json`,
+//! `tokenizer_config.json`. Qwen2's q/k/v biases and Qwen3's per-head q/k norms
+//! (`attn_q_norm`, `attn_k_norm`) map to their transformers names.
 //!
 //! Two things differ between llama.cpp's layout and transformers' besides names:
 //!
@@ -10,6 +12,8 @@
 //!   interleaves the two halves that transformers' `rotate_half` pairs up, because ggml's rope
 //!   pairs neighbours). Viewing a head's rows as `[2, head_dim/2]` in HF and `[head_dim/2, 2]` in
 //!   GGUF, HF row `(h, i, r)` was stored at GGUF row `(h, r, i)`; [`unpermute_rows`] undoes it.
+//!   Only for `llama`: Qwen's converter keeps transformers' order (ggml's NeoX-style rope pairs
+//!   the halves as `rotate_half` does).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,9 +63,11 @@ impl OutDtype {
 pub const OUTPUT_FILES: [&str; 5] =
     ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"];
 
-/// Llama hyper-parameters from `llama.*` metadata.
+/// Hyper-parameters from `<architecture>.*` metadata (Llama, Qwen2 and Qwen3 share them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaParams {
+    /// llama.cpp's name: `llama`, `qwen2` or `qwen3`.
+    pub architecture: String,
     pub hidden_size: u64,
     pub intermediate_size: u64,
     pub num_hidden_layers: u64,
@@ -110,7 +116,7 @@ struct Planned<'a> {
 }
 
 impl LlamaParams {
-    /// Reads the hyper-parameters of a `general.architecture = "llama"` file.
+    /// Reads the hyper-parameters of a `general.architecture = "llama"`, `"qwen2"` or `"qwen3"` file.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let path = g.path();
         let arch = architecture(g)?;
@@ -198,6 +204,7 @@ impl LlamaParams {
             }
         }
         Ok(LlamaParams {
+            architecture: arch.to_string(),
             hidden_size: hidden,
             intermediate_size: g.req_u64(&k("feed_forward_length"))?,
             num_hidden_layers: g.req_u64(&k("block_count"))?,
@@ -213,12 +220,17 @@ impl LlamaParams {
         })
     }
 
-    /// `config.json` for `LlamaForCausalLM`.
+    /// `config.json` for `LlamaForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM`.
     pub fn hf_config(&self, special: &SpecialIds, dtype: OutDtype) -> Value {
         let eos = eos_value(special);
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        let (class, model_type) = match self.architecture.as_str() {
+            "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
+            "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
+            _ => ("LlamaForCausalLM", "llama"),
+        };
+        let mut config = json!({
+            "architectures": [class],
+            "model_type": model_type,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -232,17 +244,23 @@ impl LlamaParams {
             "max_position_embeddings": self.max_position_embeddings.unwrap_or(2048),
             "vocab_size": self.vocab_size,
             "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": false,
             "attention_dropout": 0.0,
-            "mlp_bias": false,
             "initializer_range": 0.02,
-            "pretraining_tp": 1,
             "use_cache": true,
             "bos_token_id": special.bos,
             "eos_token_id": eos,
             "pad_token_id": special.pad,
             "dtype": dtype.torch_name(),
-        })
+        });
+        let extra = match model_type {
+            "llama" => json!({"attention_bias": false, "mlp_bias": false, "pretraining_tp": 1}),
+            "qwen3" => json!({"attention_bias": false, "use_sliding_window": false}),
+            _ => json!({"use_sliding_window": false}),
+        };
+        if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+            c.extend(e.clone());
+        }
+        config
     }
 }
 
@@ -258,11 +276,12 @@ fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if arch != "llama" {
+    if !["llama", "qwen2", "qwen3"].contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
-                "architecture `{arch}` is not supported (only `llama`: Llama, SmolLM, Mistral without sliding window)"
+                "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
+                 qwen3)"
             ),
         ));
     }
@@ -306,8 +325,11 @@ pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Ve
     out
 }
 
-/// The HF name of a llama GGUF tensor, and whether its rows need un-permuting.
+/// The HF name of a GGUF tensor, and whether its rows need un-permuting.
 fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
+    let llama = p.architecture == "llama";
+    // llama.cpp permutes q/k rows for `llama` only.
+    let heads = |n: u64| if llama { Rope::Heads(n) } else { Rope::None };
     let (h, inter) = (p.hidden_size, p.intermediate_size);
     let (q_rows, kv_rows) = (p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim);
     let top = match name {
@@ -328,8 +350,13 @@ fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
     let (suffix, rope, shape) = match rest {
         "attn_norm.weight" => ("input_layernorm.weight", Rope::None, vec![h]),
         "ffn_norm.weight" => ("post_attention_layernorm.weight", Rope::None, vec![h]),
-        "attn_q.weight" => ("self_attn.q_proj.weight", Rope::Heads(p.num_attention_heads), vec![q_rows, h]),
-        "attn_k.weight" => ("self_attn.k_proj.weight", Rope::Heads(p.num_key_value_heads), vec![kv_rows, h]),
+        "attn_q.weight" => ("self_attn.q_proj.weight", heads(p.num_attention_heads), vec![q_rows, h]),
+        "attn_k.weight" => ("self_attn.k_proj.weight", heads(p.num_key_value_heads), vec![kv_rows, h]),
+        "attn_q.bias" if p.architecture == "qwen2" => ("self_attn.q_proj.bias", Rope::None, vec![q_rows]),
+        "attn_k.bias" if p.architecture == "qwen2" => ("self_attn.k_proj.bias", Rope::None, vec![kv_rows]),
+        "attn_v.bias" if p.architecture == "qwen2" => ("self_attn.v_proj.bias", Rope::None, vec![kv_rows]),
+        "attn_q_norm.weight" if p.architecture == "qwen3" => ("self_attn.q_norm.weight", Rope::None, vec![p.head_dim]),
+        "attn_k_norm.weight" if p.architecture == "qwen3" => ("self_attn.k_norm.weight", Rope::None, vec![p.head_dim]),
         "attn_v.weight" => ("self_attn.v_proj.weight", Rope::None, vec![kv_rows, h]),
         "attn_output.weight" => ("self_attn.o_proj.weight", Rope::None, vec![h, q_rows]),
         "ffn_gate.weight" => ("mlp.gate_proj.weight", Rope::None, vec![inter, h]),
@@ -340,7 +367,7 @@ fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
     Some((format!("model.layers.{layer}.{suffix}"), rope, shape))
 }
 
-/// Imports a llama GGUF into `out` (created if needed; existing files of the same names are
+/// Imports a `llama`, `qwen2` or `qwen3` GGUF into `out` (created if needed; existing files of the same names are
 /// overwritten). Everything is checked — architecture, tensor names, shapes, types, tokenizer —
 /// before the first file is written.
 pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportSummary> {
@@ -381,12 +408,20 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
     }
     if !unknown.is_empty() {
         unknown.truncate(10);
-        return Err(GgufError::unsupported(path, format!("tensors with no Llama counterpart: {}", unknown.join(", "))));
+        return Err(GgufError::unsupported(
+            path,
+            format!("tensors with no {arch} counterpart in transformers: {}", unknown.join(", ")),
+        ));
     }
     let have: HashMap<&str, ()> = planned.iter().map(|p| (p.hf_name.as_str(), ())).collect();
     let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
+    let own: &[&str] = match arch.as_str() {
+        "qwen2" => &["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
+        "qwen3" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight"],
+        _ => &[],
+    };
     for l in 0..params.num_hidden_layers {
-        for s in [
+        for s in own.iter().copied().chain([
             "input_layernorm.weight",
             "post_attention_layernorm.weight",
             "self_attn.q_proj.weight",
@@ -396,7 +431,7 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
             "mlp.gate_proj.weight",
             "mlp.up_proj.weight",
             "mlp.down_proj.weight",
-        ] {
+        ]) {
             required.push(format!("model.layers.{l}.{s}"));
         }
     }

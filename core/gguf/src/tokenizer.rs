@@ -19,6 +19,9 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
 /// Llama 3's split regex (`tokenizer.ggml.pre` llama-bpe and friends).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's (and Qwen3's) split: Llama 3's with single digits (`\p{N}`), as their `tokenizer.json` says.
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The special token ids a GGUF declares.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,7 +53,8 @@ pub struct TokenizerFiles {
 ///   split off first (`\p{N}`), then GPT-2's regex — `Digits(individual_digits)` + `ByteLevel`,
 ///   which is also what these models' own `tokenizer.json` files say;
 /// - `llama3`, `llama-v3`, `llama-bpe`, `smaug-bpe`, `falcon3`, `dbrx`: Llama 3's regex
-///   (`Split` + `ByteLevel` without its own regex).
+///   (`Split` + `ByteLevel` without its own regex);
+/// - `qwen2` (Qwen2, Qwen2.5, Qwen3): the same with single digits.
 pub fn pre_tokenizer(pre: &str, add_prefix_space: bool) -> Option<Value> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": true, "use_regex": use_regex});
     Some(match pre {
@@ -59,13 +63,16 @@ pub fn pre_tokenizer(pre: &str, add_prefix_space: bool) -> Option<Value> {
             "type": "Sequence",
             "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)],
         }),
-        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "dbrx" => json!({
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": false},
-                byte_level(false),
-            ],
-        }),
+        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "dbrx" | "qwen2" => {
+            let split = if pre == "qwen2" { QWEN2_SPLIT } else { LLAMA3_SPLIT };
+            json!({
+                "type": "Sequence",
+                "pretokenizers": [
+                    {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
+                    byte_level(false),
+                ],
+            })
+        }
         _ => return None,
     })
 }
@@ -77,7 +84,7 @@ fn ignore_merges(pre: &str) -> bool {
 }
 
 const KNOWN_PRE: &str = "gpt-2, mpt, olmo, jais, smollm, starcoder, refact, command-r, codeshell, exaone, minerva, \
-                         llama3, llama-v3, llama-bpe, smaug-bpe, falcon3, dbrx";
+                         llama3, llama-v3, llama-bpe, smaug-bpe, falcon3, dbrx, qwen2";
 
 /// Builds `tokenizer.json` and `tokenizer_config.json` from the file's metadata.
 pub fn build(g: &GgufFile, model_max_length: Option<u64>) -> Result<TokenizerFiles> {

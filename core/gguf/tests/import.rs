@@ -68,23 +68,29 @@ fn values(seed: u64, n: usize, coarse: bool) -> Vec<f32> {
 type Checkpoint = HashMap<String, (Vec<usize>, Vec<f32>)>;
 
 fn tiny_llama(pre: &str, untied: bool) -> (Checkpoint, Vec<u8>) {
+    tiny_model("llama", pre, untied)
+}
+
+/// [`tiny_llama`] as llama.cpp writes `arch` (`llama`, `qwen2` with q/k/v biases, `qwen3` with
+/// per-head q/k norms; only `llama`'s q/k rows permuted).
+fn tiny_model(arch: &str, pre: &str, untied: bool) -> (Checkpoint, Vec<u8>) {
     let (tokens, merges) = vocab();
     let vocab_size = tokens.len() as u64;
     let mut types = vec![1i32; tokens.len()];
     types[..3].fill(3);
     let mut w = GgufWriter::new()
-        .kv("general.architecture", Value::String("llama".into()))
+        .kv("general.architecture", Value::String(arch.into()))
         .kv("general.name", Value::String("tiny".into()))
-        .kv("llama.block_count", Value::U32(LAYERS as u32))
-        .kv("llama.context_length", Value::U32(256))
-        .kv("llama.embedding_length", Value::U32(HIDDEN as u32))
-        .kv("llama.feed_forward_length", Value::U32(INTER as u32))
-        .kv("llama.attention.head_count", Value::U32(HEADS as u32))
-        .kv("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32))
-        .kv("llama.rope.freq_base", Value::F32(100000.0))
-        .kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
-        .kv("llama.vocab_size", Value::U32(vocab_size as u32))
-        .kv("llama.rope.dimension_count", Value::U32(HEAD_DIM as u32))
+        .kv(&format!("{arch}.block_count"), Value::U32(LAYERS as u32))
+        .kv(&format!("{arch}.context_length"), Value::U32(256))
+        .kv(&format!("{arch}.embedding_length"), Value::U32(HIDDEN as u32))
+        .kv(&format!("{arch}.feed_forward_length"), Value::U32(INTER as u32))
+        .kv(&format!("{arch}.attention.head_count"), Value::U32(HEADS as u32))
+        .kv(&format!("{arch}.attention.head_count_kv"), Value::U32(KV_HEADS as u32))
+        .kv(&format!("{arch}.rope.freq_base"), Value::F32(100000.0))
+        .kv(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+        .kv(&format!("{arch}.vocab_size"), Value::U32(vocab_size as u32))
+        .kv(&format!("{arch}.rope.dimension_count"), Value::U32(HEAD_DIM as u32))
         .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
         .kv("tokenizer.ggml.pre", Value::String(pre.into()))
         .kv(
@@ -109,8 +115,8 @@ fn tiny_llama(pre: &str, untied: bool) -> (Checkpoint, Vec<u8>) {
         seed += 1;
         let v = values(seed, shape.iter().product(), true);
         let stored = match heads {
-            Some(n) => permute_rows(&v, shape[0], shape[1], n as usize),
-            None => v.clone(),
+            Some(n) if arch == "llama" => permute_rows(&v, shape[0], shape[1], n as usize),
+            _ => v.clone(),
         };
         let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         hf.insert(hf_name, (shape, v));
@@ -132,6 +138,16 @@ fn tiny_llama(pre: &str, untied: bool) -> (Checkpoint, Vec<u8>) {
         w = add(w, &g("attn_k.weight"), p("self_attn.k_proj.weight"), vec![kv, h], Some(KV_HEADS));
         w = add(w, &g("attn_v.weight"), p("self_attn.v_proj.weight"), vec![kv, h], None);
         w = add(w, &g("attn_output.weight"), p("self_attn.o_proj.weight"), vec![h, q], None);
+        if arch == "qwen2" {
+            w = add(w, &g("attn_q.bias"), p("self_attn.q_proj.bias"), vec![q], None);
+            w = add(w, &g("attn_k.bias"), p("self_attn.k_proj.bias"), vec![kv], None);
+            w = add(w, &g("attn_v.bias"), p("self_attn.v_proj.bias"), vec![kv], None);
+        }
+        if arch == "qwen3" {
+            let d = HEAD_DIM as usize;
+            w = add(w, &g("attn_q_norm.weight"), p("self_attn.q_norm.weight"), vec![d], None);
+            w = add(w, &g("attn_k_norm.weight"), p("self_attn.k_norm.weight"), vec![d], None);
+        }
         w = add(w, &g("ffn_norm.weight"), p("post_attention_layernorm.weight"), vec![h], None);
         w = add(w, &g("ffn_gate.weight"), p("mlp.gate_proj.weight"), vec![i, h], None);
         w = add(w, &g("ffn_up.weight"), p("mlp.up_proj.weight"), vec![i, h], None);
@@ -193,6 +209,44 @@ fn weights_come_back_with_hf_names_shapes_and_row_order() {
         let (_, meta) = SafeTensors::read_metadata(&data).unwrap();
         assert_eq!(meta.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str), Some("pt"));
     }
+}
+
+/// llama.cpp's `qwen2` and `qwen3`: biases and q/k norms under transformers' names, rows as stored
+/// (no permutation), the family's config.
+#[test]
+fn qwen2_and_qwen3_import_with_their_own_tensors_and_config() {
+    for (arch, class) in [("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")] {
+        let (hf, bytes) = tiny_model(arch, "qwen2", false);
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("tiny.gguf");
+        std::fs::write(&src, bytes).unwrap();
+        let out = dir.path().join("hf");
+        let summary = import_llama(&GgufFile::open(&src).unwrap(), &out, OutDtype::F32).unwrap();
+        assert_eq!((summary.architecture.as_str(), summary.tensors), (arch, hf.len()), "{arch}");
+        let data = std::fs::read(out.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&data).unwrap();
+        for (name, (shape, values)) in &hf {
+            let (got_shape, got) = read_f32(&st, name);
+            assert_eq!((&got_shape, &got), (shape, values), "{arch}: {name}");
+        }
+        let config = read_json(&out.join("config.json"));
+        assert_eq!(config["model_type"], arch);
+        assert_eq!(config["architectures"][0], class);
+        assert_eq!(config["head_dim"], HEAD_DIM);
+    }
+    // A tensor of another architecture (Qwen3's q norm in a `qwen2` file) is refused by name.
+    let (_, mut bytes) = tiny_model("qwen3", "qwen2", false);
+    // The architecture and its metadata keys renamed in place (same length).
+    let at: Vec<usize> = bytes.windows(5).enumerate().filter(|(_, w)| *w == b"qwen3").map(|(i, _)| i).collect();
+    for i in at {
+        bytes[i + 4] = b'2';
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("mixed.gguf");
+    std::fs::write(&src, &bytes).unwrap();
+    let g = GgufFile::open(&src).unwrap();
+    let e = import_llama(&g, &dir.path().join("hf"), OutDtype::F32).unwrap_err().to_string();
+    assert!(e.contains("attn_q_norm") && e.contains("no qwen2 counterpart"), "{e}");
 }
 
 #[test]
