@@ -88,6 +88,10 @@ pub fn shards_of(index: &Path) -> std::result::Result<Vec<String>, String> {
 fn client() -> std::result::Result<Client, String> {
     Client::builder()
         .connect_timeout(Duration::from_secs(10))
+        // The blocking client bounds the wait for a response's head and for each read of its
+        // body with this, not the whole transfer: a multi-gigabyte shard may take as long as
+        // it needs, while a connection that stalls fails and the download resumes with `Range`.
+        .timeout(Duration::from_secs(30))
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| e.to_string())
