@@ -216,6 +216,12 @@ impl ProcessGroup {
         }
         signal("-KILL");
         let _ = self.child.wait();
+        // SIGKILL is delivered asynchronously: wait (briefly) until the kernel has ended every
+        // member, so that a caller checking the group right after sees none.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !self.members().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 
