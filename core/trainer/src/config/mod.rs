@@ -268,10 +268,20 @@ pub struct KeySource<'a> {
 }
 
 impl KeySource<'_> {
-    /// The source of dotted `key` (`rewards[0].weight` is looked up as `rewards`).
+    /// The source of dotted `key` (`rewards[0].weight` is looked up as `rewards`); for a key no
+    /// layer sets (a missing key), the source of its nearest section that one does — where the
+    /// key belongs — and the base config when there is none.
     pub fn of(&self, key: &str) -> String {
-        let key = key.split('[').next().unwrap_or(key);
-        self.fig.find_metadata(key).map(source_name).unwrap_or_else(|| self.base.to_string())
+        let mut key = key.split('[').next().unwrap_or(key);
+        loop {
+            if let Some(m) = self.fig.find_metadata(key) {
+                return source_name(m);
+            }
+            match key.rsplit_once('.') {
+                Some((parent, _)) => key = parent,
+                None => return self.base.to_string(),
+            }
+        }
     }
 
     /// A config error `SOURCE: KEY: MSG` naming where `key` came from.

@@ -554,5 +554,10 @@ mod tests {
         let cfg = grpo(&["rewards=[{ plugin = \"reward-rules\", config = { exact = 1 } }]", "eval.data=\"\""]).unwrap();
         assert!(cfg.source_of("rewards[0].config.exact").starts_with("--set rewards="));
         assert_eq!(RlConfig::default().source_of("algorithm.config.beta"), "");
+        // A key no layer sets is blamed on the layer that made its section, not the preset.
+        let cfg = grpo(&["environment.plugin=\"env-http\"", "environment.reward=\"sum\""]).unwrap();
+        let src = cfg.source_of("environment.config.url");
+        assert!(src.starts_with("--set environment."), "{src}");
+        assert_eq!(cfg.source_of("nothing.here"), "preset grpo");
     }
 }
