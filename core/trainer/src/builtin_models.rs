@@ -54,6 +54,13 @@ pub fn write_tiny_model(dir: &Path, seed: u64) -> Result<()> {
     write_decoder(dir, seed, &tokenizer_json(), (3 + WORDS.len()) as i64, Arch::Llama)
 }
 
+/// The shape every tiny model shares: hidden size, layers, query and key/value heads, MLP size.
+const HIDDEN: i64 = 64;
+const LAYERS: i64 = 2;
+const HEADS: i64 = 4;
+const KV_HEADS: i64 = 2;
+const INTER: i64 = 128;
+
 /// Experts of the tiny MoE, routed per token, and each expert's intermediate size.
 const EXPERTS: i64 = 4;
 const TOP_K: i64 = 2;
@@ -61,7 +68,7 @@ const EXPERT_INTER: i64 = 64;
 
 /// `config.json` of the tiny model of `arch`.
 fn config(arch: Arch, vocab: i64, head_dim: i64) -> serde_json::Value {
-    let (hidden, layers, heads, kv_heads, inter) = (64i64, 2i64, 4i64, 2i64, 128i64);
+    let (hidden, layers, heads, kv_heads, inter) = (HIDDEN, LAYERS, HEADS, KV_HEADS, INTER);
     let mut c = json!({
         "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
@@ -90,7 +97,7 @@ fn config(arch: Arch, vocab: i64, head_dim: i64) -> serde_json::Value {
 /// The tiny decoder of `arch` with `tokenizer` (`vocab` entries; `<pad>` 0, `<eos>` 1, `<unk>` 2).
 fn write_decoder(dir: &Path, seed: u64, tokenizer: &serde_json::Value, vocab: i64, arch: Arch) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| TrainerError::io(dir, e))?;
-    let (hidden, layers, heads, kv_heads, inter) = (64i64, 2i64, 4i64, 2i64, 128i64);
+    let (hidden, layers, heads, kv_heads, inter) = (HIDDEN, LAYERS, HEADS, KV_HEADS, INTER);
     // Qwen3's head_dim is its own (here twice hidden / heads); Llama's is hidden / heads.
     let head_dim = if arch == Arch::Llama { hidden / heads } else { 2 * hidden / heads };
     let write = |name: &str, v: &serde_json::Value| rlhf_models::weights::write_json(&dir.join(name), v);

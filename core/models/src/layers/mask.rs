@@ -62,8 +62,9 @@ pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
     let segs = mask.f_to_kind(Kind::Int64)?; // [b, s]
     let (b, s) = (segs.size()[0], segs.size()[1]);
     let t = Tensor::f_arange(s, (Kind::Int64, segs.device()))?.f_view([1, s])?.f_expand([b, s], false)?; // [b, s]
-                                                                                                         // A segment starts at a real token whose id differs from the previous slot's (padding sits only
-                                                                                                         // at the ends of a row, so the previous slot is the previous real token or padding).
+
+    // A segment starts at a real token whose id differs from the previous slot's (padding sits only
+    // at the ends of a row, so the previous slot is the previous real token or padding).
     let first = Tensor::f_full([b, 1], -1, (Kind::Int64, segs.device()))?; // [b, 1]
     let prev = Tensor::f_cat(&[&first, &segs.f_narrow(1, 0, s - 1)?], 1)?; // [b, s]: segs[t − 1]
     let start = segs.f_ne_tensor(&prev)?.f_logical_and(&segs.f_ne(0)?)?; // [b, s]

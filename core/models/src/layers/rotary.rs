@@ -27,14 +27,25 @@ pub struct Rotary {
     dim: i64,
 }
 
+/// `2i / dim` for `i < dim / 2`, as transformers computes it: `arange(0, dim, 2).float() / dim`.
+///
+/// # Shapes
+/// returns `[dim / 2]` (f32)
+fn exponents(dim: i64, device: tch::Device) -> Result<Tensor> {
+    Ok(Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, device))?
+        .f_to_kind(Kind::Float)?
+        .f_div_scalar(dim as f64)?)
+}
+
+/// `θ^(2i / dim)` for `i < dim / 2` in f32 tensors, `base` a 0-d f32 tensor holding θ.
+fn powers(base: &Tensor, dim: i64) -> Result<Tensor> {
+    Ok(base.f_pow(&exponents(dim, base.device())?)?)
+}
+
 /// `1 / θ^(2i / dim)` for `i < dim / 2` as transformers computes it: `θ ** (arange(0, dim, 2) / dim)`
 /// in f32 tensors.
 fn default_inv_freq(theta: f64, dim: i64, device: tch::Device) -> Result<Tensor> {
-    let exponents = Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, device))?
-        .f_to_kind(Kind::Float)?
-        .f_div_scalar(dim as f64)?;
-    let base = Tensor::f_scalar_tensor(theta, (Kind::Float, device))?;
-    Ok(base.f_pow(&exponents)?.f_reciprocal()?)
+    Ok(powers(&Tensor::f_scalar_tensor(theta, (Kind::Float, device))?, dim)?.f_reciprocal()?)
 }
 
 impl Rotary {
@@ -81,10 +92,7 @@ impl Rotary {
                 Ok(Rotary { inv_freq, attention_scaling: attention_factor, by_length: None, dim })
             }
             RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
-                let shape = Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, device))?
-                    .f_to_kind(Kind::Float)?
-                    .f_div_scalar(dim as f64)?;
-                let powers = Tensor::f_scalar_tensor(cfg.theta, (Kind::Float, device))?.f_pow(&shape)?;
+                let powers = powers(&Tensor::f_scalar_tensor(cfg.theta, (Kind::Float, device))?, dim)?;
                 let with = |factors: &[f64]| -> Result<Tensor> {
                     let f: Vec<f32> = factors.iter().map(|x| *x as f32).collect();
                     Ok(Tensor::f_from_slice(&f)?.f_to_device(device)?.f_mul(&powers)?.f_reciprocal()?)
@@ -129,11 +137,7 @@ impl Rotary {
                     .f_div_scalar(*max_position_embeddings)?
                     .f_sub_scalar(factor - 1.0)?
                     .f_pow_tensor_scalar(d / (d - 2.0))?;
-                let base = grow.f_mul_scalar(*theta)?;
-                let exponents = Tensor::f_arange_start_step(0, self.dim, 2, (Kind::Int64, device))?
-                    .f_to_kind(Kind::Float)?
-                    .f_div_scalar(d)?;
-                Ok(base.f_pow(&exponents)?.f_reciprocal()?)
+                Ok(powers(&grow.f_mul_scalar(*theta)?, self.dim)?.f_reciprocal()?)
             }
             ByLength::Dynamic { .. } => Ok(self.inv_freq.shallow_clone()),
         }
@@ -179,9 +183,7 @@ fn yarn_inv_freq(cfg: &RopeConfig, dim: i64, device: tch::Device) -> Result<Tens
     if low == high {
         high += 0.001; // no singularity
     }
-    let exponents =
-        Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, device))?.f_to_kind(Kind::Float)?.f_div_scalar(d)?;
-    let pos_freqs = Tensor::f_scalar_tensor(base, (Kind::Float, device))?.f_pow(&exponents)?; // [d/2]
+    let pos_freqs = powers(&Tensor::f_scalar_tensor(base, (Kind::Float, device))?, dim)?; // [d/2]
     let extrapolation = pos_freqs.f_reciprocal()?;
     let interpolation = pos_freqs.f_mul_scalar(factor)?.f_reciprocal()?;
     let ramp = Tensor::f_arange(dim / 2, (Kind::Float, device))?
