@@ -82,17 +82,26 @@ fn label_of(v: Option<&Value>, at: &str) -> std::result::Result<Option<String>, 
 fn prompt_of(mut obj: Map<String, Value>, at: &str) -> std::result::Result<RawPrompt, String> {
     let label = label_of(obj.get("label"), at)?;
     obj.remove("label");
+    // TRL's conversational format: `prompt` holds the chat messages.
+    let mut field = "messages";
+    if matches!(obj.get("prompt"), Some(Value::Array(_))) && !obj.contains_key("messages") {
+        let p = obj.remove("prompt").unwrap_or_default();
+        obj.insert("messages".into(), p);
+        field = "prompt";
+    }
     if let Some(p) = obj.remove("prompt") {
-        let Value::String(prompt) = p else { return Err(format!("{at}: prompt: expected a string, got {p}")) };
+        let Value::String(prompt) = p else {
+            return Err(format!("{at}: prompt: expected a string or a list of chat messages, got {p}"));
+        };
         if prompt.trim().is_empty() {
             return Err(format!("{at}: prompt: empty (a prompt needs some text)"));
         }
         Ok(RawPrompt::Text { prompt, label, metadata: Value::Object(obj) })
     } else if let Some(m) = obj.remove("messages") {
         let messages: Vec<ChatMessage> = serde_json::from_value(m)
-            .map_err(|e| format!("{at}: messages: expected [{{\"role\", \"content\"}}]: {e}"))?;
+            .map_err(|e| format!("{at}: {field}: expected [{{\"role\", \"content\"}}]: {e}"))?;
         if messages.is_empty() {
-            return Err(format!("{at}: messages: empty conversation"));
+            return Err(format!("{at}: {field}: empty conversation"));
         }
         Ok(RawPrompt::Chat { messages, label, metadata: Value::Object(obj) })
     } else {
@@ -164,7 +173,7 @@ pub fn read_prompts_with(path: &Path, cols: &Columns) -> Result<Vec<RawPrompt>> 
         }
         let v: Value = serde_json::from_str(line).map_err(|e| err(format!("line {n}: not valid JSON: {e}")))?;
         let Value::Object(mut obj) = v else { return Err(err(format!("line {n}: expected a JSON object"))) };
-        cols.rename(&mut obj);
+        cols.rename(&mut obj).map_err(|reason| err(format!("line {n}: {reason}")))?;
         out.push(prompt_of(obj, &format!("line {n}")).map_err(err)?);
     }
     if out.is_empty() {
@@ -280,6 +289,20 @@ mod tests {
         .unwrap();
         let raw = read_prompts(&p).unwrap();
         assert_eq!(raw.len(), 2);
+        std::fs::write(&p, "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"solution\": \"x\"}\n").unwrap();
+        match &read_prompts(&p).unwrap()[0] {
+            RawPrompt::Chat { messages, metadata, .. } => {
+                assert_eq!((messages.len(), messages[0].content.as_str()), (1, "hi"));
+                assert_eq!(metadata["solution"], "x");
+            }
+            _ => panic!("a conversational prompt is chat messages"),
+        }
+        std::fs::write(
+            &p,
+            "{\"prompt\": \"1 + 2 =\", \"label\": 3, \"id\": 7}\n\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+        )
+        .unwrap();
+        let raw = read_prompts(&p).unwrap();
         match &raw[0] {
             RawPrompt::Text { prompt, label, metadata } => {
                 assert_eq!((prompt.as_str(), label.as_deref()), ("1 + 2 =", Some("3")));
@@ -288,7 +311,8 @@ mod tests {
             _ => panic!("expected text"),
         }
         for (content, needle) in [
-            ("{\"prompt\": 1}\n", "line 1: prompt: expected a string"),
+            ("{\"prompt\": 1}\n", "line 1: prompt: expected a string or a list of chat messages"),
+            ("{\"prompt\": [{\"role\": \"user\"}]}\n", "line 1: prompt: expected [{\"role\""),
             ("{\"x\": 1}\n", "line 1: needs a `prompt` or `messages`"),
             ("nope\n", "line 1: not valid JSON"),
             ("{\"prompt\": \"a\", \"label\": [1]}\n", "line 1: label"),

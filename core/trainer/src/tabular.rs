@@ -24,6 +24,8 @@ pub struct Columns {
     map: Vec<(&'static str, &'static str, String)>,
     /// Alternatives, each a set of parser names that must all be columns of a Parquet file.
     required: Vec<Vec<&'static str>>,
+    /// Parser names whose renamed column is copied, not moved: the original stays in the row.
+    kept: Vec<&'static str>,
 }
 
 impl Columns {
@@ -36,7 +38,14 @@ impl Columns {
                 (*canon, *key, if name.is_empty() { canon.to_string() } else { name.to_string() })
             })
             .collect();
-        Columns { map, required: Vec::new() }
+        Columns { map, required: Vec::new(), kept: Vec::new() }
+    }
+
+    /// With the columns of `canon` kept under their own names too (the label column of RL data
+    /// reaches reward functions under the name the dataset gives it, as TRL passes columns).
+    pub fn keeping(mut self, canon: &[&'static str]) -> Self {
+        self.kept = canon.to_vec();
+        self
     }
 
     /// With the columns a Parquet file must have: any one of `sets` complete.
@@ -56,20 +65,42 @@ impl Columns {
     }
 
     /// Renames mapped fields of `obj` to the names the parsers read (a field already under the
-    /// parser's name is replaced by the mapped one).
-    pub fn rename(&self, obj: &mut Map<String, Value>) {
-        for (canon, _, name) in &self.map {
-            if canon != name {
-                match obj.remove(name.as_str()) {
-                    Some(v) => {
-                        obj.insert(canon.to_string(), v);
+    /// parser's name is replaced by the mapped one). A dotted name is a path into nested objects
+    /// (`reward_model.ground_truth`, as verl keeps its answers): the value is copied out and its
+    /// container stays (rewards see it as metadata). Fails, naming the path and its key, when a
+    /// nested path is missing: a nested key is never optional.
+    pub fn rename(&self, obj: &mut Map<String, Value>) -> std::result::Result<(), String> {
+        for (canon, key, name) in &self.map {
+            if canon == name {
+                continue;
+            }
+            let value = match name.split_once('.') {
+                None if self.kept.contains(canon) => obj.get(name.as_str()).cloned(),
+                None => obj.remove(name.as_str()),
+                Some((top, rest)) => {
+                    let found = rest.split('.').try_fold(obj.get(top), |v, k| Ok::<_, ()>(v.and_then(|v| v.get(k))));
+                    match found.ok().flatten() {
+                        Some(v) if !v.is_null() => Some(v.clone()),
+                        _ => return Err(format!("no `{name}` (data.{key})")),
                     }
-                    None => {
-                        obj.remove(*canon);
-                    }
+                }
+            };
+            match value {
+                Some(v) => {
+                    obj.insert(canon.to_string(), v);
+                }
+                None => {
+                    obj.remove(*canon);
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The top-level column of the parser's field `canon` (the first part of a dotted path).
+    fn column<'a>(&'a self, canon: &'a str) -> &'a str {
+        let name = self.name(canon);
+        name.split_once('.').map_or(name, |(top, _)| top)
     }
 
     /// `a` (`data.KEY`) for error messages.
@@ -152,7 +183,7 @@ pub fn for_each_row(spec: &str, cols: &Columns, mut f: impl FnMut(usize, &Path, 
         let schema = reader.metadata().file_metadata().schema_descr();
         let names: Vec<&str> = schema.root_schema().get_fields().iter().map(|t| t.name()).collect();
         let required = &cols.required;
-        let has = |canon: &str| names.contains(&cols.name(canon));
+        let has = |canon: &str| names.contains(&cols.column(canon));
         if !required.is_empty() && !required.iter().any(|set| set.iter().all(|c| has(c))) {
             // Name the first missing column of the alternative closest to complete.
             let best = required.iter().rev().max_by_key(|set| set.iter().filter(|c| has(c)).count()).unwrap();
@@ -173,11 +204,11 @@ pub fn for_each_row(spec: &str, cols: &Columns, mut f: impl FnMut(usize, &Path, 
         for (i, row) in rows.enumerate() {
             let row = row.map_err(|e| err(format!("row {}: cannot be read: {e}", i + 1)))?;
             let obj = row.get_column_iter().map(|(k, v)| Ok((k.clone(), json_of(v)?))).collect::<Row>();
-            let obj = obj.map(|mut o| {
+            let obj = obj.and_then(|mut o| {
                 // A null cell is an absent field (a column another kind of row fills).
                 o.retain(|_, v| !v.is_null());
-                cols.rename(&mut o);
-                o
+                cols.rename(&mut o)?;
+                Ok(o)
             });
             f(i + 1, &path, obj)?;
         }
@@ -238,8 +269,24 @@ mod tests {
         let cols = Columns::new(&[("prompt", "prompt_key", "question"), ("label", "label_key", "")]);
         assert!(!cols.is_identity());
         let mut o: Map<String, Value> = serde_json::from_str(r#"{"question": "q", "label": 1}"#).unwrap();
-        cols.rename(&mut o);
+        cols.rename(&mut o).unwrap();
         assert_eq!(Value::Object(o), serde_json::json!({"prompt": "q", "label": 1}));
         assert_eq!(cols.describe("prompt"), "`question` (data.prompt_key)");
+        let cols = Columns::new(&[("label", "label_key", "solution")]).keeping(&["label"]);
+        let mut o: Map<String, Value> = serde_json::from_str(r#"{"prompt": "q", "solution": "7"}"#).unwrap();
+        cols.rename(&mut o).unwrap();
+        assert_eq!(Value::Object(o), serde_json::json!({"prompt": "q", "label": "7", "solution": "7"}));
+        // verl's layout: the answer nested, its container kept as metadata.
+        let cols = Columns::new(&[("label", "label_key", "reward_model.ground_truth")]);
+        let mut o: Map<String, Value> =
+            serde_json::from_str(r#"{"prompt": "q", "reward_model": {"ground_truth": "7", "style": "rule"}}"#).unwrap();
+        cols.rename(&mut o).unwrap();
+        assert_eq!(o["label"], "7");
+        assert_eq!(o["reward_model"]["style"], "rule");
+        assert_eq!(cols.column("label"), "reward_model");
+        for missing in [r#"{"reward_model": {"style": "rule"}}"#, r#"{"prompt": "q"}"#, r#"{"reward_model": 3}"#] {
+            let mut o: Map<String, Value> = serde_json::from_str(missing).unwrap();
+            assert_eq!(cols.rename(&mut o).unwrap_err(), "no `reward_model.ground_truth` (data.label_key)");
+        }
     }
 }

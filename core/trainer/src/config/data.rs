@@ -19,7 +19,9 @@ pub struct DataConfig {
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Shuffle prompts every pass over the data.
     pub shuffle: bool,
-    /// The columns (JSONL fields) holding the prompt, the chat messages and the label.
+    /// The columns (JSONL fields) holding the prompt, the chat messages and the label; a dotted
+    /// name is a path into nested objects (verl's `reward_model.ground_truth`). A renamed label
+    /// column also stays in the line's metadata under its own name.
     pub prompt_key: String,
     pub messages_key: String,
     pub label_key: String,
@@ -34,6 +36,7 @@ impl DataConfig {
             ("label", "label_key", &self.label_key),
         ])
         .requiring(&[&["prompt"], &["messages"]])
+        .keeping(&["label"])
     }
 }
 

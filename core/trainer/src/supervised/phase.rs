@@ -46,6 +46,8 @@ pub enum RawLine {
     Json(Value),
     /// A line of the file that is not UTF-8 (counted, not parsed).
     NotUtf8,
+    /// A JSONL line without a nested column the mapping names (counted, with why).
+    Unmapped(String),
     /// A Parquet row ([`crate::tabular`]), or why it is not one; reported as rows.
     Row(std::result::Result<Value, String>),
 }
@@ -88,8 +90,10 @@ impl SourceLines {
         for (_, line) in self.lines.iter_mut().filter(|_| !cols.is_identity()) {
             if let RawLine::Text(t) = line {
                 if let Ok(Value::Object(mut o)) = serde_json::from_str::<Value>(t) {
-                    cols.rename(&mut o);
-                    *line = RawLine::Json(Value::Object(o));
+                    *line = match cols.rename(&mut o) {
+                        Ok(()) => RawLine::Json(Value::Object(o)),
+                        Err(reason) => RawLine::Unmapped(reason),
+                    };
                 }
             }
         }
@@ -102,7 +106,7 @@ impl SourceLines {
             report.rows |= matches!(line, RawLine::Row(_));
             let value = match line {
                 RawLine::Json(v) | RawLine::Row(Ok(v)) => v.clone(),
-                RawLine::Row(Err(reason)) => {
+                RawLine::Row(Err(reason)) | RawLine::Unmapped(reason) => {
                     report.skip(*n, reason);
                     continue;
                 }
