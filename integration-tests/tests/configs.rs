@@ -64,6 +64,12 @@ fn check(name: &str, path: &Path, reg: &PluginRegistry) -> Result<(), String> {
             let model = model.filter(|m| m.is_dir()).unwrap_or_else(|| rlhf_integration_tests::model_dir("llama-rm"));
             section["model"] = serde_json::Value::String(model.to_string_lossy().into_owned());
         }
+        if r.plugin == "reward-python" {
+            // Relative to the project root, where the configs are run from; the workers start
+            // (importing the file) with the project's Python.
+            let file = section.get("file").and_then(|f| f.as_str()).map(|f| project_root().join(f));
+            section["file"] = serde_json::Value::String(file.unwrap_or_default().to_string_lossy().into_owned());
+        }
         let plugin = reg.get(&r.plugin, PluginKind::Reward).map_err(|e| e.to_string())?;
         RewardHandle::new(plugin, &section.to_string(), ctx(), &format!("rewards[{i}].config"))
             .map_err(|e| e.to_string())?;

@@ -27,6 +27,16 @@ pub(crate) const TRANSFORMERS_VERSION: &str = "5.23.0";
 pub(crate) const PYARROW_VERSION: &str = "26.0.1";
 /// The `gguf` package (llama.cpp's Python reader) the K-quant dequantisation is checked against.
 pub(crate) const GGUF_VERSION: &str = "0.19.0";
+/// The packages the tests use, pinned, beyond torch: transformers, pyarrow, gguf, and
+/// math-verify (the `reward-python` example's answer checker).
+pub(crate) fn test_deps() -> [String; 4] {
+    [
+        format!("transformers=={TRANSFORMERS_VERSION}"),
+        format!("pyarrow=={PYARROW_VERSION}"),
+        format!("gguf=={GGUF_VERSION}"),
+        "math-verify==0.9.0".to_string(),
+    ]
+}
 
 const TORCH_MARKER: &str = ".rlhf-torch-installed";
 const LIBTORCH_CPU: &str = "lib/libtorch_cpu.so";
@@ -195,12 +205,13 @@ pub(crate) fn ensure_test_deps(torch: &Torch, force: bool) -> Result<()> {
                 Ok(())
             }
             None => bail!(
-                "no Python for the test dependencies: LIBTORCH is set and RLHF_PYTHON is not; set RLHF_PYTHON to a Python with transformers=={TRANSFORMERS_VERSION}, pyarrow=={PYARROW_VERSION} and gguf=={GGUF_VERSION}, or unset LIBTORCH"
+                "no Python for the test dependencies: LIBTORCH is set and RLHF_PYTHON is not; set RLHF_PYTHON to a Python with {}, or unset LIBTORCH",
+                test_deps().join(", ")
             ),
         };
     };
-    let marker =
-        venv.dir.join(format!(".rlhf-test-deps-{TRANSFORMERS_VERSION}-pyarrow-{PYARROW_VERSION}-gguf-{GGUF_VERSION}"));
+    let deps = test_deps();
+    let marker = venv.dir.join(format!(".rlhf-test-deps-{}", deps.join("-").replace("==", "-")));
     if !force && marker.is_file() {
         return Ok(());
     }
@@ -209,14 +220,10 @@ pub(crate) fn ensure_test_deps(torch: &Torch, force: bool) -> Result<()> {
         return Ok(());
     }
     venv.create()?;
-    venv.pip_install(&format!("transformers=={TRANSFORMERS_VERSION}"))?;
-    venv.pip_install(&format!("pyarrow=={PYARROW_VERSION}"))?;
-    venv.pip_install(&format!("gguf=={GGUF_VERSION}"))?;
-    fs::write(
-        &marker,
-        format!("transformers=={TRANSFORMERS_VERSION}\npyarrow=={PYARROW_VERSION}\ngguf=={GGUF_VERSION}\n"),
-    )
-    .with_context(|| format!("could not write {}", marker.display()))?;
+    for dep in &deps {
+        venv.pip_install(dep)?;
+    }
+    fs::write(&marker, deps.join("\n") + "\n").with_context(|| format!("could not write {}", marker.display()))?;
     Ok(())
 }
 

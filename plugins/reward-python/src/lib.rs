@@ -10,7 +10,7 @@
 //! `on_none` (TRL sums the other functions' rewards: 0.0 by default). Scores are put back in
 //! batch order, so the pool size never changes them.
 //!
-//! Metrics (prefix `reward_python/<function>/`): `latency_s` (wall time of the batch), `none`,
+//! Metrics (prefix `reward_python/<file stem>.<function>/`): `latency_s` (wall time of the batch), `none`,
 //! `errors` (samples given `on_error`), `restarts` (workers replaced), and the function's own:
 //! a verl dict's other numbers and OpenRLHF's `extra_logs`, each the mean over the samples.
 //!
@@ -81,6 +81,12 @@ impl RewardPython {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// `reward_python/<file stem>.<function>`: two sources never share a metric.
+    pub fn metric_prefix(&self) -> String {
+        let stem = self.settings.file.file_stem().map_or("reward".into(), |s| s.to_string_lossy());
+        format!("reward_python/{stem}.{}", self.settings.function)
     }
 
     /// Kills worker `k` and starts its replacement.
@@ -195,7 +201,7 @@ impl RewardSource for RewardPython {
                 return Err(PluginError::external(e));
             }
         }
-        let prefix = format!("reward_python/{}", self.settings.function);
+        let prefix = self.metric_prefix();
         let mut metrics = vec![
             (format!("{prefix}/latency_s"), t0.elapsed().as_secs_f64()),
             (format!("{prefix}/none"), nones as f64),

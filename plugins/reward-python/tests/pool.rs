@@ -53,8 +53,10 @@ fn rand_suffix() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
 }
 
+/// The metric `reward_python/<file>.<function>/<name>` (`name` given as `<function>/<name>`).
 fn metric(s: &Scores, name: &str) -> f64 {
-    s.metrics.iter().find(|(k, _)| k == name).unwrap_or_else(|| panic!("no {name} in {:?}", s.metrics)).1
+    let found = s.metrics.iter().find(|(k, _)| k.starts_with("reward_python/r") && k.ends_with(&format!(".{name}")));
+    found.unwrap_or_else(|| panic!("no {name} in {:?}", s.metrics)).1
 }
 
 const TRL: &str = r#"
@@ -71,8 +73,8 @@ fn trl_signature_with_columns_and_none() {
     let out = r.score(&samples(6)).unwrap();
     // Sample 1 is None (on_none = 0.0); 0 and 3 are wrong.
     assert_eq!(out.scores, vec![0.0, 0.0, 1.0, 0.0, 1.0, 1.0]);
-    assert_eq!(metric(&out, "reward_python/reward_func/none"), 1.0);
-    assert_eq!(metric(&out, "reward_python/reward_func/errors"), 0.0);
+    assert_eq!(metric(&out, "reward_func/none"), 1.0);
+    assert_eq!(metric(&out, "reward_func/errors"), 0.0);
     let mut r = source(dir.path(), TRL, json!({"on_none": "skip"})).unwrap();
     assert!(r.score(&samples(3)).unwrap().scores[1].is_nan());
 }
@@ -96,9 +98,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         .collect();
     let out = r.score(&batch).unwrap();
     assert_eq!(out.scores, vec![0.0, 1.0, -1.0, 1.0]);
-    assert_eq!(metric(&out, "reward_python/compute_score/errors"), 1.0);
-    assert!((metric(&out, "reward_python/compute_score/acc") - 2.0 / 3.0).abs() < 1e-12);
-    assert_eq!(metric(&out, "reward_python/compute_score/source_len"), 5.0);
+    assert_eq!(metric(&out, "compute_score/errors"), 1.0);
+    assert!((metric(&out, "compute_score/acc") - 2.0 / 3.0).abs() < 1e-12);
+    assert_eq!(metric(&out, "compute_score/source_len"), 5.0);
 }
 
 #[test]
@@ -112,8 +114,8 @@ def reward_func(queries, prompts, labels):
     let mut r = source(dir.path(), code, json!({"signature": "openrlhf"})).unwrap();
     let out = r.score(&samples(3)).unwrap();
     assert_eq!(out.scores, vec![0.0, 1.0, 1.0]);
-    assert!((metric(&out, "reward_python/reward_func/hit") - 2.0 / 3.0).abs() < 1e-12);
-    assert_eq!(metric(&out, "reward_python/reward_func/batch"), 7.0);
+    assert!((metric(&out, "reward_func/hit") - 2.0 / 3.0).abs() < 1e-12);
+    assert_eq!(metric(&out, "reward_func/batch"), 7.0);
 }
 
 #[test]
@@ -126,7 +128,7 @@ fn raising_function_follows_on_error() {
     let mut r = source(dir.path(), code, json!({"on_error": "skip"})).unwrap();
     let out = r.score(&samples(2)).unwrap();
     assert!(out.scores.iter().all(|s| s.is_nan()));
-    assert_eq!(metric(&out, "reward_python/reward_func/errors"), 2.0);
+    assert_eq!(metric(&out, "reward_func/errors"), 2.0);
 }
 
 #[test]
@@ -146,9 +148,9 @@ def reward_func(completions, **kw):
     let out = r.score(&[sample("p", "hang", None, json!({}))]).unwrap();
     assert!(t0.elapsed().as_secs_f64() < 30.0);
     assert_eq!(out.scores, vec![0.5]);
-    assert_eq!(metric(&out, "reward_python/reward_func/restarts"), 1.0);
+    assert_eq!(metric(&out, "reward_func/restarts"), 1.0);
     let out = r.score(&[sample("p", "die", None, json!({}))]).unwrap();
-    assert_eq!((out.scores[0], metric(&out, "reward_python/reward_func/restarts")), (0.5, 1.0));
+    assert_eq!((out.scores[0], metric(&out, "reward_func/restarts")), (0.5, 1.0));
     // The replacement works.
     assert_eq!(r.score(&samples(2)).unwrap().scores, vec![1.0, 1.0]);
     let mut r = source(dir.path(), code, json!({"timeout_s": 1.0})).unwrap();
@@ -188,7 +190,7 @@ def reward_func(completions, **kw):
     let mut r = source(dir.path(), code, json!({"on_error": "skip"})).unwrap();
     let out = r.score(&samples(4)).unwrap();
     assert!(out.scores[..3].iter().all(|s| s.is_nan()) && out.scores[3] == 1.0, "{:?}", out.scores);
-    assert_eq!(metric(&out, "reward_python/reward_func/errors"), 3.0);
+    assert_eq!(metric(&out, "reward_func/errors"), 3.0);
     let mut r = source(dir.path(), code, json!({})).unwrap();
     let e = r.score(&samples(4)).unwrap_err().to_string();
     assert!(e.contains("sample 0: the function failed: the reward function[0]: not a finite number (inf)"), "{e}");
