@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::Url;
+use rlhf_http_client::{RetryOn, RetryPolicy};
 use rlhf_plugin_api::{parse_config, PluginError};
 use serde::Deserialize;
 
@@ -122,10 +123,24 @@ impl Settings {
         url
     }
 
+    /// How `/reset` and `/step` are retried: `retries` times, only after a failure the server
+    /// cannot have acted on (no connection made, HTTP 5xx, HTTP 429). Never after a timeout, which
+    /// may come after the server applied the step: sending it again would advance the episodes
+    /// twice. Waits as in [`Settings::backoff_before`], or a longer `Retry-After`, at most
+    /// [`MAX_BACKOFF`].
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            retries: self.retries,
+            backoff: self.backoff,
+            max_backoff: MAX_BACKOFF,
+            retry_on: RetryOn::Unapplied,
+            honour_retry_after: true,
+        }
+    }
+
     /// The wait before retry number `retry` (1-based): `backoff · 2^(retry−1)`, at most 8 s.
     pub fn backoff_before(&self, retry: u32) -> Duration {
-        let secs = self.backoff.as_secs_f64() * 2f64.powi(retry.saturating_sub(1).min(64) as i32);
-        Duration::from_secs_f64(secs.min(MAX_BACKOFF.as_secs_f64()))
+        self.retry_policy().backoff_before(retry)
     }
 }
 
@@ -137,46 +152,12 @@ fn seconds(key: &str, value: f64) -> Result<Duration, PluginError> {
 }
 
 fn parse_url(key: &str, text: &str) -> Result<Url, PluginError> {
-    let url = Url::parse(text).map_err(|e| PluginError::config(key, format!("invalid URL `{text}`: {e}")))?;
-    match url.scheme() {
-        "http" => {}
-        "https" if cfg!(feature = "tls") => {}
-        "https" => {
-            return Err(PluginError::config(
-                key,
-                format!("`{text}`: https needs the plugin built with its `tls` feature (on by default)"),
-            ))
-        }
-        other => return Err(PluginError::config(key, format!("`{text}`: scheme must be http or https, not {other}"))),
-    }
-    if url.host().is_none() {
-        return Err(PluginError::config(key, format!("`{text}` has no host")));
-    }
-    Ok(url)
+    rlhf_http_client::parse_endpoint(text, cfg!(feature = "tls")).map_err(|e| PluginError::config(key, e.to_string()))
 }
 
+/// `auth_env`'s value, sent verbatim.
 fn secret(name: &str, value: Result<String, std::env::VarError>) -> Result<HeaderValue, PluginError> {
-    let value = match value {
-        Ok(v) => v,
-        Err(std::env::VarError::NotPresent) => {
-            return Err(PluginError::config("auth_env", format!("environment variable `{name}` is not set")))
-        }
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(PluginError::config("auth_env", format!("environment variable `{name}` is not valid UTF-8")))
-        }
-    };
-    let value = value.trim();
-    if value.is_empty() {
-        return Err(PluginError::config("auth_env", format!("environment variable `{name}` is empty")));
-    }
-    let mut header = HeaderValue::from_str(value).map_err(|_| {
-        PluginError::config(
-            "auth_env",
-            format!("environment variable `{name}` holds characters not allowed in a header"),
-        )
-    })?;
-    header.set_sensitive(true);
-    Ok(header)
+    rlhf_http_client::secret_header(name, value, "").map_err(|e| PluginError::config("auth_env", e.to_string()))
 }
 
 #[cfg(test)]
@@ -231,6 +212,16 @@ mod tests {
         let waits: Vec<f64> = (1..=6).map(|k| s.backoff_before(k).as_secs_f64()).collect();
         assert_eq!(waits, vec![0.5, 1.0, 2.0, 4.0, 8.0, 8.0]);
         assert_eq!(s.backoff_before(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn a_timed_out_call_is_never_retried() {
+        let p = parse(r#"{"url": "http://h/", "retries": 5}"#).unwrap().retry_policy();
+        assert_eq!((p.retries, p.backoff, p.max_backoff), (5, BACKOFF, MAX_BACKOFF));
+        assert_eq!((p.retry_on, p.honour_retry_after), (RetryOn::Unapplied, true));
+        // The server may have applied the step already; a second one would advance it twice.
+        assert!(!p.retries_after(&rlhf_http_client::Error::Timeout(Duration::from_secs(60))));
+        assert!(p.retries_after(&rlhf_http_client::Error::Connect("connection refused".into())));
     }
 
     #[test]

@@ -4,14 +4,10 @@
 use rlhf_plugin_api::{Action, Episode, StepOutcome};
 use serde_json::{json, Map, Value};
 
-/// Why a 2xx response was rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Invalid {
-    /// The body does not parse as JSON.
-    Json(String),
-    /// The JSON does not have the expected shape or values.
-    Shape(String),
-}
+/// Why a 2xx response was rejected: `Json` (the body does not parse) or `Shape` (the JSON does
+/// not have the expected shape or values). The shared client's type, which it turns into its
+/// `invalid JSON` / `invalid response` errors.
+pub use rlhf_http_client::Invalid;
 
 /// The body of `POST {url}/reset`.
 pub fn reset_body(episodes: &[Episode]) -> Value {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use reqwest::header::HeaderValue;
 use reqwest::Url;
+use rlhf_http_client::{RetryOn, RetryPolicy};
 use rlhf_plugin_api::{parse_config, PluginError};
 use serde::Deserialize;
 
@@ -191,54 +192,32 @@ impl Settings {
         })
     }
 
+    /// How requests are retried: `retries` times on any failure (a refused connection, a
+    /// timeout, any non-2xx status, an oversized or invalid body), since scoring the same samples
+    /// twice is harmless; waits as in [`Settings::backoff_before`]; `Retry-After` is not read.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            retries: self.retries,
+            backoff: self.backoff,
+            max_backoff: MAX_BACKOFF,
+            retry_on: RetryOn::AnyFailure,
+            honour_retry_after: false,
+        }
+    }
+
     /// The wait before retry number `retry` (1-based): `backoff · 2^(retry−1)`, at most 8 s.
     pub fn backoff_before(&self, retry: u32) -> Duration {
-        let secs = self.backoff.as_secs_f64() * 2f64.powi(retry.saturating_sub(1).min(64) as i32);
-        Duration::from_secs_f64(secs.min(MAX_BACKOFF.as_secs_f64()))
+        self.retry_policy().backoff_before(retry)
     }
 }
 
 fn parse_url(key: &str, text: &str) -> Result<Url, PluginError> {
-    let url = Url::parse(text).map_err(|e| PluginError::config(key, format!("invalid URL `{text}`: {e}")))?;
-    match url.scheme() {
-        "http" => {}
-        "https" if cfg!(feature = "tls") => {}
-        "https" => {
-            return Err(PluginError::config(
-                key,
-                format!("`{text}`: https needs the plugin built with its `tls` feature (on by default)"),
-            ))
-        }
-        other => return Err(PluginError::config(key, format!("`{text}`: scheme must be http or https, not {other}"))),
-    }
-    if url.host().is_none() {
-        return Err(PluginError::config(key, format!("`{text}` has no host")));
-    }
-    Ok(url)
+    rlhf_http_client::parse_endpoint(text, cfg!(feature = "tls")).map_err(|e| PluginError::config(key, e.to_string()))
 }
 
+/// `token_env`'s token as `Authorization: Bearer <token>`.
 fn bearer(name: &str, value: Result<String, std::env::VarError>) -> Result<HeaderValue, PluginError> {
-    let token = match value {
-        Ok(v) => v,
-        Err(std::env::VarError::NotPresent) => {
-            return Err(PluginError::config("token_env", format!("environment variable `{name}` is not set")))
-        }
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(PluginError::config("token_env", format!("environment variable `{name}` is not valid UTF-8")))
-        }
-    };
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(PluginError::config("token_env", format!("environment variable `{name}` is empty")));
-    }
-    let mut header = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-        PluginError::config(
-            "token_env",
-            format!("environment variable `{name}` holds characters not allowed in a header"),
-        )
-    })?;
-    header.set_sensitive(true);
-    Ok(header)
+    rlhf_http_client::secret_header(name, value, "Bearer ").map_err(|e| PluginError::config("token_env", e.to_string()))
 }
 
 #[cfg(test)]
@@ -301,6 +280,15 @@ mod tests {
         assert_eq!(s.backoff_before(u32::MAX), MAX_BACKOFF);
         let s = parse(r#"{"url": "http://h/", "backoff_s": 0}"#).unwrap();
         assert_eq!(s.backoff_before(3), Duration::ZERO);
+    }
+
+    #[test]
+    fn every_failure_is_retried() {
+        let p = parse(r#"{"url": "http://h/", "retries": 5, "backoff_s": 0.25}"#).unwrap().retry_policy();
+        assert_eq!((p.retries, p.backoff, p.max_backoff), (5, Duration::from_millis(250), MAX_BACKOFF));
+        assert_eq!((p.retry_on, p.honour_retry_after), (RetryOn::AnyFailure, false));
+        // Scoring twice is harmless, so a timeout is retried too.
+        assert!(p.retries_after(&rlhf_http_client::Error::Timeout(Duration::from_secs(30))));
     }
 
     #[test]

@@ -14,6 +14,11 @@ use serde_json::{json, Map, Value};
 
 use crate::config::Format;
 
+/// Why a 2xx response was rejected: `Json` (the body does not parse) or `Shape` (the JSON does
+/// not have the expected shape or values). The shared client's type, which it turns into its
+/// `invalid JSON` / `invalid response` errors.
+pub use rlhf_http_client::Invalid;
+
 /// A validated response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
@@ -30,15 +35,6 @@ pub enum ExtraLog {
     PerSample(Vec<f64>),
     /// One value for the whole request (counts once per sample when averaged).
     Scalar(f64),
-}
-
-/// Why a 2xx response was rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Invalid {
-    /// The body does not parse as JSON.
-    Json(String),
-    /// The JSON does not have the expected shape or values.
-    Shape(String),
 }
 
 /// The JSON body of a request scoring `samples`.
