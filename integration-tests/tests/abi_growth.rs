@@ -159,7 +159,7 @@ temperature = 1.0
 steps = 3
 ppo_epochs = 2
 minibatch_size = 16
-actor_lr = 5e-4
+lr = 5e-4
 schedule = "constant"
 max_grad_norm = 1.0
 

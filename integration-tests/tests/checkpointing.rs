@@ -88,7 +88,7 @@ fn supervised_phases_train_bit_for_bit_with_checkpointing() {
         for on in [false, true] {
             let rd = dir.path().join(format!("{phase}-{on}"));
             let flag = format!("train.gradient_checkpointing={on}");
-            let out = rlhf(&[phase, "--run-dir", s(&rd), "--set", "train.max_steps=4", "--set", &flag]);
+            let out = rlhf(&[phase, "--run-dir", s(&rd), "--set", "train.steps=4", "--set", &flag]);
             let log = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "{phase}: {log}");
             assert_eq!(log.contains("gradient checkpointing: each decoder layer"), on, "{phase}: {log}");
@@ -107,7 +107,7 @@ fn supervised_lora_dropout_with_checkpointing_is_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();
     for phase in ["sft", "rm", "dpo"] {
         let rd = dir.path().join(phase);
-        let sets = ["train.gradient_checkpointing=true", "lora.rank=4", "lora.dropout=0.1"];
+        let sets = ["train.gradient_checkpointing=true", "model.lora.rank=4", "model.lora.dropout=0.1"];
         let mut args = vec![phase, "--run-dir", s(&rd)];
         for set in &sets {
             args.extend(["--set", set]);

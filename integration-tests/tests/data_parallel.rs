@@ -158,7 +158,7 @@ fn sft_rm_and_dpo_on_two_ranks_equal_one_process() {
     let dir = tempfile::tempdir().unwrap();
     for (phase, model) in [("sft", "model"), ("rm", "model"), ("dpo", "model")] {
         let (one, two) = (dir.path().join(format!("{phase}-1")), dir.path().join(format!("{phase}-2")));
-        let args = [phase, "--set", "train.max_steps=6"];
+        let args = [phase, "--set", "train.steps=6"];
         ok(&run(&args, &one, None));
         let out = ok(&run(&args, &two, Some(2)));
         assert!(out.contains("model parameters identical on 2 ranks"), "{phase}: {out}");

@@ -171,7 +171,7 @@ fn reference_modes_train_alike() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |name: &str, reference: &str, rank: i64| {
         let rd = tmp.path().join(name);
-        let (set, lora) = (format!("model.reference={reference:?}"), format!("lora.rank={rank}"));
+        let (set, lora) = (format!("model.reference={reference:?}"), format!("model.lora.rank={rank}"));
         let o = rlhf(&[
             "dpo",
             "--run-dir",
@@ -182,7 +182,7 @@ fn reference_modes_train_alike() {
             "--set",
             &lora,
             "--set",
-            "train.max_steps=4",
+            "train.steps=4",
         ]);
         ok(&o);
         (metrics(&rd), String::from_utf8_lossy(&o.stderr).to_string())

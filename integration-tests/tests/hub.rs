@@ -358,7 +358,7 @@ fn training_phases_take_hub_ids() {
         "--set",
         "model.path=org/tied",
         "--set",
-        "train.max_steps=1",
+        "train.steps=1",
         "--set",
         "data.max_len=64",
     ]);

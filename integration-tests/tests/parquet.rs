@@ -152,7 +152,7 @@ fn prompts_sft_and_pairs_from_pyarrow_files() {
         "--set",
         "data.response_key=\"output\"",
         "--set",
-        "train.max_steps=2",
+        "train.steps=2",
     ]);
     let e = ok(&o);
     assert!(e.contains(&format!("{}: skipped 1 row (missing field `response`), first at row 3", s(&sft))), "{e}");
@@ -165,15 +165,8 @@ fn prompts_sft_and_pairs_from_pyarrow_files() {
         .collect();
     write_parquet(&py, &pairs, &pair_rows, "zstd");
     let rd = tmp.path().join("rm-run");
-    let o = rlhf(&[
-        "rm",
-        "--run-dir",
-        s(&rd),
-        "--set",
-        &format!("data.train={:?}", s(&pairs)),
-        "--set",
-        "train.max_steps=2",
-    ]);
+    let o =
+        rlhf(&["rm", "--run-dir", s(&rd), "--set", &format!("data.train={:?}", s(&pairs)), "--set", "train.steps=2"]);
     ok(&o);
     assert!(rd.join("model").join("config.json").is_file());
     let half = tmp.path().join("half.parquet");

@@ -52,7 +52,9 @@ fn sft_lowers_held_out_perplexity_and_writes_metrics_and_checkpoints() {
         "--set",
         "train.epochs=8",
         "--set",
-        "train.save_every=10",
+        "checkpoint.every=10",
+        "--set",
+        "checkpoint.keep=100",
         "--set",
         "train.eval_every=10",
     ]);
@@ -74,7 +76,8 @@ fn sft_lowers_held_out_perplexity_and_writes_metrics_and_checkpoints() {
     }
     assert!(lines[10]["eval/ppl"].is_number() && lines[steps]["eval/ppl"].is_number());
     assert!(lines[5].get("eval/ppl").is_none());
-    assert!(rd.join("checkpoints/step-10/model.safetensors").is_file());
+    let ckpt = rd.join("checkpoints/step-000010");
+    assert!(ckpt.join("manifest.json").is_file() && ckpt.join("model.safetensors").is_file(), "a resumable checkpoint");
     assert!(rd.join("model/model.safetensors").is_file() && rd.join("model/tokenizer.json").is_file());
     assert!(rd.join("config.toml").is_file());
     for chart in ["loss.png", "eval.png", "throughput.png"] {
@@ -124,7 +127,7 @@ fn sft_checkpoint_of_a_chat_model_loads_in_transformers_with_the_same_logits() {
         "--set",
         "train.batch_size=2",
         "--set",
-        "train.grad_accum=2",
+        "train.gradient_accumulation_steps=2",
         "--set",
         "train.lr=1e-2",
     ]);
@@ -223,7 +226,7 @@ fn rm_separates_a_separable_set_and_loads_in_transformers() {
 #[test]
 fn lora_runs_save_merged_plain_checkpoints() {
     let tmp = tempfile::tempdir().unwrap();
-    let lora = ["--set", "lora.rank=4", "--set", "lora.target_modules=[\"all-linear\"]"];
+    let lora = ["--set", "model.lora.rank=4", "--set", "model.lora.target_modules=[\"all-linear\"]"];
     let sft = tmp.path().join("sft");
     let o = rlhf(&[&["sft", "--run-dir", s(&sft), "--set", "train.epochs=6"], &lora[..]].concat());
     ok(&o);
@@ -234,7 +237,7 @@ fn lora_runs_save_merged_plain_checkpoints() {
     assert!(after < before, "{before} -> {after}");
     let rm = tmp.path().join("rm");
     let model = format!("model.path={:?}", s(&sft.join("model")));
-    ok(&rlhf(&[&["rm", "--run-dir", s(&rm), "--set", &model, "--set", "train.max_steps=3"], &lora[..]].concat()));
+    ok(&rlhf(&[&["rm", "--run-dir", s(&rm), "--set", &model, "--set", "train.steps=3"], &lora[..]].concat()));
     for dir in [sft.join("model"), rm.join("model")] {
         let names: Vec<String> =
             Tensor::read_safetensors(dir.join("model.safetensors")).unwrap().into_iter().map(|(n, _)| n).collect();
@@ -269,7 +272,7 @@ fn bad_lines_are_counted_per_kind_naming_the_first() {
     let base = |data: &Path| -> Vec<String> {
         runs.set(runs.get() + 1);
         let rd = tmp.path().join(format!("r{}", runs.get()));
-        ["--run-dir", s(&rd), "--set", &format!("data.train={:?}", s(data)), "--set", "train.max_steps=1"]
+        ["--run-dir", s(&rd), "--set", &format!("data.train={:?}", s(data)), "--set", "train.steps=1"]
             .iter()
             .map(|x| x.to_string())
             .collect()

@@ -63,7 +63,7 @@ max_new_tokens = 6
 [train]
 steps = 4
 minibatch_size = 16
-actor_lr = 1e-4
+lr = 1e-4
 [algorithm]
 name = "grpo"
 [[rewards]]
@@ -98,7 +98,13 @@ fn ok(o: &Output) {
 }
 
 fn train(args: &[&str]) -> Output {
-    Command::new(rlhf_bin()).arg("train").args(["--no-progress"]).args(args).env("OMP_NUM_THREADS", "1").output().unwrap()
+    Command::new(rlhf_bin())
+        .arg("train")
+        .args(["--no-progress"])
+        .args(args)
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap()
 }
 
 /// Metrics without timings (the pool's latency included).
@@ -176,15 +182,38 @@ fn trl_conversational_jsonl_with_a_solution_column() {
     std::fs::write(&data, lines).unwrap();
     std::fs::write(dir.path().join("trl_reward.py"), TRL_FUNC).unwrap();
     let run = dir.path().join("run");
-    let reward = format!(r#"rewards=[{{plugin = "reward-python", name = "trl", config = {{file = "{}", python = "{}"}}}}]"#, s(&dir.path().join("trl_reward.py")), s(&python));
+    let reward = format!(
+        r#"rewards=[{{plugin = "reward-python", name = "trl", config = {{file = "{}", python = "{}"}}}}]"#,
+        s(&dir.path().join("trl_reward.py")),
+        s(&python)
+    );
     let model = format!("model.actor=\"{}\"", s(&model_dir("llama")));
     let prompts = format!("data.prompts=\"{}\"", s(&data));
     let o = train(&[
-        "--algo", "grpo", "--run-dir", s(&run),
-        "--set", &model, "--set", &prompts, "--set", "data.label_key=\"solution\"",
-        "--set", "eval.data=\"\"", "--set", "warmup.steps=0", "--set", "train.steps=2",
-        "--set", "rollout.prompts_per_batch=4", "--set", "rollout.samples_per_prompt=2",
-        "--set", "data.max_prompt_len=64", "--set", &reward,
+        "--algo",
+        "grpo",
+        "--run-dir",
+        s(&run),
+        "--set",
+        &model,
+        "--set",
+        &prompts,
+        "--set",
+        "data.label_key=\"solution\"",
+        "--set",
+        "eval.data=\"\"",
+        "--set",
+        "warmup.steps=0",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "rollout.prompts_per_batch=4",
+        "--set",
+        "rollout.samples_per_prompt=2",
+        "--set",
+        "data.max_prompt_len=64",
+        "--set",
+        &reward,
     ]);
     ok(&o);
     let m = metrics(&run);

@@ -269,7 +269,7 @@ fn reward_model_plugin_scores_with_an_rlhf_rm_output() {
     let rm_run = tmp.path().join("rm");
     let o = Command::new(rlhf_bin())
         .args(["rm", "--run-dir", s(&rm_run), "--set", &format!("model.path={:?}", s(&base))])
-        .args(["--set", "train.max_steps=3", "--set", "data.max_len=64"])
+        .args(["--set", "train.steps=3", "--set", "data.max_len=64"])
         .output()
         .unwrap();
     assert!(o.status.success(), "rlhf rm: {}", String::from_utf8_lossy(&o.stderr));

@@ -68,7 +68,7 @@ fn check_state_bytes(zero: &[Value], sharded: &[Value], stage: u8) {
 fn stages_one_and_two_train_as_stage_zero_and_hold_a_share_of_the_state() {
     let tmp = tempfile::tempdir().unwrap();
     // SFT without clipping (one micro-batch per step): bit for bit at both stages.
-    let args = ["sft", "--set", "train.max_steps=6", "--set", "train.max_grad_norm=0"];
+    let args = ["sft", "--set", "train.steps=6", "--set", "train.max_grad_norm=0"];
     let a = tmp.path().join("sft0");
     ok(&run(&args, &a, 0));
     let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
@@ -265,7 +265,7 @@ fn sharded_checkpoints_resume_exactly_and_re_shard_to_other_stages_and_world_siz
 fn bad_stages_are_one_line_errors_naming_the_key() {
     let tmp = tempfile::tempdir().unwrap();
     let lora = ["--set", "model.lora.rank=4", "--set", "model.lora.dropout=0.1"];
-    let phase_lora = ["--set", "lora.rank=4", "--set", "lora.dropout=0.1"];
+    let phase_lora = ["--set", "model.lora.rank=4", "--set", "model.lora.dropout=0.1"];
     for (cmd, stage, extra, want) in [
         ("train", "3", &lora[..], "stage 3 recomputes each layer in backward"),
         ("sft", "3", &phase_lora[..], "needs lora.dropout = 0"),
@@ -315,8 +315,8 @@ fn stages_one_and_two_keep_bf16_lora_checkpointing_accumulation_rm_and_dpo() {
         "--set",
         "train.gradient_accumulation_steps=2",
     ];
-    let rm = ["rm", "--set", "train.max_steps=4", "--set", "train.max_grad_norm=0"];
-    let dpo = ["dpo", "--set", "train.max_steps=4", "--set", "train.max_grad_norm=0"];
+    let rm = ["rm", "--set", "train.steps=4", "--set", "train.max_grad_norm=0"];
+    let dpo = ["dpo", "--set", "train.steps=4", "--set", "train.max_grad_norm=0"];
     for (label, args, weights) in [
         ("grpo", &grpo[..], "actor/model.safetensors"),
         ("rm", &rm[..], "model/model.safetensors"),

@@ -76,7 +76,7 @@ fn stage_three_trains_as_stage_zero_and_holds_half_of_the_weights() {
     let dir = |n: &str| tmp.path().join(n);
     // Stage 0 with the gradient checkpointing stage 3 turns on: SFT, RM and DPO bit for bit.
     let ck = ["--set", "train.gradient_checkpointing=true", "--set", "train.max_grad_norm=0"];
-    for (cmd, steps) in [("sft", "train.max_steps=5"), ("rm", "train.max_steps=4"), ("dpo", "train.max_steps=4")] {
+    for (cmd, steps) in [("sft", "train.steps=5"), ("rm", "train.steps=4"), ("dpo", "train.steps=4")] {
         let args: Vec<&str> = [cmd, "--set", steps].into_iter().chain(ck).collect();
         let (a, b) = (dir(&format!("{cmd}0")), dir(&format!("{cmd}3")));
         ok(&run(&args, &a, 0, 2));

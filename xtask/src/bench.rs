@@ -2,6 +2,9 @@
 //! together with the plugins its RL section loads (they land next to the release binary, where
 //! `rlhf` looks for them), then runs `rlhf bench ARGS... --record <root>/BENCHMARKS.md`. With
 //! `--vs-trl` it first installs the pinned TRL ([`setup::TRL_VERSION`]) into the cache venv.
+//! `cargo xtask bench reward-python [--samples N] [--batch B] [--workers 1,2]` instead runs the
+//! `reward-python` plugin's throughput example: its worker pool against the same function called
+//! in-process from Python.
 
 use std::{path::Path, process::Command};
 
@@ -17,6 +20,13 @@ const PLUGINS: &[&str] = &["rlhf-plugin-grpo", "rlhf-plugin-reward-rules"];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let torch = setup::setup()?;
+    if args.first().is_some_and(|a| a == "reward-python") {
+        // The reward plugin's own measurement (its pool against in-process Python).
+        let mut command = torch.cargo();
+        command.args(["run", "--release", "-p", "rlhf-plugin-reward-python", "--example", "throughput", "--"]);
+        command.args(&args[1..]);
+        return cmd::run(&mut command);
+    }
     if args.iter().any(|a| a == "--vs-trl") {
         setup::ensure_trl(&torch)?;
     }

@@ -23,6 +23,9 @@ Commands:
                               generation tokens/s, training tokens/s and MFU, one GRPO step by phase;
                               --vs-trl also times TRL's GRPOTrainer (needs `pip install trl`); appends a row
                               to BENCHMARKS.md unless --no-record. All flags: `cargo xtask bench --help`
+  bench reward-python [--samples N] [--batch B] [--workers 1,2]
+                              samples/s of Python reward functions through the reward-python plugin's
+                              worker pool against the same functions called in-process
   fixtures [ARGS...]          regenerate the integration-test fixtures with transformers
   import-gguf [--gguf FILE] [--out DIR] [--dtype f32|bf16] [--force]
                               a Llama, Qwen2 or Qwen3 GGUF as a Hugging Face directory (dequantised
@@ -43,7 +46,8 @@ and passes LIBTORCH, LIBTORCH_CXX11_ABI, LD_LIBRARY_PATH and RLHF_PYTHON on to c
 ";
 
 /// The sections `rlhf bench` takes as a bare first argument (`cargo xtask bench gen` = `--only gen`).
-pub(crate) const BENCHES: &[&str] = &["gen", "train", "rl", "dp", "all"];
+/// `reward-python` is not `rlhf bench`'s: xtask runs the reward plugin's own measurement.
+pub(crate) const BENCHES: &[&str] = &["gen", "train", "rl", "dp", "all", "reward-python"];
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Command {
@@ -290,7 +294,10 @@ mod tests {
         assert_eq!(p(&["bench", "gen", "--batch", "4"]), Ok(Command::Bench { args: v(&["gen", "--batch", "4"]) }));
         assert_eq!(p(&["bench", "--", "rl", "--no-record"]), Ok(Command::Bench { args: v(&["rl", "--no-record"]) }));
         let err = p(&["bench", "decode"]).unwrap_err();
-        assert_eq!(err.to_string(), "unknown bench section `decode`; available: gen, train, rl, dp, all");
+        assert_eq!(
+            err.to_string(),
+            "unknown bench section `decode`; available: gen, train, rl, dp, all, reward-python"
+        );
     }
 
     #[test]

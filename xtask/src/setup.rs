@@ -27,14 +27,16 @@ pub(crate) const TRANSFORMERS_VERSION: &str = "5.23.0";
 pub(crate) const PYARROW_VERSION: &str = "26.0.1";
 /// The `gguf` package (llama.cpp's Python reader) the K-quant dequantisation is checked against.
 pub(crate) const GGUF_VERSION: &str = "0.19.0";
-/// The packages the tests use, pinned, beyond torch: transformers, pyarrow, gguf, and
-/// math-verify (the `reward-python` example's answer checker).
-pub(crate) fn test_deps() -> [String; 4] {
+/// The packages the tests use, pinned, beyond torch: transformers, pyarrow, gguf, math-verify
+/// (the `reward-python` example's answer checker) and tensorboard (its reader checks the event
+/// files).
+pub(crate) fn test_deps() -> [String; 5] {
     [
         format!("transformers=={TRANSFORMERS_VERSION}"),
         format!("pyarrow=={PYARROW_VERSION}"),
         format!("gguf=={GGUF_VERSION}"),
         "math-verify==0.9.0".to_string(),
+        "tensorboard==2.21.0".to_string(),
     ]
 }
 

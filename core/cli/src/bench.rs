@@ -342,7 +342,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 new_tokens: args.new_tokens,
                 repeats: args.repeats,
                 gradient_checkpointing: args.gradient_checkpointing,
-                lr: cfg.train.actor_lr,
+                lr: cfg.train.lr,
                 beta: algo.get("beta").and_then(|v| v.as_f64()).unwrap_or(0.04),
                 epsilon: algo.get("epsilon").and_then(|v| v.as_f64()).unwrap_or(0.2),
                 adam_beta2: cfg.train.adam_betas.1,

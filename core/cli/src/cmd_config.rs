@@ -48,19 +48,34 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
         "sft" => {
             let source = args.config.clone().map(ConfigSource::File).unwrap_or_else(|| preset("sft"));
             let cfg = SftConfig::load(&source, &args.sets)?;
-            let (_, fig) = load_layered_figment::<SftConfig>(&source, PHASE_PRESETS, &args.sets)?;
+            let (_, fig) = load_layered_figment::<SftConfig>(
+                &source,
+                PHASE_PRESETS,
+                &args.sets,
+                rlhf_trainer::config::aliases::SUPERVISED,
+            )?;
             provenance(&cfg, &fig)?
         }
         "dpo" => {
             let source = args.config.clone().map(ConfigSource::File).unwrap_or_else(|| preset("dpo"));
             let cfg = DpoConfig::load(&source, &args.sets)?;
-            let (_, fig) = load_layered_figment::<DpoConfig>(&source, PHASE_PRESETS, &args.sets)?;
+            let (_, fig) = load_layered_figment::<DpoConfig>(
+                &source,
+                PHASE_PRESETS,
+                &args.sets,
+                rlhf_trainer::config::aliases::SUPERVISED,
+            )?;
             provenance(&cfg, &fig)?
         }
         _ => {
             let source = args.config.clone().map(ConfigSource::File).unwrap_or_else(|| preset("rm"));
             let cfg = RmConfig::load(&source, &args.sets)?;
-            let (_, fig) = load_layered_figment::<RmConfig>(&source, PHASE_PRESETS, &args.sets)?;
+            let (_, fig) = load_layered_figment::<RmConfig>(
+                &source,
+                PHASE_PRESETS,
+                &args.sets,
+                rlhf_trainer::config::aliases::SUPERVISED,
+            )?;
             provenance(&cfg, &fig)?
         }
     };

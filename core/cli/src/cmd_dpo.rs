@@ -10,10 +10,9 @@ pub fn dpo(args: PhaseArgs) -> anyhow::Result<()> {
     if crate::launcher::launched(args.nproc)? {
         return Ok(());
     }
-    let (source, sets) = args.source_and_sets("dpo");
-    let cfg = DpoConfig::load(&source, &sets)?;
     let world = crate::common::world()?;
-    let s = run_dpo(cfg, &world)?;
+    let (cfg, resume) = args.load("dpo", DpoConfig::load, |c| c.run.run_dir.clone(), world.is_main())?;
+    let s = run_dpo(cfg, &world, resume.as_ref())?;
     if !world.is_main() {
         return Ok(());
     }

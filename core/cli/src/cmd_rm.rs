@@ -9,10 +9,9 @@ pub fn rm(args: PhaseArgs) -> anyhow::Result<()> {
     if crate::launcher::launched(args.nproc)? {
         return Ok(());
     }
-    let (source, sets) = args.source_and_sets("rm");
-    let cfg = RmConfig::load(&source, &sets)?;
     let world = crate::common::world()?;
-    let s = run_rm(cfg, &world)?;
+    let (cfg, resume) = args.load("rm", RmConfig::load, |c| c.run.run_dir.clone(), world.is_main())?;
+    let s = run_rm(cfg, &world, resume.as_ref())?;
     if !world.is_main() {
         return Ok(());
     }

@@ -1,10 +1,10 @@
-//! `rlhf train` (the RL loop) and `rlhf plugins` (what the loader found).
+//! `rlhf train` (the RL loop).
 
 use std::path::PathBuf;
 
 use rlhf_plugin_api::PluginKind;
 use rlhf_trainer::checkpoint;
-use rlhf_trainer::config::{ConfigSource, PRESETS};
+use rlhf_trainer::config::{aliases, ConfigSource, PRESETS};
 use rlhf_trainer::run_lock::RunLock;
 use rlhf_trainer::{PluginRegistry, RlConfig, Trainer};
 
@@ -41,17 +41,7 @@ pub struct TrainArgs {
     allow_data_change: bool,
 }
 
-#[derive(clap::Args, Debug)]
-pub struct PluginsArgs {
-    /// Directories to scan (default: next to the rlhf executable).
-    #[arg(long = "dir")]
-    dirs: Vec<PathBuf>,
-    /// Also list refused files and why.
-    #[arg(long)]
-    all: bool,
-}
-
-fn registry(cfg_dirs: &[PathBuf]) -> anyhow::Result<PluginRegistry> {
+pub(crate) fn registry(cfg_dirs: &[PathBuf]) -> anyhow::Result<PluginRegistry> {
     let dirs = if cfg_dirs.is_empty() { rlhf_trainer::plugins::default_plugin_dirs() } else { cfg_dirs.to_vec() };
     Ok(PluginRegistry::scan(&dirs)?)
 }
@@ -93,7 +83,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
                 }
             }
             let dir = checkpoint::resolve(spec, run_dir.as_deref())?;
-            let ckpt_run_dir = resumed_run_dir(&dir, args.run_dir.as_deref())?;
+            let ckpt_run_dir = crate::resume::resumed_run_dir(&dir, args.run_dir.as_deref())?;
             if world.is_main() {
                 RunLock::check_free(&ckpt_run_dir)?;
             }
@@ -105,7 +95,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
                 RlConfig::load(&ConfigSource::File(dir.join("config.toml")), None, &sets)?
             };
             let mut cfg = cfg;
-            check_same_config(&dir, &ckpt.config_toml, &cfg)?;
+            crate::resume::check_same_config(&dir, &ckpt.config_toml, &cfg, RL_MAY_DIFFER, aliases::RL)?;
             cfg.run.run_dir = Some(ckpt_run_dir);
             (cfg, Some(ckpt))
         }
@@ -136,28 +126,12 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where a resumed run writes: `--run-dir` when given, else the run that holds the checkpoint
-/// (`RUN/checkpoints/step-N`). A checkpoint moved elsewhere needs `--run-dir`, so a resume never
-/// writes metrics, models and checkpoints into whatever directory happens to be its grandparent.
-fn resumed_run_dir(ckpt: &std::path::Path, run_dir: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
-    if let Some(dir) = run_dir {
-        return Ok(dir.to_path_buf());
-    }
-    let parent = ckpt.parent().filter(|p| p.file_name().is_some_and(|n| n == "checkpoints"));
-    match parent.and_then(|p| p.parent()) {
-        Some(run) => Ok(if run.as_os_str().is_empty() { PathBuf::from(".") } else { run.to_path_buf() }),
-        None => anyhow::bail!(
-            "{}: not inside a run's checkpoints/ directory; pass --run-dir DIR to say where the resumed run writes",
-            ckpt.display()
-        ),
-    }
-}
-
-/// Keys that may differ between a checkpoint's config and the resuming one.
-const MAY_DIFFER: &[&str] = &[
+/// Keys of `rlhf train` that may differ between a checkpoint's config and the resuming one.
+const RL_MAY_DIFFER: &[&str] = &[
     "train.steps",
     "checkpoint.",
     "wandb.",
+    "tensorboard.",
     "run.run_dir",
     "run.device",
     "plugin_dirs",
@@ -189,102 +163,6 @@ const MAY_DIFFER: &[&str] = &[
     "train.max_idle_steps",
 ];
 
-/// Whether `key` (`a.b.c`) is one of [`MAY_DIFFER`]: equal, under a prefix ending in `.`, or
-/// matching a pattern whose `*` stands for one key part (an array index).
-fn may_differ(key: &str) -> bool {
-    MAY_DIFFER.iter().any(|p| {
-        if let Some(prefix) = p.strip_suffix('.') {
-            return key == prefix || key.starts_with(p);
-        }
-        let (pk, kk): (Vec<&str>, Vec<&str>) = (p.split('.').collect(), key.split('.').collect());
-        pk.len() == kk.len() && pk.iter().zip(&kk).all(|(a, b)| *a == "*" || a == b)
-    })
-}
-
-/// Refuses to resume a checkpoint written under a different configuration, naming the keys.
-fn check_same_config(dir: &std::path::Path, saved: &str, cfg: &RlConfig) -> anyhow::Result<()> {
-    let saved: toml::Value =
-        toml::from_str(saved).map_err(|e| anyhow::anyhow!("{}: corrupt checkpoint config.toml: {e}", dir.display()))?;
-    let now = toml::Value::try_from(cfg)?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    flatten(&saved, "", &mut a);
-    flatten(&now, "", &mut b);
-    let a: std::collections::BTreeMap<_, _> = a.into_iter().collect();
-    let b: std::collections::BTreeMap<_, _> = b.into_iter().collect();
-    let stage = |m: &std::collections::BTreeMap<String, String>| {
-        m.get("distributed.zero_stage").cloned().unwrap_or_else(|| "0".into())
-    };
-    if stage(&a) != stage(&b) {
-        tracing::info!(
-            "resuming a ZeRO stage {} checkpoint at stage {}: the optimizer state is re-laid out",
-            stage(&a),
-            stage(&b)
-        );
-    }
-    let mut diffs = Vec::new();
-    for key in a.keys().chain(b.keys()).collect::<std::collections::BTreeSet<_>>() {
-        let (x, y) = (a.get(key), b.get(key));
-        if may_differ(key) {
-            if x != y && !key.starts_with("run.run_dir") {
-                let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
-                tracing::info!("resume: {key} changed ({} in the checkpoint, {} now)", show(x), show(y));
-            }
-            continue;
-        }
-        if x != y {
-            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
-            diffs.push(format!("{key} ({} there, {} here)", show(x), show(y)));
-        }
-    }
-    if !diffs.is_empty() {
-        let n = diffs.len();
-        diffs.truncate(3);
-        anyhow::bail!(
-            "{}: checkpoint written by another config: {}{}",
-            dir.display(),
-            diffs.join(", "),
-            if n > 3 { format!(" and {} more", n - 3) } else { String::new() }
-        );
-    }
-    Ok(())
-}
-
-/// Every leaf of `v` as `(dotted key, value)`; an array of tables (`[[rewards]]`) by index
-/// (`rewards.0.config.url`).
-fn flatten(v: &toml::Value, prefix: &str, out: &mut Vec<(String, String)>) {
-    let key = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
-    match v {
-        toml::Value::Table(t) => {
-            for (k, x) in t {
-                flatten(x, &key(k), out);
-            }
-        }
-        toml::Value::Array(items) if !items.is_empty() && items.iter().all(toml::Value::is_table) => {
-            for (i, x) in items.iter().enumerate() {
-                flatten(x, &key(&i.to_string()), out);
-            }
-        }
-        other => out.push((prefix.to_string(), other.to_string())),
-    }
-}
-
 pub(crate) fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-pub fn plugins(args: PluginsArgs) -> anyhow::Result<()> {
-    let reg = registry(&args.dirs)?;
-    println!("{:<24} {:<12} {:<10} path", "name", "kind", "version");
-    for p in reg.plugins() {
-        println!("{:<24} {:<12} {:<10} {}", p.name, p.kind.to_string(), p.version, p.path.display());
-    }
-    for e in reg.environments() {
-        println!("{:<24} {:<12} {:<10} {}", e.name, "environment", e.version, e.path.display());
-    }
-    if args.all || reg.plugins().next().is_none() {
-        for (path, why) in &reg.refused {
-            println!("refused: {}: {why}", path.display());
-        }
-    }
-    Ok(())
 }

@@ -7,6 +7,7 @@ mod cmd_config;
 mod cmd_dpo;
 mod cmd_eval;
 mod cmd_generate;
+mod cmd_plugins;
 mod cmd_ppl;
 mod cmd_rm;
 mod cmd_serve;
@@ -15,6 +16,7 @@ mod cmd_train;
 mod common;
 mod launcher;
 mod machine;
+mod resume;
 
 use std::process::ExitCode;
 
@@ -61,7 +63,7 @@ enum Command {
     /// Held-out evaluation of a saved policy: pass@k, maj@n, rewards per source and data source.
     Eval(cmd_eval::EvalArgs),
     /// List the plugins found in the plugin directories.
-    Plugins(cmd_train::PluginsArgs),
+    Plugins(cmd_plugins::PluginsArgs),
     /// Serve a reward model over HTTP (OpenRLHF `/get_reward`, LLaMA-Factory `/v1/score/evaluation`).
     ServeReward(cmd_serve::Args),
 }
@@ -99,7 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => cmd_train::train(args),
         Command::Eval(args) => cmd_eval::run(args),
         Command::Config(cmd) => cmd_config::run(cmd),
-        Command::Plugins(args) => cmd_train::plugins(args),
+        Command::Plugins(args) => cmd_plugins::plugins(args),
         Command::ServeReward(args) => cmd_serve::run(args),
     }
 }

@@ -44,7 +44,8 @@ pub const API_MAJOR: u32 = 4;
 ///   [`AlgorithmObj::resolved_config`].
 /// - 4.2: the optional `behavior_logprobs` tensor of a batch and a minibatch (an external
 ///   rollout engine's log-probs).
-pub const API_MINOR: u32 = 2;
+/// - 4.3: the optional [`AlgorithmObj::describe_keys`].
+pub const API_MINOR: u32 = 3;
 /// The tch version plugin-api is built with (the workspace pins it; a tidy test checks).
 pub const TCH_VERSION: &str = "0.24.0";
 /// The libtorch version plugin-api was compiled against.
@@ -246,6 +247,13 @@ pub trait AlgorithmObj: Send {
     /// The plugin's config with every default filled in, as JSON (`null`: not reported). 4.1:
     /// a 4.0 plugin's object has no such method, and the host gets this default.
     fn resolved_config(&self) -> RString {
+        RString::from("null")
+    }
+
+    /// The plugin's config keys as a JSON array of `{"key", "help", "peers": {"TRL": name, ...}}`
+    /// (`null`: not described), which `rlhf plugins --describe` prints beside each key's default
+    /// from [`AlgorithmObj::resolved_config`]. 4.3: older plugins get this default.
+    fn describe_keys(&self) -> RString {
         RString::from("null")
     }
 }

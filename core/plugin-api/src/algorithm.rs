@@ -176,6 +176,33 @@ pub trait Algorithm: Send + Sized + 'static {
     fn resolved_config(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
+    /// One line of help per config key and the peers' names for it, for `rlhf plugins --describe`
+    /// and the generated algorithm reference (default: not described). The defaults come from
+    /// [`Algorithm::resolved_config`] of an instance built from an empty section.
+    fn describe_keys(&self) -> Vec<KeyDoc> {
+        Vec::new()
+    }
+}
+
+/// What [`Algorithm::describe_keys`] says about one config key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyDoc {
+    /// The key in `[algorithm.config]`.
+    pub key: &'static str,
+    /// One line: what it does, with its range.
+    pub help: &'static str,
+    /// The same setting in other trainers: `("TRL", "beta")`, `("verl", "actor.kl_loss_coef")`,
+    /// `("OpenRLHF", "--init_kl_coef")`.
+    pub peers: &'static [(&'static str, &'static str)],
+}
+
+impl KeyDoc {
+    /// The JSON object the ABI carries.
+    pub fn to_json(&self) -> serde_json::Value {
+        let peers: serde_json::Map<String, serde_json::Value> =
+            self.peers.iter().map(|(p, k)| (p.to_string(), serde_json::Value::String(k.to_string()))).collect();
+        serde_json::json!({"key": self.key, "help": self.help, "peers": peers})
+    }
 }
 
 pub(crate) fn metrics_abi(m: Vec<(String, f64)>) -> RVec<Metric> {
@@ -426,5 +453,16 @@ impl<A: Algorithm> AlgorithmObj for AlgorithmAdapter<A> {
 
     fn resolved_config(&self) -> RString {
         catch_unwind(AssertUnwindSafe(|| self.0.resolved_config().to_string())).unwrap_or_else(|_| "null".into()).into()
+    }
+
+    fn describe_keys(&self) -> RString {
+        let keys = || {
+            let docs = self.0.describe_keys();
+            if docs.is_empty() {
+                return "null".to_string();
+            }
+            serde_json::Value::Array(docs.iter().map(KeyDoc::to_json).collect()).to_string()
+        };
+        catch_unwind(AssertUnwindSafe(keys)).unwrap_or_else(|_| "null".into()).into()
     }
 }

@@ -39,6 +39,11 @@ fn step_dir_name(step: usize) -> String {
     format!("step-{step:06}")
 }
 
+/// The directory of the checkpoint of `step` (`<run_dir>/checkpoints/step-NNNNNN`).
+pub fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
+    checkpoints_dir(run_dir).join(step_dir_name(step))
+}
+
 fn parse_step(name: &str) -> Option<usize> {
     name.strip_prefix("step-").and_then(|s| s.parse().ok())
 }

@@ -25,12 +25,14 @@ pub mod optim;
 pub mod plugin_log;
 pub mod plugins;
 pub mod progress;
+pub mod ranked_checkpoint;
 pub mod rl;
 pub mod run_lock;
 pub mod shard_files;
 pub mod signals;
 pub mod supervised;
 pub mod tabular;
+pub mod tensorboard;
 pub mod train_engine;
 
 pub use config::{ConfigSource, RlConfig};

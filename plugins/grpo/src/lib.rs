@@ -158,6 +158,19 @@ impl Algorithm for Grpo {
         serde_json::to_value(&self.cfg).unwrap_or_default()
     }
 
+    fn describe_keys(&self) -> Vec<KeyDoc> {
+        vec![
+            KeyDoc { key: "beta", help: "weight of the k3 KL to the reference in the loss; 0 = no reference model", peers: &[("TRL", "beta"), ("verl", "actor_rollout_ref.actor.kl_loss_coef"), ("OpenRLHF", "--init_kl_coef")] },
+            KeyDoc { key: "epsilon", help: "lower ratio clip: ratios are clamped to [1 - epsilon, 1 + epsilon_high]", peers: &[("TRL", "epsilon"), ("verl", "actor_rollout_ref.actor.clip_ratio_low"), ("OpenRLHF", "--eps_clip")] },
+            KeyDoc { key: "epsilon_high", help: "upper ratio clip (DAPO's clip-higher); unset = epsilon", peers: &[("TRL", "epsilon_high"), ("verl", "actor_rollout_ref.actor.clip_ratio_high")] },
+            KeyDoc { key: "loss_type", help: "loss reduction: grpo (mean of sequence means), bnpo, dr_grpo or dapo (token mean over the accumulated batch)", peers: &[("TRL", "loss_type"), ("verl", "actor_rollout_ref.actor.loss_agg_mode")] },
+            KeyDoc { key: "scale_rewards", help: "advantage scaling: group (divide by the group's std), batch or none", peers: &[("TRL", "scale_rewards"), ("verl", "algorithm.norm_adv_by_std_in_grpo")] },
+            KeyDoc { key: "std", help: "standard deviation estimator of the scaling: population (DeepSeekMath) or unbiased (TRL)", peers: &[] },
+            KeyDoc { key: "max_completion_length", help: "dr_grpo's constant normaliser; unset = the minibatch's response length", peers: &[("TRL", "max_completion_length")] },
+            KeyDoc { key: "log_entropy", help: "log the policy's per-token entropy as `entropy` (not part of the loss)", peers: &[] },
+        ]
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`, `exp.group_ids [B]` i64, `exp.action_mask [B, R]`; returns `advantages [B, R]`
     /// (each sample's A on its valid tokens, 0 on padding) and no returns.

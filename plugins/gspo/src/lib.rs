@@ -125,6 +125,32 @@ impl Algorithm for Gspo {
         serde_json::to_value(&self.cfg).unwrap_or_default()
     }
 
+    fn describe_keys(&self) -> Vec<KeyDoc> {
+        vec![
+            KeyDoc {
+                key: "epsilon",
+                help: "lower clip of the sequence ratio: s is clamped to [1 - epsilon, 1 + epsilon_high]",
+                peers: &[("TRL", "epsilon"), ("verl", "actor_rollout_ref.actor.clip_ratio_low")],
+            },
+            KeyDoc {
+                key: "epsilon_high",
+                help: "upper clip of the sequence ratio",
+                peers: &[("TRL", "epsilon_high"), ("verl", "actor_rollout_ref.actor.clip_ratio_high")],
+            },
+            KeyDoc {
+                key: "beta",
+                help: "weight of the k3 KL to the reference; 0 = no reference model",
+                peers: &[("TRL", "beta"), ("verl", "actor_rollout_ref.actor.kl_loss_coef")],
+            },
+            KeyDoc {
+                key: "scale_rewards",
+                help: "advantage scaling: group, batch or none",
+                peers: &[("TRL", "scale_rewards"), ("verl", "algorithm.norm_adv_by_std_in_grpo")],
+            },
+            KeyDoc { key: "std", help: "standard deviation estimator: population or unbiased (TRL)", peers: &[] },
+        ]
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`, `exp.group_ids [B]` i64, `exp.action_mask [B, R]`; returns
     /// `advantages [B, R]` (each sample's A on its valid tokens, 0 on padding).

@@ -111,6 +111,27 @@ impl Algorithm for PpoSeq {
         serde_json::to_value(&self.cfg).unwrap_or_default()
     }
 
+    fn describe_keys(&self) -> Vec<KeyDoc> {
+        vec![
+            KeyDoc {
+                key: "cliprange",
+                help: "policy ratio clip: the sequence ratio is clamped to [1 - cliprange, 1 + cliprange]",
+                peers: &[("TRL", "cliprange"), ("OpenRLHF", "--eps_clip")],
+            },
+            KeyDoc { key: "vf_coef", help: "weight of the value loss mean((V - R)^2)", peers: &[("TRL", "vf_coef")] },
+            KeyDoc {
+                key: "kl_coef",
+                help: "weight of the KL-to-reference penalty mean(actor_logp - ref_logp) in the loss",
+                peers: &[],
+            },
+            KeyDoc {
+                key: "value_at",
+                help: "where V is read: prompt (the state before the response) or last (its last token)",
+                peers: &[],
+            },
+        ]
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`, `exp.values`, `action_mask [B, R]`; returns `advantages`, `returns [B, R]`,
     /// each row's value on its valid tokens and 0 on padding.

@@ -155,6 +155,70 @@ impl Algorithm for Ppo {
         serde_json::to_value(&self.cfg).unwrap_or_default()
     }
 
+    fn describe_keys(&self) -> Vec<KeyDoc> {
+        vec![
+            KeyDoc {
+                key: "kl_ctl",
+                help: "initial coefficient of the per-token KL penalty in the reward",
+                peers: &[("TRL", "kl_coef"), ("verl", "algorithm.kl_ctrl.kl_coef"), ("OpenRLHF", "--init_kl_coef")],
+            },
+            KeyDoc {
+                key: "clip_reward_value",
+                help: "the score is clamped to [-clip_reward_value, clip_reward_value] before it enters the reward",
+                peers: &[("DeepSpeed-Chat", "clip_reward_value")],
+            },
+            KeyDoc {
+                key: "gamma",
+                help: "discount factor of GAE",
+                peers: &[("TRL", "gamma"), ("verl", "algorithm.gamma"), ("OpenRLHF", "--gamma")],
+            },
+            KeyDoc {
+                key: "lam",
+                help: "GAE lambda",
+                peers: &[("TRL", "lam"), ("verl", "algorithm.lam"), ("OpenRLHF", "--lambd")],
+            },
+            KeyDoc {
+                key: "cliprange",
+                help: "policy ratio clip: ratios are clamped to [1 - cliprange, 1 + cliprange]",
+                peers: &[
+                    ("TRL", "cliprange"),
+                    ("verl", "actor_rollout_ref.actor.clip_ratio"),
+                    ("OpenRLHF", "--eps_clip"),
+                ],
+            },
+            KeyDoc {
+                key: "cliprange_value",
+                help: "value clip: new values are clamped to old values +- cliprange_value",
+                peers: &[("TRL", "cliprange_value"), ("verl", "critic.cliprange_value"), ("OpenRLHF", "--value_clip")],
+            },
+            KeyDoc {
+                key: "vf_coef",
+                help: "weight of the clipped value loss 0.5 max(vf1, vf2) in the single loss",
+                peers: &[("TRL", "vf_coef")],
+            },
+            KeyDoc {
+                key: "entropy_coef",
+                help: "weight of the entropy bonus; 0 = none (the host then computes no entropy)",
+                peers: &[("verl", "actor_rollout_ref.actor.entropy_coeff")],
+            },
+            KeyDoc {
+                key: "whiten_advantages",
+                help: "whiten advantages over the batch's valid tokens (TRL and OpenRLHF do; DeepSpeed-Chat does not)",
+                peers: &[],
+            },
+            KeyDoc {
+                key: "kl_estimator",
+                help: "per-token KL estimator of the penalty: k1, k2 or k3",
+                peers: &[("TRL", "kl_estimator"), ("verl", "algorithm.kl_penalty"), ("OpenRLHF", "--kl_estimator")],
+            },
+            KeyDoc {
+                key: "adaptive_kl",
+                help: "adaptive KL controller { target, horizon }; unset = the fixed kl_ctl",
+                peers: &[("verl", "algorithm.kl_ctrl.target_kl, horizon"), ("OpenRLHF", "--kl_target, --kl_horizon")],
+            },
+        ]
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`; `exp.logprobs`, `ref_logprobs`, `values`, `action_mask [B, R]`;
     /// returns `advantages`, `returns [B, R]`, 0 on padding.

@@ -150,6 +150,46 @@ impl Algorithm for ReinforcePp {
         serde_json::to_value(&self.cfg).unwrap_or_default()
     }
 
+    fn describe_keys(&self) -> Vec<KeyDoc> {
+        vec![
+            KeyDoc {
+                key: "beta",
+                help: "coefficient of the per-token KL penalty in the reward; 0 = no reference model",
+                peers: &[("OpenRLHF", "--init_kl_coef"), ("verl", "algorithm.kl_ctrl.kl_coef")],
+            },
+            KeyDoc {
+                key: "kl_estimator",
+                help: "per-token KL estimator of the penalty: k1, k2 or k3",
+                peers: &[("OpenRLHF", "--kl_estimator"), ("verl", "algorithm.kl_penalty")],
+            },
+            KeyDoc {
+                key: "gamma",
+                help: "discount of the returns",
+                peers: &[("OpenRLHF", "--gamma"), ("verl", "algorithm.gamma")],
+            },
+            KeyDoc {
+                key: "epsilon",
+                help: "lower ratio clip: ratios are clamped to [1 - epsilon, 1 + epsilon_high]",
+                peers: &[("OpenRLHF", "--eps_clip"), ("verl", "actor_rollout_ref.actor.clip_ratio_low")],
+            },
+            KeyDoc {
+                key: "epsilon_high",
+                help: "upper ratio clip; unset = epsilon",
+                peers: &[("verl", "actor_rollout_ref.actor.clip_ratio_high")],
+            },
+            KeyDoc {
+                key: "baseline",
+                help: "none (REINFORCE++) or group_mean (REINFORCE++-baseline)",
+                peers: &[("OpenRLHF", "--advantage_estimator"), ("verl", "algorithm.adv_estimator")],
+            },
+            KeyDoc {
+                key: "token_level_loss",
+                help: "token mean over the minibatch (true) or the mean of the sequences' token means (false)",
+                peers: &[("verl", "actor_rollout_ref.actor.loss_agg_mode")],
+            },
+        ]
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`, `exp.group_ids [B]` i64, `exp.logprobs`, `exp.ref_logprobs`,
     /// `exp.action_mask [B, R]`; returns `advantages [B, R]` (0 on padding).

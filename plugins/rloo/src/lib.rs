@@ -145,6 +145,17 @@ impl Algorithm for Rloo {
         serde_json::to_value(&self.cfg).unwrap_or_default()
     }
 
+    fn describe_keys(&self) -> Vec<KeyDoc> {
+        vec![
+            KeyDoc { key: "beta", help: "KL weight; 0 = no reference model", peers: &[("TRL", "beta")] },
+            KeyDoc { key: "kl_in_reward", help: "true: the sequence k1 KL is subtracted from the reward (TRL); false: beta times the k3 token mean in the loss", peers: &[] },
+            KeyDoc { key: "epsilon", help: "lower ratio clip: ratios are clamped to [1 - epsilon, 1 + epsilon_high]", peers: &[("TRL", "epsilon")] },
+            KeyDoc { key: "epsilon_high", help: "upper ratio clip; unset = epsilon", peers: &[("TRL", "epsilon_high")] },
+            KeyDoc { key: "normalize_advantages", help: "whiten the advantages over the batch", peers: &[("TRL", "normalize_advantages")] },
+            KeyDoc { key: "ratio_level", help: "importance ratio per sequence (TRL) or per token", peers: &[] },
+        ]
+    }
+
     /// # Shapes
     /// `exp.rewards [B]`, `exp.group_ids [B]` i64, `exp.logprobs`, `exp.ref_logprobs`,
     /// `exp.action_mask [B, R]`; returns `advantages [B, R]` (each sample's A on its valid tokens).

@@ -1,12 +1,13 @@
-//! `rlhf dpo`: its sections (`[run]`, `[model]` with the reference, `[data]` as `rlhf rm`,
-//! `[train]` with the preference loss, `[lora]`) and loading with range checks. The loop is
+//! `rlhf dpo`: its sections (`[run]`, `[model]` with the reference and `model.lora`, `[data]` as
+//! `rlhf rm`, `[train]` with the preference loss, `[checkpoint]`, `[wandb]`) and loading with
+//! range checks. The loop is
 //! [`crate::supervised::dpo`].
 
 use rlhf_models::LoraConfig;
 use serde::{Deserialize, Serialize};
 
-use super::phases::{check_checkpointing, lora_error, PhaseRunConfig, PhaseTrainConfig, RmDataConfig, PHASE_PRESETS};
-use super::{load_layered_figment, ConfigSource, KeySource};
+use super::phases::{validate_phase, PhaseRunConfig, PhaseTrainConfig, RmDataConfig, PHASE_PRESETS};
+use super::{load_layered_figment, CheckpointConfig, ConfigSource, KeySource};
 use crate::error::Result;
 use crate::optim::Schedule;
 
@@ -34,11 +35,13 @@ pub struct DpoModelConfig {
     /// its adapters switched off), `precomputed` (the starting policy's log-probs of every pair,
     /// computed once before training), or a model directory. Unused by `simpo`.
     pub reference: String,
+    /// LoRA adapters on the policy (`rank = 0`: full fine-tuning); the saved model has them merged.
+    pub lora: LoraConfig,
 }
 
 impl Default for DpoModelConfig {
     fn default() -> Self {
-        DpoModelConfig { path: "builtin:tiny".into(), reference: "policy".into() }
+        DpoModelConfig { path: "builtin:tiny".into(), reference: "policy".into(), lora: LoraConfig::default() }
     }
 }
 
@@ -59,7 +62,7 @@ pub struct DpoTrainConfig {
     pub epochs: usize,
     /// Pairs per forward pass (2 × this many sequences).
     pub batch_size: usize,
-    pub grad_accum: usize,
+    pub gradient_accumulation_steps: usize,
     pub lr: f64,
     pub weight_decay: f64,
     pub adam_betas: (f64, f64),
@@ -67,9 +70,8 @@ pub struct DpoTrainConfig {
     pub warmup_steps: usize,
     pub schedule: Schedule,
     pub max_grad_norm: f64,
-    pub max_steps: usize,
+    pub steps: usize,
     pub eval_every: usize,
-    pub save_every: usize,
     pub eval_batch_size: usize,
     pub gradient_checkpointing: bool,
 }
@@ -84,7 +86,7 @@ impl Default for DpoTrainConfig {
             simpo_gamma: 0.5,
             epochs: c.epochs,
             batch_size: c.batch_size,
-            grad_accum: c.grad_accum,
+            gradient_accumulation_steps: c.gradient_accumulation_steps,
             lr: c.lr,
             weight_decay: c.weight_decay,
             adam_betas: c.adam_betas,
@@ -92,9 +94,8 @@ impl Default for DpoTrainConfig {
             warmup_steps: c.warmup_steps,
             schedule: c.schedule,
             max_grad_norm: c.max_grad_norm,
-            max_steps: c.max_steps,
+            steps: c.steps,
             eval_every: c.eval_every,
-            save_every: c.save_every,
             eval_batch_size: c.eval_batch_size,
             gradient_checkpointing: c.gradient_checkpointing,
         }
@@ -107,7 +108,7 @@ impl DpoTrainConfig {
         PhaseTrainConfig {
             epochs: self.epochs,
             batch_size: self.batch_size,
-            grad_accum: self.grad_accum,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
             lr: self.lr,
             weight_decay: self.weight_decay,
             adam_betas: self.adam_betas,
@@ -115,9 +116,8 @@ impl DpoTrainConfig {
             warmup_steps: self.warmup_steps,
             schedule: self.schedule,
             max_grad_norm: self.max_grad_norm,
-            max_steps: self.max_steps,
+            steps: self.steps,
             eval_every: self.eval_every,
-            save_every: self.save_every,
             eval_batch_size: self.eval_batch_size,
             gradient_checkpointing: self.gradient_checkpointing,
         }
@@ -133,30 +133,28 @@ pub struct DpoConfig {
     /// The pairs, read as `rlhf rm` reads them.
     pub data: RmDataConfig,
     pub train: DpoTrainConfig,
-    /// LoRA adapters on the policy (`rank = 0`: full fine-tuning); the saved model has them merged.
-    pub lora: LoraConfig,
+    pub checkpoint: CheckpointConfig,
     pub distributed: super::DistributedConfig,
+    pub wandb: rlhf_wandb::WandbConfig,
+    pub tensorboard: crate::tensorboard::TensorboardConfig,
 }
 
 impl DpoConfig {
     /// Loads base (file or the embedded `dpo` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (mut cfg, fig): (DpoConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let (mut cfg, fig): (DpoConfig, _) =
+            load_layered_figment(source, PHASE_PRESETS, sets, super::aliases::SUPERVISED)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
         };
         let src = KeySource { fig: &fig, base: &label };
-        cfg.train.common().validate(&src)?;
-        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
-        check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
-        cfg.distributed.validate(&src)?;
-        let dropout = if cfg.lora.rank > 0 { cfg.lora.dropout } else { 0.0 };
+        let common = cfg.train.common();
+        validate_phase(&src, &common, &cfg.model.lora, &cfg.checkpoint, &cfg.distributed, cfg.data.max_len)?;
+        let lora = &cfg.model.lora;
+        let dropout = if lora.rank > 0 { lora.dropout } else { 0.0 };
         cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
-        if cfg.data.max_len < 2 {
-            return Err(src.error("data.max_len", "must be >= 2"));
-        }
         let t = &cfg.train;
         if !(t.beta.is_finite() && t.beta > 0.0) {
             return Err(src.error("train.beta", "must be > 0"));

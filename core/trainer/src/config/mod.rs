@@ -1,7 +1,7 @@
 //! Configuration of every command: a TOML preset or file, then `RLHF_SECTION__KEY` variables, then
 //! `--set key=value` overrides, merged with figment and extracted into `deny_unknown_fields`
 //! structs ([`rl`] for `rlhf train`, [`phases`] for `rlhf sft`/`rlhf rm`). Errors name the source and the key
-//! (`configs/grpo.toml: train.actor_lr: invalid type: found string "x", expected f64`).
+//! (`configs/grpo.toml: train.lr: invalid type: found string "x", expected f64`).
 //! Plugin sections (`algorithm.config`, `rewards[i].config`) are passed to the plugin as JSON,
 //! which parses them with its own `deny_unknown_fields` struct.
 
@@ -13,7 +13,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{Result, TrainerError};
+use aliases::Aliased;
 
+pub mod aliases;
 mod data;
 mod distributed;
 mod dpo;
@@ -114,7 +116,7 @@ impl figment::Provider for SetOverride {
     }
 }
 
-/// The environment prefix: `RLHF_TRAIN__ACTOR_LR=1e-6` sets `train.actor_lr`.
+/// The environment prefix: `RLHF_TRAIN__LR=1e-6` sets `train.lr`.
 pub const ENV_PREFIX: &str = "RLHF_";
 
 /// The shape of a command's config: `T`'s serialised default (keys and nesting).
@@ -151,7 +153,7 @@ fn has_key(schema: &serde_json::Value, key: &str) -> bool {
 /// command's config only (`RLHF_TRAIN__ACTOR_LR` under `rlhf sft`) is skipped; any other variable
 /// whose section exists here applies too, so its unknown key is an error naming the variable, and
 /// one whose section exists nowhere is ignored with a warning.
-fn env_layer(this: &serde_json::Value) -> Result<Vec<SetOverride>> {
+fn env_layer(this: &serde_json::Value, aliases: &[aliases::Alias]) -> Result<Vec<SetOverride>> {
     let mut vars: Vec<(String, String)> =
         std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX) && k.contains("__")).collect();
     vars.sort();
@@ -160,11 +162,17 @@ fn env_layer(this: &serde_json::Value) -> Result<Vec<SetOverride>> {
     for (name, value) in vars {
         let key = name[ENV_PREFIX.len()..].to_lowercase().replace("__", ".");
         let first = key.split('.').next().unwrap_or("");
-        let section_here = this.get(first).is_some();
-        if has_key(this, &key) || (section_here && !others.iter().any(|o| has_key(o, &key))) {
+        let section_here = this.get(first).is_some() || has_key(this, &aliases::canonical(&key, aliases));
+        let elsewhere = |key: &str| {
+            others
+                .iter()
+                .zip([aliases::RL, aliases::SUPERVISED, aliases::SUPERVISED])
+                .any(|(o, a)| has_key(o, key) || has_key(o, &aliases::canonical(key, a)))
+        };
+        if has_key(this, &aliases::canonical(&key, aliases)) || (section_here && !elsewhere(&key)) {
             check_integer(&name, &key, &value)?;
             out.push(SetOverride { label: name, key, value: toml_value(&value) });
-        } else if others.iter().any(|o| has_key(o, &key)) {
+        } else if elsewhere(&key) {
             tracing::debug!("{name}: skipped (a key of another command's config)");
         } else {
             tracing::warn!("{name}: ignored (no section `{first}` in this config)");
@@ -173,29 +181,43 @@ fn env_layer(this: &serde_json::Value) -> Result<Vec<SetOverride>> {
     Ok(out)
 }
 
-/// The env layer and the `--set` overrides over `base`, in that order (CLI last).
-fn layer(base: Figment, this: &serde_json::Value, sets: &[String]) -> Result<Figment> {
+/// The env layer and the `--set` overrides over `base`, in that order (CLI last), each read
+/// through `aliases`.
+fn layer(
+    base: Figment,
+    this: &serde_json::Value,
+    sets: &[String],
+    aliases: &'static [aliases::Alias],
+) -> Result<Figment> {
     let mut fig = base;
-    for var in env_layer(this)? {
-        fig = fig.merge(var);
+    for var in env_layer(this, aliases)? {
+        fig = fig.merge(Aliased { inner: var, aliases });
     }
     for s in sets {
-        fig = fig.merge(SetOverride::parse(s)?);
+        fig = fig.merge(Aliased { inner: SetOverride::parse(s)?, aliases });
     }
     Ok(fig)
 }
 
-/// The base layer: a TOML file (which must exist) or an embedded preset by name.
-fn base_layer(source: &ConfigSource, presets: &[(&str, &str)]) -> Result<(Figment, String)> {
+/// The base layer: a TOML file (which must exist) or an embedded preset by name, read through
+/// `aliases`.
+fn base_layer(
+    source: &ConfigSource,
+    presets: &[(&str, &str)],
+    aliases: &'static [aliases::Alias],
+) -> Result<(Figment, String)> {
     match source {
         ConfigSource::File(path) => {
             if !path.is_file() {
                 return Err(TrainerError::Config(format!("{}: config file not found", path.display())));
             }
-            Ok((Figment::from(Toml::file(path)), path.display().to_string()))
+            Ok((Figment::from(Aliased { inner: Toml::file(path), aliases }), path.display().to_string()))
         }
         ConfigSource::Preset(name) => match presets.iter().find(|(n, _)| n == name) {
-            Some((_, text)) => Ok((Figment::from(Named(format!("preset {name}"), text)), format!("preset {name}"))),
+            Some((_, text)) => Ok((
+                Figment::from(Aliased { inner: Named(format!("preset {name}"), text), aliases }),
+                format!("preset {name}"),
+            )),
             None => Err(TrainerError::Config(format!(
                 "no embedded preset `{name}` (available: {})",
                 presets.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
@@ -243,8 +265,9 @@ pub fn load_layered<T: DeserializeOwned + Serialize + Default>(
     source: &ConfigSource,
     presets: &[(&str, &str)],
     sets: &[String],
+    aliases: &'static [aliases::Alias],
 ) -> Result<T> {
-    Ok(load_layered_figment::<T>(source, presets, sets)?.0)
+    Ok(load_layered_figment::<T>(source, presets, sets, aliases)?.0)
 }
 
 /// [`load_layered`], also returning the merged figment (for provenance).
@@ -252,9 +275,10 @@ pub fn load_layered_figment<T: DeserializeOwned + Serialize + Default>(
     source: &ConfigSource,
     presets: &[(&str, &str)],
     sets: &[String],
+    aliases: &'static [aliases::Alias],
 ) -> Result<(T, Figment)> {
-    let (base, label) = base_layer(source, presets)?;
-    let fig = layer(base, &schema::<T>(), sets)?;
+    let (base, label) = base_layer(source, presets, aliases)?;
+    let fig = layer(base, &schema::<T>(), sets, aliases)?;
     let cfg = fig.extract().map_err(|e| describe_figment(e, &label))?;
     Ok((cfg, fig))
 }
@@ -396,10 +420,10 @@ mod tests {
     fn errors_name_source_and_key() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.toml");
-        std::fs::write(&path, "[algorithm]\nname = \"grpo\"\n[train]\nactor_lr = \"x\"\n[[rewards]]\nplugin = \"r\"\n")
+        std::fs::write(&path, "[algorithm]\nname = \"grpo\"\n[train]\nlr = \"x\"\n[[rewards]]\nplugin = \"r\"\n")
             .unwrap();
         let e = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap_err().to_string();
-        assert!(e.contains("bad.toml") && e.contains("train.actor_lr") && e.contains("invalid type"), "{e}");
+        assert!(e.contains("bad.toml") && e.contains("train.lr") && e.contains("invalid type"), "{e}");
 
         std::fs::write(&path, "[algorithm]\nname = \"grpo\"\n[train]\nstepz = 1\n").unwrap();
         let e = RlConfig::load(&ConfigSource::File(path.clone()), None, &[]).unwrap_err().to_string();

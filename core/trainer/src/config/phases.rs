@@ -1,13 +1,14 @@
 //! `rlhf sft` and `rlhf rm` (`rlhf dpo` reuses these in `dpo.rs`): their sections (`[run]`,
-//! `[model]`, `[data]`, `[train]`, `[lora]`),
-//! the embedded presets, and loading with range checks. The loops are in [`crate::supervised`].
+//! `[model]` with `model.lora`, `[data]`, `[train]`, `[checkpoint]`, `[wandb]`), the embedded
+//! presets, and loading with range checks. The keys are named as `rlhf train` names them (the old
+//! names are aliases, [`super::aliases::SUPERVISED`]). The loops are in [`crate::supervised`].
 
 use std::path::PathBuf;
 
 use rlhf_models::LoraConfig;
 use serde::{Deserialize, Serialize};
 
-use super::{load_layered_figment, ConfigSource, KeySource};
+use super::{load_layered_figment, CheckpointConfig, ConfigSource, KeySource};
 use crate::error::{Result, TrainerError};
 use crate::optim::{OptimConfig, Schedule};
 
@@ -38,11 +39,14 @@ impl Default for PhaseRunConfig {
 pub struct PhaseModelConfig {
     /// Hugging Face causal-LM directory, or `builtin:tiny` (the embedded tiny Llama, random weights).
     pub path: String,
+    /// LoRA adapters (`rank = 0`: full fine-tuning); the saved model has them merged (RM: the score
+    /// head always trains). Was the top-level `[lora]`.
+    pub lora: LoraConfig,
 }
 
 impl Default for PhaseModelConfig {
     fn default() -> Self {
-        PhaseModelConfig { path: "builtin:tiny".into() }
+        PhaseModelConfig { path: "builtin:tiny".into(), lora: LoraConfig::default() }
     }
 }
 
@@ -65,8 +69,9 @@ pub struct PhaseTrainConfig {
     pub epochs: usize,
     /// Sequences (SFT) or pairs (RM) per forward pass.
     pub batch_size: usize,
-    /// Forward passes per optimizer step (the effective batch is `batch_size × grad_accum`).
-    pub grad_accum: usize,
+    /// Forward passes per optimizer step (the effective batch is `batch_size ×
+    /// gradient_accumulation_steps`; was `grad_accum`).
+    pub gradient_accumulation_steps: usize,
     pub lr: f64,
     pub weight_decay: f64,
     pub adam_betas: (f64, f64),
@@ -77,12 +82,10 @@ pub struct PhaseTrainConfig {
     pub schedule: Schedule,
     /// Gradient-norm clip (0 disables).
     pub max_grad_norm: f64,
-    /// Stop after this many optimizer steps (0 = run every epoch).
-    pub max_steps: usize,
+    /// Stop after this many optimizer steps (0 = run every epoch; was `max_steps`).
+    pub steps: usize,
     /// Evaluate every N optimizer steps (0 = only before training and at the end).
     pub eval_every: usize,
-    /// Save a checkpoint under `<run_dir>/checkpoints/step-N` every N steps (0 = only the final model).
-    pub save_every: usize,
     /// Sequences (SFT) or pairs (RM) per forward pass during evaluation.
     pub eval_batch_size: usize,
     /// Activation checkpointing per decoder layer of the trained model (transformers'
@@ -96,17 +99,17 @@ impl Default for PhaseTrainConfig {
         PhaseTrainConfig {
             epochs: 1,
             batch_size: 8,
-            grad_accum: 1,
+            gradient_accumulation_steps: 1,
             lr: 1e-5,
             weight_decay: 0.0,
             adam_betas: (0.9, 0.95),
             adam_eps: 1e-8,
             warmup_steps: 0,
-            schedule: Schedule::Cosine,
+            // As `rlhf train`: the same default for every phase.
+            schedule: Schedule::Constant,
             max_grad_norm: 1.0,
-            max_steps: 0,
+            steps: 0,
             eval_every: 0,
-            save_every: 0,
             eval_batch_size: 16,
             gradient_checkpointing: false,
         }
@@ -123,8 +126,8 @@ impl PhaseTrainConfig {
         if self.batch_size == 0 {
             return bad("batch_size", "must be >= 1");
         }
-        if self.grad_accum == 0 {
-            return bad("grad_accum", "must be >= 1");
+        if self.gradient_accumulation_steps == 0 {
+            return bad("gradient_accumulation_steps", "must be >= 1");
         }
         if self.eval_batch_size == 0 {
             return bad("eval_batch_size", "must be >= 1");
@@ -158,8 +161,42 @@ impl PhaseTrainConfig {
 /// refused with LoRA dropout.
 pub fn check_checkpointing(src: &KeySource, checkpointing: bool, lora: &LoraConfig) -> Result<()> {
     if checkpointing && lora.rank > 0 && lora.dropout > 0.0 {
-        let msg = "needs lora.dropout = 0 (the recomputed forward would draw other dropout masks)";
+        let msg = "needs model.lora.dropout = 0 (the recomputed forward would draw other dropout masks)";
         return Err(src.error("train.gradient_checkpointing", msg));
+    }
+    Ok(())
+}
+
+/// `model.lora`'s range checks, the error naming the key and where its value came from.
+pub fn validate_lora(src: &KeySource, key: &str, lora: &LoraConfig) -> Result<()> {
+    if let Err(e) = lora.validate() {
+        let msg = e.to_string();
+        let msg = msg.trim_start_matches("invalid input: lora");
+        let field = msg.trim_start_matches('.').split(':').next().unwrap_or("");
+        return Err(TrainerError::Config(format!("{}: {key}{msg}", src.of(&format!("{key}.{field}")))));
+    }
+    Ok(())
+}
+
+/// The checks every supervised phase makes after loading: `[train]`, `model.lora`,
+/// checkpointing with dropout, `[distributed]`, `[checkpoint]` and `data.max_len`.
+pub fn validate_phase(
+    src: &KeySource,
+    train: &PhaseTrainConfig,
+    lora: &LoraConfig,
+    checkpoint: &CheckpointConfig,
+    distributed: &super::DistributedConfig,
+    max_len: usize,
+) -> Result<()> {
+    train.validate(src)?;
+    validate_lora(src, "model.lora", lora)?;
+    check_checkpointing(src, train.gradient_checkpointing, lora)?;
+    distributed.validate(src)?;
+    if checkpoint.keep == 0 {
+        return Err(src.error("checkpoint.keep", "must be >= 1"));
+    }
+    if max_len < 2 {
+        return Err(src.error("data.max_len", "must be >= 2"));
     }
     Ok(())
 }
@@ -266,9 +303,10 @@ pub struct SftConfig {
     pub model: PhaseModelConfig,
     pub data: SftDataConfig,
     pub train: PhaseTrainConfig,
-    /// LoRA adapters (`rank = 0`: full fine-tuning); the saved model has them merged.
-    pub lora: LoraConfig,
+    pub checkpoint: CheckpointConfig,
     pub distributed: super::DistributedConfig,
+    pub wandb: rlhf_wandb::WandbConfig,
+    pub tensorboard: crate::tensorboard::TensorboardConfig,
 }
 
 /// The embedded presets of the supervised phases (`configs/sft.toml`, `configs/rm.toml`,
@@ -283,21 +321,17 @@ impl SftConfig {
     /// Loads base (file or the embedded `sft` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (mut cfg, fig): (SftConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let (mut cfg, fig): (SftConfig, _) =
+            load_layered_figment(source, PHASE_PRESETS, sets, super::aliases::SUPERVISED)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
         };
         let src = KeySource { fig: &fig, base: &label };
-        cfg.train.validate(&src)?;
-        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
-        check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
-        cfg.distributed.validate(&src)?;
-        let dropout = if cfg.lora.rank > 0 { cfg.lora.dropout } else { 0.0 };
+        validate_phase(&src, &cfg.train, &cfg.model.lora, &cfg.checkpoint, &cfg.distributed, cfg.data.max_len)?;
+        let lora = &cfg.model.lora;
+        let dropout = if lora.rank > 0 { lora.dropout } else { 0.0 };
         cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
-        if cfg.data.max_len < 2 {
-            return Err(src.error("data.max_len", "must be >= 2"));
-        }
         Ok(cfg)
     }
 }
@@ -373,7 +407,7 @@ pub struct RmTrainConfig {
     pub epochs: usize,
     /// Pairs per forward pass (2 × this many sequences).
     pub batch_size: usize,
-    pub grad_accum: usize,
+    pub gradient_accumulation_steps: usize,
     pub lr: f64,
     pub weight_decay: f64,
     pub adam_betas: (f64, f64),
@@ -381,9 +415,8 @@ pub struct RmTrainConfig {
     pub warmup_steps: usize,
     pub schedule: Schedule,
     pub max_grad_norm: f64,
-    pub max_steps: usize,
+    pub steps: usize,
     pub eval_every: usize,
-    pub save_every: usize,
     pub eval_batch_size: usize,
     pub gradient_checkpointing: bool,
 }
@@ -395,7 +428,7 @@ impl Default for RmTrainConfig {
             loss: RmLoss::Dsc,
             epochs: c.epochs,
             batch_size: c.batch_size,
-            grad_accum: c.grad_accum,
+            gradient_accumulation_steps: c.gradient_accumulation_steps,
             lr: c.lr,
             weight_decay: c.weight_decay,
             adam_betas: c.adam_betas,
@@ -403,9 +436,8 @@ impl Default for RmTrainConfig {
             warmup_steps: c.warmup_steps,
             schedule: c.schedule,
             max_grad_norm: c.max_grad_norm,
-            max_steps: c.max_steps,
+            steps: c.steps,
             eval_every: c.eval_every,
-            save_every: c.save_every,
             eval_batch_size: c.eval_batch_size,
             gradient_checkpointing: c.gradient_checkpointing,
         }
@@ -418,7 +450,7 @@ impl RmTrainConfig {
         PhaseTrainConfig {
             epochs: self.epochs,
             batch_size: self.batch_size,
-            grad_accum: self.grad_accum,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
             lr: self.lr,
             weight_decay: self.weight_decay,
             adam_betas: self.adam_betas,
@@ -426,9 +458,8 @@ impl RmTrainConfig {
             warmup_steps: self.warmup_steps,
             schedule: self.schedule,
             max_grad_norm: self.max_grad_norm,
-            max_steps: self.max_steps,
+            steps: self.steps,
             eval_every: self.eval_every,
-            save_every: self.save_every,
             eval_batch_size: self.eval_batch_size,
             gradient_checkpointing: self.gradient_checkpointing,
         }
@@ -444,30 +475,28 @@ pub struct RmConfig {
     pub model: PhaseModelConfig,
     pub data: RmDataConfig,
     pub train: RmTrainConfig,
-    /// LoRA adapters on the backbone (`rank = 0`: full fine-tuning); the score head always trains.
-    pub lora: LoraConfig,
+    pub checkpoint: CheckpointConfig,
     pub distributed: super::DistributedConfig,
+    pub wandb: rlhf_wandb::WandbConfig,
+    pub tensorboard: crate::tensorboard::TensorboardConfig,
 }
 
 impl RmConfig {
     /// Loads base (file or the embedded `rm` preset), `RLHF_*` variables and `--set` overrides, and
     /// validates.
     pub fn load(source: &ConfigSource, sets: &[String]) -> Result<Self> {
-        let (mut cfg, fig): (RmConfig, _) = load_layered_figment(source, PHASE_PRESETS, sets)?;
+        let (mut cfg, fig): (RmConfig, _) =
+            load_layered_figment(source, PHASE_PRESETS, sets, super::aliases::SUPERVISED)?;
         let label = match source {
             ConfigSource::File(p) => p.display().to_string(),
             ConfigSource::Preset(n) => format!("preset {n}"),
         };
         let src = KeySource { fig: &fig, base: &label };
-        cfg.train.common().validate(&src)?;
-        cfg.lora.validate().map_err(|e| lora_error(&src.of("lora"), e))?;
-        check_checkpointing(&src, cfg.train.gradient_checkpointing, &cfg.lora)?;
-        cfg.distributed.validate(&src)?;
-        let dropout = if cfg.lora.rank > 0 { cfg.lora.dropout } else { 0.0 };
+        let common = cfg.train.common();
+        validate_phase(&src, &common, &cfg.model.lora, &cfg.checkpoint, &cfg.distributed, cfg.data.max_len)?;
+        let lora = &cfg.model.lora;
+        let dropout = if lora.rank > 0 { lora.dropout } else { 0.0 };
         cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
-        if cfg.data.max_len < 2 {
-            return Err(src.error("data.max_len", "must be >= 2"));
-        }
         Ok(cfg)
     }
 }
@@ -484,7 +513,7 @@ mod tests {
         assert_eq!(rm.train.loss, RmLoss::LastToken);
         assert_eq!(rm.data.train, "builtin:addition-pairs");
         let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["lora.rank=-1".into()]).unwrap_err();
-        assert!(e.to_string().contains("--set lora.rank=-1: lora.rank: must be >= 0"), "{e}");
+        assert!(e.to_string().contains("--set lora.rank=-1: model.lora.rank: must be >= 0"), "{e}");
         let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["data.max_len=1".into()]).unwrap_err();
         assert!(e.to_string().contains("data.max_len"), "{e}");
     }

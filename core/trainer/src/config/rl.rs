@@ -95,7 +95,8 @@ pub struct TrainConfig {
     /// `gradient_accumulation_steps`): each minibatch's loss is divided by it, and token-mean
     /// losses over the whole accumulated batch (GRPO's `dapo`) see its token count.
     pub gradient_accumulation_steps: usize,
-    pub actor_lr: f64,
+    /// The actor's (policy's) learning rate, as in `rlhf sft`, `rm` and `dpo` (was `actor_lr`).
+    pub lr: f64,
     pub critic_lr: f64,
     pub weight_decay: f64,
     pub adam_betas: (f64, f64),
@@ -139,7 +140,7 @@ impl Default for TrainConfig {
             ppo_epochs: 1,
             minibatch_size: 32,
             gradient_accumulation_steps: 1,
-            actor_lr: 1e-6,
+            lr: 1e-6,
             critic_lr: 5e-6,
             weight_decay: 0.0,
             adam_betas: (0.9, 0.95),
@@ -160,9 +161,9 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// The actor's optimizer settings (`actor_lr` and the shared keys).
+    /// The actor's optimizer settings (`lr` and the shared keys).
     pub fn actor_optim(&self) -> OptimConfig {
-        self.optim(self.actor_lr)
+        self.optim(self.lr)
     }
 
     /// The critic's optimizer settings (`critic_lr` and the shared keys).
@@ -270,6 +271,9 @@ pub struct RlConfig {
     /// Weights & Biases sink (on when `WANDB_API_KEY` is set, unless `enabled = false`).
     #[serde(default)]
     pub wandb: WandbConfig,
+    /// TensorBoard event files (`[tensorboard] dir`); off by default.
+    #[serde(default)]
+    pub tensorboard: crate::tensorboard::TensorboardConfig,
     /// Where the base config came from (the file, or `preset NAME`), for error messages.
     #[serde(skip)]
     pub source: String,
@@ -297,9 +301,12 @@ impl RlConfig {
                 table.insert("algorithm".into(), toml::Value::Table(algo_table));
                 let text = toml::to_string(&table).map_err(|e| TrainerError::Config(format!("preset grpo: {e}")))?;
                 let label = format!("preset grpo (for {name})");
-                (Figment::from(Named(label.clone(), &text)), label)
+                (
+                    Figment::from(super::Aliased { inner: Named(label.clone(), &text), aliases: super::aliases::RL }),
+                    label,
+                )
             }
-            _ => base_layer(source, PRESETS)?,
+            _ => base_layer(source, PRESETS, super::aliases::RL)?,
         };
         // `--algo NAME` picks the plugin, except when it names a preset used as the base: the
         // preset says which plugin it runs (`reinforce-pp-baseline` runs `reinforce-pp`).
@@ -311,7 +318,7 @@ impl RlConfig {
                 value: toml::Value::String(algo.into()),
             });
         }
-        let fig = layer(fig, &schema::<RlConfig>(), sets)?;
+        let fig = layer(fig, &schema::<RlConfig>(), sets, super::aliases::RL)?;
         let mut cfg: RlConfig = fig.extract().map_err(|e| describe_figment(e, &label))?;
         let src = KeySource { fig: &fig, base: &label };
         super::plugin_sections::check(&src)?;
@@ -380,7 +387,7 @@ impl RlConfig {
     fn validate_train(&self, src: &KeySource) -> Result<()> {
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
         let t = &self.train;
-        for (lr_key, optim) in [("train.actor_lr", t.actor_optim()), ("train.critic_lr", t.critic_optim())] {
+        for (lr_key, optim) in [("train.lr", t.actor_optim()), ("train.critic_lr", t.critic_optim())] {
             if let Err((setting, msg)) = optim.check() {
                 let key = match setting {
                     "lr" => lr_key,
@@ -485,9 +492,9 @@ mod tests {
     fn range_checks_name_the_key_and_the_layer() {
         let lr = "must be a finite number > 0";
         for (set, key, msg) in [
-            ("train.actor_lr=nan", "train.actor_lr", lr),
-            ("train.actor_lr=-1e-5", "train.actor_lr", lr),
-            ("train.actor_lr=inf", "train.actor_lr", lr),
+            ("train.lr=nan", "train.lr", lr),
+            ("train.lr=-1e-5", "train.lr", lr),
+            ("train.lr=inf", "train.lr", lr),
             ("train.critic_lr=-inf", "train.critic_lr", lr),
             ("train.critic_lr=nan", "train.critic_lr", lr),
             ("train.adam_betas=[2, 3]", "train.adam_betas", "must be two numbers in [0, 1)"),

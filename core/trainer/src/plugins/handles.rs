@@ -97,6 +97,15 @@ impl AlgorithmHandle {
         serde_json::from_str(self.obj.resolved_config().as_str()).unwrap_or(serde_json::Value::Null)
     }
 
+    /// The plugin's description of its keys (`[{"key", "help", "peers"}]`), `None` when it gives
+    /// none (a plugin built before 4.3, or one that does not describe them).
+    pub fn describe_keys(&self) -> Option<Vec<serde_json::Value>> {
+        match serde_json::from_str(self.obj.describe_keys().as_str()) {
+            Ok(serde_json::Value::Array(keys)) => Some(keys),
+            _ => None,
+        }
+    }
+
     /// Advantages (and returns) of a generation batch, checked to be `[B, R]` f32.
     ///
     /// # Shapes

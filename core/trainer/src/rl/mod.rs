@@ -96,6 +96,7 @@ pub struct Trainer {
     prompts_seen: usize,
     reward_history: Vec<f64>,
     wandb: Option<rlhf_wandb::WandbSink>,
+    tensorboard: Option<crate::tensorboard::TensorboardSink>,
     progress: Option<RunProgress>,
     /// Who samples the responses (the trainer itself, or vLLM servers).
     engine: engine::Engine,
@@ -140,7 +141,7 @@ fn idle_error(idle: usize, m: &StepMetrics) -> crate::error::TrainerError {
 /// Seeds libtorch for step `step` (0-based): every random draw of a step (sampling, dropout)
 /// follows from (seed, step), so a run resumed at step k repeats the uninterrupted run's steps
 /// bit for bit on CPU.
-fn seed_step(seed: u64, step: usize) {
+pub(crate) fn seed_step(seed: u64, step: usize) {
     tch::manual_seed((seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) as i64 & i64::MAX);
 }
 
@@ -449,6 +450,9 @@ impl Trainer {
         if let Some(sink) = &self.wandb {
             let map = m.means().into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
             sink.log(self.step as u64, map);
+        }
+        if let Some(tb) = &mut self.tensorboard {
+            tb.record(self.step, m);
         }
         Ok(())
     }

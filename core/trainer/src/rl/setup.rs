@@ -322,6 +322,8 @@ impl Trainer {
         let config_path = self.run_dir.join("config.toml");
         std::fs::write(&config_path, files.resolved).map_err(|e| TrainerError::io(&config_path, e))?;
         self.metrics = Some(MetricsWriter::create(&self.run_dir)?);
+        let first = if files.resumed { self.step + 1 } else { 0 };
+        self.tensorboard = crate::tensorboard::TensorboardSink::open(&self.cfg.tensorboard, &self.run_dir, first)?;
         if let Some(settings) = files.wandb {
             self.start_wandb(settings);
         }
@@ -506,6 +508,7 @@ impl Trainer {
             prompts_seen: 0,
             reward_history: Vec::new(),
             wandb: None,
+            tensorboard: None,
             progress: None,
             engine,
             world,

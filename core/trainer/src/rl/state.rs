@@ -7,11 +7,10 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use crate::checkpoint::{var_store_tensors, write_tensors, CheckpointData, Loaded};
-use crate::dist;
+use crate::checkpoint::{var_store_tensors, CheckpointData, Loaded};
 use crate::error::{Result, TrainerError};
 use crate::rl::Trainer;
-use crate::shard_files::{layout_file, shard_file};
+use crate::shard_files::layout_file;
 use crate::train_engine::CheckpointPart;
 
 impl Trainer {
@@ -58,59 +57,23 @@ impl Trainer {
         Ok(CheckpointData { step: self.step, config_toml, state, tensors, json: files })
     }
 
-    /// Writes a checkpoint of the current step; every rank calls it. With replicated optimizer
-    /// states the main rank writes everything. With sharded ones (ZeRO stages ≥ 1) the main rank
-    /// opens the temporary directory, every rank writes its own shards into it, and once all
-    /// have (one agreement over the ranks) the main rank writes the rest, seals the shards with
-    /// it and publishes the checkpoint. Returns its directory on the main rank.
+    /// Writes a checkpoint of the current step; every rank calls it ([`crate::ranked_checkpoint`]:
+    /// the main rank writes everything but the optimizer shards the ranks write themselves).
+    /// Returns its directory on the main rank.
     pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
         let t = Instant::now();
         let mut parts = vec![("optimizer-actor", self.actor_opt.checkpoint_part()?)];
         if let Some(o) = &self.critic_opt {
             parts.push(("optimizer-critic", o.checkpoint_part()?));
         }
-        let (main, keep) = (self.world.is_main(), self.cfg.checkpoint.keep);
-        let shards: Vec<&str> =
-            parts.iter().filter(|(_, p)| matches!(p, CheckpointPart::Shard { .. })).map(|(w, _)| *w).collect();
-        let dir = if shards.is_empty() {
-            if !main {
-                return Ok(None);
-            }
-            crate::checkpoint::write(&self.run_dir, &self.checkpoint_data(parts)?, keep)?
-        } else {
-            // Every rank learns the directory: the main rank's pid names it (0: it failed).
-            let begun = main.then(|| crate::checkpoint::begin(&self.run_dir, self.step, std::process::id()));
-            let pid = if matches!(begun, Some(Ok(_))) { f64::from(std::process::id()) } else { 0.0 };
-            let pid = dist::sum(&self.world, &[pid])?[0] as u32;
-            if let Some(Err(e)) = begun {
-                return Err(e);
-            }
-            if pid == 0 {
-                return Err(TrainerError::Checkpoint("the main rank could not start the checkpoint".into()));
-            }
-            let tmp = crate::checkpoint::tmp_dir(&self.run_dir, self.step, pid);
-            let (rank, world) = (self.world.rank(), self.world.size());
-            let mine = parts.iter().try_for_each(|(what, part)| match part {
-                CheckpointPart::Shard { tensors, .. } => write_tensors(&tmp, &shard_file(what, rank, world), tensors),
-                CheckpointPart::Whole(_) => Ok(()),
-            });
-            if !dist::all(&self.world, mine.is_ok())? {
-                if main {
-                    let _ = std::fs::remove_dir_all(&tmp);
-                }
-                mine?;
-                return Err(TrainerError::Checkpoint("another rank could not write its optimizer shard".into()));
-            }
-            if !main {
-                return Ok(None);
-            }
-            let written: Vec<String> =
-                shards.iter().flat_map(|what| (0..world).map(move |r| shard_file(what, r, world))).collect();
-            let data = self.checkpoint_data(parts)?;
-            crate::checkpoint::finish(&self.run_dir, &tmp, &data, &written, keep)?
-        };
-        tracing::info!("checkpoint: {} ({:.1}s)", dir.display(), t.elapsed().as_secs_f64());
-        Ok(Some(dir))
+        let keep = self.cfg.checkpoint.keep;
+        let dir = crate::ranked_checkpoint::save(&self.world, &self.run_dir, self.step, keep, parts, |parts| {
+            self.checkpoint_data(parts)
+        })?;
+        if let Some(dir) = &dir {
+            tracing::info!("checkpoint: {} ({:.1}s)", dir.display(), t.elapsed().as_secs_f64());
+        }
+        Ok(dir)
     }
 
     /// Restores a checkpoint: weights, optimizer moments and schedule positions, data position,

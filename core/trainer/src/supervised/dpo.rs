@@ -30,9 +30,10 @@ use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
 pub use crate::config::{DpoConfig, DpoLossType, DpoModelConfig, DpoTrainConfig};
 use rlhf_collective::World;
 
+use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::{Result, TrainerError};
-use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::metrics::StepMetrics;
 use crate::train_engine::TrainEngine;
 
 /// The settings of [`dpo_loss`].
@@ -333,6 +334,10 @@ impl PhaseTask for DpoTask {
         Ok(Some(MicroOut { loss_sum: value, tokens }))
     }
 
+    fn trained_vars(&self) -> &tch::nn::VarStore {
+        &self.policy.vs
+    }
+
     fn evaluate(&mut self) -> Result<Option<StepMetrics>> {
         self.policy.set_training(false);
         if self.eval.is_empty() {
@@ -385,7 +390,7 @@ pub struct DpoSummary {
 
 /// Trains a policy with DPO (or IPO, SimPO) as configured. The data files are read before the run
 /// directory is created; the run owns the directory (its lock) until it returns.
-pub fn run_dpo(cfg: DpoConfig, world: &World) -> Result<DpoSummary> {
+pub fn run_dpo(cfg: DpoConfig, world: &World, resume: Option<&Loaded>) -> Result<DpoSummary> {
     let device: Device = dist::device(world, &cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
@@ -393,20 +398,24 @@ pub fn run_dpo(cfg: DpoConfig, world: &World) -> Result<DpoSummary> {
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
     // A model named by Hub id is downloaded (or refused) before the run directory is made.
     crate::supervised::phase::check_model_spec(&cfg.model.path)?;
+    let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "dpo")?;
     in_phase_dir(
         world,
-        || prepare_run_dir(&cfg.run.run_dir, "dpo", &cfg),
-        |run_dir| dpo_in(&cfg, run_dir, splits, device, kind, world),
+        || prepare_run_dir(&shared, &cfg, resume.is_some()),
+        |run_dir| dpo_in(&cfg, run_dir, &shared, splits, device, kind, world, resume),
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn dpo_in(
     cfg: &DpoConfig,
     run_dir: &Path,
+    shared: &Path,
     splits: Splits,
     device: Device,
     kind: Kind,
     world: &World,
+    resume: Option<&Loaded>,
 ) -> Result<DpoSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
@@ -428,7 +437,7 @@ fn dpo_in(
                 eval: all_logps(&policy, &eval, t.eval_batch_size, pad)?,
             }
         }
-        (_, "policy") if cfg.lora.enabled() => Reference::Adapters,
+        (_, "policy") if cfg.model.lora.enabled() => Reference::Adapters,
         (_, spec) => {
             let dir = if spec == "policy" {
                 model_dir.clone()
@@ -450,7 +459,7 @@ fn dpo_in(
             Reference::Model(Box::new(m))
         }
     };
-    if policy.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
+    if policy.apply_lora(&cfg.model.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&policy.vs);
         tracing::info!("LoRA: {t} of {n} parameters train");
     }
@@ -471,7 +480,17 @@ fn dpo_in(
         },
         run_dir.display()
     );
-    let mut metrics = MetricsWriter::create(&run_dir)?;
+    let (run, mut sinks) = crate::supervised::state::open(
+        "dpo",
+        cfg,
+        cfg.run.seed,
+        (&run_dir, shared),
+        world,
+        &cfg.checkpoint,
+        (&cfg.wandb, &cfg.tensorboard),
+        &cfg.data.train,
+        resume,
+    )?;
     let (train_pairs, eval_pairs) = (train.len(), eval.len());
     let mut task = DpoTask {
         policy,
@@ -483,11 +502,11 @@ fn dpo_in(
         eval_batch_size: t.eval_batch_size,
         checkpointing: t.gradient_checkpointing,
     };
-    let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
+    let s = run_phase(&mut task, train_pairs, t, &mut opt, &run, &mut sinks)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));
     let summary = DpoSummary {
         run_dir: run_dir.clone(),
-        metrics_path: metrics.path().to_path_buf(),
+        metrics_path: sinks.path().to_path_buf(),
         model_dir: s.model_dir,
         steps: s.steps,
         train_pairs,

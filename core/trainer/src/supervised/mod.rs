@@ -10,3 +10,4 @@ pub mod rm;
 pub mod run_loop;
 pub mod sft;
 pub mod sft_data;
+pub mod state;

@@ -313,17 +313,25 @@ pub fn resolve_model_dir(spec: &str, run_dir: &Path, seed: u64) -> Result<PathBu
     }
 }
 
-/// Creates the run directory (default `runs/<phase>-<unix time>`), takes its lock ([`RunLock`]:
+/// The run directory every rank of a phase writes its checkpoint shards into: `run.run_dir`, or
+/// `runs/<phase>-<unix time>` with rank 0's time (shared over the ranks).
+pub fn shared_run_dir(world: &rlhf_collective::World, run_dir: &Option<PathBuf>, phase: &str) -> Result<PathBuf> {
+    if let Some(dir) = run_dir {
+        return Ok(dir.clone());
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let t = crate::dist::sum(world, &[if world.is_main() { t as f64 } else { 0.0 }])?[0] as u64;
+    Ok(PathBuf::from("runs").join(format!("{phase}-{t}")))
+}
+
+/// Creates the run directory `dir`, takes its lock ([`RunLock`]:
 /// one process per run directory) and writes the resolved config; refuses a directory that
-/// already holds a run. The directory is this process's until the returned lock is dropped.
-pub fn prepare_run_dir<T: Serialize>(run_dir: &Option<PathBuf>, phase: &str, cfg: &T) -> Result<RunLock> {
-    let dir = run_dir.clone().unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        PathBuf::from("runs").join(format!("{phase}-{t}"))
-    });
+/// already holds a run, unless `resuming` it. The directory is this process's until the returned lock is dropped.
+pub fn prepare_run_dir<T: Serialize>(dir: &Path, cfg: &T, resuming: bool) -> Result<RunLock> {
+    let dir = dir.to_path_buf();
     let lock = RunLock::acquire(&dir)?;
     // A new run never appends to, or overwrites, another run's metrics, config and model.
-    if crate::metrics::logged_steps(&dir).is_some() {
+    if !resuming && crate::metrics::logged_steps(&dir).is_some() {
         return Err(TrainerError::Config(format!(
             "{}: the run directory already holds a run (metrics.jsonl); choose another --run-dir",
             dir.display()
@@ -351,27 +359,22 @@ pub fn in_run_dir<T>(lock: RunLock, f: impl FnOnce(&Path) -> Result<T>) -> Resul
 
 /// Optimizer steps of a run over `n` items: `epochs × ⌈⌈n / batch⌉ / accum⌉`, capped by `max_steps`.
 pub fn total_steps(n: usize, t: &PhaseTrainConfig) -> usize {
-    let per_epoch = n.div_ceil(t.batch_size).div_ceil(t.grad_accum);
+    let per_epoch = n.div_ceil(t.batch_size).div_ceil(t.gradient_accumulation_steps);
     let all = per_epoch * t.epochs;
-    if t.max_steps > 0 {
-        all.min(t.max_steps)
+    if t.steps > 0 {
+        all.min(t.steps)
     } else {
         all
     }
 }
 
 /// The item indices of every optimizer step of one epoch: a seeded shuffle of `0..n`, cut into
-/// micro-batches of `batch_size`, grouped `grad_accum` at a time (the last group may be shorter).
+/// micro-batches of `batch_size`, grouped `gradient_accumulation_steps` at a time (the last group may be shorter).
 pub fn epoch_plan(n: usize, t: &PhaseTrainConfig, seed: u64, epoch: usize) -> Vec<Vec<Vec<usize>>> {
     let mut order: Vec<usize> = (0..n).collect();
     SplitMix(seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)).shuffle(&mut order);
     let micro: Vec<Vec<usize>> = order.chunks(t.batch_size).map(<[usize]>::to_vec).collect();
-    micro.chunks(t.grad_accum).map(<[Vec<usize>]>::to_vec).collect()
-}
-
-/// Where checkpoint `step` goes.
-pub fn checkpoint_dir(run_dir: &Path, step: usize) -> PathBuf {
-    run_dir.join("checkpoints").join(format!("step-{step}"))
+    micro.chunks(t.gradient_accumulation_steps).map(<[Vec<usize>]>::to_vec).collect()
 }
 
 pub(crate) fn finite(x: f64) -> Option<f64> {
@@ -430,7 +433,7 @@ mod tests {
 
     #[test]
     fn plan_covers_every_item_once_per_epoch() {
-        let t = PhaseTrainConfig { batch_size: 3, grad_accum: 2, epochs: 2, ..Default::default() };
+        let t = PhaseTrainConfig { batch_size: 3, gradient_accumulation_steps: 2, epochs: 2, ..Default::default() };
         assert_eq!(total_steps(10, &t), 4);
         let plan = epoch_plan(10, &t, 1, 0);
         assert_eq!(plan.len(), 2);
@@ -438,7 +441,7 @@ mod tests {
         all.sort();
         assert_eq!(all, (0..10).collect::<Vec<_>>());
         assert_ne!(epoch_plan(10, &t, 1, 1), plan, "reshuffled every epoch");
-        assert_eq!(total_steps(10, &PhaseTrainConfig { max_steps: 3, ..t }), 3);
+        assert_eq!(total_steps(10, &PhaseTrainConfig { steps: 3, ..t }), 3);
     }
 
     #[test]

@@ -20,9 +20,10 @@ use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
 pub use crate::config::{RmConfig, RmDataConfig, RmTrainConfig};
 use rlhf_collective::World;
 
+use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::Result;
-use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::metrics::StepMetrics;
 use crate::train_engine::TrainEngine;
 
 /// Where a finished reward-model run left its outputs.
@@ -135,6 +136,10 @@ impl PhaseTask for RmTask {
         Ok(Some(MicroOut { loss_sum: value, tokens }))
     }
 
+    fn trained_vars(&self) -> &tch::nn::VarStore {
+        &self.model.vs
+    }
+
     fn evaluate(&mut self) -> Result<Option<StepMetrics>> {
         self.model.set_training(false);
         if self.eval.is_empty() {
@@ -150,7 +155,7 @@ impl PhaseTask for RmTask {
 
 /// Trains a reward model as configured. The data files are read before the run directory is
 /// created; the run owns the directory (its lock) until it returns.
-pub fn run_rm(cfg: RmConfig, world: &World) -> Result<RmSummary> {
+pub fn run_rm(cfg: RmConfig, world: &World, resume: Option<&Loaded>) -> Result<RmSummary> {
     let device: Device = dist::device(world, &cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
@@ -158,20 +163,24 @@ pub fn run_rm(cfg: RmConfig, world: &World) -> Result<RmSummary> {
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
     // A model named by Hub id is downloaded (or refused) before the run directory is made.
     crate::supervised::phase::check_model_spec(&cfg.model.path)?;
+    let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "rm")?;
     in_phase_dir(
         world,
-        || prepare_run_dir(&cfg.run.run_dir, "rm", &cfg),
-        |run_dir| rm_in(&cfg, run_dir, splits, device, kind, world),
+        || prepare_run_dir(&shared, &cfg, resume.is_some()),
+        |run_dir| rm_in(&cfg, run_dir, &shared, splits, device, kind, world, resume),
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rm_in(
     cfg: &RmConfig,
     run_dir: &Path,
+    shared: &Path,
     splits: Splits,
     device: Device,
     kind: Kind,
     world: &World,
+    resume: Option<&Loaded>,
 ) -> Result<RmSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
@@ -182,7 +191,7 @@ fn rm_in(
     let mut model = ScalarHeadModel::from_causal_lm_dir(&model_dir, device, kind)?;
     crate::model_source::check_trainable(&model.config)?;
     tok.check_fits_vocab(model.arch().vocab_size)?;
-    if model.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
+    if model.apply_lora(&cfg.model.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);
         tracing::info!("LoRA: {t} of {n} parameters train");
     }
@@ -198,7 +207,17 @@ fn rm_in(
         cfg.train.loss,
         run_dir.display()
     );
-    let mut metrics = MetricsWriter::create(&run_dir)?;
+    let (run, mut sinks) = crate::supervised::state::open(
+        "rm",
+        cfg,
+        cfg.run.seed,
+        (&run_dir, shared),
+        world,
+        &cfg.checkpoint,
+        (&cfg.wandb, &cfg.tensorboard),
+        &cfg.data.train,
+        resume,
+    )?;
     let (train_pairs, eval_pairs) = (train.len(), eval.len());
     let mut task = RmTask {
         model,
@@ -209,11 +228,11 @@ fn rm_in(
         eval_batch_size: t.eval_batch_size,
         checkpointing: t.gradient_checkpointing,
     };
-    let s = run_phase(&mut task, train_pairs, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
+    let s = run_phase(&mut task, train_pairs, t, &mut opt, &run, &mut sinks)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));
     let summary = RmSummary {
         run_dir: run_dir.clone(),
-        metrics_path: metrics.path().to_path_buf(),
+        metrics_path: sinks.path().to_path_buf(),
         model_dir: s.model_dir,
         steps: s.steps,
         train_pairs,

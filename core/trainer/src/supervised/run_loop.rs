@@ -9,12 +9,15 @@ use std::time::Instant;
 
 use rlhf_collective::World;
 
+use tch::nn;
+
 use crate::dist;
 use crate::error::Result;
-use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::metrics::StepMetrics;
 use crate::optim::StepInfo;
 use crate::run_lock::RunLock;
-use crate::supervised::phase::{checkpoint_dir, epoch_plan, in_run_dir, total_steps, PhaseTrainConfig};
+use crate::supervised::phase::{epoch_plan, in_run_dir, total_steps, PhaseTrainConfig};
+use crate::supervised::state::{earlier_figures, PhaseRun, Sinks};
 use crate::train_engine::{self, TrainEngine};
 
 /// Runs `f` in the phase's run directory: rank 0's, which `create` makes and locks (see
@@ -62,6 +65,8 @@ pub trait PhaseTask {
     }
     /// Metrics on the eval split (`eval/...`), or `None` without one.
     fn evaluate(&mut self) -> Result<Option<StepMetrics>>;
+    /// The variables the phase trains (checkpointed and restored with the optimizer state).
+    fn trained_vars(&self) -> &nn::VarStore;
     /// Saves the model in Hugging Face format.
     fn save(&self, dir: &Path) -> Result<()>;
 }
@@ -81,33 +86,39 @@ pub struct LoopSummary {
 }
 
 /// The loop shared by the supervised phases, on one rank or data-parallel over `world` (each
-/// micro-batch split across ranks, gradients summed, rank 0 saving): evaluate (step 0) → per optimizer step, the
-/// micro-batches of [`epoch_plan`] with gradient accumulation → optimizer and schedule step →
-/// `metrics.jsonl` line (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `epoch`, and `eval/...` every
-/// `eval_every` steps and at the end) → checkpoint every `save_every` steps → the final model in
-/// `<run_dir>/model`.
-#[allow(clippy::too_many_arguments)]
+/// micro-batch split across ranks, gradients summed, rank 0 saving): restore a resumed
+/// checkpoint → evaluate (step 0) → per optimizer step, the micro-batches of [`epoch_plan`] with
+/// gradient accumulation → optimizer and schedule step → metrics (`loss`, `lr`, `grad_norm`,
+/// `tokens_per_s`, `epoch`, and `eval/...` every `eval_every` steps and at the end) → a
+/// checkpoint every `checkpoint.every` steps and at the end → the final model in
+/// `<run_dir>/model`. Every random draw of a step (dropout) follows from (seed, step), and the
+/// data order from (seed, epoch), so a resumed run repeats the uninterrupted one's steps.
 pub fn run_phase<T: PhaseTask>(
     task: &mut T,
     n: usize,
     t: &PhaseTrainConfig,
-    seed: u64,
     opt: &mut TrainEngine,
-    run_dir: &Path,
-    metrics: &mut MetricsWriter,
-    world: &World,
+    run: &PhaseRun,
+    sinks: &mut Sinks,
 ) -> Result<LoopSummary> {
+    let (world, run_dir, seed) = (run.world, run.run_dir, run.seed);
     let total = total_steps(n, t);
     if t.gradient_checkpointing {
         tracing::info!("gradient checkpointing: each decoder layer is recomputed in backward");
     }
-    let eval_before = task.evaluate()?;
-    if let Some(m) = &eval_before {
-        metrics.write(0, m)?;
-        tracing::info!("step 0/{total}  {}", show(m));
-    }
+    let start = run.restore(task.trained_vars(), opt)?;
+    let (eval_before, mut loss_first) = if start == 0 {
+        let e = task.evaluate()?;
+        if let Some(m) = &e {
+            sinks.record(0, m)?;
+            tracing::info!("step 0/{total}  {}", show(m));
+        }
+        (e, f64::NAN)
+    } else {
+        earlier_figures(sinks.path())
+    };
     let mut eval_after = eval_before.clone();
-    let (mut step, mut loss_first, mut loss_last) = (0usize, f64::NAN, f64::NAN);
+    let (mut step, mut loss_last, mut saved) = (0usize, f64::NAN, start);
     let log_every = (total / 20).max(1);
     'epochs: for epoch in 0..t.epochs {
         let plan = epoch_plan(n, t, seed, epoch);
@@ -116,9 +127,14 @@ pub fn run_phase<T: PhaseTask>(
             if step >= total {
                 break 'epochs;
             }
-            if let Some(sig) = dist::stop_signal(world)? {
-                return Err(stopped(sig, step, total, run_dir, task, opt, world)?.into());
+            if step < start {
+                step += 1;
+                continue;
             }
+            if let Some(sig) = dist::stop_signal(world)? {
+                return Err(stopped(sig, step, total, saved, task, opt, run, sinks)?.into());
+            }
+            crate::rl::seed_step(seed, step);
             let t0 = Instant::now();
             let comm0 = world.stats();
             let mut m = StepMetrics::default();
@@ -167,8 +183,8 @@ pub fn run_phase<T: PhaseTask>(
             m.set("step_time", elapsed);
             dist::comm_metrics(world, comm0, &mut m);
             let last = step == total;
-            let (eval_now, save_now) =
-                (t.eval_every > 0 && step % t.eval_every == 0, t.save_every > 0 && step % t.save_every == 0);
+            let every = run.checkpoint.every;
+            let (eval_now, save_now) = (t.eval_every > 0 && step % t.eval_every == 0, every > 0 && step % every == 0);
             // Stage 3: whole weights only to evaluate or save (every rank gathers; rank 0 saves).
             opt.set_sharded(!(eval_now || save_now || last))?;
             if eval_now || last {
@@ -179,12 +195,11 @@ pub fn run_phase<T: PhaseTask>(
                     eval_after = Some(e);
                 }
             }
-            if save_now && !last && world.is_main() {
-                let dir = checkpoint_dir(run_dir, step);
-                task.save(&dir)?;
-                tracing::info!("checkpoint: {}", dir.display());
+            sinks.record(step, &m)?;
+            if save_now && !last {
+                run.save(step, task.trained_vars(), opt, sinks)?;
+                saved = step;
             }
-            metrics.write(step, &m)?;
             if step % log_every == 0 || last || m.get("eval/loss").is_some() {
                 tracing::info!("step {step}/{total}  {}", show(&m));
             }
@@ -192,6 +207,9 @@ pub fn run_phase<T: PhaseTask>(
     }
     opt.gather_params()?;
     opt.check_identical(world, "model")?;
+    if run.checkpoint.at_end && step > saved {
+        run.save(step, task.trained_vars(), opt, sinks)?;
+    }
     let model_dir = run_dir.join("model");
     if world.is_main() {
         task.save(&model_dir)?;
@@ -201,22 +219,25 @@ pub fn run_phase<T: PhaseTask>(
             Err(e) => tracing::warn!("plots not written: {e}"),
         }
     }
+    sinks.finish(step, 0);
     Ok(LoopSummary { steps: step, eval_before, eval_after, loss_first, loss_last, model_dir })
 }
 
-/// Ends a supervised phase on signal `sig` between steps: the model after the last finished step is
-/// saved (a Hugging Face directory under `checkpoints/`, like `save_every`'s) so the work is not
-/// lost; the phase keeps no optimizer state, so it cannot be continued where it stopped.
+/// Ends a supervised phase on signal `sig` between steps: a checkpoint of the last finished step
+/// is written (every rank takes part) unless one exists, so `--resume` continues where it stopped.
+#[allow(clippy::too_many_arguments)]
 fn stopped(
     sig: i32,
     step: usize,
     total: usize,
-    run_dir: &Path,
+    saved: usize,
     task: &mut dyn PhaseTask,
     opt: &mut TrainEngine,
-    world: &World,
+    run: &PhaseRun,
+    sinks: &mut Sinks,
 ) -> Result<crate::signals::Stopped> {
     let name = crate::signals::name(sig);
+    sinks.finish(step, 1);
     if step == 0 {
         return Ok(crate::signals::Stopped {
             signal: sig,
@@ -224,15 +245,15 @@ fn stopped(
         });
     }
     opt.gather_params()?;
-    let dir = checkpoint_dir(run_dir, step);
-    if world.is_main() {
-        task.save(&dir)?;
+    if step > saved {
+        run.save(step, task.trained_vars(), opt, sinks)?;
     }
+    let dir = crate::checkpoint::step_dir(run.run_dir, step);
     Ok(crate::signals::Stopped {
         signal: sig,
         message: format!(
-            "stopped by {name} after step {step} of {total}: the model is saved in {} (this phase keeps no optimizer \
-             state, so it starts over rather than continuing)",
+            "stopped by {name} after step {step} of {total}: checkpoint {} (continue with --resume {})",
+            dir.display(),
             dir.display()
         ),
     })

@@ -21,9 +21,10 @@ use super::sft_data::{build_sft_examples, collate, masked_nll_sum, pack, SftExam
 pub use crate::config::{SftConfig, SftDataConfig, PHASE_PRESETS};
 use rlhf_collective::World;
 
+use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::Result;
-use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::metrics::StepMetrics;
 use crate::train_engine::TrainEngine;
 
 /// Where a finished SFT run left its outputs.
@@ -98,6 +99,10 @@ impl PhaseTask for SftTask {
         Ok(Some(MicroOut { loss_sum: value, tokens: b.tokens }))
     }
 
+    fn trained_vars(&self) -> &tch::nn::VarStore {
+        &self.model.vs
+    }
+
     fn evaluate(&mut self) -> Result<Option<StepMetrics>> {
         self.model.set_training(false);
         if self.eval.is_empty() {
@@ -133,7 +138,7 @@ fn examples_of(
 
 /// Runs SFT as configured. The data files are read before the run directory is created; the run
 /// owns the directory (its lock) until it returns.
-pub fn run_sft(cfg: SftConfig, world: &World) -> Result<SftSummary> {
+pub fn run_sft(cfg: SftConfig, world: &World, resume: Option<&Loaded>) -> Result<SftSummary> {
     let device: Device = dist::device(world, &cfg.run.device)?;
     let kind = parse_dtype(&cfg.run.dtype)?;
     tch::manual_seed(cfg.run.seed as i64);
@@ -141,20 +146,24 @@ pub fn run_sft(cfg: SftConfig, world: &World) -> Result<SftSummary> {
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
     // A model named by Hub id is downloaded (or refused) before the run directory is made.
     crate::supervised::phase::check_model_spec(&cfg.model.path)?;
+    let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "sft")?;
     in_phase_dir(
         world,
-        || prepare_run_dir(&cfg.run.run_dir, "sft", &cfg),
-        |run_dir| sft_in(&cfg, run_dir, splits, device, kind, world),
+        || prepare_run_dir(&shared, &cfg, resume.is_some()),
+        |run_dir| sft_in(&cfg, run_dir, &shared, splits, device, kind, world, resume),
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn sft_in(
     cfg: &SftConfig,
     run_dir: &Path,
+    shared: &Path,
     splits: Splits,
     device: Device,
     kind: Kind,
     world: &World,
+    resume: Option<&Loaded>,
 ) -> Result<SftSummary> {
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
@@ -180,7 +189,7 @@ fn sft_in(
     let mut model = CausalLm::from_dir(&model_dir, device, kind)?;
     crate::model_source::check_trainable(&model.config)?;
     tok.check_fits_vocab(model.arch().vocab_size)?;
-    if model.apply_lora(&cfg.lora).map_err(|e| lora_error("config", e))? > 0 {
+    if model.apply_lora(&cfg.model.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);
         tracing::info!("LoRA: {t} of {n} parameters train");
     }
@@ -195,7 +204,17 @@ fn sft_in(
         eval.len(),
         run_dir.display()
     );
-    let mut metrics = MetricsWriter::create(&run_dir)?;
+    let (run, mut sinks) = crate::supervised::state::open(
+        "sft",
+        cfg,
+        cfg.run.seed,
+        (&run_dir, shared),
+        world,
+        &cfg.checkpoint,
+        (&cfg.wandb, &cfg.tensorboard),
+        &cfg.data.train,
+        resume,
+    )?;
     let n = train.len();
     let eval_examples = eval.len();
     let mut task = SftTask {
@@ -206,10 +225,10 @@ fn sft_in(
         eval_batch_size: t.eval_batch_size,
         checkpointing: t.gradient_checkpointing,
     };
-    let s = run_phase(&mut task, n, t, cfg.run.seed, &mut opt, &run_dir, &mut metrics, world)?;
+    let s = run_phase(&mut task, n, t, &mut opt, &run, &mut sinks)?;
     let ppl = |m: &Option<StepMetrics>| m.as_ref().and_then(|m| m.get("eval/ppl"));
     let summary = SftSummary {
-        metrics_path: metrics.path().to_path_buf(),
+        metrics_path: sinks.path().to_path_buf(),
         run_dir: run_dir.clone(),
         model_dir: s.model_dir,
         steps: s.steps,
