@@ -67,6 +67,18 @@ impl Hub {
         {
             repos.insert(id.to_string(), Repo { files: read_dir(&model_dir(fixture)) });
         }
+        // A dataset in `datasets`' Parquet layout: a subset per directory, a split per file name.
+        let prompts = std::fs::read(rlhf_integration_tests::fixtures().join("prompts.parquet")).unwrap();
+        let files = [
+            "main/train-00000-of-00001.parquet",
+            "main/test-00000-of-00001.parquet",
+            "other/train-00000-of-00001.parquet",
+        ]
+        .iter()
+        .map(|f| (f.to_string(), prompts.clone()))
+        .chain([("README.md".to_string(), b"# arith".to_vec())])
+        .collect();
+        repos.insert("datasets:ds-org/arith".into(), Repo { files });
         let shared = Arc::new(Shared { repos, hits: Mutex::default(), ranges: AtomicUsize::new(0), interrupt });
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -137,6 +149,10 @@ async fn handle(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
     }
     let (repo_id, rest) = if parts.first() == Some(&"api") && parts.len() >= 6 && parts[1] == "models" {
         (format!("{}/{}", parts[2], parts[3]), parts[4..].to_vec())
+    } else if parts.first() == Some(&"api") && parts.len() >= 6 && parts[1] == "datasets" {
+        (format!("datasets:{}/{}", parts[2], parts[3]), parts[4..].to_vec())
+    } else if parts.len() >= 6 && parts[0] == "datasets" && parts[3] == "resolve" {
+        (format!("datasets:{}/{}", parts[1], parts[2]), parts[3..].to_vec())
     } else if parts.len() >= 5 && parts[2] == "resolve" {
         (format!("{}/{}", parts[0], parts[1]), parts[2..].to_vec())
     } else {
@@ -160,8 +176,9 @@ async fn handle(State(s): State<Arc<Shared>>, method: Method, uri: Uri, headers:
             let body = serde_json::json!({ "id": repo_id, "sha": sha, "siblings": siblings });
             reply(200).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
         }
-        ["resolve", _commit, file] => {
-            let Some(bytes) = repo.files.get(*file) else { return error(404, "EntryNotFound") };
+        ["resolve", _commit, file @ ..] => {
+            let file = file.join("/");
+            let Some(bytes) = repo.files.get(&file) else { return error(404, "EntryNotFound") };
             let tag = etag(bytes);
             if file.ends_with(".safetensors") {
                 // Weights live on the CDN: a redirect with the linked etag and size.
@@ -364,4 +381,47 @@ fn training_phases_take_hub_ids() {
     ]);
     ok(&o);
     assert!(sft.join("model").join("config.json").is_file());
+}
+
+/// A dataset by Hub id (`org/name:subset:split`): its Parquet files are downloaded into the
+/// cache layout `datasets` uses and read like local ones; the cache serves them offline; an
+/// unknown split and an ambiguous subset are one-line errors naming the files or subsets.
+#[test]
+fn datasets_by_hub_id_are_downloaded_and_read_like_parquet() {
+    let hub = Hub::start(false);
+    let cache = tempfile::tempdir().unwrap();
+    let runs = tempfile::tempdir().unwrap();
+    let run = |rd: &str, data: &str, offline: bool| {
+        let mut c = Command::new(rlhf_bin());
+        c.args(["train", "--algo", "grpo", "--no-progress", "--run-dir", rd])
+            .args(["--set", &format!("data.prompts=\"{data}\""), "--set", "data.prompt_key=\"question\""])
+            .args(["--set", "data.label_key=\"answer\"", "--set", "train.steps=1", "--set", "eval.data=\"\""])
+            .env("HF_ENDPOINT", &hub.url)
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HOME", cache.path().join("home"))
+            .env_remove("HF_TOKEN");
+        if offline {
+            c.env("HF_HUB_OFFLINE", "1");
+        } else {
+            c.env_remove("HF_HUB_OFFLINE");
+        }
+        c.output().unwrap()
+    };
+    let dir = |n: &str| runs.path().join(n).to_str().unwrap().to_string();
+    ok(&run(&dir("a"), "ds-org/arith:main:train", false));
+    let file =
+        cache.path().join(format!("datasets--ds-org--arith/snapshots/{COMMIT}/main/train-00000-of-00001.parquet"));
+    assert!(file.is_file(), "not in the cache layout: {}", file.display());
+    assert_eq!(hub.hits("GET /datasets/ds-org/arith/resolve"), 1, "only the selected split is downloaded");
+    ok(&run(&dir("b"), "ds-org/arith:main:train", true));
+    let e = failure(&run(&dir("c"), "ds-org/arith:main:validation", false));
+    assert!(e.contains("no Parquet file of split `validation` of subset `main`") && e.contains("main/test-"), "{e}");
+    let e = failure(&run(&dir("d"), "ds-org/arith", false));
+    assert!(e.contains("several subsets hold split `train` (main, other)"), "{e}");
+    let e = failure(&run(&dir("e"), "ds-org/missing:train", false));
+    assert!(e.contains("dataset `ds-org/missing`"), "{e}");
+    assert!(
+        !runs.path().join("c").exists() && !runs.path().join("e").exists(),
+        "a refused start made its run directory"
+    );
 }

@@ -56,8 +56,9 @@ fn the_shipped_fixture_reads_and_trains_without_python() {
     let f = fixtures().join("prompts.parquet");
     let raw = read_prompt_data(&prompts_cfg(&f, "question", "answer")).unwrap();
     assert_eq!(raw.len(), 12, "every row of the three row groups");
-    assert_eq!(text(&raw[0]), ("1 + 2 =", Some("3"), &json!({"id": 0})));
-    assert_eq!(text(&raw[11]), ("4 + 4 =", Some("8"), &json!({"id": 11})));
+    // The label column stays in the metadata under its own name (reward functions get it so).
+    assert_eq!(text(&raw[0]), ("1 + 2 =", Some("3"), &json!({"id": 0, "answer": 3})));
+    assert_eq!(text(&raw[11]), ("4 + 4 =", Some("8"), &json!({"id": 11, "answer": 8})));
 
     // Unmapped, the file has no `prompt` column: one error naming the file and the column.
     let e = read_prompt_data(&prompts_cfg(&f, "prompt", "label")).unwrap_err().to_string();
@@ -71,7 +72,7 @@ fn the_shipped_fixture_reads_and_trains_without_python() {
     let jsonl = tmp.path().join("p.jsonl");
     std::fs::write(&jsonl, "{\"question\": \"1 + 2 =\", \"answer\": 3, \"id\": 0}\n").unwrap();
     let raw = read_prompt_data(&prompts_cfg(&jsonl, "question", "answer")).unwrap();
-    assert_eq!(text(&raw[0]), ("1 + 2 =", Some("3"), &json!({"id": 0})));
+    assert_eq!(text(&raw[0]), ("1 + 2 =", Some("3"), &json!({"id": 0, "answer": 3})));
 
     let rd = tmp.path().join("run");
     let o = Command::new(rlhf_integration_tests::rlhf_bin())
@@ -116,7 +117,7 @@ fn prompts_sft_and_pairs_from_pyarrow_files() {
         let raw = read_prompt_data(&prompts_cfg(&spec, "q", "sum")).unwrap();
         let got: Vec<_> = raw.iter().map(|p| text(p).0.to_string()).collect();
         assert_eq!(got, (1..7).map(|i| format!("{i} + 1 =")).collect::<Vec<_>>(), "{}", spec.display());
-        assert_eq!(text(&raw[5]), ("6 + 1 =", Some("7"), &json!({"split": "train"})));
+        assert_eq!(text(&raw[5]), ("6 + 1 =", Some("7"), &json!({"split": "train", "sum": 7})));
     }
     // RL refuses a bad row as it refuses a bad JSONL line: naming the file and the row.
     let bad = tmp.path().join("bad.parquet");

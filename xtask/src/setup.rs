@@ -28,15 +28,16 @@ pub(crate) const PYARROW_VERSION: &str = "26.0.1";
 /// The `gguf` package (llama.cpp's Python reader) the K-quant dequantisation is checked against.
 pub(crate) const GGUF_VERSION: &str = "0.19.0";
 /// The packages the tests use, pinned, beyond torch: transformers, pyarrow, gguf, math-verify
-/// (the `reward-python` example's answer checker) and tensorboard (its reader checks the event
-/// files).
-pub(crate) fn test_deps() -> [String; 5] {
+/// (the `reward-python` example's answer checker), tensorboard (its reader checks the event
+/// files) and datasets (`save_to_disk` directories).
+pub(crate) fn test_deps() -> [String; 6] {
     [
         format!("transformers=={TRANSFORMERS_VERSION}"),
         format!("pyarrow=={PYARROW_VERSION}"),
         format!("gguf=={GGUF_VERSION}"),
         "math-verify==0.9.0".to_string(),
         "tensorboard==2.21.0".to_string(),
+        "datasets==5.2.0".to_string(),
     ]
 }
 

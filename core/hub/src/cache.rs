@@ -48,9 +48,9 @@ pub struct RepoCache {
 }
 
 impl RepoCache {
-    /// `<cache>/models--<org>--<name>`.
+    /// `<cache>/models--<org>--<name>` (`datasets--` for a dataset).
     pub fn new(cache: &Path, id: &HubId) -> Self {
-        RepoCache { dir: cache.join(format!("models--{}", id.repo.replace('/', "--"))) }
+        RepoCache { dir: cache.join(format!("{}--{}", id.kind.plural(), id.repo.replace('/', "--"))) }
     }
 
     pub fn snapshot(&self, commit: &str) -> PathBuf {
@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn layout_and_refs() {
         let dir = tempfile::tempdir().unwrap();
-        let id = HubId { repo: "Org/Model-1".into(), revision: "main".into() };
+        let id = HubId { repo: "Org/Model-1".into(), revision: "main".into(), kind: Default::default() };
         let repo = RepoCache::new(dir.path(), &id);
         assert!(repo.dir.ends_with("models--Org--Model-1"));
         let commit = "0123456789abcdef0123456789abcdef01234567";

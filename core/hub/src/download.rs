@@ -56,15 +56,15 @@ impl From<HubError> for Failure {
 }
 
 #[derive(Deserialize)]
-struct RepoInfo {
-    sha: String,
+pub(crate) struct RepoInfo {
+    pub sha: String,
     #[serde(default)]
-    siblings: Vec<Sibling>,
+    pub siblings: Vec<Sibling>,
 }
 
 #[derive(Deserialize)]
-struct Sibling {
-    rfilename: String,
+pub(crate) struct Sibling {
+    pub rfilename: String,
 }
 
 #[derive(Deserialize)]
@@ -85,7 +85,7 @@ pub fn shards_of(index: &Path) -> std::result::Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn client() -> std::result::Result<Client, String> {
+pub(crate) fn client() -> std::result::Result<Client, String> {
     Client::builder()
         .connect_timeout(Duration::from_secs(10))
         // The blocking client bounds the wait for a response's head and for each read of its
@@ -98,7 +98,7 @@ fn client() -> std::result::Result<Client, String> {
 }
 
 /// What a non-success status means for `id`.
-fn status_error(hub: &Hub, id: &HubId, what: &str, r: &Response) -> HubError {
+pub(crate) fn status_error(hub: &Hub, id: &HubId, what: &str, r: &Response) -> HubError {
     let code = r.headers().get("x-error-code").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let status = r.status();
     let message = match (status.as_u16(), code.as_str()) {
@@ -119,7 +119,7 @@ fn status_error(hub: &Hub, id: &HubId, what: &str, r: &Response) -> HubError {
     HubError::model(id, message)
 }
 
-fn get(client: &Client, hub: &Hub, url: &str, extra: HeaderMap) -> reqwest::Result<Response> {
+pub(crate) fn get(client: &Client, hub: &Hub, url: &str, extra: HeaderMap) -> reqwest::Result<Response> {
     let mut req = client.get(url).headers(extra);
     if let Some(t) = &hub.token {
         req = req.header(AUTHORIZATION, format!("Bearer {t}"));
@@ -172,7 +172,7 @@ pub fn fetch(hub: &Hub, repo: &RepoCache, id: &HubId) -> std::result::Result<std
 }
 
 /// Downloads `name` of `commit` into the cache unless the snapshot has it.
-fn file(
+pub(crate) fn file(
     client: &Client,
     hub: &Hub,
     repo: &RepoCache,
@@ -183,7 +183,7 @@ fn file(
     if repo.has(commit, name) {
         return Ok(());
     }
-    let url = format!("{}/{}/resolve/{commit}/{name}", hub.endpoint, id.repo);
+    let url = format!("{}/{}{}/resolve/{commit}/{name}", hub.endpoint, id.kind.url_prefix(), id.repo);
     let mut head = client.head(&url);
     if let Some(t) = &hub.token {
         head = head.header(AUTHORIZATION, format!("Bearer {t}"));

@@ -11,6 +11,7 @@
 //! lock per repository lets several processes (the ranks of one run) resolve the same id at once.
 
 pub mod cache;
+pub mod datasets;
 pub mod download;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +24,9 @@ pub enum HubError {
     /// The repository, revision or a file cannot be had (not found, gated, offline miss...).
     #[error("model `{id}`: {message}")]
     Model { id: String, message: String },
+    /// The same for a dataset repository.
+    #[error("dataset `{id}`: {message}")]
+    Dataset { id: String, message: String },
     /// A cache file could not be read or written.
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
@@ -33,13 +37,44 @@ impl HubError {
         HubError::Io { path: path.into(), source }
     }
 
+    /// An error about `id` (a model or a dataset, as its kind says).
     pub(crate) fn model(id: &HubId, message: impl Into<String>) -> Self {
-        HubError::Model { id: id.to_string(), message: message.into() }
+        match id.kind {
+            RepoKind::Model => HubError::Model { id: id.to_string(), message: message.into() },
+            RepoKind::Dataset => HubError::Dataset { id: id.to_string(), message: message.into() },
+        }
     }
 }
 
 /// Result alias of this crate.
 pub type Result<T, E = HubError> = std::result::Result<T, E>;
+
+/// What a repository holds: its API path (`/api/models/...`), its file URLs (`/datasets/...`)
+/// and its cache entry (`models--...`) differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RepoKind {
+    #[default]
+    Model,
+    Dataset,
+}
+
+impl RepoKind {
+    /// `models` or `datasets`: the API path segment and the cache entry's prefix.
+    pub fn plural(self) -> &'static str {
+        match self {
+            RepoKind::Model => "models",
+            RepoKind::Dataset => "datasets",
+        }
+    }
+
+    /// What comes before `{repo}/resolve/...` in a file URL.
+    pub fn url_prefix(self) -> &'static str {
+        match self {
+            RepoKind::Model => "",
+            RepoKind::Dataset => "datasets/",
+        }
+    }
+}
 
 /// A repository id with the revision to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +83,7 @@ pub struct HubId {
     pub repo: String,
     /// A branch, tag or commit; `main` when the id names none.
     pub revision: String,
+    pub kind: RepoKind,
 }
 
 impl std::fmt::Display for HubId {
@@ -78,7 +114,11 @@ pub fn parse_id(spec: &str) -> Option<HubId> {
             && !p.contains("..")
             && !p.contains("--")
     };
-    (part_ok(org) && part_ok(name)).then(|| HubId { repo: repo.to_string(), revision: revision.to_string() })
+    (part_ok(org) && part_ok(name)).then(|| HubId {
+        repo: repo.to_string(),
+        revision: revision.to_string(),
+        kind: RepoKind::Model,
+    })
 }
 
 /// Where models come from: endpoint, credentials, cache, and whether the network may be used.

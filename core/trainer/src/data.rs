@@ -109,11 +109,11 @@ fn prompt_of(mut obj: Map<String, Value>, at: &str) -> std::result::Result<RawPr
     }
 }
 
-/// Reads `data.prompts` (not a `builtin:`): Parquet when [`crate::tabular::is_parquet`], else
+/// Reads `data.prompts` (not a `builtin:`): a table when [`crate::tabular::is_tabular`] (Parquet, a `save_to_disk` directory), else
 /// JSONL, through the column mapping of `data.prompt_key`, `messages_key` and `label_key`.
 pub fn read_prompt_data(cfg: &DataConfig) -> Result<Vec<RawPrompt>> {
     let cols = cfg.columns();
-    if !crate::tabular::is_parquet(&cfg.prompts) {
+    if !crate::tabular::is_tabular(&cfg.prompts) {
         return read_prompts_with(Path::new(&cfg.prompts), &cols);
     }
     let mut out = Vec::new();
@@ -137,7 +137,7 @@ pub fn identity(spec: &str) -> Result<Vec<serde_json::Value>> {
         return Ok(Vec::new());
     }
     let files =
-        if crate::tabular::is_parquet(spec) { crate::tabular::shards(spec)? } else { vec![PathBuf::from(spec)] };
+        if crate::tabular::is_tabular(spec) { crate::tabular::shards(spec)? } else { vec![PathBuf::from(spec)] };
     files
         .iter()
         .map(|f| {

@@ -11,6 +11,7 @@
 //! advantages → optimise (minibatch loss → optimizer step) → metrics/checkpoint.
 
 pub mod adamw;
+pub mod arrow_dir;
 pub mod builtin;
 pub mod builtin_calc;
 pub mod builtin_models;

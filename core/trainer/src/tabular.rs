@@ -112,6 +112,17 @@ impl Columns {
     }
 }
 
+/// Whether a data spec names a table: Parquet, a directory `datasets` saved with `save_to_disk`
+/// ([`crate::arrow_dir`]), or a Hub dataset (`org/name[:subset]:split`, its Parquet files).
+pub fn is_tabular(spec: &str) -> bool {
+    is_parquet(spec) || crate::arrow_dir::is_arrow_dir(spec) || is_hub_dataset(spec)
+}
+
+/// Whether `spec` names a dataset on the Hugging Face Hub rather than a local path.
+pub fn is_hub_dataset(spec: &str) -> bool {
+    !Path::new(spec).exists() && !spec.contains('*') && rlhf_hub::datasets::parse_dataset(spec).is_some()
+}
+
 /// Whether a data spec names Parquet: a `.parquet` file or glob, or a directory of `*.parquet`.
 pub fn is_parquet(spec: &str) -> bool {
     let p = Path::new(spec);
@@ -125,6 +136,14 @@ pub fn is_parquet(spec: &str) -> bool {
 /// of a `*` glob in the file name.
 pub fn shards(spec: &str) -> Result<Vec<PathBuf>> {
     let p = Path::new(spec);
+    if crate::arrow_dir::is_arrow_dir(spec) {
+        return crate::arrow_dir::files(p);
+    }
+    if is_hub_dataset(spec) {
+        if let Some(files) = rlhf_hub::datasets::resolve_dataset(spec) {
+            return files.map_err(|e| TrainerError::Data { path: p.to_path_buf(), message: e.to_string() });
+        }
+    }
     let err = |message: String| TrainerError::Data { path: p.to_path_buf(), message };
     let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let mut files: Vec<PathBuf> = if p.is_dir() {
@@ -172,48 +191,61 @@ fn glob_match(pat: &str, name: &str) -> bool {
 /// One row: its object, or why it cannot be one.
 pub type Row = std::result::Result<Map<String, Value>, String>;
 
-/// Reads every row of the Parquet files of `spec` (renamed by `cols`), calling `f(row number,
-/// file, row)`; numbers are 1-based per file. A file without the columns `cols` requires
+/// Reads every row of the Parquet files (or the saved `datasets` directory) of `spec` (renamed by
+/// `cols`), calling `f(row number, file, row)`; numbers are 1-based per file. A file without the columns `cols` requires
 /// ([`Columns::requiring`]) is refused with an error naming the file and the missing column.
 pub fn for_each_row(spec: &str, cols: &Columns, mut f: impl FnMut(usize, &Path, Row) -> Result<()>) -> Result<()> {
+    let arrow = crate::arrow_dir::is_arrow_dir(spec);
     for path in shards(spec)? {
         let err = |message: String| TrainerError::Data { path: path.clone(), message };
+        // A null cell is an absent field (a column another kind of row fills).
+        let finish = |mut o: Map<String, Value>| -> Row {
+            o.retain(|_, v| !v.is_null());
+            cols.rename(&mut o)?;
+            Ok(o)
+        };
+        if arrow {
+            check_columns(&crate::arrow_dir::columns(&path)?, cols).map_err(err)?;
+            let mut n = 0;
+            crate::arrow_dir::for_each_row(&path, |row| {
+                n += 1;
+                f(n, &path, finish(row))
+            })?;
+            continue;
+        }
         let file = File::open(&path).map_err(|e| TrainerError::io(&path, e))?;
         let reader = SerializedFileReader::new(file).map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
         let schema = reader.metadata().file_metadata().schema_descr();
-        let names: Vec<&str> = schema.root_schema().get_fields().iter().map(|t| t.name()).collect();
-        let required = &cols.required;
-        let has = |canon: &str| names.contains(&cols.column(canon));
-        if !required.is_empty() && !required.iter().any(|set| set.iter().all(|c| has(c))) {
-            // Name the first missing column of the alternative closest to complete.
-            let best = required.iter().rev().max_by_key(|set| set.iter().filter(|c| has(c)).count()).unwrap();
-            let missing: Vec<String> = best.iter().filter(|c| !has(c)).map(|c| cols.describe(c)).collect();
-            let others: Vec<String> = required
-                .iter()
-                .filter(|s| !std::ptr::eq(*s, best))
-                .map(|s| s.iter().map(|c| cols.describe(c)).collect::<Vec<_>>().join(" + "))
-                .collect();
-            let alt = if others.is_empty() { String::new() } else { format!(" (or {})", others.join(", or ")) };
-            return Err(err(format!(
-                "no column {}{alt}; the file's columns: {}",
-                missing.join(" and "),
-                names.join(", ")
-            )));
-        }
+        let names: Vec<String> = schema.root_schema().get_fields().iter().map(|t| t.name().to_string()).collect();
+        check_columns(&names, cols).map_err(err)?;
         let rows = reader.get_row_iter(None).map_err(|e| err(format!("cannot read rows: {e}")))?;
         for (i, row) in rows.enumerate() {
             let row = row.map_err(|e| err(format!("row {}: cannot be read: {e}", i + 1)))?;
             let obj = row.get_column_iter().map(|(k, v)| Ok((k.clone(), json_of(v)?))).collect::<Row>();
-            let obj = obj.and_then(|mut o| {
-                // A null cell is an absent field (a column another kind of row fills).
-                o.retain(|_, v| !v.is_null());
-                cols.rename(&mut o)?;
-                Ok(o)
-            });
-            f(i + 1, &path, obj)?;
+            f(i + 1, &path, obj.and_then(finish))?;
         }
     }
     Ok(())
+}
+
+/// Refuses a file without the columns `cols` requires ([`Columns::requiring`]), naming the missing
+/// column and the file's columns (`names`).
+fn check_columns(names: &[String], cols: &Columns) -> std::result::Result<(), String> {
+    let required = &cols.required;
+    let has = |canon: &str| names.iter().any(|n| n == cols.column(canon));
+    if required.is_empty() || required.iter().any(|set| set.iter().all(|c| has(c))) {
+        return Ok(());
+    }
+    // Name the first missing column of the alternative closest to complete.
+    let best = required.iter().rev().max_by_key(|set| set.iter().filter(|c| has(c)).count()).unwrap();
+    let missing: Vec<String> = best.iter().filter(|c| !has(c)).map(|c| cols.describe(c)).collect();
+    let others: Vec<String> = required
+        .iter()
+        .filter(|s| !std::ptr::eq(*s, best))
+        .map(|s| s.iter().map(|c| cols.describe(c)).collect::<Vec<_>>().join(" + "))
+        .collect();
+    let alt = if others.is_empty() { String::new() } else { format!(" (or {})", others.join(", or ")) };
+    Err(format!("no column {}{alt}; the file's columns: {}", missing.join(" and "), names.join(", ")))
 }
 
 fn json_of(f: &Field) -> std::result::Result<Value, String> {

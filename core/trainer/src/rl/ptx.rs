@@ -36,7 +36,7 @@ impl PtxData {
             Ok(())
         };
         let spec = path.to_string_lossy();
-        if tabular::is_parquet(&spec) {
+        if tabular::is_tabular(&spec) {
             let cols = Columns::new(&[("text", "train.ptx_data", "")]).requiring(&[&["text"]]);
             tabular::for_each_row(&spec, &cols, |n, file, row| {
                 let obj = row.map_err(|reason| bad(file, format!("row {n}: {reason}")))?;

@@ -142,14 +142,14 @@ pub struct Splits {
 /// Resolves `data.train`, `data.eval` and `data.eval_fraction`: an explicit eval file wins; then
 /// `eval_fraction > 0` holds out that fraction of the train lines (a seeded random subset, at least
 /// one line); otherwise a built-in train set brings its own held-out split, and a file none.
-/// A file is JSONL unless [`crate::tabular::is_parquet`]; `cols` maps the fields of both.
+/// A file is JSONL unless [`crate::tabular::is_tabular`] (Parquet, a `save_to_disk` directory); `cols` maps the fields of both.
 pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u64, cols: &Columns) -> Result<Splits> {
     if !(0.0..1.0).contains(&eval_fraction) {
         return Err(TrainerError::Config(format!("data.eval_fraction: must be in [0, 1), got {eval_fraction}")));
     }
     let load = |spec: &str, key: &str| -> Result<(SourceLines, Option<SourceLines>)> {
         match DataSpec::parse(spec) {
-            DataSpec::File(_) if crate::tabular::is_parquet(spec) => Ok((SourceLines::read_parquet(spec, cols)?, None)),
+            DataSpec::File(_) if crate::tabular::is_tabular(spec) => Ok((SourceLines::read_parquet(spec, cols)?, None)),
             DataSpec::File(p) => {
                 if p.is_dir() {
                     return Err(TrainerError::Config(format!(
