@@ -199,7 +199,7 @@ fn golden_sft() {
 
 #[test]
 fn golden_rm() {
-    check("rm", &["rm", "--set", "train.epochs=1", "--set", "train.steps=12"], "model", None);
+    check("rm", &["rm", "--set", "train.epochs=1", "--set", "train.max_steps=12"], "model", None);
 }
 
 /// The tolerances still catch a change a refactor could make: the GRPO golden run with its

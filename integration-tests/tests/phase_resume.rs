@@ -114,6 +114,8 @@ fn refusals_and_old_key_names() {
         assert!(err.contains(&format!("`{old}` is deprecated, read as `{new}`")), "{err}");
     }
     assert_eq!(behaviour_metrics(&new), behaviour_metrics(&old));
+    let w = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
+    assert!(w(&new) == w(&old), "the old key names train other weights than the new ones");
 }
 
 /// TensorBoard's Python reader sees each step's loss once, with the uninterrupted run's values,

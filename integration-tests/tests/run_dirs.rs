@@ -171,8 +171,8 @@ fn a_failed_start_leaves_no_dead_end() {
         e
     };
     // A learning rate that would have died after step 1 is a config error now.
-    let e = fails(&["train.actor_lr=nan"], &[]);
-    assert!(e.contains("--set train.actor_lr=nan: train.actor_lr: must be a finite number > 0"), "{e}");
+    let e = fails(&["train.lr=nan"], &[]);
+    assert!(e.contains("--set train.lr=nan: train.lr: must be a finite number > 0"), "{e}");
     // A plugin's refusal of its section names the layer that set the key.
     let e = fails(&["algorithm.config.beta=-1"], &[]);
     assert!(e.contains("error: --set algorithm.config.beta=-1: algorithm.config.beta: must be >= 0"), "{e}");

@@ -343,6 +343,13 @@ pub fn ema_update(ema: &nn::VarStore, src: &nn::VarStore, decay: f64) -> Result<
     })
 }
 
+/// Seeds libtorch for step `step` (0-based) of a run (RL and the supervised phases): every random
+/// draw of a step (sampling, dropout) follows from (seed, step), so a run resumed at step k
+/// repeats the uninterrupted run's steps bit for bit on CPU.
+pub fn seed_step(seed: u64, step: usize) {
+    tch::manual_seed((seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) as i64 & i64::MAX);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

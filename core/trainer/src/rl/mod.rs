@@ -138,12 +138,7 @@ fn idle_error(idle: usize, m: &StepMetrics) -> crate::error::TrainerError {
     ))
 }
 
-/// Seeds libtorch for step `step` (0-based): every random draw of a step (sampling, dropout)
-/// follows from (seed, step), so a run resumed at step k repeats the uninterrupted run's steps
-/// bit for bit on CPU.
-pub(crate) fn seed_step(seed: u64, step: usize) {
-    tch::manual_seed((seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) as i64 & i64::MAX);
-}
+pub(crate) use crate::optim::seed_step;
 
 impl Trainer {
     /// The run directory.

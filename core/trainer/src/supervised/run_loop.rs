@@ -134,7 +134,7 @@ pub fn run_phase<T: PhaseTask>(
             if let Some(sig) = dist::stop_signal(world)? {
                 return Err(stopped(sig, step, total, saved, task, opt, run, sinks)?.into());
             }
-            crate::rl::seed_step(seed, step);
+            crate::optim::seed_step(seed, step);
             let t0 = Instant::now();
             let comm0 = world.stats();
             let mut m = StepMetrics::default();
