@@ -222,3 +222,46 @@ fn trl_conversational_jsonl_with_a_solution_column() {
     assert_eq!(last["reward_python/trl_reward.reward_func/none"], 2.0, "{last}");
     assert_eq!(last["rewards/trl/skipped"], 0.0);
 }
+
+/// With an environment (`environment.reward = "sum"`), the Python function scores the whole
+/// trajectory text (tool results included) beside the environment's own reward.
+const TRAJECTORY_FUNC: &str = r#"
+def reward_func(completions, **kwargs):
+    return [0.5 if "<result>" in c else 0.0 for c in completions]
+"#;
+
+#[test]
+fn scores_multi_turn_episodes_beside_the_environment() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("traj.py"), TRAJECTORY_FUNC).unwrap();
+    let run = dir.path().join("run");
+    let preset = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/grpo-calculator.toml");
+    let reward = format!(
+        r#"rewards=[{{plugin = "reward-python", name = "py", config = {{file = "{}", python = "{}", conversational = false}}}}]"#,
+        s(&dir.path().join("traj.py")),
+        s(&python)
+    );
+    let o = train(&[
+        "--config",
+        s(&preset),
+        "--run-dir",
+        s(&run),
+        "--set",
+        "train.steps=2",
+        "--set",
+        "warmup.steps=0",
+        "--set",
+        "eval.data=\"\"",
+        "--set",
+        "environment.reward=\"sum\"",
+        "--set",
+        &reward,
+    ]);
+    ok(&o);
+    for l in metrics(&run).iter().filter(|l| l["step"] != 0) {
+        let mean = l["rewards/py/mean"].as_f64().unwrap();
+        assert!((0.0..=0.5).contains(&mean) && l.get("env/turns/mean").is_some(), "{l}");
+        assert_eq!(l["reward_python/traj.reward_func/errors"], 0.0, "{l}");
+    }
+}
