@@ -15,7 +15,8 @@ Commands:
   lint                        `cargo fmt --check` and `cargo clippy -D warnings` on the workspace
   rlhf [--] ARGS...           build and run the `rlhf` binary (debug) with ARGS
   train --algo NAME [ARGS...] build `rlhf` and the plugins, run `rlhf train --algo NAME ARGS...`: RL on
-                              NAME's preset (grpo, ppo, ppo-seq), or the grpo preset's task for another
+                              NAME's preset (grpo, ppo, ppo-seq, rloo, reinforce-pp, reinforce-pp-baseline,
+                              gspo), or the grpo preset's task for another
                               algorithm plugin; --config FILE, --set KEY=VALUE, --resume DIR as for `rlhf train`
   bench [gen|train|rl] [--model DIR|builtin:tiny] [--device cpu|cuda] [--dtype f32|bf16] [--batch B] [-g G]
         [--prompt-len P] [--new-tokens N] [--repeats R] [--only gen,train,rl] [--vs-trl] [--no-record] ...
@@ -374,5 +375,34 @@ mod tests {
     fn unknown_command() {
         let err = p(&["deploy"]).unwrap_err();
         assert_eq!(err.to_string(), "unknown command `deploy`");
+    }
+
+    /// The presets the help names for `train --algo`: the words inside its parentheses.
+    fn help_presets() -> Vec<String> {
+        let start = HELP.find("NAME's preset (").expect("the train line names its presets") + "NAME's preset (".len();
+        let end = start + HELP[start..].find(')').unwrap();
+        HELP[start..end].split(',').map(|w| w.split_whitespace().collect::<String>()).collect()
+    }
+
+    #[test]
+    fn every_preset_the_help_names_exists_and_every_config_names_its_file() {
+        let configs = crate::project_root().join("configs");
+        for name in help_presets() {
+            assert!(
+                configs.join(format!("{name}.toml")).is_file(),
+                "the help names preset `{name}`, which has no file"
+            );
+        }
+        for entry in std::fs::read_dir(&configs).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let name = path.file_name().unwrap().to_string_lossy().to_string();
+                let first = std::fs::read_to_string(&path).unwrap().lines().next().unwrap_or("").to_string();
+                assert!(
+                    first.starts_with(&format!("# configs/{name}: ")),
+                    "{name}: its header's first line is {first:?}"
+                );
+            }
+        }
     }
 }
