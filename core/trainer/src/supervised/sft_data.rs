@@ -1,6 +1,8 @@
 //! Supervised fine-tuning examples: JSONL lines → token ids with a per-token loss mask.
 //!
-//! A line is `{"prompt": "...", "response": "..."}` or `{"messages": [{"role", "content"}, ...]}`.
+//! A line is `{"prompt": "...", "response": "..."}`, `{"messages": [{"role", "content"}, ...]}`, or
+//! TRL's conversational prompt-completion: `prompt` a list of messages and `response` (TRL's
+//! `completion`, with `data.response_key = "completion"`) one assistant message, trained on alone.
 //!
 //! - **prompt/response**: when the tokenizer has a chat template (and `data.apply_chat_template`),
 //!   the prompt becomes a user turn and the response an assistant turn, rendered like `messages`;
@@ -162,6 +164,18 @@ fn tokenize_line(
             return Err("chat `messages` but the tokenizer has no chat template".into());
         }
         (chat_pieces(tok, &messages, opts.assistant_turns)?, false)
+    } else if let (Some(p @ Value::Array(_)), Some(c)) = (obj.get("prompt"), obj.get("response")) {
+        // TRL's conversational prompt-completion: the prompt's messages, then one assistant reply.
+        let mut messages = messages_field(p, "prompt")?;
+        let completion = messages_field(c, "response")?;
+        if !matches!(completion.as_slice(), [m] if m.role == "assistant") {
+            return Err("`response`: a conversational completion must be one assistant message".into());
+        }
+        if !tok.has_chat_template() {
+            return Err("chat messages but the tokenizer has no chat template".into());
+        }
+        messages.extend(completion);
+        (chat_pieces(tok, &messages, AssistantTurns::Last)?, false)
     } else {
         let prompt = string_field(obj, "prompt")?;
         let response = string_field(obj, "response")?;
@@ -446,6 +460,18 @@ mod tests {
         let ids: Vec<u32> = ex.ids.iter().zip(&ex.targets).filter(|(_, &t)| t).map(|(&i, _)| i as u32).collect();
         assert_eq!(tok.decode(&ids, false).unwrap(), "yo<|im_end|>\n");
         assert_eq!(r.skipped(), 0);
+        // TRL's conversational prompt-completion: the context is not trained on, the reply is.
+        let line = json!({
+            "prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                       {"role": "user", "content": "bye"}],
+            "response": [{"role": "assistant", "content": "see you"}]});
+        let ex = &build_sft_examples(&src(vec![line]), &tok, &opts(), &mut r)[0];
+        let ids: Vec<u32> = ex.ids.iter().zip(&ex.targets).filter(|(_, &t)| t).map(|(&i, _)| i as u32).collect();
+        assert_eq!(tok.decode(&ids, false).unwrap(), "see you<|im_end|>\n");
+        let two = json!({"prompt": [{"role": "user", "content": "hi"}],
+                         "response": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]});
+        assert!(build_sft_examples(&src(vec![two]), &tok, &opts(), &mut r).is_empty());
+        assert_eq!(r.count("`response`: a conversational completion must be one assistant message"), 1);
     }
 
     #[test]
