@@ -19,7 +19,7 @@ pub(crate) enum Profile {
 }
 
 impl Profile {
-    fn dir(self) -> &'static str {
+    pub(crate) fn dir(self) -> &'static str {
         match self {
             Profile::Debug => "debug",
             Profile::Release => "release",

@@ -27,6 +27,10 @@ Commands:
   bench reward-python [--samples N] [--batch B] [--workers 1,2]
                               samples/s of Python reward functions through the reward-python plugin's
                               worker pool against the same functions called in-process
+  bundle [--debug] [--out DIR]
+                              a relocatable directory and .tar.gz (default target/bundle/): the stripped
+                              rlhf, every plugin, configs, examples and fixture models, with a launcher
+                              that finds libtorch at run time (LIBTORCH, python3's torch, the venv)
   fixtures [ARGS...]          regenerate the integration-test fixtures with transformers
   import-gguf [--gguf FILE] [--out DIR] [--dtype f32|bf16] [--force]
                               a Llama, Qwen2 or Qwen3 GGUF as a Hugging Face directory (dequantised
@@ -59,6 +63,7 @@ pub(crate) enum Command {
     Rlhf { args: Vec<String> },
     Train { args: Vec<String> },
     Bench { args: Vec<String> },
+    Bundle { args: Vec<String> },
     Fixtures { args: Vec<String> },
     ImportGguf(crate::import_gguf::Options),
     GenArith { out: Option<PathBuf>, check: bool },
@@ -114,6 +119,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Command, Usage> {
             }
             Command::Bench { args }
         }
+        "bundle" => Command::Bundle { args: strip_separator(rest) },
         "plot" => parse_plot(&rest)?,
         "pipeline" => {
             let (mut run_dir, mut dpo) = (None, false);

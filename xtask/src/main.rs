@@ -5,6 +5,7 @@
 //! environment that points tch at it. This crate never depends on tch.
 
 mod bench;
+mod bundle;
 mod cmd;
 mod fixtures;
 mod flags;
@@ -60,6 +61,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Rlhf { args } => rlhf::run(&args),
         Command::Train { args } => rlhf::train(&args),
         Command::Bench { args } => bench::run(&args),
+        Command::Bundle { args } => bundle::run(&args),
         Command::Fixtures { args } => fixtures::run(&args),
         Command::ImportGguf(opts) => import_gguf::run(&opts),
         Command::GenArith { out, check } => gen_arith::run(out.as_deref(), check),
