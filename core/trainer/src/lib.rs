@@ -31,6 +31,7 @@ pub mod rl;
 pub mod run_lock;
 pub mod shard_files;
 pub mod signals;
+pub mod sinks;
 pub mod supervised;
 pub mod tabular;
 pub mod tensorboard;

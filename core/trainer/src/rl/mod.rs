@@ -41,7 +41,6 @@ use rlhf_generation::LogProbOptions;
 
 use rlhf_models::{CausalLm, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
-use serde_json::json;
 use tch::Device;
 
 use crate::config::RlConfig;
@@ -443,8 +442,7 @@ impl Trainer {
             w.write(self.step, m)?;
         }
         if let Some(sink) = &self.wandb {
-            let map = m.means().into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
-            sink.log(self.step as u64, map);
+            crate::sinks::log_wandb(sink, self.step, m);
         }
         if let Some(tb) = &mut self.tensorboard {
             tb.record(self.step, m);

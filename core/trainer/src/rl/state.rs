@@ -198,14 +198,7 @@ impl Trainer {
             if let Some(r) = self.reward_history.last() {
                 summary.insert("reward".into(), json!(r));
             }
-            let stats = sink.finish(summary, exit_code);
-            if stats.lines_dropped > 0 {
-                tracing::warn!(
-                    "wandb: {} of {} history lines were not delivered",
-                    stats.lines_dropped,
-                    stats.lines_logged
-                );
-            }
+            crate::sinks::finish_wandb(sink, summary, exit_code);
         }
     }
 }

@@ -163,8 +163,7 @@ impl Sinks {
     pub fn record(&mut self, step: usize, m: &StepMetrics) -> Result<()> {
         self.jsonl.write(step, m)?;
         if let Some(sink) = &self.wandb {
-            let map = m.means().into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
-            sink.log(step as u64, map);
+            crate::sinks::log_wandb(sink, step, m);
         }
         if let Some(tb) = &mut self.tensorboard {
             tb.record(step, m);
@@ -177,14 +176,7 @@ impl Sinks {
         if let Some(sink) = self.wandb.take() {
             let mut summary = serde_json::Map::new();
             summary.insert("steps".into(), json!(steps));
-            let stats = sink.finish(summary, exit_code);
-            if stats.lines_dropped > 0 {
-                tracing::warn!(
-                    "wandb: {} of {} history lines were not delivered",
-                    stats.lines_dropped,
-                    stats.lines_logged
-                );
-            }
+            crate::sinks::finish_wandb(sink, summary, exit_code);
         }
     }
 }
