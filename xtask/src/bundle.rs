@@ -217,6 +217,11 @@ mod tests {
         let o = run(&["train", "--algo", "grpo", "--no-progress", "--run-dir", "run", "--set", "train.steps=2"], None);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert!(tmp.join("run/actor/model.safetensors").is_file());
+        // The doctor finds the bundle's own fixture models (the working directory has none).
+        let o = run(&["doctor", "--quick", "--device", "cpu", "--only", "check-device llama", "--out", "doc"], None);
+        assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let report = fs::read_to_string(tmp.join("doc/report.json")).unwrap();
+        assert!(report.contains("\"passed\": 2") && report.contains("check-device llama bf16"), "{report}");
         let fake = tmp.join("torch-2.10");
         fs::create_dir_all(fake.join("lib")).unwrap();
         fs::write(fake.join("version.py"), "__version__ = '2.10.0+cpu'\n").unwrap();

@@ -16,11 +16,11 @@
 //! and prints TRL step / our step. `--record FILE` appends a row to a Markdown table.
 
 mod dp;
-mod machine;
+pub(crate) mod machine;
 mod measure;
-mod report;
+pub(crate) mod report;
 mod rl;
-mod trl;
+pub(crate) mod trl;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -14,6 +14,7 @@ mod cmd_serve;
 mod cmd_sft;
 mod cmd_train;
 mod common;
+mod doctor;
 mod launcher;
 mod machine;
 mod resume;
@@ -49,6 +50,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Compare a model's logits and greedy tokens on a device/dtype with the CPU in f32.
     CheckDevice(cmd_check::Args),
+    /// Check this machine end to end, device by device (correctness, learning, speed); writes report.md and report.json.
+    Doctor(doctor::Args),
     /// Supervised fine-tuning (DeepSpeed-Chat phase 1) on prompt/response or chat JSONL.
     Sft(cmd_sft::PhaseArgs),
     /// Reward-model training (DeepSpeed-Chat phase 2) on preference pairs.
@@ -95,6 +98,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ppl(args) => cmd_ppl::run(args),
         Command::Bench(args) => bench::run(args),
         Command::CheckDevice(args) => cmd_check::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Sft(args) => cmd_sft::sft(args),
         Command::Rm(args) => cmd_rm::rm(args),
         Command::Dpo(args) => cmd_dpo::dpo(args),

@@ -58,7 +58,7 @@ pub fn measure(device: Device, kind: Kind) -> Machine {
 }
 
 /// The CUDA device's name from the driver (`nvidia-smi`, else `/proc/driver/nvidia`).
-pub(super) fn cuda_name(index: usize) -> Option<String> {
+pub(crate) fn cuda_name(index: usize) -> Option<String> {
     // nvidia-smi numbers devices physically; CUDA_VISIBLE_DEVICES maps ours onto them.
     let physical = std::env::var("CUDA_VISIBLE_DEVICES")
         .ok()
