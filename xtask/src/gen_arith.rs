@@ -1,6 +1,7 @@
 //! `cargo xtask gen-arith`: writes `configs/data/arith-words.jsonl`, the synthetic arithmetic
-//! word problems of `configs/grpo-smollm2.toml`. The problems come from a seeded generator, so the
-//! committed file can be checked against it (`--check`, and a unit test).
+//! word problems of `configs/grpo-smollm2.toml`, and the drills of `configs/grpo-smollm2-arith.toml`
+//! ([`crate::arith_drill`]). The problems come from seeded generators, so the committed files can
+//! be checked against them (`--check`, and unit tests).
 //!
 //! Each line is a chat prompt and its answer:
 //! `{"messages": [{"role": "system", ...}, {"role": "user", ...}], "label": "17", "kind": "add"}`.
@@ -26,10 +27,10 @@ const ITEMS: [&str; 10] =
     ["apples", "marbles", "pencils", "stickers", "cookies", "books", "coins", "flowers", "shells", "cards"];
 
 /// splitmix64: small, seedable, stable.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -38,7 +39,7 @@ impl Rng {
     }
 
     /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+    pub(crate) fn range(&mut self, lo: i64, hi: i64) -> i64 {
         lo + (self.next() % (hi - lo + 1) as u64) as i64
     }
 
@@ -148,24 +149,31 @@ pub(crate) fn jsonl() -> String {
 
 /// `gen-arith [--out FILE] [--check]`.
 pub(crate) fn run(out: Option<&Path>, check: bool) -> Result<()> {
-    let path = match out {
-        Some(p) => p.to_path_buf(),
-        None => crate::project_root().join(DEFAULT_OUT),
+    let root = match out {
+        Some(dir) => dir.to_path_buf(),
+        None => crate::project_root(),
     };
-    let text = jsonl();
-    if check {
-        let existing = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        if existing != text {
-            bail!("{} differs from what `cargo xtask gen-arith` generates; regenerate it", path.display());
+    let (train, test) = crate::arith_drill::drills();
+    let files = [
+        (root.join(DEFAULT_OUT), jsonl(), COUNT),
+        (root.join(crate::arith_drill::TRAIN_OUT), crate::arith_drill::jsonl(&train), train.len()),
+        (root.join(crate::arith_drill::TEST_OUT), crate::arith_drill::jsonl(&test), test.len()),
+    ];
+    for (path, text, n) in files {
+        if check {
+            let existing = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            if existing != text {
+                bail!("{} differs from what `cargo xtask gen-arith` generates; regenerate it", path.display());
+            }
+            eprintln!("{} is up to date ({n} problems)", path.display());
+            continue;
         }
-        eprintln!("{} is up to date ({COUNT} problems)", path.display());
-        return Ok(());
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).with_context(|| format!("could not create {}", dir.display()))?;
+        }
+        fs::write(&path, text).with_context(|| format!("could not write {}", path.display()))?;
+        eprintln!("wrote {n} problems to {}", path.display());
     }
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("could not create {}", dir.display()))?;
-    }
-    fs::write(&path, text).with_context(|| format!("could not write {}", path.display()))?;
-    eprintln!("wrote {COUNT} problems to {}", path.display());
     Ok(())
 }
 

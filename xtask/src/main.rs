@@ -4,6 +4,7 @@
 //! installed (see [`setup`]) and then runs its child processes with the
 //! environment that points tch at it. This crate never depends on tch.
 
+mod arith_drill;
 mod bench;
 mod bundle;
 mod cmd;
