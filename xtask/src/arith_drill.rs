@@ -7,7 +7,7 @@
 //!
 //! Each line: `{"messages": [{"role": "user", "content": "What is 23 + 9?"}], "label": "32", "kind": "add"}`.
 
-use crate::gen_arith::Rng;
+use crate::splitmix::Rng;
 
 /// The files, relative to the project root.
 pub(crate) const TRAIN_OUT: &str = "configs/data/arith-drill-train.jsonl";

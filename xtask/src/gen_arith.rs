@@ -13,6 +13,8 @@ use std::{fs, path::Path};
 
 use anyhow::{bail, Context, Result};
 
+use crate::splitmix::Rng;
+
 /// Where the data lives, relative to the project root.
 pub(crate) const DEFAULT_OUT: &str = "configs/data/arith-words.jsonl";
 /// How many problems, and the generator's seed.
@@ -25,28 +27,6 @@ On the last line, write the final answer as a whole number after '####', like th
 const NAMES: [&str; 10] = ["Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jun"];
 const ITEMS: [&str; 10] =
     ["apples", "marbles", "pencils", "stickers", "cookies", "books", "coins", "flowers", "shells", "cards"];
-
-/// splitmix64: small, seedable, stable.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub(crate) fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next() % (hi - lo + 1) as u64) as i64
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[(self.next() % items.len() as u64) as usize]
-    }
-}
 
 /// One problem: its kind, question and integer answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

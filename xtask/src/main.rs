@@ -17,6 +17,7 @@ mod pipeline;
 mod plot;
 mod rlhf;
 mod setup;
+mod splitmix;
 mod test;
 mod vllm;
 
