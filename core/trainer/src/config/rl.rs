@@ -341,6 +341,10 @@ impl RlConfig {
     fn validate(&self, src: &KeySource) -> Result<()> {
         self.environment.validate(self.rewards.len(), src)?;
         self.rollout.validate(self.model.lora.rank, src)?;
+        if self.environment.enabled() && (self.rollout.overlong_filter || self.rollout.overlong_buffer > 0) {
+            let key = if self.rollout.overlong_filter { "rollout.overlong_filter" } else { "rollout.overlong_buffer" };
+            return Err(src.error(key, "applies to single-turn rollouts; an episode's length is not one response's"));
+        }
         if self.rollout.engine == super::rollout::EngineKind::Vllm
             && self.rollout.vllm.weight_sync == super::rollout::WeightSync::Lora
             && self.warmup.steps > 0

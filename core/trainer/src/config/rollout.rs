@@ -31,6 +31,14 @@ pub struct RolloutConfig {
     pub vllm: VllmConfig,
     /// Correction for the engine's sampling policy differing from the trainer's.
     pub is_correction: IsCorrectionConfig,
+    /// Mask truncated responses (no EOS within `max_new_tokens`) out of the loss (DAPO's
+    /// overlong filtering; TRL's `mask_truncated_completions`).
+    pub overlong_filter: bool,
+    /// DAPO's soft overlong punishment: the last this many tokens before `max_new_tokens` cost a
+    /// linearly growing penalty, up to `overlong_penalty` at the limit (0: off).
+    pub overlong_buffer: i64,
+    /// The penalty at the limit (verl's `overlong_buffer.penalty_factor`).
+    pub overlong_penalty: f64,
 }
 
 impl Default for RolloutConfig {
@@ -46,6 +54,9 @@ impl Default for RolloutConfig {
             decode_dtype: DecodeDtype::Model,
             vllm: VllmConfig::default(),
             is_correction: IsCorrectionConfig::default(),
+            overlong_filter: false,
+            overlong_buffer: 0,
+            overlong_penalty: 1.0,
         }
     }
 }
@@ -72,6 +83,12 @@ impl RolloutConfig {
         }
         if r.top_k < 0 {
             return bad("rollout.top_k", "must be >= 0 (0 disables)");
+        }
+        if !(0..=r.max_new_tokens).contains(&r.overlong_buffer) {
+            return bad("rollout.overlong_buffer", "must be in [0, rollout.max_new_tokens] (0: off)");
+        }
+        if !(r.overlong_penalty.is_finite() && r.overlong_penalty >= 0.0) {
+            return bad("rollout.overlong_penalty", "must be a number >= 0");
         }
         if r.decode_dtype == DecodeDtype::Bf16 {
             if r.engine != EngineKind::Local {

@@ -62,11 +62,23 @@ impl Trainer {
         }
     }
 
-    /// The names and weights of the step's scores: the reward sources, then `env`.
+    /// DAPO's length penalty as one more source (`rollout.overlong_buffer > 0`), after `env`.
+    pub(super) fn overlong_scores(&self, rollout: &super::rollout::Rollout, scores: &mut Vec<SourceScores>) {
+        let r = &self.cfg.rollout;
+        if r.overlong_buffer > 0 {
+            scores.push(super::overlong::scores(rollout, r.max_new_tokens, r.overlong_buffer, r.overlong_penalty));
+        }
+    }
+
+    /// The names and weights of the step's scores: the reward sources, then `env`, then
+    /// `overlong` (DAPO's length penalty, [`super::overlong`]).
     pub(super) fn score_weights(&self) -> Vec<(String, f64)> {
         let mut w = score::weights(&self.rewards);
         if self.env.is_some() && self.cfg.environment.scores_env() {
             w.push(("env".into(), self.cfg.environment.weight));
+        }
+        if self.cfg.rollout.overlong_buffer > 0 {
+            w.push(("overlong".into(), 1.0));
         }
         w
     }

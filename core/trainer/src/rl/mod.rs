@@ -2,9 +2,11 @@
 //!
 //! 1. [`prompts`]: the next prompts, `samples_per_prompt` rows each, a group id per prompt;
 //! 2. [`rollout`]: the actor samples responses; empty ones are dropped;
-//! 3. [`score`]: every reward source scores every sample; the reward is their weighted sum;
+//! 3. [`score`]: every reward source scores every sample; the reward is their weighted sum
+//!    (with DAPO's [`overlong`] length penalty when asked);
 //! 4. [`experience`]: old-policy and reference log-probs and critic values (no gradients);
-//! 5. [`advantages`]: the algorithm plugin's `prepare` turns rewards into advantages/returns;
+//! 5. [`advantages`]: the algorithm plugin's `prepare` turns rewards into advantages/returns
+//!    (truncated responses then leave the loss with `rollout.overlong_filter`);
 //! 6. [`optimise`]: `ppo_epochs` × minibatches of plugin loss (+ [`ptx`]) → backward → AdamW;
 //! 7. metrics and checkpoints ([`state`]).
 //!
@@ -21,6 +23,7 @@ pub mod episode;
 pub mod eval;
 pub mod experience;
 pub mod optimise;
+pub mod overlong;
 pub mod phase;
 pub mod prompts;
 pub mod ptx;
@@ -353,6 +356,7 @@ impl Trainer {
         let samples = score::samples(&rollout, &batch.group_of_row, &self.data, &self.tok)?;
         let mut scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
         self.env_scores(env.as_ref(), &rollout.kept_rows, &mut scores);
+        self.overlong_scores(&rollout, &mut scores);
         let (kept_rows, scores) = shard::gather_scores(&self.world, part, &rollout.kept_rows, scores)?;
         if let Err(e) = self.env_metrics(env, &mut m) {
             return Err(self.checkpoint_before_failing(before, e));
@@ -378,7 +382,7 @@ impl Trainer {
 
         // 4. Experience of this rank's samples, then the whole batch on every rank.
         let share_prompts = cfg.train.share_prompts && cfg.model.lora.dropout == 0.0;
-        let (exp, entropy, times) = self.experience(selected, n_prompts * g, share_prompts, pad)?;
+        let (mut exp, entropy, times) = self.experience(selected, n_prompts * g, share_prompts, pad)?;
         let cfg = &self.cfg;
         experience::metrics(&exp, entropy.as_ref(), &mut m)?;
         if cfg.run.save_rollouts && self.world.is_main() {
@@ -391,6 +395,9 @@ impl Trainer {
         let adv = prepared.advantages.shallow_clone();
         prepared.advantages =
             correction::apply(&cfg.rollout.is_correction, &exp.old_logprobs, behavior, &exp.action_mask, adv, &mut m)?;
+        if cfg.rollout.overlong_filter {
+            overlong::filter(&mut exp, cfg.rollout.max_new_tokens, &eos_ids, &mut m)?;
+        }
 
         // 6–7. Minibatch losses and optimizer steps.
         let clock = PhaseClock::start(device);
