@@ -356,6 +356,7 @@ impl RlConfig {
             ));
         }
         self.validate_train(src)?;
+        self.rollout.filter_groups.validate(&self.score_names(), src)?;
         if !self.environment.enabled() || self.environment.reward != super::EnvReward::Env {
             self.validate_rewards(src)?;
         }
@@ -458,6 +459,14 @@ impl RlConfig {
 
     /// `[[rewards]]`: at least one, finite weights, distinct names (each source's metrics are
     /// `rewards/<name>/...`: two of one name would overwrite each other's).
+    /// The names of a step's scores: the reward sources, `env`, `overlong`.
+    fn score_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.rewards.iter().map(|r| r.name.clone().unwrap_or(r.plugin.clone())).collect();
+        names.extend(self.environment.scores_env().then(|| "env".to_string()));
+        names.extend((self.rollout.overlong_buffer > 0).then(|| "overlong".to_string()));
+        names
+    }
+
     fn validate_rewards(&self, src: &KeySource) -> Result<()> {
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
         if self.rewards.is_empty() {

@@ -39,6 +39,44 @@ pub struct RolloutConfig {
     pub overlong_buffer: i64,
     /// The penalty at the limit (verl's `overlong_buffer.penalty_factor`).
     pub overlong_penalty: f64,
+    /// DAPO's dynamic sampling: drop groups whose scores are all equal, sample more.
+    pub filter_groups: FilterGroupsConfig,
+}
+
+/// `[rollout.filter_groups]`: DAPO's dynamic sampling (verl's `algorithm.filter_groups`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterGroupsConfig {
+    pub enable: bool,
+    /// What must differ within a group: `reward` (the weighted sum) or one score's name (a
+    /// `[[rewards]]` name, `env`, `overlong`).
+    pub metric: String,
+    /// Generation batches a step may sample to fill its `prompts_per_batch` groups; a step that
+    /// has fewer after this many trains on what it has.
+    pub max_gen_batches: usize,
+}
+
+impl Default for FilterGroupsConfig {
+    fn default() -> Self {
+        FilterGroupsConfig { enable: false, metric: "reward".into(), max_gen_batches: 10 }
+    }
+}
+
+impl FilterGroupsConfig {
+    /// Checks the section against the step's score names (the sources, `env`, `overlong`).
+    pub(crate) fn validate(&self, scores: &[String], src: &KeySource) -> Result<()> {
+        if self.max_gen_batches == 0 {
+            return Err(src.error("rollout.filter_groups.max_gen_batches", "must be >= 1"));
+        }
+        if self.metric != "reward" && !scores.contains(&self.metric) {
+            let names = scores.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+            return Err(src.error(
+                "rollout.filter_groups.metric",
+                &format!("`{}` is neither `reward` nor a score of this run ({names})", self.metric),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for RolloutConfig {
@@ -57,6 +95,7 @@ impl Default for RolloutConfig {
             overlong_filter: false,
             overlong_buffer: 0,
             overlong_penalty: 1.0,
+            filter_groups: FilterGroupsConfig::default(),
         }
     }
 }

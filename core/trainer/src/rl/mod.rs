@@ -1,6 +1,7 @@
 //! The RL host. One step is one generation batch, and reads as the modules below, in order:
 //!
-//! 1. [`prompts`]: the next prompts, `samples_per_prompt` rows each, a group id per prompt;
+//! 1. [`prompts`]: the next prompts, `samples_per_prompt` rows each, a group id per prompt
+//!    (stages 1–3 are run by [`sampling`], again with [`dynamic`] sampling until the groups differ);
 //! 2. [`rollout`]: the actor samples responses; empty ones are dropped;
 //! 3. [`score`]: every reward source scores every sample; the reward is their weighted sum
 //!    (with DAPO's [`overlong`] length penalty when asked);
@@ -17,6 +18,7 @@
 
 pub mod advantages;
 pub mod correction;
+pub mod dynamic;
 pub mod engine;
 pub mod env_stage;
 pub mod episode;
@@ -29,6 +31,7 @@ pub mod prompts;
 pub mod ptx;
 pub mod rollout;
 pub mod rollout_log;
+pub mod sampling;
 pub mod score;
 pub mod setup;
 pub mod shard;
@@ -327,66 +330,35 @@ impl Trainer {
     /// One generation batch, stage by stage (see the module docs). Returns its metrics.
     pub fn train_step(&mut self) -> Result<StepMetrics> {
         let t0 = Instant::now();
-        let clock = PhaseClock::start(self.device);
         let comm0 = self.world.stats();
         let mut m = StepMetrics::default();
         let (cfg, device) = (&self.cfg, self.device);
         seed_step(cfg.run.seed, self.step);
-        if let Some(p) = &self.progress {
-            p.phase("rollout", 1);
-        }
         let (pad, eos_ids) = (i64::from(self.tok.pad_token_id()), self.eos_ids());
 
-        // 1–2. Prompts and rollout: every rank draws the whole batch and samples its own groups.
+        // 1–3. Prompts, rollout and scores (more than one generation batch with dynamic sampling).
         let (n_prompts, g) = (cfg.rollout.prompts_per_batch, cfg.rollout.samples_per_prompt);
-        let before = (self.data.position(), self.prompts_seen);
-        let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, device)?;
-        let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
-        let probe = &self.data.records[0].ids;
-        self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, &mut m)?;
-        let (rollout, env) = self.sample(&batch, part, &eos_ids, pad)?;
-        let t_gen = clock.stop();
-        if let Some(p) = &self.progress {
-            p.advance(1);
-            p.phase("scoring", self.rewards.len() as u64);
-        }
-
-        // 3. Score this rank's samples; combine every rank's scores.
-        let clock = PhaseClock::start(device);
-        let samples = score::samples(&rollout, &batch.group_of_row, &self.data, &self.tok)?;
-        let mut scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
-        self.env_scores(env.as_ref(), &rollout.kept_rows, &mut scores);
-        self.overlong_scores(&rollout, &mut scores);
-        let (kept_rows, scores) = shard::gather_scores(&self.world, part, &rollout.kept_rows, scores)?;
-        if let Err(e) = self.env_metrics(env, &mut m) {
-            return Err(self.checkpoint_before_failing(before, e));
-        }
-        let cfg = &self.cfg;
-        m.set("completions/dropped", (part.total - kept_rows.len()) as f64);
-        m.set("completions/count", kept_rows.len() as f64);
-        if kept_rows.is_empty() {
-            tracing::warn!("step {}: every response was empty; nothing to train on", self.step + 1);
+        let Some(sampled) = self.sample_and_score(&eos_ids, pad, &mut m)? else {
             return Ok(self.end_empty_step(m, t0));
-        }
-        let scored = score::combine(&self.score_weights(), &scores, &kept_rows, &mut m)?;
-        if scored.rows.is_empty() {
-            tracing::warn!("step {}: no sample could be scored; nothing to train on", self.step + 1);
-            return Ok(self.end_empty_step(m, t0));
-        }
-        let (reward_mean, reward_std) = score::mean_std(&scored.rewards);
+        };
+        let (reward_mean, reward_std) = score::mean_std(&sampled.rewards);
         m.set("reward", reward_mean);
         m.set("reward_std", reward_std);
         self.reward_history.push(reward_mean);
-        let selected = experience::select(&rollout, &shard::local_scored(&scored, part), &batch.group_of_row, device)?;
-        let t_score = clock.stop();
+        let (t_gen, t_score) = (sampled.t_gen, sampled.t_score);
+        let cfg = &self.cfg;
 
         // 4. Experience of this rank's samples, then the whole batch on every rank.
         let share_prompts = cfg.train.share_prompts && cfg.model.lora.dropout == 0.0;
-        let (mut exp, entropy, times) = self.experience(selected, n_prompts * g, share_prompts, pad)?;
+        let (mut exp, entropy, times) = self.experience(sampled.selected, n_prompts * g, share_prompts, pad)?;
         let cfg = &self.cfg;
         experience::metrics(&exp, entropy.as_ref(), &mut m)?;
         if cfg.run.save_rollouts && self.world.is_main() {
-            rollout_log::write(&self.run_dir, self.step + 1, &self.tok, &exp, &scored.rewards)?;
+            let rewards = match sampled.in_batch_order {
+                true => sampled.rewards,
+                false => Vec::<f32>::try_from(&exp.rewards)?.into_iter().map(f64::from).collect(),
+            };
+            rollout_log::write(&self.run_dir, self.step + 1, &self.tok, &exp, &rewards)?;
         }
 
         // 5. Advantages.

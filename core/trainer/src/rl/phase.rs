@@ -48,6 +48,15 @@ impl PhaseClock {
 }
 
 impl PhaseCost {
+    /// `other` added to this cost: the times summed, the larger peak kept.
+    pub fn add(&mut self, other: &PhaseCost) {
+        self.secs += other.secs;
+        self.peak_rss_gb = match (self.peak_rss_gb, other.peak_rss_gb) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
     /// Sets `time/<name>` and, when known, `mem/peak_rss_gb/<name>`; keeps `mem/peak_rss_gb` the
     /// largest peak of the step so far.
     pub fn record(&self, name: &str, m: &mut StepMetrics) {
