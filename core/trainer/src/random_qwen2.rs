@@ -97,25 +97,9 @@ const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + me
 
 /// A word-level `tokenizer.json` of exactly `vocab` entries.
 fn tokenizer_json(vocab: i64) -> serde_json::Value {
-    let mut map = serde_json::Map::new();
-    let named = SPECIALS.iter().chain(WORDS.iter()).map(|w| w.to_string());
-    let fillers = (0..).map(|i| format!("w{i}"));
-    for (id, word) in named.chain(fillers).take(vocab as usize).enumerate() {
-        map.insert(word, json!(id));
-    }
-    let added: Vec<_> = SPECIALS
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false,
-                   "normalized": false, "special": true})
-        })
-        .collect();
-    json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": null, "model": {"type": "WordLevel", "vocab": map, "unk_token": "<|endoftext|>"}
-    })
+    let words = WORDS.iter().map(|w| w.to_string()).chain((0..).map(|i| format!("w{i}")));
+    let words = words.take(vocab as usize - SPECIALS.len());
+    crate::builtin::word_level_tokenizer(&SPECIALS, words, "<|endoftext|>")
 }
 
 /// Writes a random Qwen2 checkpoint of `shape` into `dir` (created), its weights stored in `kind`

@@ -61,10 +61,22 @@ pub enum What {
     SftRm,
     /// The GEMM peak and copy bandwidth of the device.
     Peak { dtype: &'static str },
-    /// One GRPO step of a random Qwen2 of `shape`, beside TRL's when `trl` names a Python.
-    Step { shape: Qwen2Shape, dtype: &'static str, batch: i64, group: i64, prompt: i64, new: i64, trl: Option<PathBuf> },
+    /// One GRPO step of a random Qwen2, beside TRL's when `trl` names a Python.
+    Step(StepSpec),
     /// Two ranks on two GPUs over NCCL.
     Nccl,
+}
+
+/// The model and batch of the `step` check.
+#[derive(Debug, Clone)]
+pub struct StepSpec {
+    pub shape: Qwen2Shape,
+    pub dtype: &'static str,
+    pub batch: i64,
+    pub group: i64,
+    pub prompt: i64,
+    pub new: i64,
+    pub trl: Option<PathBuf>,
 }
 
 /// A planned check.
@@ -118,12 +130,12 @@ pub fn run(ctx: &mut Ctx, check: &Check) -> Outcome {
     let log = ctx.out.join(&log_name);
     let _ = std::fs::remove_file(&log);
     let result = match &check.what {
-        What::CheckDevice { model, dtype, .. } => check_device(ctx, check, model, dtype, &log),
+        What::CheckDevice { model, dtype } => check_device(ctx, check, model, dtype, &log),
         What::Grpo { dtype } => grpo(ctx, check, dtype, &log),
         What::Zero3 => zero3(ctx, check, &log),
         What::SftRm => sft_rm(ctx, check, &log),
         What::Peak { dtype } => peak(check, dtype, &log),
-        What::Step { .. } => step(ctx, check, &log),
+        What::Step(spec) => step(ctx, check, spec, &log),
         What::Nccl => nccl(ctx, check, &log),
     };
     let (status, summary, figures) = match result {
@@ -261,6 +273,7 @@ fn grpo(ctx: &mut Ctx, check: &Check, dtype: &str, log: &Path) -> Done {
     exec(check, &train_args(check, &run_dir, &[set("run.dtype", dtype)]), log)?;
     let r = rewards(&run_dir);
     let (first, last) = ends(&r);
+    let median = median_step(&run_dir);
     if dtype == "f32" {
         if let Some(&x) = r.first() {
             ctx.first_reward.insert(check.device.clone(), x);
@@ -271,13 +284,12 @@ fn grpo(ctx: &mut Ctx, check: &Check, dtype: &str, log: &Path) -> Done {
         ("reward_first".to_string(), json!(first)),
         ("reward_last".to_string(), json!(last)),
         ("gain".to_string(), json!(last - first)),
-        ("median_step_s".to_string(), json!(median_step(&run_dir))),
+        ("median_step_s".to_string(), json!(median)),
     ]);
     let text = format!(
-        "reward {first:.3} → {last:.3} over {} steps (gain {:.3}; at least {GAIN_MIN} needed); median step {:.3} s",
+        "reward {first:.3} → {last:.3} over {} steps (gain {:.3}; at least {GAIN_MIN} needed); median step {median:.3} s",
         r.len(),
         last - first,
-        median_step(&run_dir)
     );
     if r.len() < 10 || r.iter().any(|x| !x.is_finite()) || (last - first).is_nan() || last - first < GAIN_MIN {
         return Err(Failure { summary: format!("did not learn: {text}"), figures });
@@ -367,10 +379,8 @@ fn peak(check: &Check, dtype: &str, log: &Path) -> Done {
     Ok((format!("{dtype} GEMM {gemm:.1} TFLOP/s, memory copy {copy:.0} GB/s (read + write)"), figures))
 }
 
-fn step(ctx: &Ctx, check: &Check, log: &Path) -> Done {
-    let What::Step { shape, dtype, batch, group, prompt, new, trl } = &check.what else {
-        return Err(fail("not a step check"));
-    };
+fn step(ctx: &Ctx, check: &Check, spec: &StepSpec, log: &Path) -> Done {
+    let StepSpec { shape, dtype, batch, group, prompt, new, trl } = spec;
     let dir = ctx.work.join("models").join(format!("qwen2-random-{}", shape.params()));
     let kind = if *dtype == "bf16" { tch::Kind::BFloat16 } else { tch::Kind::Float };
     if !dir.join("config.json").is_file() {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use checks::{Check, Ctx, Model, Outcome, Status, What};
+use checks::{Check, Ctx, Model, Outcome, Status, StepSpec, What};
 use probe::Facts;
 use rlhf_trainer::random_qwen2::Qwen2Shape;
 
@@ -138,9 +138,17 @@ fn plan(args: &Args, devices: &[String], facts: &Facts, trl: Option<PathBuf>) ->
     run.push(check("sft-rm", main, What::SftRm, 300));
     run.push(check("peak", main, What::Peak { dtype: if gpu { "bf16" } else { "f32" } }, 180));
     let step = if gpu {
-        What::Step { shape: Qwen2Shape::HALF_B, dtype: "bf16", batch: 8, group: 8, prompt: 128, new: 256, trl }
+        What::Step(StepSpec {
+            shape: Qwen2Shape::HALF_B,
+            dtype: "bf16",
+            batch: 8,
+            group: 8,
+            prompt: 128,
+            new: 256,
+            trl,
+        })
     } else {
-        What::Step { shape: Qwen2Shape::SMALL, dtype: "f32", batch: 2, group: 4, prompt: 32, new: 32, trl }
+        What::Step(StepSpec { shape: Qwen2Shape::SMALL, dtype: "f32", batch: 2, group: 4, prompt: 32, new: 32, trl })
     };
     if args.quick {
         skipped.push(skip("step", main, "--quick"));
