@@ -8,6 +8,7 @@ pub mod generate;
 pub mod logprobs;
 pub mod perplexity;
 pub mod sampling;
+pub mod session;
 
 pub use batch::{left_pad, right_pad, PaddedBatch};
 pub use error::{GenerationError, Result};
@@ -18,3 +19,4 @@ pub use logprobs::{
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{RowWindow, Sampling};
+pub use session::{Session, Turn};

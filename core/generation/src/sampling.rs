@@ -67,47 +67,110 @@ impl Sampling {
     /// # Shapes
     /// - `logits`: `[batch, vocab]` → `[batch]` int64, with `offset + batch <= total`
     pub fn next_tokens_in(&self, logits: &Tensor, window: Option<RowWindow>) -> Result<Tensor> {
-        match self {
-            Sampling::Greedy => Ok(logits.f_argmax(-1, false)?),
-            Sampling::Sample { temperature, top_k, top_p } => {
-                let mut l = logits.f_to_kind(Kind::Float)?.f_div_scalar(*temperature)?;
-                let vocab = l.size()[1];
-                if let Some(k) = top_k.filter(|&k| k > 0 && k < vocab) {
-                    let (vals, _) = l.f_topk(k, -1, true, true)?;
-                    let kth = vals.f_narrow(1, k - 1, 1)?; // [b, 1]
-                    l = l.f_masked_fill(&l.f_lt_tensor(&kth)?, f64::NEG_INFINITY)?;
-                }
-                if let Some(p) = top_p.filter(|&p| p < 1.0) {
-                    // transformers: sort ascending, drop the tokens whose cumulative mass is <= 1 - p,
-                    // always keeping the most likely one.
-                    let (sorted, idx) = l.f_sort(-1, false)?;
-                    let cum = sorted.f_softmax(-1, Kind::Float)?.f_cumsum(-1, Kind::Float)?;
-                    let remove = cum.f_le(1.0 - p)?;
-                    let _ = remove.f_narrow(1, vocab - 1, 1)?.f_fill_(0)?;
-                    let remove = remove.f_scatter(1, &idx, &remove)?;
-                    l = l.f_masked_fill(&remove, f64::NEG_INFINITY)?;
-                }
-                let probs = l.f_softmax(-1, Kind::Float)?;
-                match window {
-                    None => Ok(probs.f_multinomial(1, false)?.f_squeeze_dim(1)?),
-                    Some(w) => {
-                        let b = probs.size()[0];
-                        if w.offset < 0 || w.offset + b > w.total {
-                            return Err(GenerationError::Input(format!(
-                                "rows {}..{} are outside a batch of {}",
-                                w.offset,
-                                w.offset + b,
-                                w.total
-                            )));
-                        }
-                        let q =
-                            Tensor::f_empty([w.total, vocab], (Kind::Float, probs.device()))?.f_exponential_(1.0)?;
-                        Ok(probs.f_div(&q.f_narrow(0, w.offset, b)?)?.f_argmax(-1, false)?)
-                    }
-                }
+        let Some(probs) = self.warped_probs(logits)? else { return Ok(logits.f_argmax(-1, false)?) };
+        match window {
+            None => Ok(probs.f_multinomial(1, false)?.f_squeeze_dim(1)?),
+            Some(w) => {
+                let b = window_rows(&probs, w)?;
+                let vocab = probs.size()[1];
+                let q = Tensor::f_empty([w.total, vocab], (Kind::Float, probs.device()))?.f_exponential_(1.0)?;
+                Ok(probs.f_div(&q.f_narrow(0, w.offset, b)?)?.f_argmax(-1, false)?)
             }
         }
     }
+
+    /// As [`Sampling::next_tokens_in`], with noise that is a pure function of (`key`, global row,
+    /// `position`) instead of libtorch's process-wide generator: one uniform `u` per row from a
+    /// counter-based hash (splitmix64), and the token where the row's cumulative probability first
+    /// exceeds `u` (inverse-transform sampling — one draw from the same warped distribution). So a
+    /// thread can sample while another uses the generator (an asynchronous rollout worker), and a
+    /// row's token depends on neither the other rows nor the rank that holds it.
+    ///
+    /// # Shapes
+    /// - `logits`: `[batch, vocab]` → `[batch]` int64
+    pub fn next_tokens_keyed(
+        &self,
+        logits: &Tensor,
+        window: Option<RowWindow>,
+        key: u64,
+        position: i64,
+    ) -> Result<Tensor> {
+        let Some(probs) = self.warped_probs(logits)? else { return Ok(logits.f_argmax(-1, false)?) };
+        let b = probs.size()[0];
+        let offset = match window {
+            Some(w) => {
+                window_rows(&probs, w)?;
+                w.offset
+            }
+            None => 0,
+        };
+        let u: Vec<f32> = (0..b).map(|i| keyed_uniform(key, (offset + i) as u64, position as u64)).collect();
+        let cum = probs.f_cumsum(-1, Kind::Float)?; // [b, vocab]
+        let vocab = cum.size()[1];
+        // Scaled by the row's total so the float cumsum's last value bounds the draw.
+        let target = Tensor::f_from_slice(&u)?.f_to_device(probs.device())?.f_unsqueeze(1)?.f_mul(&cum.f_narrow(
+            1,
+            vocab - 1,
+            1,
+        )?)?; // [b, 1]
+              // The first index whose cumulative sum exceeds the target: tokens of zero probability
+              // (cut by top-k/top-p) add nothing to the sum and are never picked.
+        let idx = target.f_searchsorted(&cum, false, true, "right", None::<Tensor>)?; // [b, 1]
+        Ok(idx.f_clamp_max(vocab - 1)?.f_squeeze_dim(1)?)
+    }
+
+    /// The distribution to sample from after temperature, top-k and top-p, `[batch, vocab]` f32;
+    /// `None` when greedy.
+    fn warped_probs(&self, logits: &Tensor) -> Result<Option<Tensor>> {
+        let Sampling::Sample { temperature, top_k, top_p } = self else { return Ok(None) };
+        let mut l = logits.f_to_kind(Kind::Float)?.f_div_scalar(*temperature)?;
+        let vocab = l.size()[1];
+        if let Some(k) = top_k.filter(|&k| k > 0 && k < vocab) {
+            let (vals, _) = l.f_topk(k, -1, true, true)?;
+            let kth = vals.f_narrow(1, k - 1, 1)?; // [b, 1]
+            l = l.f_masked_fill(&l.f_lt_tensor(&kth)?, f64::NEG_INFINITY)?;
+        }
+        if let Some(p) = top_p.filter(|&p| p < 1.0) {
+            // transformers: sort ascending, drop the tokens whose cumulative mass is <= 1 - p,
+            // always keeping the most likely one.
+            let (sorted, idx) = l.f_sort(-1, false)?;
+            let cum = sorted.f_softmax(-1, Kind::Float)?.f_cumsum(-1, Kind::Float)?;
+            let remove = cum.f_le(1.0 - p)?;
+            let _ = remove.f_narrow(1, vocab - 1, 1)?.f_fill_(0)?;
+            let remove = remove.f_scatter(1, &idx, &remove)?;
+            l = l.f_masked_fill(&remove, f64::NEG_INFINITY)?;
+        }
+        Ok(Some(l.f_softmax(-1, Kind::Float)?))
+    }
+}
+
+/// The rows of `probs` when they sit in window `w` (an error when they do not fit).
+fn window_rows(probs: &Tensor, w: RowWindow) -> Result<i64> {
+    let b = probs.size()[0];
+    if w.offset < 0 || w.offset + b > w.total {
+        return Err(GenerationError::Input(format!(
+            "rows {}..{} are outside a batch of {}",
+            w.offset,
+            w.offset + b,
+            w.total
+        )));
+    }
+    Ok(b)
+}
+
+/// splitmix64's finaliser (Steele, Lea and Flood, "Fast splittable pseudorandom number
+/// generators", 2014).
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A uniform in `[0, 1)` for (`key`, `row`, `position`): 24 bits of a hash, exact in f32.
+fn keyed_uniform(key: u64, row: u64, position: u64) -> f32 {
+    let h = mix64(mix64(mix64(key) ^ row) ^ position);
+    (h >> 40) as f32 / (1u64 << 24) as f32
 }
 
 #[cfg(test)]
@@ -176,6 +239,39 @@ mod tests {
         }
         assert_eq!(parts, whole);
         assert!(s.next_tokens_in(&l, Some(RowWindow { offset: 1, total: 6 })).is_err());
+    }
+
+    /// Keyed sampling draws from the warped distribution, never picks a token cut by top-k, is a
+    /// function of (key, global row, position) alone — a row window gives the whole batch's
+    /// tokens — and leaves libtorch's generator untouched.
+    #[test]
+    fn keyed_sampling_is_a_function_of_its_key() {
+        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let p = [0.5f32, 0.3, 0.15, 0.05];
+        let l = Tensor::from_slice(&p.map(f32::ln)).view([1, 4]).repeat([4000, 1]);
+        let s = Sampling::Sample { temperature: 1.0, top_k: Some(3), top_p: None };
+        tch::manual_seed(3);
+        let before = Tensor::randn([3], (Kind::Float, tch::Device::Cpu));
+        tch::manual_seed(3);
+        let t = s.next_tokens_keyed(&l, None, 42, 7).unwrap();
+        assert!(Tensor::randn([3], (Kind::Float, tch::Device::Cpu)).equal(&before));
+        let c = Vec::<i64>::try_from(t.bincount::<Tensor>(None, 4)).unwrap();
+        assert_eq!(c[3], 0, "{c:?}");
+        for (i, want) in [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95].iter().enumerate() {
+            assert!((c[i] as f64 / 4000.0 - want).abs() < 0.03, "{c:?}");
+        }
+        let whole = Vec::<i64>::try_from(s.next_tokens_keyed(&l.narrow(0, 0, 10), None, 42, 7).unwrap()).unwrap();
+        let mut parts = Vec::new();
+        for (offset, rows) in [(0, 6), (6, 4)] {
+            let w = RowWindow { offset, total: 10 };
+            let part = s.next_tokens_keyed(&l.narrow(0, offset, rows), Some(w), 42, 7).unwrap();
+            parts.extend(Vec::<i64>::try_from(part).unwrap());
+        }
+        assert_eq!(parts, whole);
+        let other = Vec::<i64>::try_from(s.next_tokens_keyed(&l.narrow(0, 0, 10), None, 43, 7).unwrap()).unwrap();
+        let later = Vec::<i64>::try_from(s.next_tokens_keyed(&l.narrow(0, 0, 10), None, 42, 8).unwrap()).unwrap();
+        assert_ne!(other, whole);
+        assert_ne!(later, whole);
     }
 
     #[test]

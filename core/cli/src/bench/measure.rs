@@ -49,6 +49,7 @@ pub(super) fn bench_gen(
         rows: None,
         prefill_group: 1,
         logprobs: false,
+        noise_key: None,
     };
     let prefill = time_runs(device, repeats, || {
         tch::no_grad(|| -> anyhow::Result<()> {

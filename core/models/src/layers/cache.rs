@@ -90,6 +90,28 @@ impl KvCache {
         Ok((kb.f_narrow(2, 0, self.len + seq)?, vb.f_narrow(2, 0, self.len + seq)?))
     }
 
+    /// A cache of `max_len` slots holding, for row `r`, the slots `index[r]` of this one, in
+    /// that order (a multi-turn decode drops its masked slots this way).
+    ///
+    /// # Shapes
+    /// `index`: `[batch, width]` (int64, `width <= max_len`); each buffer `[batch, kv_heads,
+    /// max_len, head_dim]`
+    pub fn gather_slots(&self, index: &Tensor, max_len: i64) -> Result<KvCache> {
+        let (b, width) = (index.size()[0], index.size()[1]);
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (k, v) in &self.layers {
+            let size = k.size();
+            let idx = index.f_view([b, 1, width, 1])?.f_expand([b, size[1], width, size[3]], false)?;
+            let move_to = |t: &Tensor| -> Result<Tensor> {
+                let out = Tensor::f_zeros([b, size[1], max_len, size[3]], (t.kind(), t.device()))?;
+                out.f_narrow(2, 0, width)?.f_copy_(&t.f_gather(2, &idx, false)?)?;
+                Ok(out)
+            };
+            layers.push((move_to(k)?, move_to(v)?));
+        }
+        Ok(KvCache { layers, len: width, max_len, growing: false })
+    }
+
     /// Repeats every row `times` times in place (`[r0, r0, r1, r1]` for 2), keeping what is
     /// cached: prompts prefilled once, then decoded as several samples each.
     ///
