@@ -30,7 +30,7 @@ pub fn save(
 ) -> Result<Option<PathBuf>> {
     let main = world.is_main();
     let shards: Vec<&str> =
-        parts.iter().filter(|(_, p)| matches!(p, CheckpointPart::Shard { .. })).map(|(w, _)| *w).collect();
+        parts.iter().filter(|(_, p)| !matches!(p, CheckpointPart::Whole(_))).map(|(w, _)| *w).collect();
     if shards.is_empty() {
         if !main {
             return Ok(None);
@@ -50,7 +50,9 @@ pub fn save(
     let tmp = crate::checkpoint::tmp_dir(run_dir, step, pid);
     let (rank, size) = (world.rank(), world.size());
     let mine = parts.iter().try_for_each(|(what, part)| match part {
-        CheckpointPart::Shard { tensors, .. } => write_tensors(&tmp, &shard_file(what, rank, size), tensors),
+        CheckpointPart::Shard { tensors, .. } | CheckpointPart::Rank(tensors) => {
+            write_tensors(&tmp, &shard_file(what, rank, size), tensors)
+        }
         CheckpointPart::Whole(_) => Ok(()),
     });
     if !dist::all(world, mine.is_ok())? {

@@ -43,6 +43,10 @@ pub struct EnvironmentConfig {
     pub max_failed_batches: usize,
     /// The plugin's own section, passed as JSON.
     pub config: serde_json::Value,
+    /// On the local engine, keep each episode's keys and values across turns and append the
+    /// observation to them, instead of prefilling the whole context every turn (models with a
+    /// sliding window always re-prefill).
+    pub kv_reuse: bool,
 }
 
 impl Default for EnvironmentConfig {
@@ -57,6 +61,7 @@ impl Default for EnvironmentConfig {
             error_penalty: 0.0,
             max_failed_batches: 3,
             config: serde_json::json!({}),
+            kv_reuse: true,
         }
     }
 }

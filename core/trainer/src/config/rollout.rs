@@ -41,6 +41,12 @@ pub struct RolloutConfig {
     pub overlong_penalty: f64,
     /// DAPO's dynamic sampling: drop groups whose scores are all equal, sample more.
     pub filter_groups: FilterGroupsConfig,
+    /// Asynchronous rollouts: a generation worker samples the next batches while the current one
+    /// trains, with weights at most this many optimizer steps old (0: generate, then train).
+    pub max_staleness: usize,
+    /// Intra-op threads of the asynchronous generation worker; the trainer keeps the rest
+    /// (0: half of them, at least 1).
+    pub generation_threads: usize,
 }
 
 /// `[rollout.filter_groups]`: DAPO's dynamic sampling (verl's `algorithm.filter_groups`).
@@ -96,6 +102,8 @@ impl Default for RolloutConfig {
             overlong_buffer: 0,
             overlong_penalty: 1.0,
             filter_groups: FilterGroupsConfig::default(),
+            max_staleness: 0,
+            generation_threads: 0,
         }
     }
 }
@@ -135,6 +143,18 @@ impl RolloutConfig {
             }
             if lora_rank > 0 {
                 return bad("rollout.decode_dtype", "\"bf16\" does not support model.lora.rank > 0 yet");
+            }
+        }
+        if r.max_staleness > 0 {
+            let refuse = |why: &str| bad("rollout.max_staleness", &format!("asynchronous rollouts {why} yet"));
+            if r.engine != EngineKind::Local {
+                return refuse("run on the local engine only; vLLM samples after each step's sync");
+            }
+            if lora_rank > 0 {
+                return refuse("do not support model.lora.rank > 0");
+            }
+            if r.filter_groups.enable {
+                return refuse("do not combine with rollout.filter_groups (its refills depend on the step's scores)");
             }
         }
         validate_engine(r.engine, &r.vllm, &r.is_correction, lora_rank, src)

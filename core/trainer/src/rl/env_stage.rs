@@ -48,8 +48,10 @@ impl Trainer {
             pad,
             rows: part.window(),
             turn_seed: self.cfg.run.seed ^ (self.step as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407),
+            keyed: false,
         };
-        let out = episode::run(&decoder, &mut env.handle, batch, &episodes, &settings)?;
+        let mut handle = env.handle.lock().unwrap_or_else(|e| e.into_inner());
+        let out = episode::run(&decoder, &mut handle, batch, &episodes, &settings)?;
         let outcome = EnvOutcome { rewards: out.rewards, stats: out.stats, first_error: out.first_error };
         Ok((out.rollout, Some(outcome)))
     }
@@ -90,12 +92,12 @@ impl Trainer {
             return Ok(());
         };
         if let Some(err) = &e.first_error {
-            tracing::warn!("step {}: environment `{}`: {err}", self.step + 1, rt.handle.name);
+            tracing::warn!("step {}: environment `{}`: {err}", self.step + 1, rt.name);
         }
         let (stats, rewards) = episode::gather(&self.world, e.stats, e.rewards)?;
-        episode::metrics(&stats, &rewards, &rt.handle.name, &mut rt.seen_metrics, m);
+        episode::metrics(&stats, &rewards, &rt.name, &mut rt.seen_metrics, m);
         let max = self.cfg.environment.max_failed_batches;
-        rt.failures.note(&stats, e.first_error.as_deref(), &rt.handle.name, max)
+        rt.failures.note(&stats, e.first_error.as_deref(), &rt.name, max)
     }
 
     /// Before the run ends on `err` in the middle of a step (nothing of this step trained yet),
@@ -109,7 +111,8 @@ impl Trainer {
         err: TrainerError,
     ) -> TrainerError {
         let ((epoch, pos), seen) = before;
-        if self.step == 0 || self.data.set_position(epoch, pos).is_err() {
+        // An asynchronous run drew the prompts of later steps too: its last checkpoint stands.
+        if self.step == 0 || self.pipeline.is_some() || self.data.set_position(epoch, pos).is_err() {
             return err;
         }
         self.prompts_seen = seen;

@@ -16,25 +16,26 @@
 //!
 //! On the local engine every turn decodes all rows of the batch (finished ones stop at once) from
 //! the seed of (step, turn), so the sampling of a row does not depend on how many decode steps the
-//! other rows of its rank needed: data-parallel ranks sample what one process samples. Each turn
-//! prefills the whole context again (no KV cache across turns; see docs/environments.md); on vLLM
+//! other rows of its rank needed: data-parallel ranks sample what one process samples. A turn
+//! continues from the keys and values the batch cached so far ([`super::local_turns`]); on vLLM
 //! its prefix cache serves the repeated context.
 
 use std::collections::BTreeMap;
 
-use rlhf_generation::{batch::to_rows, generate_until, left_pad, Generated, RowWindow};
+use rlhf_generation::{batch::to_rows, Generated};
 use rlhf_models::CausalLm;
 use rlhf_plugin_api::{Action, Episode, StepOutcome};
 use rlhf_tokenizer::HfTokenizer;
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
-use crate::config::{EnvironmentConfig, RolloutConfig};
 use crate::error::{Result, TrainerError};
 use crate::plugins::EnvHandle;
 use crate::rl::engine::vllm::{rollout_sampling, VllmEngine};
+pub use crate::rl::local_turns::EpisodeSettings;
+use crate::rl::local_turns::{LocalTurns, Row};
 use crate::rl::prompts::PromptBatch;
-use crate::rl::rollout::{diverged, generate_config, Rollout};
+use crate::rl::rollout::Rollout;
 
 /// What an episode did, for the `env/*` metrics.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -75,21 +76,6 @@ impl Decoder<'_> {
     fn behavior(&self) -> bool {
         matches!(self, Decoder::Vllm(_) | Decoder::Local { behavior: true, .. })
     }
-}
-
-/// The settings of one batch of episodes.
-pub struct EpisodeSettings<'a> {
-    pub rollout: &'a RolloutConfig,
-    pub env: &'a EnvironmentConfig,
-    /// The configured and the plugin's stop strings.
-    pub stops: &'a [String],
-    pub tok: &'a HfTokenizer,
-    pub eos_ids: &'a [i64],
-    pub pad: i64,
-    /// Where this rank's rows sit in the whole batch.
-    pub rows: Option<RowWindow>,
-    /// Seeds turn `t >= 1` with `turn_seed + t` mixed.
-    pub turn_seed: u64,
 }
 
 /// One trajectory being built.
@@ -192,13 +178,26 @@ pub fn run(
             trajs.iter_mut().for_each(|t| t.fail(s.env.error_penalty));
         }
     }
+    let mut local = LocalTurns::new(
+        match decoder {
+            Decoder::Local { model, .. } => Some(model),
+            Decoder::Vllm(_) => None,
+        },
+        s,
+    );
     for turn in 0..s.env.max_turns {
         if trajs.iter().all(|t| t.done) {
             break;
         }
         let last_turn = turn + 1 == s.env.max_turns;
         let sampled = match decoder {
-            Decoder::Local { model, behavior } => sample_turn(model, *behavior, &trajs, s, turn)?,
+            Decoder::Local { model, behavior } => {
+                let rows: Vec<Row<'_>> = trajs
+                    .iter()
+                    .map(|t| Row { prompt: &t.prompt, tokens: &t.tokens, done: t.done, room: t.room(max_total) })
+                    .collect();
+                local.sample(model, *behavior, &rows, s, turn)?
+            }
             Decoder::Vllm(engine) => vllm_turn(engine, &trajs, s)?,
         };
         let mut actions = Vec::new();
@@ -278,74 +277,6 @@ fn answer(
 
 fn encode(tok: &HfTokenizer, text: &str) -> Result<Vec<i64>> {
     Ok(tok.encode(text, false)?.into_iter().map(i64::from).collect())
-}
-
-/// One policy turn for every row (rows already done stop at once): per row, the sampled ids up
-/// to and including EOS or the token that completed a stop string, and their log-probs.
-fn sample_turn(
-    actor: &CausalLm,
-    behavior: bool,
-    trajs: &[Trajectory],
-    s: &EpisodeSettings<'_>,
-    turn: usize,
-) -> Result<Vec<(Vec<i64>, Vec<f32>)>> {
-    let contexts: Vec<Vec<i64>> = trajs.iter().map(|t| [t.prompt.as_slice(), &t.tokens].concat()).collect();
-    let g = s.rollout.samples_per_prompt.max(1);
-    // A prompt's G rows share one prefill while their contexts are still equal (turn 0 with equal
-    // first observations).
-    let same_runs = contexts.len().is_multiple_of(g) && contexts.chunks(g).all(|c| c.iter().all(|x| *x == c[0]));
-    let group = if same_runs { g as i64 } else { 1 };
-    let padded = left_pad(&contexts, s.pad, actor.device())?;
-    let room = trajs.iter().filter(|t| !t.done).map(|t| t.room(s.env.max_total_tokens)).max().unwrap_or(1);
-    let mut cfg = generate_config(s.rollout, s.eos_ids, s.pad, s.rows, group, behavior);
-    cfg.max_new_tokens = cfg.max_new_tokens.min(room.max(1) as i64);
-    if turn > 0 {
-        let seed = s.turn_seed ^ (turn as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-        tch::manual_seed((seed & i64::MAX as u64) as i64);
-    }
-    let mut turn_ids: Vec<Vec<u32>> = vec![Vec::new(); trajs.len()];
-    let mut stopped: Vec<bool> = trajs.iter().map(|t| t.done).collect();
-    let mut check = |next: &[i64]| -> rlhf_generation::Result<Vec<bool>> {
-        let mut flags = vec![false; next.len()];
-        for (r, &tok) in next.iter().enumerate() {
-            if stopped[r] {
-                flags[r] = true;
-                continue;
-            }
-            if s.eos_ids.contains(&tok) {
-                stopped[r] = true;
-                continue;
-            }
-            turn_ids[r].push(tok as u32);
-            if !s.stops.is_empty() {
-                let text = s.tok.decode(&turn_ids[r], true).unwrap_or_default();
-                if s.stops.iter().any(|x| text.contains(x.as_str())) {
-                    stopped[r] = true;
-                    flags[r] = true;
-                }
-            }
-        }
-        Ok(flags)
-    };
-    let mut gen = generate_until(actor, &padded.input_ids, &padded.attention_mask, &cfg, Some(&mut check))
-        .map_err(|e| diverged(actor, e))?;
-    let ids = to_rows(&gen.responses()?)?;
-    let mask = to_rows(&gen.response_mask)?;
-    let lps: Option<Vec<Vec<f32>>> = gen
-        .logprobs
-        .take()
-        .map(|l| -> Result<Vec<Vec<f32>>> {
-            let l = l.f_to_device(tch::Device::Cpu)?.f_to_kind(Kind::Float)?;
-            (0..l.size()[0]).map(|i| Ok(Vec::<f32>::try_from(l.get(i))?)).collect()
-        })
-        .transpose()?;
-    Ok((0..trajs.len())
-        .map(|r| {
-            let n = mask[r].iter().take_while(|&&m| m == 1).count();
-            let lp = lps.as_ref().map(|l| l[r][..n].to_vec()).unwrap_or_else(|| vec![0.0; n]);
-            (ids[r][..n].to_vec(), lp)
-        })
-        .collect())
 }
 
 /// One policy turn of every episode still running, on vLLM: its context (prompt and trajectory
@@ -471,7 +402,10 @@ impl FailureCount {
 
 /// The configured environment of a run.
 pub struct EnvRuntime {
-    pub handle: EnvHandle,
+    /// Shared with an asynchronous generation worker, which runs the episodes then.
+    pub handle: std::sync::Arc<std::sync::Mutex<EnvHandle>>,
+    /// The environment plugin's name.
+    pub name: String,
     /// `environment.stop` and the plugin's own stop strings.
     pub stops: Vec<String>,
     pub failures: FailureCount,
@@ -502,7 +436,13 @@ impl EnvRuntime {
             }
         }
         tracing::info!("environment `{}` ({}), stop strings {stops:?}", handle.name, handle.path.display());
-        Ok(Some(EnvRuntime { handle, stops, failures: FailureCount::default(), seen_metrics: Default::default() }))
+        Ok(Some(EnvRuntime {
+            name: handle.name.clone(),
+            handle: std::sync::Arc::new(std::sync::Mutex::new(handle)),
+            stops,
+            failures: FailureCount::default(),
+            seen_metrics: Default::default(),
+        }))
     }
 }
 

@@ -24,9 +24,11 @@ pub mod env_stage;
 pub mod episode;
 pub mod eval;
 pub mod experience;
+pub mod local_turns;
 pub mod optimise;
 pub mod overlong;
 pub mod phase;
+pub mod pipeline;
 pub mod prompts;
 pub mod ptx;
 pub mod rollout;
@@ -105,6 +107,8 @@ pub struct Trainer {
     progress: Option<RunProgress>,
     /// Who samples the responses (the trainer itself, or vLLM servers).
     engine: engine::Engine,
+    /// The generation worker of asynchronous rollouts (`rollout.max_staleness > 0`).
+    pipeline: Option<pipeline::Pipeline>,
     /// This process's rank among the data-parallel ranks (a world of one by default).
     world: Arc<World>,
     /// Held-out evaluation (`[eval]`), when configured.
@@ -358,7 +362,8 @@ impl Trainer {
                 true => sampled.rewards,
                 false => Vec::<f32>::try_from(&exp.rewards)?.into_iter().map(f64::from).collect(),
             };
-            rollout_log::write(&self.run_dir, self.step + 1, &self.tok, &exp, &rewards)?;
+            let version = m.get("rollout/policy_version").map(|v| v as usize);
+            rollout_log::write(&self.run_dir, self.step + 1, &self.tok, &exp, &rewards, version)?;
         }
 
         // 5. Advantages.
@@ -411,6 +416,9 @@ impl Trainer {
         times.reference.record("reference", &mut m);
         times.values.record("values", &mut m);
         t_train.record("train", &mut m);
+        if let Some(p) = &mut self.pipeline {
+            p.step_metrics(step_time, &mut m);
+        }
         crate::dist::comm_metrics(&self.world, comm0, &mut m);
         Ok(m)
     }

@@ -42,10 +42,19 @@ pub fn sample(
     behavior: bool,
 ) -> Result<Rollout> {
     let gen_cfg = generate_config(cfg, eos_ids, pad, rows, cfg.samples_per_prompt as i64, behavior);
-    let mut generated = generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, &gen_cfg)
+    sample_with(actor, batch, &gen_cfg)
+}
+
+/// As [`sample`], with the decode settings given whole (`gen_cfg.logprobs` returns the behaviour
+/// log-probs).
+///
+/// # Shapes
+/// As [`sample`].
+pub fn sample_with(actor: &CausalLm, batch: &PromptBatch, gen_cfg: &GenerateConfig) -> Result<Rollout> {
+    let mut generated = generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, gen_cfg)
         .map_err(|e| diverged(actor, e))?;
     let behavior_logprobs = generated.logprobs.take();
-    finish(generated, behavior_logprobs, eos_ids)
+    finish(generated, behavior_logprobs, &gen_cfg.eos_token_ids)
 }
 
 /// A decode error, with non-finite logits explained.
@@ -90,6 +99,7 @@ pub(crate) fn generate_config(
         // data-parallel rank holds whole groups.
         prefill_group,
         logprobs: behavior,
+        noise_key: None,
     }
 }
 

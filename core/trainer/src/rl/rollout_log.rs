@@ -22,8 +22,16 @@ pub fn path(run_dir: &Path, step: usize) -> PathBuf {
 ///
 /// # Shapes
 /// `batch.sequences`, `batch.attention_mask` `[B, P + R]` i64; `batch.action_mask [B, R]` f32;
-/// `batch.group_ids [B]` i64; `rewards` holds `B` values in the batch's row order.
-pub fn write(run_dir: &Path, step: usize, tok: &HfTokenizer, batch: &Batch, rewards: &[f64]) -> Result<()> {
+/// `batch.group_ids [B]` i64; `rewards` holds `B` values in the batch's row order. `version`: the
+/// steps the sampling policy had trained (asynchronous rollouts), written on every line.
+pub fn write(
+    run_dir: &Path,
+    step: usize,
+    tok: &HfTokenizer,
+    batch: &Batch,
+    rewards: &[f64],
+    version: Option<usize>,
+) -> Result<()> {
     let rows = rows_of(&batch.sequences)?;
     let attention = rows_of(&batch.attention_mask)?;
     let actions = rows_of(&batch.action_mask.f_gt(0.0)?)?;
@@ -43,6 +51,9 @@ pub fn write(run_dir: &Path, step: usize, tok: &HfTokenizer, batch: &Batch, rewa
             "completion_ids": completion,
             "reward": rewards[i],
         });
+        if let Some(v) = version {
+            line["policy_version"] = json!(v);
+        }
         // A multi-turn trajectory also has observation tokens: the whole response block and
         // which of its tokens were sampled.
         let real = &attention[i][p..];

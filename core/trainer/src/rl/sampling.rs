@@ -77,11 +77,19 @@ impl Trainer {
         // 1–2. Prompts and rollout: every rank draws the whole batch and samples its own groups.
         let (n_prompts, g) = (self.cfg.rollout.prompts_per_batch, self.cfg.rollout.samples_per_prompt);
         let before = (self.data.position(), self.prompts_seen);
-        let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
-        let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
-        let probe = &self.data.records[0].ids;
-        self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, m)?;
-        let (rollout, env) = self.sample(&batch, part, eos_ids, pad)?;
+        let (rollout, env, group_of_row, part) = if self.pipeline.is_some() {
+            // Sampled ahead by the generation worker ([`super::pipeline`]).
+            let f = self.take_ahead(m)?;
+            (f.rollout, f.env, f.group_of_row, f.part)
+        } else {
+            let global =
+                prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
+            let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
+            let probe = &self.data.records[0].ids;
+            self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, m)?;
+            let (rollout, env) = self.sample(&batch, part, eos_ids, pad)?;
+            (rollout, env, batch.group_of_row, part)
+        };
         let t_gen = clock.stop();
         if let Some(p) = &self.progress {
             p.advance(1);
@@ -90,7 +98,7 @@ impl Trainer {
 
         // 3. Score this rank's samples; gather every rank's scores.
         let t_score_start = PhaseClock::start(self.device);
-        let samples = score::samples(&rollout, &batch.group_of_row, &self.data, &self.tok)?;
+        let samples = score::samples(&rollout, &group_of_row, &self.data, &self.tok)?;
         let mut scores = score::call_sources(&mut self.rewards, &samples, self.progress.as_ref())?;
         self.env_scores(env.as_ref(), &rollout.kept_rows, &mut scores);
         self.overlong_scores(&rollout, &mut scores);
@@ -98,7 +106,6 @@ impl Trainer {
         if let Err(e) = self.env_metrics(env, m) {
             return Err(self.checkpoint_before_failing(before, e));
         }
-        let group_of_row = batch.group_of_row;
         Ok(Generation { rollout, group_of_row, part, kept_rows, scores, t_gen, t_score_start })
     }
 

@@ -511,6 +511,7 @@ impl Trainer {
             tensorboard: None,
             progress: None,
             engine,
+            pipeline: None,
             world,
             evaluator,
             env,
@@ -523,6 +524,7 @@ impl Trainer {
             trainer.restore(ckpt)?;
             trainer.resumed_at = trainer.step;
         }
+        trainer.start_pipeline(resume)?;
         if !trainer.world.is_main() {
             return Ok(trainer);
         }

@@ -23,6 +23,7 @@ impl Trainer {
             match part {
                 CheckpointPart::Whole(t) => tensors.push((what, t)),
                 CheckpointPart::Shard { layout, .. } => files.push((layout_file(what), layout.to_json())),
+                CheckpointPart::Rank(_) => {}
             }
         }
         if let Some(c) = &self.critic {
@@ -49,8 +50,14 @@ impl Trainer {
             "world_size": self.world.size(),
             "wandb_run_id": self.wandb.as_ref().map(|w| w.run_id().to_string()),
         });
+        if let Some(p) = &self.pipeline {
+            // Batches sampled ahead (stored by every rank, see `save_checkpoint`).
+            let k = self.cfg.rollout.max_staleness;
+            state["pipeline"] = json!({"max_staleness": k, "ahead": p.ahead().count()});
+        }
         if let Some(e) = &self.env {
-            state["environment"] = json!({"name": e.handle.name, "state": e.handle.state()?});
+            let handle = e.handle.lock().unwrap_or_else(|e| e.into_inner());
+            state["environment"] = json!({"name": e.name, "state": handle.state()?});
         }
         let config_toml =
             toml::to_string(&self.cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
@@ -60,9 +67,18 @@ impl Trainer {
     /// Writes a checkpoint of the current step; every rank calls it ([`crate::ranked_checkpoint`]:
     /// the main rank writes everything but the optimizer shards the ranks write themselves).
     /// Returns its directory on the main rank.
-    pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
+    pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>> {
         let t = Instant::now();
         let mut parts = vec![("optimizer-actor", self.actor_opt.checkpoint_part()?)];
+        if let Some(p) = &mut self.pipeline {
+            // The batches in flight are finished and stored with the step they belong to, and the
+            // environment's state is read after them.
+            p.drain()?;
+            parts.push((
+                crate::rl::pipeline::saved::WHAT,
+                CheckpointPart::Rank(crate::rl::pipeline::saved::to_tensors(p.ahead())?),
+            ));
+        }
         if let Some(o) = &self.critic_opt {
             parts.push(("optimizer-critic", o.checkpoint_part()?));
         }
@@ -123,6 +139,15 @@ impl Trainer {
             );
         }
         self.check_same_data(ckpt)?;
+        let ahead = st.pointer("/pipeline/ahead").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let saved_k = st.pointer("/pipeline/max_staleness").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        if ahead > 0 && saved_k as usize != self.cfg.rollout.max_staleness {
+            return Err(bad(&format!(
+                "{ahead} batch(es) were sampled ahead with rollout.max_staleness = {saved_k} (their prompts are \
+                 drawn); resume with rollout.max_staleness = {saved_k}, not {}",
+                self.cfg.rollout.max_staleness
+            )));
+        }
         ckpt.restore_vars("actor", &self.actor.vs)?;
         let steps = get_usize(st.pointer("/optimizer_steps/actor"), "optimizer_steps.actor")?;
         self.actor_opt.restore(ckpt, "optimizer-actor", steps)?;
@@ -151,10 +176,13 @@ impl Trainer {
         }
         if let Some(e) = &mut self.env {
             let saved = st.pointer("/environment/name").and_then(|v| v.as_str()).unwrap_or("(none)");
-            if saved != e.handle.name {
-                return Err(bad(&format!("written with environment `{saved}`, this run uses `{}`", e.handle.name)));
+            if saved != e.name {
+                return Err(bad(&format!("written with environment `{saved}`, this run uses `{}`", e.name)));
             }
-            e.handle.load_state(st.pointer("/environment/state").unwrap_or(&serde_json::Value::Null))?;
+            e.handle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .load_state(st.pointer("/environment/state").unwrap_or(&serde_json::Value::Null))?;
         }
         self.step = get_usize(st.get("step"), "step")?;
         self.prompts_seen = get_usize(st.get("prompts_seen"), "prompts_seen")?;

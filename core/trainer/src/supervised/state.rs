@@ -47,6 +47,7 @@ impl PhaseRun<'_> {
                     match part {
                         CheckpointPart::Whole(t) => tensors.push((what, t)),
                         CheckpointPart::Shard { layout, .. } => json.push((layout_file(what), layout.to_json())),
+                        CheckpointPart::Rank(_) => {}
                     }
                 }
                 let state = json!({

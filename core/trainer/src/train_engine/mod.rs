@@ -263,6 +263,8 @@ pub enum CheckpointPart {
     Whole(Vec<(String, Tensor)>),
     /// This rank's shard (every rank writes its own), and the layout shared by all.
     Shard { layout: shard_files::ShardLayout, tensors: Vec<(String, Tensor)> },
+    /// State of this rank alone (every rank writes its own; no layout).
+    Rank(Vec<(String, Tensor)>),
 }
 
 /// The whole state of the variables `params` (name, shape) in [`Optim::state_tensors`]'s layout,

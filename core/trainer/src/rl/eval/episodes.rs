@@ -64,12 +64,16 @@ impl Evaluator {
             pad,
             rows: part.window(),
             turn_seed: self.seed ^ EVAL_SEED_SALT,
+            keyed: false,
         };
-        let out = episode::run(&decoder, &mut env.rt.handle, batch, &episodes, &settings)?;
+        let out = {
+            let mut handle = env.rt.handle.lock().unwrap_or_else(|e| e.into_inner());
+            episode::run(&decoder, &mut handle, batch, &episodes, &settings)?
+        };
         env.episodes += out.stats.len();
         env.failed += out.stats.iter().filter(|s| s.error).count();
         if let Some(e) = &out.first_error {
-            tracing::warn!("held-out evaluation: environment `{}`: {e}", env.rt.handle.name);
+            tracing::warn!("held-out evaluation: environment `{}`: {e}", env.rt.name);
         }
         let rewards = env.cfg.scores_env().then_some(out.rewards);
         Ok((out.rollout, rewards))

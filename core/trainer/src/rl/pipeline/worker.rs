@@ -1,0 +1,223 @@
+//! The generation worker of asynchronous rollouts: a thread with its own copy of the policy
+//! (in the policy's dtype, or bf16 with `rollout.decode_dtype = "bf16"`) and its own share of the
+//! CPU's intra-op threads. It takes jobs in order, brings its copy to the job's weight snapshot,
+//! and samples the job's batch — single responses, or multi-turn episodes against the shared
+//! environment — with noise keyed by the job ([`rlhf_generation::Sampling::next_tokens_keyed`]),
+//! never touching libtorch's process-wide generator, which the trainer keeps using.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rlhf_models::CausalLm;
+use rlhf_plugin_api::Episode;
+use rlhf_tokenizer::HfTokenizer;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{EnvironmentConfig, RolloutConfig};
+use crate::error::{Result, TrainerError};
+use crate::plugins::EnvHandle;
+use crate::rl::env_stage::EnvOutcome;
+use crate::rl::episode::{self, Decoder, EpisodeSettings};
+use crate::rl::prompts::PromptBatch;
+use crate::rl::rollout::{self, Rollout};
+use crate::rl::shard::Part;
+
+/// The policy's weights after `version` steps, copied out of the trainer's actor.
+pub struct Snapshot {
+    pub version: usize,
+    tensors: HashMap<String, Tensor>,
+    /// The output head in the policy's dtype, for a bf16 copy (which samples from an f32 head).
+    head: Option<Tensor>,
+}
+
+impl Snapshot {
+    /// Copies every variable of `actor` (and its output head when `head`).
+    pub fn of(actor: &CausalLm, version: usize, head: bool) -> Result<Snapshot> {
+        tch::no_grad(|| -> Result<Snapshot> {
+            let mut tensors = HashMap::new();
+            for (name, t) in actor.vs.variables() {
+                tensors.insert(name, t.f_detach()?.copy());
+            }
+            let head = if head { Some(actor.lm_head_weight().f_detach()?.copy()) } else { None };
+            Ok(Snapshot { version, tensors, head })
+        })
+    }
+}
+
+/// One batch to sample.
+pub struct Job {
+    /// The step that trains on it (0-based).
+    pub index: usize,
+    /// The steps the sampling policy has trained.
+    pub version: usize,
+    /// The policy of `version`, when the worker does not hold it yet.
+    pub weights: Option<Snapshot>,
+    pub batch: PromptBatch,
+    pub part: Part,
+    /// With an environment: one episode per row.
+    pub episodes: Option<Vec<Episode>>,
+    /// Keys the sampling noise (see the module docs).
+    pub noise_key: u64,
+}
+
+/// A sampled batch.
+pub struct Finished {
+    pub index: usize,
+    /// The steps the sampling policy had trained.
+    pub version: usize,
+    pub rollout: Rollout,
+    pub env: Option<EnvOutcome>,
+    pub group_of_row: Vec<(usize, i64)>,
+    pub part: Part,
+    /// Seconds the worker spent on it.
+    pub gen_s: f64,
+}
+
+/// What the worker is built from.
+pub struct WorkerSpec {
+    pub source_dir: PathBuf,
+    pub device: Device,
+    pub kind: Kind,
+    pub bf16: bool,
+    pub threads: i32,
+    pub rollout: RolloutConfig,
+    pub env_cfg: EnvironmentConfig,
+    pub stops: Vec<String>,
+    pub env: Option<Arc<Mutex<EnvHandle>>>,
+    pub tok: HfTokenizer,
+    pub eos_ids: Vec<i64>,
+    pub pad: i64,
+}
+
+/// The worker's state.
+struct Worker {
+    spec: WorkerSpec,
+    model: CausalLm,
+    /// The f32 output head a bf16 copy samples from.
+    head: Option<Tensor>,
+    version: Option<usize>,
+}
+
+/// The worker thread's body: builds the copy (reporting on `ready`), then serves `jobs` until
+/// the trainer hangs up; `busy_ns` accumulates the time spent sampling.
+pub fn serve(
+    spec: WorkerSpec,
+    jobs: Receiver<Job>,
+    done: Sender<Result<Finished>>,
+    ready: Sender<Result<()>>,
+    busy_ns: Arc<AtomicU64>,
+) {
+    // The thread's own intra-op pool size (libtorch sizes it per thread once initialised).
+    let _ = tch::get_num_threads();
+    tch::set_num_threads(spec.threads);
+    let mut worker = match Worker::new(spec) {
+        Ok(w) => {
+            let _ = ready.send(Ok(()));
+            w
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    while let Ok(job) = jobs.recv() {
+        let t = Instant::now();
+        let out = worker.run(job, t);
+        busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let failed = out.is_err();
+        if done.send(out).is_err() || failed {
+            return;
+        }
+    }
+}
+
+impl Worker {
+    fn new(spec: WorkerSpec) -> Result<Worker> {
+        let kind = if spec.bf16 { Kind::BFloat16 } else { spec.kind };
+        let mut model = CausalLm::from_dir(&spec.source_dir, spec.device, kind)?;
+        model.freeze();
+        let head = if spec.bf16 {
+            let h = model.lm_head_weight().f_to_kind(spec.kind)?;
+            model.set_output_head(h.shallow_clone())?;
+            Some(h)
+        } else {
+            None
+        };
+        Ok(Worker { spec, model, head, version: None })
+    }
+
+    /// Brings the copy to `w` (once per version).
+    fn sync(&mut self, w: &Snapshot) -> Result<()> {
+        if self.version == Some(w.version) {
+            return Ok(());
+        }
+        tch::no_grad(|| -> Result<()> {
+            for (name, mut t) in self.model.vs.variables() {
+                let src = w.tensors.get(&name).ok_or_else(|| {
+                    TrainerError::Run(format!("generation worker: the policy has no variable `{name}`"))
+                })?;
+                t.f_copy_(src)?;
+            }
+            if let (Some(h), Some(src)) = (&mut self.head, &w.head) {
+                h.f_copy_(src)?;
+            }
+            Ok(())
+        })?;
+        self.version = Some(w.version);
+        Ok(())
+    }
+
+    fn run(&mut self, job: Job, t0: Instant) -> Result<Finished> {
+        if let Some(w) = &job.weights {
+            self.sync(w)?;
+        }
+        if self.version != Some(job.version) {
+            return Err(TrainerError::Run(format!(
+                "generation worker: step {} needs the policy of version {}, the worker holds {:?}",
+                job.index + 1,
+                job.version,
+                self.version
+            )));
+        }
+        let s = &self.spec;
+        let (rollout, env) = match (&job.episodes, &s.env) {
+            (Some(episodes), Some(env)) => {
+                let settings = EpisodeSettings {
+                    rollout: &s.rollout,
+                    env: &s.env_cfg,
+                    stops: &s.stops,
+                    tok: &s.tok,
+                    eos_ids: &s.eos_ids,
+                    pad: s.pad,
+                    rows: job.part.window(),
+                    turn_seed: job.noise_key,
+                    keyed: true,
+                };
+                let decoder = Decoder::Local { model: &self.model, behavior: true };
+                let mut handle = env.lock().unwrap_or_else(|e| e.into_inner());
+                let out = episode::run(&decoder, &mut handle, &job.batch, episodes, &settings)?;
+                let outcome = EnvOutcome { rewards: out.rewards, stats: out.stats, first_error: out.first_error };
+                (out.rollout, Some(outcome))
+            }
+            _ => {
+                let g = s.rollout.samples_per_prompt as i64;
+                let mut cfg = rollout::generate_config(&s.rollout, &s.eos_ids, s.pad, job.part.window(), g, true);
+                cfg.noise_key = Some(job.noise_key);
+                (rollout::sample_with(&self.model, &job.batch, &cfg)?, None)
+            }
+        };
+        Ok(Finished {
+            index: job.index,
+            version: job.version,
+            rollout,
+            env,
+            group_of_row: job.batch.group_of_row,
+            part: job.part,
+            gen_s: t0.elapsed().as_secs_f64(),
+        })
+    }
+}
