@@ -20,7 +20,6 @@ pub mod stage;
 pub mod worker;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -30,7 +29,7 @@ use rlhf_models::CausalLm;
 
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
-use worker::{Finished, Job, Snapshot, WorkerSpec};
+use worker::{BusyClock, Finished, Job, Snapshot, WorkerSpec};
 
 /// The trainer's side of the worker.
 pub struct Pipeline {
@@ -49,9 +48,9 @@ pub struct Pipeline {
     /// Whether snapshots carry the output head (a bf16 worker copy).
     head: bool,
     /// The worker's seconds spent sampling (nanoseconds, cumulative).
-    busy_ns: Arc<AtomicU64>,
-    /// `busy_ns` and the time at the start of the current step.
-    mark: (u64, Instant),
+    busy: Arc<BusyClock>,
+    /// The worker's busy seconds and the time at the start of the current step.
+    mark: (f64, Instant),
     /// Seconds the trainer waited for this step's batch.
     waited_s: f64,
     /// The intra-op threads before the pipeline started (restored when it stops).
@@ -67,11 +66,11 @@ impl Pipeline {
         let (jobs, job_rx) = channel();
         let (done_tx, results) = channel();
         let (ready_tx, ready_rx) = channel();
-        let busy_ns = Arc::new(AtomicU64::new(0));
-        let busy = busy_ns.clone();
+        let busy = Arc::new(BusyClock::new());
+        let clock = busy.clone();
         let worker = std::thread::Builder::new()
             .name("rollout-worker".into())
-            .spawn(move || worker::serve(spec, job_rx, done_tx, ready_tx, busy))
+            .spawn(move || worker::serve(spec, job_rx, done_tx, ready_tx, clock))
             .map_err(|e| TrainerError::Run(format!("cannot start the generation worker: {e}")))?;
         let mut p = Pipeline {
             jobs: Some(jobs),
@@ -82,8 +81,8 @@ impl Pipeline {
             next,
             sent_version: None,
             head,
-            busy_ns,
-            mark: (0, Instant::now()),
+            busy,
+            mark: (0.0, Instant::now()),
             waited_s: 0.0,
             threads_before,
         };
@@ -93,7 +92,7 @@ impl Pipeline {
             Err(_) => return Err(p.stopped()),
         }
         tch::set_num_threads(trainer_threads);
-        p.mark = (0, Instant::now());
+        p.mark = (p.busy.seconds(), Instant::now());
         Ok(p)
     }
 
@@ -157,9 +156,9 @@ impl Pipeline {
     /// (`time/rollout_wait`), and the share of the step each side sat idle — the "bubbles"
     /// (`time/idle_trainer`, `time/idle_generator`).
     pub fn step_metrics(&mut self, step_s: f64, m: &mut StepMetrics) {
-        let busy = self.busy_ns.load(Ordering::Relaxed);
+        let busy = self.busy.seconds();
         let wall = self.mark.1.elapsed().as_secs_f64().max(1e-9);
-        let worked = (busy - self.mark.0) as f64 * 1e-9;
+        let worked = busy - self.mark.0;
         m.set("time/rollout_wait", self.waited_s);
         m.set("time/idle_trainer", (self.waited_s / step_s.max(1e-9)).min(1.0));
         m.set("time/idle_generator", (1.0 - worked / wall).clamp(0.0, 1.0));

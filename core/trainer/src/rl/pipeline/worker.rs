@@ -48,6 +48,50 @@ impl Snapshot {
     }
 }
 
+/// The worker's seconds spent sampling, readable while a batch is in progress (so a batch that
+/// spans two steps counts in each for the part it ran there).
+pub struct BusyClock {
+    origin: Instant,
+    /// Nanoseconds of finished batches.
+    done: AtomicU64,
+    /// When the current batch started (nanoseconds after `origin`), `u64::MAX` when idle.
+    since: AtomicU64,
+}
+
+impl BusyClock {
+    pub fn new() -> BusyClock {
+        BusyClock { origin: Instant::now(), done: AtomicU64::new(0), since: AtomicU64::new(u64::MAX) }
+    }
+
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    fn start(&self) {
+        self.since.store(self.now(), Ordering::Relaxed);
+    }
+
+    fn stop(&self) {
+        let since = self.since.swap(u64::MAX, Ordering::Relaxed);
+        if since != u64::MAX {
+            self.done.fetch_add(self.now().saturating_sub(since), Ordering::Relaxed);
+        }
+    }
+
+    /// Seconds spent sampling so far, the running batch included.
+    pub fn seconds(&self) -> f64 {
+        let since = self.since.load(Ordering::Relaxed);
+        let running = if since == u64::MAX { 0 } else { self.now().saturating_sub(since) };
+        (self.done.load(Ordering::Relaxed) + running) as f64 * 1e-9
+    }
+}
+
+impl Default for BusyClock {
+    fn default() -> Self {
+        BusyClock::new()
+    }
+}
+
 /// One batch to sample.
 pub struct Job {
     /// The step that trains on it (0-based).
@@ -103,13 +147,13 @@ struct Worker {
 }
 
 /// The worker thread's body: builds the copy (reporting on `ready`), then serves `jobs` until
-/// the trainer hangs up; `busy_ns` accumulates the time spent sampling.
+/// the trainer hangs up; `busy` times the sampling.
 pub fn serve(
     spec: WorkerSpec,
     jobs: Receiver<Job>,
     done: Sender<Result<Finished>>,
     ready: Sender<Result<()>>,
-    busy_ns: Arc<AtomicU64>,
+    busy: Arc<BusyClock>,
 ) {
     // The thread's own intra-op pool size (libtorch sizes it per thread once initialised).
     let _ = tch::get_num_threads();
@@ -126,8 +170,9 @@ pub fn serve(
     };
     while let Ok(job) = jobs.recv() {
         let t = Instant::now();
+        busy.start();
         let out = worker.run(job, t);
-        busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        busy.stop();
         let failed = out.is_err();
         if done.send(out).is_err() || failed {
             return;
