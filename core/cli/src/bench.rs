@@ -11,6 +11,9 @@
 //! - **dp** (only when asked for, or with `all`): that GRPO step on 1 rank and on `--ranks`
 //!   data-parallel ranks, one thread each ([`dp`]): step times, speed-up, and the collectives'
 //!   seconds and bytes per step.
+//! - **overlap** (only when asked for, or with `all`): that GRPO run synchronously and with
+//!   asynchronous rollouts at `rollout.max_staleness` 1 and 2 ([`overlap`]): steps per minute,
+//!   each side's idle share, the reward against two synchronous seeds.
 //!
 //! `--vs-trl` runs TRL's `GRPOTrainer` on the same weights, prompts, B, G and lengths ([`trl`])
 //! and prints TRL step / our step. `--record FILE` appends a row to a Markdown table.
@@ -18,11 +21,12 @@
 mod dp;
 pub(crate) mod machine;
 mod measure;
+mod overlap;
 pub(crate) mod report;
 mod rl;
 pub(crate) mod trl;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -40,6 +44,7 @@ pub enum Section {
     Train,
     Rl,
     Dp,
+    Overlap,
     All,
 }
 
@@ -79,7 +84,14 @@ pub struct BenchArgs {
     /// Ranks of the dp section (each on one thread, against one rank on one thread).
     #[arg(long, default_value_t = 2)]
     ranks: usize,
-    /// Sections to run, comma-separated: gen, train, rl, dp, all.
+    /// Steps of each run of the overlap section.
+    #[arg(long, default_value_t = 12)]
+    overlap_steps: usize,
+    /// Skip the preset's supervised warm-up in the overlap section (its rewards then compare
+    /// an untrained policy).
+    #[arg(long)]
+    overlap_no_warmup: bool,
+    /// Sections to run, comma-separated: gen, train, rl, dp, overlap, all.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
     /// Prompts JSONL for the RL section (`prompt` or `messages`, and `label`); default: the built-in
@@ -124,18 +136,18 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     /// Which sections run, in order.
-    fn sections(&self) -> [bool; 4] {
+    fn sections(&self) -> [bool; 5] {
         let mut picked: Vec<Section> = self.only.clone();
         picked.extend(self.section);
-        // `dp` starts `rlhf train` processes and needs a prompt per rank: asked for by name (or
-        // `all`), not run by default.
+        // `dp` and `overlap` start `rlhf train` processes (dp needs a prompt per rank): asked for
+        // by name (or `all`), not run by default.
         if picked.is_empty() {
-            return [true, true, true, false];
+            return [true, true, true, false, false];
         }
         if picked.contains(&Section::All) {
-            return [true; 4];
+            return [true; 5];
         }
-        [Section::Gen, Section::Train, Section::Rl, Section::Dp].map(|s| picked.contains(&s))
+        [Section::Gen, Section::Train, Section::Rl, Section::Dp, Section::Overlap].map(|s| picked.contains(&s))
     }
 }
 
@@ -178,43 +190,8 @@ fn time_runs(device: Device, repeats: usize, mut f: impl FnMut() -> anyhow::Resu
     Ok(times)
 }
 
-/// Parameters stored in the checkpoint (read from the safetensors headers; tied weights once).
-fn stored_params(dir: &Path) -> anyhow::Result<u64> {
-    let index = dir.join("model.safetensors.index.json");
-    let files: Vec<PathBuf> = if index.is_file() {
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)
-            .with_context(|| format!("{}: not valid JSON", index.display()))?;
-        let mut shards: Vec<String> = v["weight_map"]
-            .as_object()
-            .map(|m| m.values().filter_map(|s| s.as_str().map(String::from)).collect())
-            .unwrap_or_default();
-        shards.sort();
-        shards.dedup();
-        shards.iter().map(|s| dir.join(s)).collect()
-    } else {
-        vec![dir.join("model.safetensors")]
-    };
-    let mut total = 0u64;
-    for file in files {
-        use std::io::Read;
-        let mut f = std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?;
-        let mut len = [0u8; 8];
-        f.read_exact(&mut len).with_context(|| format!("{}: no safetensors header", file.display()))?;
-        let mut header = vec![0u8; u64::from_le_bytes(len).min(100 << 20) as usize];
-        f.read_exact(&mut header).with_context(|| format!("{}: truncated safetensors header", file.display()))?;
-        let v: serde_json::Value = serde_json::from_slice(&header)
-            .with_context(|| format!("{}: safetensors header is not JSON", file.display()))?;
-        for (name, t) in v.as_object().into_iter().flatten() {
-            if name != "__metadata__" {
-                total += t["shape"].as_array().map(|s| s.iter().filter_map(|d| d.as_u64()).product()).unwrap_or(0);
-            }
-        }
-    }
-    Ok(total)
-}
-
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let [do_gen, do_train, do_rl, do_dp] = args.sections();
+    let [do_gen, do_train, do_rl, do_dp, do_overlap] = args.sections();
     if args.batch < 1 || args.group < 1 || args.prompt_len < 1 || args.new_tokens < 1 || args.repeats < 1 {
         bail!("--batch, --group, --prompt-len, --new-tokens and --repeats must be >= 1");
     }
@@ -263,7 +240,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             arch.max_position_embeddings
         );
     }
-    let params = stored_params(&model_dir)?;
+    let params = machine::stored_params(&model_dir)?;
     let machine = machine::measure(device, kind);
     let dev_name = format!(
         "{}; GEMM {:.0} GFLOP/s, copy {:.0} GB/s",
@@ -310,9 +287,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         run_dir: work.0.join("rl-run"),
         gradient_checkpointing: args.gradient_checkpointing,
         bf16_decode: args.bf16_decode,
+        warmup: false,
     };
     let rl_cfg = if do_rl { Some(rl::config(&rl_setup)?) } else { None };
     let dp_cfg = if do_dp { Some(rl::config(&rl_setup)?) } else { None };
+    // The overlap section compares rewards too: the preset's warm-up makes them move.
+    let overlap_setup = rl::RlSetup { warmup: !args.overlap_no_warmup, run_dir: rl_setup.run_dir.clone(), ..rl_setup };
+    let overlap_cfg = if do_overlap { Some(rl::config(&overlap_setup)?) } else { None };
     let rl_prompts = match &rl_cfg {
         Some(cfg) => Some(rl::prompts(cfg, &model_dir)?),
         None => None,
@@ -469,6 +450,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let overlap = match &overlap_cfg {
+        Some(cfg) => {
+            println!("overlap: {} steps each, synchronous (2 seeds) and max_staleness 1, 2:", args.overlap_steps);
+            Some(overlap::run(cfg, args.overlap_steps, &work.0)?)
+        }
+        None => None,
+    };
     let vs_trl = match (&trl, &rl) {
         (Some(t), Some(r)) if r.figures.step_s > 0.0 => Some(t.step_s / r.figures.step_s),
         _ => None,
@@ -513,6 +501,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "vs_trl": vs_trl,
             "machine": machine,
             "dp": dp,
+            "overlap": overlap,
         });
         println!("{line}");
     }
@@ -525,6 +514,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 let settings = format!("{}, B={} G={}, new {}", args.dtype, args.batch, args.group, args.new_tokens);
                 let stages = dp::stage_rows(&row.date, &dev_name, &row.model, &settings, r);
                 dp::record(path, &dp::markdown_row(&row.date, &dev_name, &row.model, &settings, r), &stages)?;
+            }
+            if let Some(r) = &overlap {
+                let mut settings =
+                    format!("{}, B={} G={}, new {}", args.dtype, args.batch, args.group, args.new_tokens);
+                if args.overlap_no_warmup {
+                    settings.push_str(", no warm-up");
+                }
+                overlap::record(path, &overlap::markdown_rows(&row.date, &dev_name, &row.model, &settings, r))?;
             }
             println!("recorded in {}", path.display());
         }
@@ -551,13 +548,14 @@ mod tests {
     #[test]
     fn sections_and_defaults() {
         let all = parse(&[]);
-        assert_eq!(all.sections(), [true, true, true, false]);
-        assert_eq!(parse(&["all"]).sections(), [true, true, true, true]);
+        assert_eq!(all.sections(), [true, true, true, false, false]);
+        assert_eq!(parse(&["all"]).sections(), [true; 5]);
+        assert_eq!(parse(&["overlap"]).sections(), [false, false, false, false, true]);
         assert_eq!((all.model.as_str(), all.batch, all.group, all.repeats), ("builtin:tiny", 4, 4, 3));
-        assert_eq!(parse(&["gen"]).sections(), [true, false, false, false]);
-        assert_eq!(parse(&["--only", "gen,rl"]).sections(), [true, false, true, false]);
-        assert_eq!(parse(&["dp"]).sections(), [false, false, false, true]);
-        assert_eq!(parse(&["--only", "train", "--only", "all"]).sections(), [true, true, true, true]);
+        assert_eq!(parse(&["gen"]).sections(), [true, false, false, false, false]);
+        assert_eq!(parse(&["--only", "gen,rl"]).sections(), [true, false, true, false, false]);
+        assert_eq!(parse(&["dp"]).sections(), [false, false, false, true, false]);
+        assert_eq!(parse(&["--only", "train", "--only", "all"]).sections(), [true; 5]);
         let a = parse(&["rl", "-g", "8", "--batch", "2", "--runs", "5", "--vs-trl", "--dtype", "bf16"]);
         assert_eq!((a.group, a.batch, a.repeats, a.vs_trl, a.dtype.as_str()), (8, 2, 5, true, "bf16"));
         assert!(Cli::try_parse_from(["bench", "--only", "decode"]).is_err());
@@ -567,7 +565,7 @@ mod tests {
     #[test]
     fn rl_config_overrides_the_grpo_preset() {
         let setup = rl::RlSetup {
-            model_dir: Path::new("/m"),
+            model_dir: std::path::Path::new("/m"),
             device: "cpu",
             dtype: "bf16",
             batch: 3,
@@ -579,6 +577,7 @@ mod tests {
             run_dir: PathBuf::from("/tmp/run"),
             gradient_checkpointing: true,
             bf16_decode: true,
+            warmup: false,
         };
         let cfg = rl::config(&setup).unwrap();
         assert!(cfg.train.gradient_checkpointing);

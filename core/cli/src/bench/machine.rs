@@ -8,7 +8,9 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use super::sync;
 
@@ -96,4 +98,39 @@ pub(super) fn hbm_gbps(name: &str) -> Option<f64> {
         .iter()
         .find(|(k, _)| name.contains(k))
         .map(|(_, v)| *v)
+}
+
+/// Parameters stored in the checkpoint (read from the safetensors headers; tied weights once).
+pub fn stored_params(dir: &Path) -> anyhow::Result<u64> {
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if index.is_file() {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)
+            .with_context(|| format!("{}: not valid JSON", index.display()))?;
+        let mut shards: Vec<String> = v["weight_map"]
+            .as_object()
+            .map(|m| m.values().filter_map(|s| s.as_str().map(String::from)).collect())
+            .unwrap_or_default();
+        shards.sort();
+        shards.dedup();
+        shards.iter().map(|s| dir.join(s)).collect()
+    } else {
+        vec![dir.join("model.safetensors")]
+    };
+    let mut total = 0u64;
+    for file in files {
+        use std::io::Read;
+        let mut f = std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).with_context(|| format!("{}: no safetensors header", file.display()))?;
+        let mut header = vec![0u8; u64::from_le_bytes(len).min(100 << 20) as usize];
+        f.read_exact(&mut header).with_context(|| format!("{}: truncated safetensors header", file.display()))?;
+        let v: serde_json::Value = serde_json::from_slice(&header)
+            .with_context(|| format!("{}: safetensors header is not JSON", file.display()))?;
+        for (name, t) in v.as_object().into_iter().flatten() {
+            if name != "__metadata__" {
+                total += t["shape"].as_array().map(|s| s.iter().filter_map(|d| d.as_u64()).product()).unwrap_or(0);
+            }
+        }
+    }
+    Ok(total)
 }

@@ -32,6 +32,8 @@ pub struct RlSetup<'a> {
     pub gradient_checkpointing: bool,
     /// `rollout.decode_dtype = "bf16"`.
     pub bf16_decode: bool,
+    /// Keep the preset's supervised warm-up (which teaches the answer format, so rewards move).
+    pub warmup: bool,
 }
 
 /// Medians over the timed steps.
@@ -48,7 +50,7 @@ fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-/// The grpo preset with the benchmark's overrides: no supervised warm-up, one optimizer step per
+/// The grpo preset with the benchmark's overrides: no supervised warm-up (unless `s.warmup`), one optimizer step per
 /// generation batch (`minibatch_size = B·G`, one epoch), nothing saved, no W&B.
 pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
     let prompts = match s.prompts {
@@ -63,7 +65,6 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
         "run.save_actor=false".into(),
         format!("data.prompts={prompts}"),
         format!("data.max_prompt_len={}", s.prompt_len),
-        "warmup.steps=0".into(),
         format!("rollout.prompts_per_batch={}", s.batch),
         format!("rollout.samples_per_prompt={}", s.group),
         format!("rollout.max_new_tokens={}", s.new_tokens),
@@ -76,6 +77,10 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
         format!("train.gradient_checkpointing={}", s.gradient_checkpointing),
         format!("rollout.decode_dtype={}", if s.bf16_decode { "\"bf16\"" } else { "\"model\"" }),
     ];
+    let mut sets = sets.to_vec();
+    if !s.warmup {
+        sets.push("warmup.steps=0".into());
+    }
     Ok(RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets)?)
 }
 
