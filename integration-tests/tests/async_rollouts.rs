@@ -177,14 +177,19 @@ fn bad_async_settings_are_one_line_errors() {
     for (set, want) in [
         (
             "rollout.engine=\"vllm\"",
-            "rollout.max_staleness: asynchronous rollouts run on the local engine only; vLLM samples after each step's \
-             sync yet",
+            "rollout.max_staleness: asynchronous rollouts on vLLM take max_staleness = 1 only (the servers hold one \
+             policy at a time) yet",
         ),
-        ("model.lora.rank=4", "rollout.max_staleness: asynchronous rollouts do not support model.lora.rank > 0 yet"),
+        (
+            "model.lora.rank=4",
+            "rollout.max_staleness: asynchronous rollouts on the local engine do not support model.lora.rank > 0 yet",
+        ),
         ("rollout.filter_groups.enable=true", "do not combine with rollout.filter_groups"),
     ] {
         let run: PathBuf = tmp.path().join("r");
-        let o = rlhf(&["train", "--algo", "grpo", "--no-progress", "--run-dir", s(&run), "--set", "rollout.max_staleness=1", "--set", set]);
+        let args =
+            ["train", "--algo", "grpo", "--no-progress", "--run-dir", s(&run), "--set", "rollout.max_staleness=2"];
+        let o = rlhf(&[&args[..], &["--set", set]].concat());
         let err = String::from_utf8_lossy(&o.stderr);
         let last = err.lines().last().unwrap_or_default();
         assert!(!o.status.success() && last.contains(want), "{set}: {err}");

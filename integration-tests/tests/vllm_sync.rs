@@ -27,6 +27,8 @@ struct Mock {
     probe_token: u32,
     calls: Vec<String>,
     loaded: Vec<String>,
+    /// Weight loads and rollout requests, in order.
+    events: Vec<&'static str>,
 }
 
 async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axum::response::Response {
@@ -37,6 +39,7 @@ async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axu
     let reply = match path.as_str() {
         "/collective_rpc" => {
             m.loaded.push(req["kwargs"]["weights_path"].as_str().unwrap_or("").to_string());
+            m.events.push("load");
             json!({"results": [null]})
         }
         "/reset_prefix_cache" => json!({"success": true}),
@@ -46,6 +49,7 @@ async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axu
         }]}),
         // A rollout: every sample of every prompt answers "5 <eos>" at log-prob -2 per token.
         "/v1/completions" => {
+            m.events.push("rollout");
             let n = req["n"].as_u64().unwrap_or(1) * req["prompt"].as_array().map_or(0, |p| p.len() as u64);
             let choices: Vec<Value> = (0..n)
                 .map(|i| json!({"index": i, "text": "5", "finish_reason": "stop", "token_ids": [9, 1],
@@ -224,4 +228,39 @@ fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
     // Per sync rank 0's probe (versions 0, 2 and 4), and one request from each rank per training
     // step and per evaluation (the 11 held-out prompts are one chunk, shared by the ranks).
     assert_eq!(completions, 3 + 2 * 2 + 2 * 2, "{:?}", m.calls);
+}
+
+/// Asynchronous rollouts on vLLM (`max_staleness = 1`): the next step's batch goes to the servers
+/// right after this step's came back and the servers were synced to the current policy, so they
+/// sample it while the step trains; its samples carry that policy's version.
+#[test]
+fn a_one_step_stale_run_sends_the_next_batch_after_each_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, mock) = serve();
+    let rd = dir.path().join("run");
+    let out = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+        .args(["train", "--algo", "grpo", "--run-dir", rd.to_str().unwrap(), "--set", "eval.data=\"\""])
+        .args(["--set", "train.steps=3", "--set", "rollout.engine=\"vllm\"", "--set", "rollout.max_staleness=1"])
+        .args(["--set", &format!("rollout.vllm.urls=[\"{url}\"]"), "--set", "rollout.vllm.sync_tolerance=1e9"])
+        .args(["--set", "rollout.is_correction.mode=\"token_truncate\""])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> = std::fs::read_to_string(rd.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let versions: Vec<f64> = rows.iter().map(|r| r["rollout/policy_version"].as_f64().unwrap()).collect();
+    assert_eq!(versions, [0.0, 0.0, 1.0]);
+    for r in &rows {
+        assert!(r["rollout/staleness"].as_f64().unwrap() <= 1.0, "{r}");
+        assert!(r["is/ratio_mean"].as_f64().is_some_and(f64::is_finite), "{r}");
+    }
+    // Version 0, batches 1 and 2 (2 sampled by version 0 while step 1 trained), version 2 (after
+    // step 1's two optimizer steps), batch 3; the last step sends nothing more.
+    let m = mock.lock().unwrap();
+    assert_eq!(m.events, ["load", "rollout", "rollout", "load", "rollout"], "{:?}", m.calls);
+    assert!(m.loaded[1].ends_with("rollout-weights/v000002"), "{:?}", m.loaded);
 }

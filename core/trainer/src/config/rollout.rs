@@ -147,11 +147,11 @@ impl RolloutConfig {
         }
         if r.max_staleness > 0 {
             let refuse = |why: &str| bad("rollout.max_staleness", &format!("asynchronous rollouts {why} yet"));
-            if r.engine != EngineKind::Local {
-                return refuse("run on the local engine only; vLLM samples after each step's sync");
+            if r.engine == EngineKind::Vllm && r.max_staleness > 1 {
+                return refuse("on vLLM take max_staleness = 1 only (the servers hold one policy at a time)");
             }
-            if lora_rank > 0 {
-                return refuse("do not support model.lora.rank > 0");
+            if r.engine == EngineKind::Local && lora_rank > 0 {
+                return refuse("on the local engine do not support model.lora.rank > 0");
             }
             if r.filter_groups.enable {
                 return refuse("do not combine with rollout.filter_groups (its refills depend on the step's scores)");

@@ -440,6 +440,10 @@ impl Trainer {
     /// Held-out evaluation of the policy as of `self.step`, when `[eval]` asks for one now.
     fn evaluate_if_due(&mut self) -> Result<Option<StepMetrics>> {
         let (pad, eos_ids) = (i64::from(self.tok.pad_token_id()), self.eos_ids());
+        if self.evaluator.as_ref().is_some_and(|e| e.due(self.step, self.cfg.train.steps)) {
+            // The servers sample the next step's batch at its version until it is in.
+            self.drain_servers()?;
+        }
         let Some(evaluator) = self.evaluator.as_mut().filter(|e| e.due(self.step, self.cfg.train.steps)) else {
             return Ok(None);
         };

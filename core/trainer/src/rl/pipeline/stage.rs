@@ -57,11 +57,14 @@ impl Trainer {
             None => Vec::new(),
         };
         let total = tch::get_num_threads().max(1);
+        let vllm = self.engine.is_external();
         let gen = match self.cfg.rollout.generation_threads {
+            // A vLLM worker only waits on HTTP: the trainer keeps every thread.
+            _ if vllm => 1,
             0 => (total / 2).max(1),
             n => n as i32,
         };
-        let trainer_threads = (total - gen).max(1);
+        let trainer_threads = if vllm { total } else { (total - gen).max(1) };
         let spec = WorkerSpec {
             source_dir: self.actor.source_dir().to_path_buf(),
             device: self.device,
@@ -75,6 +78,7 @@ impl Trainer {
             tok: self.tok.clone(),
             eos_ids: self.eos_ids(),
             pad: i64::from(self.tok.pad_token_id()),
+            vllm: vllm.then(|| (self.cfg.rollout.vllm.clone(), self.run_dir.clone())),
         };
         let mut p = Pipeline::start(spec, trainer_threads, self.step + ahead.len())?;
         p.preload(ahead);
@@ -91,15 +95,51 @@ impl Trainer {
     /// `rollout/staleness` (steps) and `time/rollout_worker` (the worker's seconds on the batch).
     pub(in crate::rl) fn take_ahead(&mut self, m: &mut StepMetrics) -> Result<Finished> {
         let last = (self.step + self.cfg.rollout.max_staleness).min(self.cfg.train.steps.saturating_sub(1));
-        while self.pipeline.as_ref().is_some_and(|p| p.next <= last) {
-            self.submit_next()?;
-        }
-        let p = self.pipeline.as_mut().ok_or_else(|| TrainerError::Run("no generation worker".into()))?;
-        let f = p.take(self.step)?;
+        let f = if self.engine.is_external() {
+            self.take_from_servers(last, m)?
+        } else {
+            while self.pipeline.as_ref().is_some_and(|p| p.next <= last) {
+                self.submit_next()?;
+            }
+            let p = self.pipeline.as_mut().ok_or_else(|| TrainerError::Run("no generation worker".into()))?;
+            p.take(self.step)?
+        };
         m.set("rollout/policy_version", f.version as f64);
         m.set("rollout/staleness", self.step.saturating_sub(f.version) as f64);
         m.set("time/rollout_worker", f.gen_s);
         Ok(f)
+    }
+
+    /// The vLLM schedule (`k = 1`): the servers hold one policy at a time, so the trainer takes
+    /// this step's batch first (the servers are then idle), syncs them to its policy, and only
+    /// then sends the next step's batch, which they sample while this step trains.
+    fn take_from_servers(&mut self, last: usize, m: &mut StepMetrics) -> Result<Finished> {
+        if self.pipeline.as_ref().is_some_and(|p| p.next == self.step) {
+            // Nothing in flight for this step (the first step, or a resume without a batch ahead).
+            self.sync_servers(m)?;
+            self.submit_next()?;
+        }
+        let p = self.pipeline.as_mut().ok_or_else(|| TrainerError::Run("no generation worker".into()))?;
+        let f = p.take(self.step)?;
+        if self.pipeline.as_ref().is_some_and(|p| p.next <= last) {
+            self.sync_servers(m)?;
+            self.submit_next()?;
+        }
+        Ok(f)
+    }
+
+    fn sync_servers(&mut self, m: &mut StepMetrics) -> Result<()> {
+        let probe = &self.data.records[0].ids;
+        self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, m)
+    }
+
+    /// Waits for the batches in flight on the vLLM servers (before the held-out evaluation
+    /// syncs them to another policy).
+    pub(in crate::rl) fn drain_servers(&mut self) -> Result<()> {
+        match &mut self.pipeline {
+            Some(p) if self.engine.is_external() => p.drain(),
+            _ => Ok(()),
+        }
     }
 
     /// Draws the prompts of the pipeline's next step and queues them with the current policy.

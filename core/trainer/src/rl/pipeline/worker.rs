@@ -17,9 +17,10 @@ use rlhf_plugin_api::Episode;
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{EnvironmentConfig, RolloutConfig};
+use crate::config::{EnvironmentConfig, RolloutConfig, VllmConfig};
 use crate::error::{Result, TrainerError};
 use crate::plugins::EnvHandle;
+use crate::rl::engine::vllm::VllmEngine;
 use crate::rl::env_stage::EnvOutcome;
 use crate::rl::episode::{self, Decoder, EpisodeSettings};
 use crate::rl::prompts::PromptBatch;
@@ -135,15 +136,24 @@ pub struct WorkerSpec {
     pub tok: HfTokenizer,
     pub eos_ids: Vec<i64>,
     pub pad: i64,
+    /// On the vLLM engine: its settings and the run directory. The worker then holds no policy:
+    /// it sends the batch to the servers, which the trainer syncs between batches.
+    pub vllm: Option<(VllmConfig, PathBuf)>,
+}
+
+/// Who samples in the worker.
+enum Sampler {
+    /// A copy of the policy; `head` is the f32 output head a bf16 copy samples from; `version`
+    /// the policy it holds.
+    Local { model: Box<CausalLm>, head: Option<Tensor>, version: Option<usize> },
+    /// The vLLM servers (each batch at the version the trainer synced before sending it).
+    Vllm(Box<VllmEngine>),
 }
 
 /// The worker's state.
 struct Worker {
     spec: WorkerSpec,
-    model: CausalLm,
-    /// The f32 output head a bf16 copy samples from.
-    head: Option<Tensor>,
-    version: Option<usize>,
+    sampler: Sampler,
 }
 
 /// The worker thread's body: builds the copy (reporting on `ready`), then serves `jobs` until
@@ -182,6 +192,10 @@ pub fn serve(
 
 impl Worker {
     fn new(spec: WorkerSpec) -> Result<Worker> {
+        if let Some((cfg, run_dir)) = &spec.vllm {
+            let engine = Box::new(VllmEngine::new(cfg, run_dir)?);
+            return Ok(Worker { spec, sampler: Sampler::Vllm(engine) });
+        }
         let kind = if spec.bf16 { Kind::BFloat16 } else { spec.kind };
         let mut model = CausalLm::from_dir(&spec.source_dir, spec.device, kind)?;
         model.freeze();
@@ -192,27 +206,28 @@ impl Worker {
         } else {
             None
         };
-        Ok(Worker { spec, model, head, version: None })
+        Ok(Worker { spec, sampler: Sampler::Local { model: Box::new(model), head, version: None } })
     }
 
-    /// Brings the copy to `w` (once per version).
+    /// Brings the local copy to `w` (once per version).
     fn sync(&mut self, w: &Snapshot) -> Result<()> {
-        if self.version == Some(w.version) {
+        let Sampler::Local { model, head, version } = &mut self.sampler else { return Ok(()) };
+        if *version == Some(w.version) {
             return Ok(());
         }
         tch::no_grad(|| -> Result<()> {
-            for (name, mut t) in self.model.vs.variables() {
+            for (name, mut t) in model.vs.variables() {
                 let src = w.tensors.get(&name).ok_or_else(|| {
                     TrainerError::Run(format!("generation worker: the policy has no variable `{name}`"))
                 })?;
                 t.f_copy_(src)?;
             }
-            if let (Some(h), Some(src)) = (&mut self.head, &w.head) {
+            if let (Some(h), Some(src)) = (head, &w.head) {
                 h.f_copy_(src)?;
             }
             Ok(())
         })?;
-        self.version = Some(w.version);
+        *version = Some(w.version);
         Ok(())
     }
 
@@ -220,13 +235,14 @@ impl Worker {
         if let Some(w) = &job.weights {
             self.sync(w)?;
         }
-        if self.version != Some(job.version) {
-            return Err(TrainerError::Run(format!(
-                "generation worker: step {} needs the policy of version {}, the worker holds {:?}",
-                job.index + 1,
-                job.version,
-                self.version
-            )));
+        if let Sampler::Local { version, .. } = &self.sampler {
+            if *version != Some(job.version) {
+                return Err(TrainerError::Run(format!(
+                    "generation worker: step {} needs the policy of version {}, the worker holds {version:?}",
+                    job.index + 1,
+                    job.version,
+                )));
+            }
         }
         let s = &self.spec;
         let (rollout, env) = match (&job.episodes, &s.env) {
@@ -242,18 +258,24 @@ impl Worker {
                     turn_seed: job.noise_key,
                     keyed: true,
                 };
-                let decoder = Decoder::Local { model: &self.model, behavior: true };
+                let decoder = match &self.sampler {
+                    Sampler::Local { model, .. } => Decoder::Local { model, behavior: true },
+                    Sampler::Vllm(e) => Decoder::Vllm(e),
+                };
                 let mut handle = env.lock().unwrap_or_else(|e| e.into_inner());
                 let out = episode::run(&decoder, &mut handle, &job.batch, episodes, &settings)?;
                 let outcome = EnvOutcome { rewards: out.rewards, stats: out.stats, first_error: out.first_error };
                 (out.rollout, Some(outcome))
             }
-            _ => {
-                let g = s.rollout.samples_per_prompt as i64;
-                let mut cfg = rollout::generate_config(&s.rollout, &s.eos_ids, s.pad, job.part.window(), g, true);
-                cfg.noise_key = Some(job.noise_key);
-                (rollout::sample_with(&self.model, &job.batch, &cfg)?, None)
-            }
+            _ => match &mut self.sampler {
+                Sampler::Local { model, .. } => {
+                    let g = s.rollout.samples_per_prompt as i64;
+                    let mut cfg = rollout::generate_config(&s.rollout, &s.eos_ids, s.pad, job.part.window(), g, true);
+                    cfg.noise_key = Some(job.noise_key);
+                    (rollout::sample_with(model, &job.batch, &cfg)?, None)
+                }
+                Sampler::Vllm(e) => (e.sample(&job.batch, &s.rollout, &s.eos_ids, s.pad)?, None),
+            },
         };
         Ok(Finished {
             index: job.index,
