@@ -47,6 +47,25 @@ pub struct GenerateConfig {
 }
 
 impl GenerateConfig {
+    /// Checks the sampling parameters and `max_new_tokens`.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.sampling.validate()?;
+        if self.max_new_tokens < 1 {
+            return Err(GenerationError::Input(format!("max_new_tokens must be >= 1, got {}", self.max_new_tokens)));
+        }
+        Ok(())
+    }
+
+    /// Decode steps between host checks on `device` ([`GenerateConfig::sync_every`], 0 picked
+    /// by device).
+    pub(crate) fn sync_steps(&self, device: tch::Device) -> i64 {
+        match self.sync_every {
+            0 if device.is_cuda() => 16,
+            0 => 1,
+            n => n,
+        }
+    }
+
     /// Greedy decoding of up to `max_new_tokens`.
     pub fn greedy(max_new_tokens: i64, eos_token_ids: Vec<i64>, pad_token_id: i64) -> Self {
         GenerateConfig {
@@ -123,10 +142,7 @@ pub fn generate_until(
     cfg: &GenerateConfig,
     stop: Option<StopCheck<'_>>,
 ) -> Result<Generated> {
-    cfg.sampling.validate()?;
-    if cfg.max_new_tokens < 1 {
-        return Err(GenerationError::Input(format!("max_new_tokens must be >= 1, got {}", cfg.max_new_tokens)));
-    }
+    cfg.check()?;
     let size = prompt_ids.size();
     if size.len() != 2 || prompt_mask.size() != size || size[1] == 0 {
         return Err(GenerationError::Input(format!(
@@ -145,11 +161,7 @@ pub fn generate_until(
     if let Some(seed) = cfg.seed {
         tch::manual_seed(seed as i64);
     }
-    let sync_every = match cfg.sync_every {
-        0 if device.is_cuda() => 16,
-        0 => 1,
-        n => n,
-    };
+    let sync_every = cfg.sync_steps(device);
     tch::no_grad(|| -> Result<Generated> {
         let prompt_ids = prompt_ids.f_to_device(device)?;
         let prompt_mask = prompt_mask.f_to_device(device)?.f_to_kind(Kind::Int64)?;

@@ -147,10 +147,7 @@ impl Session {
         cfg: &GenerateConfig,
         stop: Option<StopCheck<'_>>,
     ) -> Result<Turn> {
-        cfg.sampling.validate()?;
-        if cfg.max_new_tokens < 1 {
-            return Err(GenerationError::Input(format!("max_new_tokens must be >= 1, got {}", cfg.max_new_tokens)));
-        }
+        cfg.check()?;
         let device = model.device();
         let base = self.cache.len();
         if base + cfg.max_new_tokens > self.cache.max_len() {
@@ -163,7 +160,7 @@ impl Session {
         tch::no_grad(|| {
             let next_pos = self.mask.f_narrow(1, 0, base)?.f_sum_dim_intlist(1, true, Kind::Int64)?; // [b, 1]
             let finished = Tensor::f_from_slice(done)?.f_to_device(device)?;
-            let sync_every = if device.is_cuda() && cfg.sync_every == 0 { 16 } else { cfg.sync_every.max(1) };
+            let sync_every = cfg.sync_steps(device);
             let steps = Steps { base, next_pos, logits, finished, sync_every };
             let Decoded { tokens, alive, logprobs } = decode(model, &mut self.cache, &self.mask, steps, cfg, stop)?;
             let tokens = Tensor::f_stack(&tokens, 1)?; // [b, steps]

@@ -218,39 +218,22 @@ pub fn stage_rows(date: &str, device: &str, model: &str, settings: &str, r: &DpR
 /// Inserts `row` at the end of the data-parallel table of `text`, or appends a `## Data-parallel`
 /// section with the table when there is none.
 pub fn insert_row(text: &str, table: &str, row: &str) -> String {
-    let head = table.lines().next().unwrap_or("");
-    super::report::insert_into_table(text, head, row).unwrap_or_else(|| {
-        let mut out = text.trim_end().to_string();
-        out.push_str(
-            "\n\n## Data-parallel\n\n`rlhf bench dp`: the RL section's GRPO step on 1 rank and on N ranks (`rlhf train \
-             --nproc N`, Gloo over loopback), one thread each, the same global batch; medians over the steps after the \
-             first. Collectives: seconds inside them and bytes sent into them per step and rank.\n\n",
-        );
-        out.push_str(table);
-        out.push_str(row);
-        out.push('\n');
-        out
-    })
+    let intro =
+        "## Data-parallel\n\n`rlhf bench dp`: the RL section's GRPO step on 1 rank and on N ranks (`rlhf train \
+                 --nproc N`, Gloo over loopback), one thread each, the same global batch; medians over the steps after \
+                 the first. Collectives: seconds inside them and bytes sent into them per step and rank.";
+    super::report::add_row_or_section(text, table, row, intro)
 }
 
 /// Adds `row` to the data-parallel table of `path`, and `stages` to its ZeRO-stage table (made
 /// after the data-parallel section's text when missing).
 pub fn record(path: &Path, row: &str, stages: &[String]) -> anyhow::Result<()> {
     let mut text = insert_row(&std::fs::read_to_string(path).unwrap_or_default(), TABLE, row);
-    let head = STAGE_TABLE.lines().next().unwrap_or("");
-    for r in stages {
-        text = super::report::insert_into_table(&text, head, r).unwrap_or_else(|| {
-            let mut out = text.trim_end().to_string();
-            out.push_str(
-                "\n\n### ZeRO stages\n\nThe N-rank run at each `[distributed] zero_stage`: median step time; the model \
+    let intro = "### ZeRO stages\n\nThe N-rank run at each `[distributed] zero_stage`: median step time; the model \
                  state one rank holds (trained weights, gradients kept between backward passes, optimizer state on \
-                 the rank holding the most) and its ratio to stage 0's; rank 0's peak RSS.\n\n",
-            );
-            out.push_str(STAGE_TABLE);
-            out.push_str(r);
-            out.push('\n');
-            out
-        });
+                 the rank holding the most) and its ratio to stage 0's; rank 0's peak RSS.";
+    for r in stages {
+        text = super::report::add_row_or_section(&text, STAGE_TABLE, r, intro);
     }
     std::fs::write(path, text).with_context(|| format!("{}", path.display()))
 }

@@ -170,22 +170,14 @@ pub fn markdown_rows(date: &str, device: &str, model: &str, settings: &str, r: &
 /// there is none).
 pub fn record(path: &Path, rows: &[String]) -> anyhow::Result<()> {
     let mut text = std::fs::read_to_string(path).unwrap_or_default();
-    let head = TABLE.lines().next().unwrap_or("");
-    for row in rows {
-        text = super::report::insert_into_table(&text, head, row).unwrap_or_else(|| {
-            let mut out = text.trim_end().to_string();
-            out.push_str(
-                "\n\n## Asynchronous rollouts\n\n`rlhf bench overlap`: the RL section's GRPO run by `rlhf train` \
+    let intro = "## Asynchronous rollouts\n\n`rlhf bench overlap`: the RL section's GRPO run by `rlhf train` \
                  synchronously and with `rollout.max_staleness` 1 and 2 (the generation worker on half the intra-op \
                  threads, the trainer on the rest), in one run. Median step time over the steps after the first k + \
-                 1 and before the last k; idle: the median share of a step the trainer waited for its batch, and the worker had nothing to \
-                 sample; mean reward over every step, ± the difference between two synchronous seeds.\n\n",
-            );
-            out.push_str(TABLE);
-            out.push_str(row);
-            out.push('\n');
-            out
-        });
+                 1 and before the last k; idle: the median share of a step the trainer waited for its batch, and the \
+                 worker had nothing to sample; mean reward over every step, ± the difference between two \
+                 synchronous seeds.";
+    for row in rows {
+        text = super::report::add_row_or_section(&text, TABLE, row, intro);
     }
     std::fs::write(path, text).with_context(|| format!("{}", path.display()))
 }

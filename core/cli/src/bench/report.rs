@@ -255,6 +255,13 @@ pub fn insert_into_table(text: &str, head: &str, row: &str) -> Option<String> {
     Some(lines.join("\n") + "\n")
 }
 
+/// `text` with `row` added to `table` (its header and separator lines), or, when `text` has no
+/// such table, with `intro` (a section heading and its text) and the table with `row` appended.
+pub fn add_row_or_section(text: &str, table: &str, row: &str, intro: &str) -> String {
+    let head = table.lines().next().unwrap_or("");
+    insert_into_table(text, head, row).unwrap_or_else(|| format!("{}\n\n{intro}\n\n{table}{row}\n", text.trim_end()))
+}
+
 /// Adds `row` to the results table of `path` (other tables may follow it), writing [`HEADER`]
 /// first when the file is new or empty.
 pub fn append_row(path: &Path, row: &Row) -> anyhow::Result<()> {
