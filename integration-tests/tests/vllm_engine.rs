@@ -210,3 +210,47 @@ fn episodes_on_vllm_with_the_engines_log_probs_equal_ours() {
     assert!(turns > 1.0, "{turns}");
     assert!(diff < 1e-4, "{diff}");
 }
+
+/// Asynchronous rollouts (`max_staleness = 1`): the server samples step s + 1's batch while step
+/// s trains, so every batch after the first two comes from the policy one step behind. The first
+/// step's samples come from the current policy (engine log-probs equal the trainer's); every later
+/// step's behaviour log-probs are the stale policy's, which the trainer's differ from — the
+/// correction weighs them — and the embedded task is still learnt.
+#[test]
+#[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
+fn a_one_step_stale_run_learns_on_vllm() {
+    let work = tempfile::tempdir().unwrap();
+    let model = tiny_model(work.path());
+    let server = start(&model, work.path());
+    let rd = work.path().join("run");
+    let actor = format!("model.actor={:?}", model.to_str().unwrap());
+    let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
+    let args = [
+        "--set",
+        &actor,
+        "--set",
+        "rollout.engine=\"vllm\"",
+        "--set",
+        &urls,
+        "--set",
+        "rollout.max_staleness=1",
+        "--set",
+        "rollout.is_correction.mode=\"token_truncate\"",
+    ];
+    let o = train(&args, &rd);
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
+    let rows = train_rows(&rd);
+    let versions: Vec<f64> = rows.iter().map(|r| r["rollout/policy_version"].as_f64().unwrap()).collect();
+    let want: Vec<f64> = (0..rows.len()).map(|i| i.saturating_sub(1) as f64).collect();
+    assert_eq!(versions, want, "step s's batch is sampled by version s - 1");
+    let diff: Vec<f64> = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).collect();
+    assert!(diff[0] < 1e-4, "the first batch comes from the current policy: {}", diff[0]);
+    let stale = diff[2..].iter().filter(|d| **d > 1e-4).count();
+    assert!(stale * 10 >= 9 * (diff.len() - 2), "stale batches differ from the trainer's policy: {stale} of {}", diff.len() - 2);
+    let reward: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
+    let k = reward.len() / 10;
+    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+    let (first, last) = (mean(&reward[..k]), mean(&reward[reward.len() - k..]));
+    println!("vLLM, max_staleness 1: reward {first:.3} -> {last:.3} over {} steps", rows.len());
+    assert!(last >= first + 0.3, "reward {first:.3} -> {last:.3}");
+}
