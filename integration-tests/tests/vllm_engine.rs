@@ -246,7 +246,11 @@ fn a_one_step_stale_run_learns_on_vllm() {
     let diff: Vec<f64> = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).collect();
     assert!(diff[0] < 1e-4, "the first batch comes from the current policy: {}", diff[0]);
     let stale = diff[2..].iter().filter(|d| **d > 1e-4).count();
-    assert!(stale * 10 >= 9 * (diff.len() - 2), "stale batches differ from the trainer's policy: {stale} of {}", diff.len() - 2);
+    assert!(
+        stale * 10 >= 9 * (diff.len() - 2),
+        "stale batches differ from the trainer's policy: {stale} of {}",
+        diff.len() - 2
+    );
     let reward: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
     let k = reward.len() / 10;
     let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;

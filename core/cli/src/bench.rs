@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// an untrained policy).
     #[arg(long)]
     overlap_no_warmup: bool,
+    /// Run the overlap section on these vLLM servers (comma-separated URLs, serving the model as
+    /// `policy`), synchronously and at max_staleness 1; started by you, e.g. pinned to other cores.
+    #[arg(long, value_delimiter = ',')]
+    overlap_vllm: Vec<String>,
     /// Sections to run, comma-separated: gen, train, rl, dp, overlap, all.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
@@ -452,8 +456,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let overlap = match &overlap_cfg {
         Some(cfg) => {
-            println!("overlap: {} steps each, synchronous (2 seeds) and max_staleness 1, 2:", args.overlap_steps);
-            Some(overlap::run(cfg, args.overlap_steps, &work.0)?)
+            let ks = if args.overlap_vllm.is_empty() { "1, 2" } else { "1, on vLLM" };
+            println!("overlap: {} steps each, synchronous (2 seeds) and max_staleness {ks}:", args.overlap_steps);
+            Some(overlap::run(cfg, args.overlap_steps, &args.overlap_vllm, &work.0)?)
         }
         None => None,
     };
@@ -516,11 +521,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 dp::record(path, &dp::markdown_row(&row.date, &dev_name, &row.model, &settings, r), &stages)?;
             }
             if let Some(r) = &overlap {
-                let mut settings =
-                    format!("{}, B={} G={}, new {}", args.dtype, args.batch, args.group, args.new_tokens);
-                if args.overlap_no_warmup {
-                    settings.push_str(", no warm-up");
-                }
+                let settings = format!("{}, B={} G={}, new {}", args.dtype, args.batch, args.group, args.new_tokens);
+                let settings = overlap::settings(settings, args.overlap_no_warmup, args.overlap_vllm.len());
                 overlap::record(path, &overlap::markdown_rows(&row.date, &dev_name, &row.model, &settings, r))?;
             }
             println!("recorded in {}", path.display());

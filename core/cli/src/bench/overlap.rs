@@ -91,9 +91,19 @@ fn figures(run_dir: &Path, k: usize, seed: u64) -> anyhow::Result<OverlapRun> {
     })
 }
 
+/// The `--set` overrides that put a run on the vLLM servers at `urls` (none: the local engine).
+fn engine_sets(urls: &[String]) -> Vec<String> {
+    if urls.is_empty() {
+        return Vec::new();
+    }
+    let quoted: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
+    vec!["rollout.engine=\"vllm\"".into(), format!("rollout.vllm.urls=[{}]", quoted.join(", "))]
+}
+
 /// Runs `cfg` for `steps` steps with `rlhf train` at staleness 0 (seeds `s`, `s + 1`), 1 and 2,
-/// in `work`.
-pub fn run(cfg: &RlConfig, steps: usize, work: &Path) -> anyhow::Result<OverlapResult> {
+/// in `work`; with `vllm` server URLs, on the vLLM engine at staleness 0 and 1 (it holds one
+/// policy at a time).
+pub fn run(cfg: &RlConfig, steps: usize, vllm: &[String], work: &Path) -> anyhow::Result<OverlapResult> {
     if steps < 8 {
         bail!("--overlap-steps {steps}: at least 8 (the first k + 1 and the last k steps are not timed)");
     }
@@ -102,7 +112,12 @@ pub fn run(cfg: &RlConfig, steps: usize, work: &Path) -> anyhow::Result<OverlapR
     let exe = std::env::current_exe().context("the rlhf executable")?;
     let seed = cfg.run.seed;
     let mut runs = Vec::new();
+    let engine = engine_sets(vllm);
+    let last_k = if vllm.is_empty() { 2 } else { 1 };
     for (k, seed) in [(0, seed), (0, seed + 1), (1, seed), (2, seed)] {
+        if k > last_k {
+            break;
+        }
         let run_dir = work.join(format!("overlap-k{k}-seed{seed}"));
         let out = Command::new(&exe)
             .args(["train", "--no-progress", "--log-level", "warn", "--config"])
@@ -114,6 +129,7 @@ pub fn run(cfg: &RlConfig, steps: usize, work: &Path) -> anyhow::Result<OverlapR
             .args(["--set", &format!("run.seed={seed}")])
             // Held-out evaluation would time the same policy in every run: left out.
             .args(["--set", "eval.data=\"\""])
+            .args(engine.iter().flat_map(|e| ["--set", e.as_str()]))
             .output()
             .context("starting rlhf train")?;
         if !out.status.success() {
@@ -134,6 +150,18 @@ pub fn run(cfg: &RlConfig, steps: usize, work: &Path) -> anyhow::Result<OverlapR
         runs.push(r);
     }
     Ok(OverlapResult { steps, runs })
+}
+
+/// The settings column: `base` (dtype, batch, lengths), then whether the preset's warm-up was
+/// skipped and how many vLLM servers sampled.
+pub fn settings(mut base: String, no_warmup: bool, vllm_servers: usize) -> String {
+    if no_warmup {
+        base.push_str(", no warm-up");
+    }
+    if vllm_servers > 0 {
+        base.push_str(&format!(", vLLM engine ({vllm_servers} server{})", if vllm_servers == 1 { "" } else { "s" }));
+    }
+    base
 }
 
 /// The table the overlap rows go in.
@@ -185,6 +213,19 @@ pub fn record(path: &Path, rows: &[String]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_vllm_overrides_name_the_engine_and_every_server() {
+        use rlhf_trainer::config::ConfigSource;
+        let urls = ["http://127.0.0.1:8001".to_string(), "http://127.0.0.1:8002".to_string()];
+        let sets = engine_sets(&urls);
+        let cfg = RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets).unwrap();
+        assert_eq!(cfg.rollout.engine, rlhf_trainer::config::EngineKind::Vllm);
+        assert_eq!(cfg.rollout.vllm.urls, urls);
+        assert!(engine_sets(&[]).is_empty());
+        assert_eq!(settings("f32, B=2".into(), true, 2), "f32, B=2, no warm-up, vLLM engine (2 servers)");
+        assert_eq!(settings("f32, B=2".into(), false, 0), "f32, B=2");
+    }
 
     #[test]
     fn rows_compare_with_the_synchronous_run() {
