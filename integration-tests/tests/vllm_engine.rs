@@ -90,27 +90,41 @@ fn train(args: &[&str], run_dir: &Path) -> Output {
         .unwrap()
 }
 
+/// A GRPO run on the vLLM engine: a server on the tiny model and `rlhf train` against it with
+/// `extra` overrides. Fields drop in order: the server stops before its work directory goes.
+struct VllmRun {
+    _server: Server,
+    run_dir: PathBuf,
+    _work: tempfile::TempDir,
+}
+
+impl VllmRun {
+    fn start(extra: &[&str]) -> VllmRun {
+        let work = tempfile::tempdir().unwrap();
+        let model = tiny_model(work.path());
+        let server = start(&model, work.path());
+        let run_dir = work.path().join("run");
+        let actor = format!("model.actor={:?}", model.to_str().unwrap());
+        let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
+        let mut args = vec!["--set", &actor, "--set", "rollout.engine=\"vllm\"", "--set", &urls];
+        args.extend(extra.iter().flat_map(|e| ["--set", e]));
+        let out = train(&args, &run_dir);
+        assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), server.log.display());
+        VllmRun { _server: server, run_dir, _work: work }
+    }
+}
+
 /// Full weight sync: at every step the engine's log-probs of its own samples equal the
 /// trainer's recomputed ones (within 1e-4) although the policy changes every step — the engine
 /// serves each new version, confirmed by the probe — and the embedded task is learnt.
 #[test]
 #[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
 fn grpo_learns_on_vllm_with_the_engines_log_probs_equal_ours() {
-    let work = tempfile::tempdir().unwrap();
-    let model = tiny_model(work.path());
-    let server = start(&model, work.path());
-    let rd = work.path().join("run");
-    let actor = format!("model.actor={:?}", model.to_str().unwrap());
-    let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
-    let o = train(&["--set", &actor, "--set", "rollout.engine=\"vllm\"", "--set", &urls], &rd);
-    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = train_rows(&rd);
+    let run = VllmRun::start(&[]);
+    let rows = train_rows(&run.run_dir);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
     let versions: Vec<f64> = rows.iter().map(|r| r["rollout/weights_version"].as_f64().unwrap()).collect();
-    let reward: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
-    let k = reward.len() / 10;
-    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
-    let (first, last) = (mean(&reward[..k]), mean(&reward[reward.len() - k..]));
+    let (first, last) = reward_gain(&rows);
     println!(
         "vLLM engine: max |engine - trainer| log-prob {diff:e} over {} steps; reward {first:.3} -> {last:.3}",
         rows.len()
@@ -120,46 +134,33 @@ fn grpo_learns_on_vllm_with_the_engines_log_probs_equal_ours() {
     assert!(last >= first + 0.3, "reward {first:.3} -> {last:.3}");
 }
 
+/// The mean reward of the first and the last tenth of the steps.
+fn reward_gain(rows: &[serde_json::Value]) -> (f64, f64) {
+    let reward: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
+    let k = reward.len() / 10;
+    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+    (mean(&reward[..k]), mean(&reward[reward.len() - k..]))
+}
+
 /// LoRA sync: the adapter (PEFT layout) is hot-swapped on the server every step, and the
 /// engine's log-probs through it equal the trainer's.
 #[test]
 #[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
 fn a_lora_policy_is_served_through_its_adapter() {
-    let work = tempfile::tempdir().unwrap();
-    let model = tiny_model(work.path());
-    let server = start(&model, work.path());
-    let rd = work.path().join("run");
-    let actor = format!("model.actor={:?}", model.to_str().unwrap());
-    let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
-    let args = [
-        "--set",
-        &actor,
-        "--set",
-        "rollout.engine=\"vllm\"",
-        "--set",
-        &urls,
-        "--set",
+    let run = VllmRun::start(&[
         "model.lora.rank=4",
-        "--set",
         "model.lora.target_modules=[\"q_proj\", \"v_proj\"]",
-        "--set",
         "rollout.vllm.weight_sync=\"lora\"",
-        "--set",
         "rollout.vllm.model=\"policy-lora\"",
-        "--set",
         "train.steps=5",
-        "--set",
         "train.actor_lr=0.01",
-        "--set",
         "warmup.steps=0",
-    ];
-    let o = train(&args, &rd);
-    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = train_rows(&rd);
+    ]);
+    let rows = train_rows(&run.run_dir);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
     println!("vLLM LoRA: max |engine - trainer| log-prob {diff:e} over {} steps", rows.len());
     assert!(diff < 1e-4, "{diff}");
-    assert!(rd.join("rollout-weights").read_dir().unwrap().any(|e| e
+    assert!(run.run_dir.join("rollout-weights").read_dir().unwrap().any(|e| e
         .unwrap()
         .path()
         .join("adapter_model.safetensors")
@@ -173,37 +174,15 @@ fn a_lora_policy_is_served_through_its_adapter() {
 #[test]
 #[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
 fn episodes_on_vllm_with_the_engines_log_probs_equal_ours() {
-    let work = tempfile::tempdir().unwrap();
-    let model = tiny_model(work.path());
-    let server = start(&model, work.path());
-    let rd = work.path().join("run");
-    let actor = format!("model.actor={:?}", model.to_str().unwrap());
-    let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
-    let o = train(
-        &[
-            "--set",
-            &actor,
-            "--set",
-            "rollout.engine=\"vllm\"",
-            "--set",
-            &urls,
-            "--set",
-            "train.steps=3",
-            "--set",
-            "warmup.steps=0",
-            "--set",
-            "eval.data=\"\"",
-            "--set",
-            "environment.plugin=\"env-script\"",
-            "--set",
-            "environment.reward=\"sum\"",
-            "--set",
-            "environment.config={ turns = 2, observation = \"the answer is\" }",
-        ],
-        &rd,
-    );
-    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = metrics(&rd);
+    let run = VllmRun::start(&[
+        "train.steps=3",
+        "warmup.steps=0",
+        "eval.data=\"\"",
+        "environment.plugin=\"env-script\"",
+        "environment.reward=\"sum\"",
+        "environment.config={ turns = 2, observation = \"the answer is\" }",
+    ]);
+    let rows = metrics(&run.run_dir);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
     let turns = rows.iter().map(|r| r["env/turns/mean"].as_f64().unwrap()).fold(0.0, f64::max);
     println!("vLLM episodes: max |engine - trainer| log-prob {diff:e}; up to {turns:.2} turns per episode");
@@ -219,27 +198,8 @@ fn episodes_on_vllm_with_the_engines_log_probs_equal_ours() {
 #[test]
 #[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
 fn a_one_step_stale_run_learns_on_vllm() {
-    let work = tempfile::tempdir().unwrap();
-    let model = tiny_model(work.path());
-    let server = start(&model, work.path());
-    let rd = work.path().join("run");
-    let actor = format!("model.actor={:?}", model.to_str().unwrap());
-    let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
-    let args = [
-        "--set",
-        &actor,
-        "--set",
-        "rollout.engine=\"vllm\"",
-        "--set",
-        &urls,
-        "--set",
-        "rollout.max_staleness=1",
-        "--set",
-        "rollout.is_correction.mode=\"token_truncate\"",
-    ];
-    let o = train(&args, &rd);
-    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stderr), server.log.display());
-    let rows = train_rows(&rd);
+    let run = VllmRun::start(&["rollout.max_staleness=1", "rollout.is_correction.mode=\"token_truncate\""]);
+    let rows = train_rows(&run.run_dir);
     let versions: Vec<f64> = rows.iter().map(|r| r["rollout/policy_version"].as_f64().unwrap()).collect();
     let want: Vec<f64> = (0..rows.len()).map(|i| i.saturating_sub(1) as f64).collect();
     assert_eq!(versions, want, "step s's batch is sampled by version s - 1");
@@ -251,10 +211,7 @@ fn a_one_step_stale_run_learns_on_vllm() {
         "stale batches differ from the trainer's policy: {stale} of {}",
         diff.len() - 2
     );
-    let reward: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
-    let k = reward.len() / 10;
-    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
-    let (first, last) = (mean(&reward[..k]), mean(&reward[reward.len() - k..]));
+    let (first, last) = reward_gain(&rows);
     println!("vLLM, max_staleness 1: reward {first:.3} -> {last:.3} over {} steps", rows.len());
     assert!(last >= first + 0.3, "reward {first:.3} -> {last:.3}");
 }
