@@ -200,7 +200,8 @@ pub fn record(path: &Path, rows: &[String]) -> anyhow::Result<()> {
     let mut text = std::fs::read_to_string(path).unwrap_or_default();
     let intro = "## Asynchronous rollouts\n\n`rlhf bench overlap`: the RL section's GRPO run by `rlhf train` \
                  synchronously and with `rollout.max_staleness` 1 and 2 (the generation worker on half the intra-op \
-                 threads, the trainer on the rest), in one run. Median step time over the steps after the first k + \
+                 threads, the trainer on the rest; with `--overlap-vllm`, rows marked \"vLLM engine\", the servers \
+                 sample and only k 1 runs), in one run. Median step time over the steps after the first k + \
                  1 and before the last k; idle: the median share of a step the trainer waited for its batch, and the \
                  worker had nothing to sample; mean reward over every step, ± the difference between two \
                  synchronous seeds.";
