@@ -174,11 +174,7 @@ fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    let rows: Vec<Value> = std::fs::read_to_string(rd.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = rlhf_integration_tests::metrics(&rd);
     // The preset's held-out evaluation ran on the engine, synced first: before training (row 0,
     // version 0) and after the last step (version 4). Every held-out answer is the mock's.
     for r in [&rows[0], &rows[2]] {
@@ -247,11 +243,7 @@ fn a_one_step_stale_run_sends_the_next_batch_after_each_sync() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let rows: Vec<Value> = std::fs::read_to_string(rd.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = rlhf_integration_tests::metrics(&rd);
     let versions: Vec<f64> = rows.iter().map(|r| r["rollout/policy_version"].as_f64().unwrap()).collect();
     assert_eq!(versions, [0.0, 0.0, 1.0]);
     for r in &rows {

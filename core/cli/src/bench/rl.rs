@@ -50,14 +50,14 @@ fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-/// The grpo preset with the benchmark's overrides: no supervised warm-up (unless `s.warmup`), one optimizer step per
-/// generation batch (`minibatch_size = B·G`, one epoch), nothing saved, no W&B.
+/// The grpo preset with the benchmark's overrides: no supervised warm-up (unless `s.warmup`), one
+/// optimizer step per generation batch (`minibatch_size = B·G`, one epoch), nothing saved, no W&B.
 pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
     let prompts = match s.prompts {
         Some(p) => toml_string(&p.display().to_string()),
         None => toml_string("builtin:addition"),
     };
-    let sets = [
+    let mut sets = vec![
         format!("model.actor={}", toml_string(&s.model_dir.display().to_string())),
         format!("run.device={}", toml_string(s.device)),
         format!("run.dtype={}", toml_string(s.dtype)),
@@ -77,7 +77,6 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
         format!("train.gradient_checkpointing={}", s.gradient_checkpointing),
         format!("rollout.decode_dtype={}", if s.bf16_decode { "\"bf16\"" } else { "\"model\"" }),
     ];
-    let mut sets = sets.to_vec();
     if !s.warmup {
         sets.push("warmup.steps=0".into());
     }

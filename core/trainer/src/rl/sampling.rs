@@ -67,6 +67,13 @@ impl Trainer {
         Ok(Some(Sampled { selected, rewards: scored.rewards, in_batch_order: true, t_gen: gen.t_gen, t_score }))
     }
 
+    /// Brings the rollout engine to the actor's current weights ([`crate::rl::engine::Engine::ensure_synced`]: the
+    /// local engine's bf16 decode copy, or every vLLM server, the probe confirming it).
+    pub(in crate::rl) fn sync_engine(&mut self, m: &mut StepMetrics) -> Result<()> {
+        let probe = &self.data.records[0].ids;
+        self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, m)
+    }
+
     /// Prompts, rollout and scores of one generation batch (stages 1–3 before the rewards are
     /// combined). A failing environment checkpoints the run as it was before the step.
     fn generation(&mut self, eos_ids: &[i64], pad: i64, m: &mut StepMetrics) -> Result<Generation> {
@@ -85,8 +92,7 @@ impl Trainer {
             let global =
                 prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
             let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
-            let probe = &self.data.records[0].ids;
-            self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, m)?;
+            self.sync_engine(m)?;
             let (rollout, env) = self.sample(&batch, part, eos_ids, pad)?;
             (rollout, env, batch.group_of_row, part)
         };

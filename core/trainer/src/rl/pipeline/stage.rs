@@ -116,21 +116,16 @@ impl Trainer {
     fn take_from_servers(&mut self, last: usize, m: &mut StepMetrics) -> Result<Finished> {
         if self.pipeline.as_ref().is_some_and(|p| p.next == self.step) {
             // Nothing in flight for this step (the first step, or a resume without a batch ahead).
-            self.sync_servers(m)?;
+            self.sync_engine(m)?;
             self.submit_next()?;
         }
         let p = self.pipeline.as_mut().ok_or_else(|| TrainerError::Run("no generation worker".into()))?;
         let f = p.take(self.step)?;
         if self.pipeline.as_ref().is_some_and(|p| p.next <= last) {
-            self.sync_servers(m)?;
+            self.sync_engine(m)?;
             self.submit_next()?;
         }
         Ok(f)
-    }
-
-    fn sync_servers(&mut self, m: &mut StepMetrics) -> Result<()> {
-        let probe = &self.data.records[0].ids;
-        self.engine.ensure_synced(&self.actor, self.actor_opt.steps(), probe, &self.world, m)
     }
 
     /// Waits for the batches in flight on the vLLM servers (before the held-out evaluation
