@@ -75,8 +75,11 @@ pub(crate) fn assemble(profile_dir: &Path, torch_lib: &Path, dir: &Path) -> Resu
         }
         binaries.push((from, bin.join(file)));
     }
-    if let Some(nccl) = newest(profile_dir.join("build"), "librlhf_nccl.so") {
-        binaries.push((nccl, bin.join("librlhf_nccl.so")));
+    // The libraries reached only on CUDA, loaded at run time from beside the binary.
+    for lib in ["librlhf_nccl.so", "librlhf_cuda_graph.so"] {
+        if let Some(built) = newest(profile_dir.join("build"), lib) {
+            binaries.push((built, bin.join(lib)));
+        }
     }
     for (from, to) in &binaries {
         fs::copy(from, to).with_context(|| format!("could not copy {}", from.display()))?;
@@ -206,7 +209,7 @@ mod tests {
         let python_dir = Path::new(&python).parent().unwrap().to_path_buf();
         let run = |args: &[&str], libtorch: Option<&Path>| {
             let mut c = Command::new(moved.join("bin/rlhf"));
-            c.args(args).current_dir(&tmp).env_remove("LD_LIBRARY_PATH").env_remove("RLHF_NCCL_LIB");
+            c.args(args).current_dir(&tmp).env_remove("LD_LIBRARY_PATH").env_remove("RLHF_NCCL_LIB").env_remove("RLHF_CUDA_GRAPH_LIB");
             c.env("PATH", format!("{}:/usr/bin:/bin", python_dir.display()));
             match libtorch {
                 Some(d) => c.env("LIBTORCH", d),

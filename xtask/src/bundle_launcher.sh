@@ -45,4 +45,7 @@ export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ -z "${RLHF_NCCL_LIB:-}" ] && [ -f "$here/librlhf_nccl.so" ]; then
   export RLHF_NCCL_LIB="$here/librlhf_nccl.so"
 fi
+if [ -z "${RLHF_CUDA_GRAPH_LIB:-}" ] && [ -f "$here/librlhf_cuda_graph.so" ]; then
+  export RLHF_CUDA_GRAPH_LIB="$here/librlhf_cuda_graph.so"
+fi
 exec "$here/rlhf-bin" "$@"

@@ -38,7 +38,7 @@ pub struct Args {
 
 /// Deterministic token ids in `[lo, vocab)`: row `i` has `len − 5·i` tokens (at least 1), so the
 /// batch is left-padded by 0, 5, 10, ... (a 64-bit LCG; the same on every machine).
-fn batch_ids(batch: usize, len: usize, vocab: i64) -> Vec<Vec<i64>> {
+pub(crate) fn batch_ids(batch: usize, len: usize, vocab: i64) -> Vec<Vec<i64>> {
     let lo = vocab.min(4) - 1; // skip the first ids, often special tokens
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
     (0..batch)

@@ -63,6 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         prefill_group: 1,
         logprobs: false,
         noise_key: None,
+        cuda_graphs: true,
     };
     let batch = left_pad(&prompts, cfg.pad_token_id, model.device())?;
     let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg).map_err(|e| match e {

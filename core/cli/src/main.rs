@@ -7,6 +7,7 @@ mod cmd_config;
 mod cmd_dpo;
 mod cmd_eval;
 mod cmd_generate;
+mod cmd_graphs;
 mod cmd_plugins;
 mod cmd_ppl;
 mod cmd_rm;
@@ -50,6 +51,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Compare a model's logits and greedy tokens on a device/dtype with the CPU in f32.
     CheckDevice(cmd_check::Args),
+    /// On a CUDA device, check that decoding with CUDA graphs samples exactly what eager decoding samples.
+    CheckGraphs(cmd_graphs::Args),
     /// Check this machine end to end, device by device (correctness, learning, speed); writes report.md and report.json.
     Doctor(doctor::Args),
     /// Supervised fine-tuning (DeepSpeed-Chat phase 1) on prompt/response or chat JSONL.
@@ -98,6 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ppl(args) => cmd_ppl::run(args),
         Command::Bench(args) => bench::run(args),
         Command::CheckDevice(args) => cmd_check::run(args),
+        Command::CheckGraphs(args) => cmd_graphs::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Sft(args) => cmd_sft::sft(args),
         Command::Rm(args) => cmd_rm::rm(args),

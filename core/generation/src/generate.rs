@@ -1,17 +1,19 @@
 //! Batched generation with a preallocated KV cache.
 //!
 //! Prompts are left-padded; positions come from the mask, so a prompt's continuation does not depend
-//! on how much padding its batch needed. Each sequence stops at its first EOS; later slots hold the
-//! pad id and are masked out. On CUDA the "all finished?" test — a device→host sync — runs only
-//! every [`GenerateConfig::sync_every`] steps so the decode loop does not stall the GPU. Logits that
-//! are not finite (NaN weights, a broken config) are noted on the device at every step, zeroed so
-//! sampling cannot trip over them, and reported as [`GenerationError::NonFiniteLogits`] at the next
-//! such check.
+//! on how much padding its batch needed. The prompts are prefilled in one pass, then decoded one
+//! token per step ([`crate::decode`]: a capture-safe step, replayed as a CUDA graph on CUDA). Each
+//! sequence stops at its first EOS; later slots hold the pad id and are masked out. On CUDA the
+//! "all finished?" test — a device→host sync — runs only every [`GenerateConfig::sync_every`]
+//! steps so the decode loop does not stall the GPU. Logits that are not finite (NaN weights, a
+//! broken config) are noted on the device at every step, zeroed so sampling cannot trip over them,
+//! and reported as [`GenerationError::NonFiniteLogits`] at the next such check.
 
 use tch::{Kind, Tensor};
 
 use rlhf_models::{position_ids_from_mask, CausalLm, KvCache};
 
+use crate::decode::{decode, Decoded, Start};
 use crate::error::{GenerationError, Result};
 use crate::sampling::{RowWindow, Sampling};
 
@@ -24,12 +26,12 @@ pub struct GenerateConfig {
     pub eos_token_ids: Vec<i64>,
     /// Written after a sequence ended.
     pub pad_token_id: i64,
-    /// Seeds libtorch's generators before sampling.
+    /// Seeds libtorch's generator before the noise key is drawn from it.
     pub seed: Option<u64>,
     /// Steps between checks whether every sequence has finished (0: pick by device).
     pub sync_every: i64,
-    /// These rows are part of a larger batch split across processes (see
-    /// [`Sampling::next_tokens_in`]); `None`: the batch is whole.
+    /// These rows are part of a larger batch split across processes: their noise is that of
+    /// their rows in the whole batch ([`crate::noise`]); `None`: the batch is whole.
     pub rows: Option<RowWindow>,
     /// The prompts come in runs of this many identical rows (GRPO's G samples of a prompt): each
     /// prompt is prefilled once and its KV cache and first logits are repeated for its run, so
@@ -41,9 +43,13 @@ pub struct GenerateConfig {
     /// sampled from — `log_softmax(logits)` at the token, before temperature and truncation, as
     /// the trainer's own log-probs are — in [`Generated::logprobs`].
     pub logprobs: bool,
-    /// Sample with noise keyed by (this key, row, decode step) instead of libtorch's process-wide
-    /// generator (see [`Sampling::next_tokens_keyed`]): for a decode running beside other work.
+    /// The key of the sampling noise ([`crate::noise`]: one uniform per key, global row and
+    /// step); `None` draws it from libtorch's generator (seeded per training step), which a
+    /// decode running beside other work must not touch.
     pub noise_key: Option<u64>,
+    /// On CUDA, capture the decode step as CUDA graphs and replay them ([`crate::graphs`]);
+    /// eager steps where capture is impossible, and on other devices.
+    pub cuda_graphs: bool,
 }
 
 impl GenerateConfig {
@@ -79,6 +85,7 @@ impl GenerateConfig {
             prefill_group: 1,
             logprobs: false,
             noise_key: None,
+            cuda_graphs: true,
         }
     }
 }
@@ -161,7 +168,6 @@ pub fn generate_until(
     if let Some(seed) = cfg.seed {
         tch::manual_seed(seed as i64);
     }
-    let sync_every = cfg.sync_steps(device);
     tch::no_grad(|| -> Result<Generated> {
         let prompt_ids = prompt_ids.f_to_device(device)?;
         let prompt_mask = prompt_mask.f_to_device(device)?.f_to_kind(Kind::Int64)?;
@@ -169,113 +175,23 @@ pub fn generate_until(
         let group = cfg.prefill_group.max(1);
         let mut cache = model.new_cache(batch / group, total)?;
         // Running key mask over prompt + generated slots; slots are switched on as they are filled.
-        let mask = Tensor::f_zeros([batch, total], (Kind::Int64, device))?;
-        mask.f_narrow(1, 0, prompt_len)?.f_copy_(&prompt_mask)?;
+        let key_mask = Tensor::f_zeros([batch, total], (Kind::Int64, device))?;
+        key_mask.f_narrow(1, 0, prompt_len)?.f_copy_(&prompt_mask)?;
         let positions = position_ids_from_mask(&prompt_mask)?;
         let next_pos = positions.f_narrow(1, prompt_len - 1, 1)?.f_add_scalar(1)?; // [b, 1]
         let logits = prefill(model, &prompt_ids, &prompt_mask, &positions, &mut cache, cfg.prefill_group)?; // [b, vocab]
         let finished = Tensor::f_zeros([batch], (Kind::Bool, device))?;
-        let steps = Steps { base: prompt_len, next_pos, logits, finished, sync_every };
-        let Decoded { tokens, alive: alive_steps, logprobs: token_lps } =
-            decode(model, &mut cache, &mask, steps, cfg, stop)?;
-        let responses = Tensor::f_stack(&tokens, 1)?; // [b, steps]
-        let response_mask = Tensor::f_stack(&alive_steps, 1)?.f_to_kind(Kind::Int64)?; // [b, steps]
+        let start = Start { cache, key_mask, base: prompt_len, next_pos, logits, finished, compact: true };
+        let Decoded { tokens: responses, alive, logprobs, .. } = decode(model, start, cfg, stop)?;
+        let response_mask = alive.f_to_kind(Kind::Int64)?; // [b, steps]
         Ok(Generated {
             sequences: Tensor::f_cat(&[&prompt_ids, &responses], 1)?,
             attention_mask: Tensor::f_cat(&[&prompt_mask, &response_mask], 1)?,
             response_mask,
             prompt_len,
-            logprobs: if cfg.logprobs { Some(Tensor::f_stack(&token_lps, 1)?) } else { None },
+            logprobs: if cfg.logprobs { logprobs } else { None },
         })
     })
-}
-
-/// Where a decode starts: the first free slot of the cache (`base`), each row's next position
-/// `[b, 1]`, the logits to sample the first token from `[b, vocab]`, the rows already finished
-/// `[b]` (bool), and the steps between host checks.
-pub(crate) struct Steps {
-    pub base: i64,
-    pub next_pos: Tensor,
-    pub logits: Tensor,
-    pub finished: Tensor,
-    pub sync_every: i64,
-}
-
-/// What a decode sampled, one tensor per step: the tokens `[b]` (pad once a row finished), which
-/// rows were still running `[b]` (bool), and with [`GenerateConfig::logprobs`] the tokens'
-/// log-probs `[b]`. Every token but the last was fed to the model at slots `base..`.
-pub(crate) struct Decoded {
-    pub tokens: Vec<Tensor>,
-    pub alive: Vec<Tensor>,
-    pub logprobs: Vec<Tensor>,
-}
-
-/// The decode loop: samples a token per row from the logits, ends rows at EOS or where `stop`
-/// says, feeds the tokens at slots `s.base..` of `cache` (switching them on in the key `mask`,
-/// `[b, capacity]` i64) until every row finished or `max_new_tokens` were sampled.
-pub(crate) fn decode(
-    model: &CausalLm,
-    cache: &mut KvCache,
-    mask: &Tensor,
-    s: Steps,
-    cfg: &GenerateConfig,
-    mut stop: Option<StopCheck<'_>>,
-) -> Result<Decoded> {
-    let Steps { base, mut next_pos, mut logits, mut finished, sync_every } = s;
-    let (batch, device) = (logits.size()[0], logits.device());
-    let eos = Tensor::f_from_slice(&cfg.eos_token_ids)?.f_to_device(device)?;
-    let mut broken = Tensor::f_zeros([batch, 1], (Kind::Bool, device))?;
-    let mut tokens = Vec::with_capacity(cfg.max_new_tokens as usize);
-    let mut alive_steps = Vec::with_capacity(cfg.max_new_tokens as usize);
-    let mut token_lps = Vec::new();
-    for step in 0..cfg.max_new_tokens {
-        let bad = logits.f_isfinite()?.f_all_dim(-1, true)?.f_logical_not()?; // [b, 1]
-        broken = broken.f_logical_or(&bad)?;
-        let logits_ok = logits.f_masked_fill(&bad, 0.0)?; // [b, vocab]
-        let next = match cfg.noise_key {
-            Some(key) => cfg.sampling.next_tokens_keyed(&logits_ok, cfg.rows, key, step)?,
-            None => cfg.sampling.next_tokens_in(&logits_ok, cfg.rows)?,
-        }; // [b]
-        let next = next.f_masked_fill(&finished, cfg.pad_token_id)?;
-        let alive = finished.f_logical_not()?;
-        if cfg.logprobs {
-            let lp = logits_ok.f_log_softmax(-1, Kind::Float)?.f_gather(1, &next.f_unsqueeze(1)?, false)?; // [b, 1]
-            token_lps.push(lp.f_squeeze_dim(1)?.f_mul(&alive)?);
-        }
-        if !cfg.eos_token_ids.is_empty() {
-            finished = finished.f_logical_or(&Tensor::f_isin(&next, &eos, false, false)?)?;
-        }
-        if let Some(stop) = stop.as_mut() {
-            let flags = stop(&Vec::<i64>::try_from(next.f_to_device(tch::Device::Cpu)?)?)?;
-            if flags.len() as i64 != batch {
-                return Err(GenerationError::Input(format!("stop check gave {} flags for {batch} rows", flags.len())));
-            }
-            let flags = Tensor::f_from_slice(&flags)?.f_to_device(device)?;
-            finished = finished.f_logical_or(&flags)?;
-        }
-        tokens.push(next.shallow_clone());
-        alive_steps.push(alive);
-        let last = step + 1 == cfg.max_new_tokens;
-        if last || (step + 1) % sync_every == 0 {
-            if bool::try_from(broken.f_any()?)? {
-                return Err(GenerationError::NonFiniteLogits { step });
-            }
-            if last || bool::try_from(finished.f_all()?)? {
-                break;
-            }
-        }
-        let slot = base + step;
-        let _ = mask.f_narrow(1, slot, 1)?.f_fill_(1)?;
-        let hidden = model.hidden_states(
-            &next.f_unsqueeze(1)?,
-            &mask.f_narrow(1, 0, slot + 1)?,
-            &next_pos,
-            Some(&mut *cache),
-        )?;
-        next_pos = next_pos.f_add_scalar(1)?;
-        logits = model.logits_from_hidden(&hidden.f_select(1, 0)?)?;
-    }
-    Ok(Decoded { tokens, alive: alive_steps, logprobs: token_lps })
 }
 
 /// Runs the prompts through the model into `cache` and returns the logits of their last position.

@@ -3,9 +3,12 @@
 //! entropy of given tokens computed in vocabulary chunks, and perplexity.
 
 pub mod batch;
+pub mod decode;
 pub mod error;
 pub mod generate;
+pub mod graphs;
 pub mod logprobs;
+pub mod noise;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;
@@ -13,9 +16,11 @@ pub mod session;
 pub use batch::{left_pad, right_pad, PaddedBatch};
 pub use error::{GenerationError, Result};
 pub use generate::{generate, generate_until, GenerateConfig, Generated, StopCheck};
+pub use decode::compactions;
+pub use graphs::graph_replays;
 pub use logprobs::{
     masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass,
-    CheckpointedLogProbs, LogProbOptions, TokenLogProbs,
+    LogProbPass, LogProbOptions, TokenLogProbs,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{RowWindow, Sampling};

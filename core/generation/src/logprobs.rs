@@ -1,13 +1,13 @@
 //! Log-probabilities and entropy of given tokens.
 //!
 //! The LM head and the fp32 log-softmax are applied to a bounded number of rows at a time, so the
-//! `[tokens, vocab]` fp32 tensor never exists for the whole batch in the forward. Gradients flow
-//! when called outside `no_grad`; autograd then keeps every chunk's logits for the backward.
-//! The checkpointed pass ([`token_logprobs_checkpointed`]) keeps none: its log-probs are
-//! computed without a graph, and its backward recomputes the head one chunk at a time (the
-//! chunked linear + log-softmax + gather of Liger-Kernel's fused linear cross-entropy, here with
-//! libtorch's own operators), so at most one chunk's `[rows, vocab]` logits and their gradient
-//! exist at once, in the forward and in the backward.
+//! `[tokens, vocab]` fp32 tensor never exists for the whole batch in the forward. A training pass
+//! ([`token_logprobs_pass`], with or without activation checkpointing) keeps no logits at all:
+//! its log-probs are computed without a graph, and its backward ([`LogProbPass::backward`])
+//! recomputes the head one chunk at a time (the chunked linear + log-softmax + gather of
+//! Liger-Kernel's fused linear cross-entropy, here with libtorch's own operators), so at most one
+//! chunk's `[rows, vocab]` logits and their gradient exist at once, in the forward and in the
+//! backward. [`token_logprobs`] called with gradients on lets autograd keep every chunk's logits.
 
 use tch::{Kind, Tensor};
 
@@ -68,7 +68,7 @@ pub fn token_logprobs(
 /// [`token_logprobs`] as a checkpointed pass (activation checkpointing, see
 /// [`rlhf_models::checkpointing`]): neither the layers nor the LM head keep an autograd graph.
 /// The returned log-probs (and entropy) are leaves that require a gradient: build the loss from
-/// them, backpropagate it, then call [`CheckpointedLogProbs::backward`], which recomputes the
+/// them, backpropagate it, then call [`LogProbPass::backward`], which recomputes the
 /// head chunk by chunk and then the layers one by one.
 ///
 /// # Shapes
@@ -79,7 +79,7 @@ pub fn token_logprobs_checkpointed(
     attention_mask: &Tensor,
     from: i64,
     opts: LogProbOptions,
-) -> Result<(TokenLogProbs, CheckpointedLogProbs)> {
+) -> Result<(TokenLogProbs, LogProbPass)> {
     check_from(input_ids, from)?;
     // The hidden states of a shared-prefix pass start at position `from − 1`: the head reads
     // them with the ids from there on, predicting from index 1.
@@ -94,6 +94,18 @@ pub fn token_logprobs_checkpointed(
             (model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?, input_ids.shallow_clone(), from)
         }
     };
+    head_pass(model, Layers::Checkpointed(layers), ids, from, opts)
+}
+
+/// The head of a training pass over `layers`: log-probs (and entropy) computed without a graph,
+/// handed out as leaves that require a gradient, with the pass that backpropagates them.
+fn head_pass(
+    model: &CausalLm,
+    layers: Layers,
+    ids: Tensor,
+    from: i64,
+    opts: LogProbOptions,
+) -> Result<(TokenLogProbs, LogProbPass)> {
     let lp = tch::no_grad(|| from_hidden(model, layers.hidden(), &ids, from, opts))?;
     let out = TokenLogProbs {
         logprobs: lp.logprobs.f_detach()?.f_set_requires_grad(true)?,
@@ -103,14 +115,32 @@ pub fn token_logprobs_checkpointed(
         logprobs: out.logprobs.shallow_clone(),
         entropy: out.entropy.as_ref().map(Tensor::shallow_clone),
     };
-    Ok((out, CheckpointedLogProbs { layers, ids, from, opts, leaves }))
+    Ok((out, LogProbPass { layers, ids, from, opts, leaves }))
 }
 
-/// A checkpointed log-prob pass waiting for its backward: the inputs of every layer
-/// ([`Checkpointed`]), and what the LM head needs to be recomputed.
+/// The layers under a log-prob pass: checkpointed (their inputs kept, recomputed in the
+/// backward), or their output with its autograd graph.
 #[derive(Debug)]
-pub struct CheckpointedLogProbs {
-    layers: Checkpointed,
+enum Layers {
+    Checkpointed(Checkpointed),
+    Graph(Tensor),
+}
+
+impl Layers {
+    /// The last hidden states, `[batch, seq, hidden]`.
+    fn hidden(&self) -> &Tensor {
+        match self {
+            Layers::Checkpointed(c) => c.hidden(),
+            Layers::Graph(h) => h,
+        }
+    }
+}
+
+/// A log-prob pass waiting for its backward: the layers (checkpointed, or with their graph) and
+/// what the LM head needs to be recomputed.
+#[derive(Debug)]
+pub struct LogProbPass {
+    layers: Layers,
     /// The ids aligned with `layers.hidden()`, and the first position whose token is predicted.
     ids: Tensor,
     from: i64,
@@ -119,13 +149,14 @@ pub struct CheckpointedLogProbs {
     leaves: TokenLogProbs,
 }
 
-impl CheckpointedLogProbs {
+impl LogProbPass {
     /// Accumulates the parameter gradients of the pass once the loss built on its log-probs has
     /// been backpropagated: the head first, chunk by chunk — each chunk's logits recomputed with
     /// a graph and `Σ logprobs ⊙ g (+ Σ entropy ⊙ g_entropy)` backpropagated through them, `g` the
     /// gradient the loss left on the log-probs — which leaves `∂L/∂hidden` on the layers' output;
-    /// then the layers ([`CausalLm::backward_checkpointed`]). Nothing happens when the loss did not
-    /// use the log-probs. Call it once per backpropagated loss.
+    /// then the layers (recomputed one by one when checkpointed, [`CausalLm::backward_checkpointed`],
+    /// else through their graph). Nothing happens when the loss did not use the log-probs. Call
+    /// it once per backpropagated loss.
     pub fn backward(&self, model: &CausalLm) -> Result<()> {
         let grad = |t: &Tensor| Some(t.grad()).filter(Tensor::defined);
         let g_lp = grad(&self.leaves.logprobs);
@@ -161,14 +192,22 @@ impl CheckpointedLogProbs {
         }
         let g_rows = rows.grad();
         if g_rows.defined() {
+            // Through the row selection to the layers' output (and, with their graph, through
+            // the layers themselves).
             selected.f_mul(&g_rows)?.f_sum(Kind::Float)?.f_backward()?;
         }
-        Ok(model.backward_checkpointed(&self.layers)?)
+        match &self.layers {
+            Layers::Checkpointed(c) => Ok(model.backward_checkpointed(c)?),
+            Layers::Graph(_) => Ok(()),
+        }
     }
 }
 
-/// [`token_logprobs_checkpointed`] when `checkpointed`, else [`token_logprobs`] (with no pass to
-/// hand back): what a training step calls under `train.gradient_checkpointing`.
+/// The log-probs of a training step with the pass that backpropagates them (see the module
+/// docs): the layers checkpointed ([`token_logprobs_checkpointed`], under
+/// `train.gradient_checkpointing`) or with their autograd graph; either way the head keeps no
+/// logits. Build the loss from the returned log-probs, backpropagate it, then call
+/// [`LogProbPass::backward`].
 ///
 /// # Shapes
 /// As [`token_logprobs`].
@@ -179,12 +218,23 @@ pub fn token_logprobs_pass(
     from: i64,
     opts: LogProbOptions,
     checkpointed: bool,
-) -> Result<(TokenLogProbs, Option<CheckpointedLogProbs>)> {
+) -> Result<(TokenLogProbs, LogProbPass)> {
     if checkpointed {
-        let (lp, pass) = token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts)?;
-        return Ok((lp, Some(pass)));
+        return token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts);
     }
-    Ok((token_logprobs(model, input_ids, attention_mask, from, opts)?, None))
+    check_from(input_ids, from)?;
+    let (hidden, ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
+        Some(prefix) => (
+            model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?,
+            after_prefix(input_ids, from)?,
+            1,
+        ),
+        None => {
+            let positions = position_ids_from_mask(attention_mask)?;
+            (model.hidden_states(input_ids, attention_mask, &positions, None)?, input_ids.shallow_clone(), from)
+        }
+    };
+    head_pass(model, Layers::Graph(hidden), ids, from, opts)
 }
 
 /// With [`LogProbOptions::share_prefix`], the rows' shared first `from` tokens — `None` when

@@ -5,7 +5,8 @@ use tch::{Kind, Tensor};
 
 use crate::error::{GenerationError, Result};
 
-/// Which rows of a larger batch a call samples (see [`Sampling::next_tokens_in`]).
+/// Where a decode's rows sit in a larger batch split across processes: its noise is keyed by
+/// the global row (see [`crate::noise`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowWindow {
     pub offset: i64,
@@ -49,72 +50,26 @@ impl Sampling {
         Ok(())
     }
 
-    /// Picks one token per row.
+    /// Picks one token per row: the argmax, or with `uniforms` one draw from the warped
+    /// distribution by inverse-transform sampling — the token where the row's cumulative
+    /// probability first exceeds its uniform `u`. With the uniforms of [`crate::noise`] a token
+    /// is a pure function of (key, global row, step): it depends neither on the other rows nor
+    /// on the rank that holds the row, and libtorch's generator is not touched. Every operation
+    /// keeps its shape and nothing is read back to the host, so this runs inside a captured
+    /// decode step.
     ///
     /// # Shapes
-    /// - `logits`: `[batch, vocab]` (any float kind) → `[batch]` int64
-    pub fn next_tokens(&self, logits: &Tensor) -> Result<Tensor> {
-        self.next_tokens_in(logits, None)
-    }
-
-    /// As [`Sampling::next_tokens`] for rows `offset..offset + batch` of a batch of `total` rows
-    /// split across processes: the sampling noise is drawn for all `total` rows, exactly as
-    /// `multinomial` draws it (`argmax(p / q)` with `q ~ Exp(1)`, the exponential-race form
-    /// libtorch uses for one sample), and this part keeps its rows. So the processes of a
-    /// data-parallel run sample together the tokens one process would sample for the whole
-    /// batch, and every process's generator stays in step.
-    ///
-    /// # Shapes
-    /// - `logits`: `[batch, vocab]` → `[batch]` int64, with `offset + batch <= total`
-    pub fn next_tokens_in(&self, logits: &Tensor, window: Option<RowWindow>) -> Result<Tensor> {
+    /// - `logits`: `[batch, vocab]` (any float kind); `uniforms`: `[batch]` f32 in `[0, 1)`
+    ///   (required when sampling) → `[batch]` int64
+    pub fn next_tokens(&self, logits: &Tensor, uniforms: Option<&Tensor>) -> Result<Tensor> {
         let Some(probs) = self.warped_probs(logits)? else { return Ok(logits.f_argmax(-1, false)?) };
-        match window {
-            None => Ok(probs.f_multinomial(1, false)?.f_squeeze_dim(1)?),
-            Some(w) => {
-                let b = window_rows(&probs, w)?;
-                let vocab = probs.size()[1];
-                let q = Tensor::f_empty([w.total, vocab], (Kind::Float, probs.device()))?.f_exponential_(1.0)?;
-                Ok(probs.f_div(&q.f_narrow(0, w.offset, b)?)?.f_argmax(-1, false)?)
-            }
-        }
-    }
-
-    /// As [`Sampling::next_tokens_in`], with noise that is a pure function of (`key`, global row,
-    /// `position`) instead of libtorch's process-wide generator: one uniform `u` per row from a
-    /// counter-based hash (splitmix64), and the token where the row's cumulative probability first
-    /// exceeds `u` (inverse-transform sampling — one draw from the same warped distribution). So a
-    /// thread can sample while another uses the generator (an asynchronous rollout worker), and a
-    /// row's token depends on neither the other rows nor the rank that holds it.
-    ///
-    /// # Shapes
-    /// - `logits`: `[batch, vocab]` → `[batch]` int64
-    pub fn next_tokens_keyed(
-        &self,
-        logits: &Tensor,
-        window: Option<RowWindow>,
-        key: u64,
-        position: i64,
-    ) -> Result<Tensor> {
-        let Some(probs) = self.warped_probs(logits)? else { return Ok(logits.f_argmax(-1, false)?) };
-        let b = probs.size()[0];
-        let offset = match window {
-            Some(w) => {
-                window_rows(&probs, w)?;
-                w.offset
-            }
-            None => 0,
-        };
-        let u: Vec<f32> = (0..b).map(|i| keyed_uniform(key, (offset + i) as u64, position as u64)).collect();
+        let u = uniforms.ok_or_else(|| GenerationError::Input("sampling needs one uniform per row".into()))?;
         let cum = probs.f_cumsum(-1, Kind::Float)?; // [b, vocab]
         let vocab = cum.size()[1];
         // Scaled by the row's total so the float cumsum's last value bounds the draw.
-        let target = Tensor::f_from_slice(&u)?.f_to_device(probs.device())?.f_unsqueeze(1)?.f_mul(&cum.f_narrow(
-            1,
-            vocab - 1,
-            1,
-        )?)?; // [b, 1]
-              // The first index whose cumulative sum exceeds the target: tokens of zero probability
-              // (cut by top-k/top-p) add nothing to the sum and are never picked.
+        let target = u.f_unsqueeze(1)?.f_mul(&cum.f_narrow(1, vocab - 1, 1)?)?; // [b, 1]
+        // The first index whose cumulative sum exceeds the target: tokens of zero probability
+        // (cut by top-k/top-p) add nothing to the sum and are never picked.
         let idx = target.f_searchsorted(&cum, false, true, "right", None::<Tensor>)?; // [b, 1]
         Ok(idx.f_clamp_max(vocab - 1)?.f_squeeze_dim(1)?)
     }
@@ -144,134 +99,70 @@ impl Sampling {
     }
 }
 
-/// The rows of `probs` when they sit in window `w` (an error when they do not fit).
-fn window_rows(probs: &Tensor, w: RowWindow) -> Result<i64> {
-    let b = probs.size()[0];
-    if w.offset < 0 || w.offset + b > w.total {
-        return Err(GenerationError::Input(format!(
-            "rows {}..{} are outside a batch of {}",
-            w.offset,
-            w.offset + b,
-            w.total
-        )));
-    }
-    Ok(b)
-}
-
-/// splitmix64's finaliser (Steele, Lea and Flood, "Fast splittable pseudorandom number
-/// generators", 2014).
-fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A uniform in `[0, 1)` for (`key`, `row`, `position`): 24 bits of a hash, exact in f32.
-fn keyed_uniform(key: u64, row: u64, position: u64) -> f32 {
-    let h = mix64(mix64(mix64(key) ^ row) ^ position);
-    (h >> 40) as f32 / (1u64 << 24) as f32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::noise::uniform_table;
 
-    /// libtorch's default generator is process-wide: tests that seed it take turns.
-    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    /// `n` uniforms of key `key` (one decode step of `n` rows).
+    fn uniforms(key: u64, n: i64) -> Tensor {
+        uniform_table(key, 0, n, 1, tch::Device::Cpu).unwrap().view([n])
+    }
 
     #[test]
     fn greedy_is_argmax() {
         let l = Tensor::from_slice(&[0.1f32, 3.0, 2.0, 1.0, 0.0, -1.0]).view([2, 3]);
-        let t = Sampling::Greedy.next_tokens(&l).unwrap();
+        let t = Sampling::Greedy.next_tokens(&l, None).unwrap();
         assert_eq!(Vec::<i64>::try_from(t).unwrap(), vec![1, 0]);
     }
 
     #[test]
     fn top_k_one_and_tiny_top_p_are_greedy() {
-        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
-        tch::manual_seed(0);
         let l = Tensor::randn([8, 50], (Kind::Float, tch::Device::Cpu));
         let greedy = Vec::<i64>::try_from(l.argmax(-1, false)).unwrap();
         for s in [
             Sampling::Sample { temperature: 1.0, top_k: Some(1), top_p: None },
             Sampling::Sample { temperature: 1.0, top_k: None, top_p: Some(1e-6) },
         ] {
-            for _ in 0..5 {
-                assert_eq!(Vec::<i64>::try_from(s.next_tokens(&l).unwrap()).unwrap(), greedy);
+            for key in 0..5 {
+                assert_eq!(Vec::<i64>::try_from(s.next_tokens(&l, Some(&uniforms(key, 8))).unwrap()).unwrap(), greedy);
             }
         }
     }
 
     #[test]
     fn top_p_keeps_the_nucleus() {
-        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
         // probs ~ [0.5, 0.3, 0.2]: top_p = 0.7 keeps tokens 0 and 1 only.
         let l = Tensor::from_slice(&[0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()]).view([1, 3]).repeat([2000, 1]);
-        tch::manual_seed(1);
         let s = Sampling::Sample { temperature: 1.0, top_k: None, top_p: Some(0.7) };
-        let t = s.next_tokens(&l).unwrap();
-        let counts = t.bincount::<Tensor>(None, 3);
-        let c = Vec::<i64>::try_from(counts).unwrap();
+        let t = s.next_tokens(&l, Some(&uniforms(1, 2000))).unwrap();
+        let c = Vec::<i64>::try_from(t.bincount::<Tensor>(None, 3)).unwrap();
         assert_eq!(c[2], 0, "{c:?}");
         let frac0 = c[0] as f64 / 2000.0; // 0.5 / 0.8 = 0.625
         assert!((frac0 - 0.625).abs() < 0.04, "{c:?}");
     }
 
-    /// Two halves sampled with row windows from the same generator state give exactly the
-    /// tokens of the whole batch sampled at once (and leave the generator where it would be).
+    /// Sampling draws from the warped distribution, never picks a token cut by top-k, is a
+    /// function of its uniforms, and leaves libtorch's generator untouched.
     #[test]
-    fn row_windows_reproduce_the_whole_batch() {
-        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
-        tch::manual_seed(5);
-        let l = Tensor::randn([6, 40], (Kind::Float, tch::Device::Cpu));
-        let s = Sampling::Sample { temperature: 0.9, top_k: Some(30), top_p: Some(0.95) };
-        tch::manual_seed(11);
-        let whole = Vec::<i64>::try_from(s.next_tokens(&l).unwrap()).unwrap();
-        let after_whole = Tensor::randn([3], (Kind::Float, tch::Device::Cpu));
-        let mut parts = Vec::new();
-        for (offset, rows) in [(0, 4), (4, 2)] {
-            tch::manual_seed(11);
-            let w = RowWindow { offset, total: 6 };
-            parts.extend(Vec::<i64>::try_from(s.next_tokens_in(&l.narrow(0, offset, rows), Some(w)).unwrap()).unwrap());
-            let after = Tensor::randn([3], (Kind::Float, tch::Device::Cpu));
-            assert!(after.equal(&after_whole));
-        }
-        assert_eq!(parts, whole);
-        assert!(s.next_tokens_in(&l, Some(RowWindow { offset: 1, total: 6 })).is_err());
-    }
-
-    /// Keyed sampling draws from the warped distribution, never picks a token cut by top-k, is a
-    /// function of (key, global row, position) alone — a row window gives the whole batch's
-    /// tokens — and leaves libtorch's generator untouched.
-    #[test]
-    fn keyed_sampling_is_a_function_of_its_key() {
-        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+    fn sampling_follows_the_warped_distribution() {
         let p = [0.5f32, 0.3, 0.15, 0.05];
         let l = Tensor::from_slice(&p.map(f32::ln)).view([1, 4]).repeat([4000, 1]);
         let s = Sampling::Sample { temperature: 1.0, top_k: Some(3), top_p: None };
+        let u = uniforms(42, 4000);
         tch::manual_seed(3);
-        let before = Tensor::randn([3], (Kind::Float, tch::Device::Cpu));
+        let t = s.next_tokens(&l, Some(&u)).unwrap();
+        let after = Tensor::randn([3], (Kind::Float, tch::Device::Cpu));
         tch::manual_seed(3);
-        let t = s.next_tokens_keyed(&l, None, 42, 7).unwrap();
-        assert!(Tensor::randn([3], (Kind::Float, tch::Device::Cpu)).equal(&before));
+        assert!(Tensor::randn([3], (Kind::Float, tch::Device::Cpu)).equal(&after));
         let c = Vec::<i64>::try_from(t.bincount::<Tensor>(None, 4)).unwrap();
         assert_eq!(c[3], 0, "{c:?}");
         for (i, want) in [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95].iter().enumerate() {
             assert!((c[i] as f64 / 4000.0 - want).abs() < 0.03, "{c:?}");
         }
-        let whole = Vec::<i64>::try_from(s.next_tokens_keyed(&l.narrow(0, 0, 10), None, 42, 7).unwrap()).unwrap();
-        let mut parts = Vec::new();
-        for (offset, rows) in [(0, 6), (6, 4)] {
-            let w = RowWindow { offset, total: 10 };
-            let part = s.next_tokens_keyed(&l.narrow(0, offset, rows), Some(w), 42, 7).unwrap();
-            parts.extend(Vec::<i64>::try_from(part).unwrap());
-        }
-        assert_eq!(parts, whole);
-        let other = Vec::<i64>::try_from(s.next_tokens_keyed(&l.narrow(0, 0, 10), None, 43, 7).unwrap()).unwrap();
-        let later = Vec::<i64>::try_from(s.next_tokens_keyed(&l.narrow(0, 0, 10), None, 42, 8).unwrap()).unwrap();
-        assert_ne!(other, whole);
-        assert_ne!(later, whole);
+        assert!(s.next_tokens(&l, Some(&u)).unwrap().equal(&t));
+        assert!(!s.next_tokens(&l, Some(&uniforms(43, 4000))).unwrap().equal(&t));
+        assert!(s.next_tokens(&l, None).is_err());
     }
 
     #[test]

@@ -17,7 +17,8 @@ use rlhf_models::{position_ids_from_mask, CausalLm, KvCache};
 
 use crate::batch::left_pad;
 use crate::error::{GenerationError, Result};
-use crate::generate::{decode, prefill, Decoded, GenerateConfig, Steps, StopCheck};
+use crate::decode::{decode, Decoded, Start};
+use crate::generate::{prefill, GenerateConfig, StopCheck};
 
 /// A decode that continues across turns (see the module docs).
 pub struct Session {
@@ -160,11 +161,14 @@ impl Session {
         tch::no_grad(|| {
             let next_pos = self.mask.f_narrow(1, 0, base)?.f_sum_dim_intlist(1, true, Kind::Int64)?; // [b, 1]
             let finished = Tensor::f_from_slice(done)?.f_to_device(device)?;
-            let sync_every = cfg.sync_steps(device);
-            let steps = Steps { base, next_pos, logits, finished, sync_every };
-            let Decoded { tokens, alive, logprobs } = decode(model, &mut self.cache, &self.mask, steps, cfg, stop)?;
-            let tokens = Tensor::f_stack(&tokens, 1)?; // [b, steps]
-            let response_mask = Tensor::f_stack(&alive, 1)?.f_to_kind(Kind::Int64)?; // [b, steps]
+            // The decode writes into this session's cache and mask and hands them back; it
+            // keeps every row (no compaction), so they stay in the session's row order.
+            let cache = std::mem::replace(&mut self.cache, KvCache::growing());
+            let key_mask = self.mask.shallow_clone();
+            let start = Start { cache, key_mask, base, next_pos, logits, finished, compact: false };
+            let Decoded { tokens, alive, logprobs, cache, key_mask } = decode(model, start, cfg, stop)?;
+            (self.cache, self.mask) = (cache, key_mask);
+            let response_mask = alive.f_to_kind(Kind::Int64)?; // [b, steps]
             let fed = tokens.size()[1] - 1;
             // A row's slots past its own last token held its padding: masked out again.
             let kept = response_mask.f_narrow(1, 0, fed)?;
@@ -174,7 +178,6 @@ impl Session {
                     .into_iter()
                     .map(|n| n as usize)
                     .collect();
-            let logprobs = if cfg.logprobs { Some(Tensor::f_stack(&logprobs, 1)?) } else { None };
             Ok(Turn { tokens, response_mask, logprobs, cached })
         })
     }

@@ -1,11 +1,12 @@
 //! Activation checkpointing changes memory, not gradients: on every fixture family (Llama with and
 //! without tied embeddings, Qwen2, GPT-2), a loss on checkpointed log-probs (and on checkpointed
 //! critic values) gives the parameter gradients that the plain pass gives, within f32 rounding,
-//! with the LM head recomputed chunk by chunk in the backward.
+//! with the LM head recomputed chunk by chunk in the backward. So does the training pass without
+//! checkpointing, whose head keeps no logits either.
 
 use std::path::PathBuf;
 
-use rlhf_generation::{left_pad, token_logprobs, token_logprobs_checkpointed, LogProbOptions};
+use rlhf_generation::{left_pad, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass, LogProbOptions};
 use rlhf_models::{CausalLm, LoraConfig, ScalarHeadModel};
 use tch::{Device, Kind, Tensor};
 
@@ -86,6 +87,13 @@ fn check_logprobs(ids: &Tensor, mask: &Tensor, from: i64, opts: LogProbOptions) 
             loss(&lp).backward();
             ck.backward(&m).unwrap();
             assert_same_grads(&what, &plain, &take_grads(&m.vs));
+            // The training pass with the layers' graph and the chunked head.
+            let (lp, pass) = token_logprobs_pass(&m, ids, mask, from, opts, false).unwrap();
+            let d = (&lp.logprobs - &plain_lp.logprobs).abs().max().double_value(&[]);
+            assert!(d < 1e-6, "{what}: the chunked-head pass computes the same log-probs ({d})");
+            loss(&lp).backward();
+            pass.backward(&m).unwrap();
+            assert_same_grads(&format!("{what}, chunked head"), &plain, &take_grads(&m.vs));
         }
     }
 }

@@ -51,6 +51,45 @@ impl Backbone {
         self.final_norm(&h)
     }
 
+    /// One capture-safe decode step: embeddings, every layer writing its keys and values at cache
+    /// slot `slot` and attending over the whole cache where `key_mask` is set, the final norm.
+    /// Nothing is read back to the host and no shape depends on a value, so the step can be
+    /// captured as a CUDA graph and replayed (see `rlhf_generation`).
+    ///
+    /// # Shapes
+    /// - `ids`, `pos`: `[batch, 1]`; `key_mask`: `[batch, capacity]`; `slot`: `[1]` int64 →
+    ///   `[batch, 1, hidden]`
+    pub(crate) fn decode_step(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        key_mask: &Tensor,
+        slot: &Tensor,
+        cache: &mut KvCache,
+        gate: &Gate,
+    ) -> Result<Tensor> {
+        let (mut h, shared) = match self {
+            Backbone::Decoder(m) => m.embed_step(ids, pos, key_mask, slot)?,
+            Backbone::Gpt2(m) => m.embed_step(ids, pos, key_mask, slot)?,
+        };
+        cache.set_write_slot(Some(slot.shallow_clone()));
+        let layers = (0..self.num_layers()).try_for_each(|i| -> Result<()> {
+            h = gated(gate, i, || self.layer(i, &h, &shared, Some(&mut *cache)))?;
+            Ok(())
+        });
+        cache.set_write_slot(None);
+        layers?;
+        self.final_norm(&h)
+    }
+
+    /// Why [`Backbone::decode_step`] cannot be captured as a CUDA graph, if it cannot.
+    pub(crate) fn capture_blocker(&self) -> Option<&'static str> {
+        match self {
+            Backbone::Decoder(m) => m.capture_blocker(),
+            Backbone::Gpt2(_) => None,
+        }
+    }
+
     /// Embeddings and what the layers share; see [`DecoderModel::embed`].
     pub(crate) fn embed(
         &self,

@@ -16,7 +16,8 @@ use tch::Tensor;
 use crate::config::{ArchConfig, BlockLayout};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    windowed_attention_mask, Attention, GatedMlp, KvCache, LayerShared, Linear, Mlp, RmsNorm, Rotary, SparseMoe,
+    step_attention_mask, windowed_attention_mask, Attention, GatedMlp, KvCache, LayerShared, Linear, Mlp, RmsNorm,
+    Rotary, SparseMoe,
 };
 use crate::weights::WeightLoader;
 
@@ -170,13 +171,7 @@ impl DecoderModel {
         past: i64,
     ) -> Result<(Tensor, LayerShared)> {
         let seq = input_ids.size()[1];
-        let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
-        if let Some(scale) = self.embed_scale {
-            // Gemma multiplies by √hidden rounded to the weights' dtype first.
-            h = h.f_mul(&Tensor::f_scalar_tensor(scale, (h.kind(), h.device()))?)?;
-        }
-        let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
-        let rotary_local = self.rotary_local.as_ref().map(|r| r.cos_sin(position_ids, h.kind())).transpose()?;
+        let (h, rotary, rotary_local) = self.embed_rotary(input_ids, position_ids)?;
         let mask = windowed_attention_mask(key_mask, past, seq, None)?;
         let sliding_mask = match self.sliding_window {
             Some(w) if self.layers.iter().any(|b| b.sliding) => {
@@ -185,6 +180,61 @@ impl DecoderModel {
             _ => None,
         };
         Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local }))
+    }
+
+    /// [`DecoderModel::embed`] for a capture-safe decode step: one token per row, written at
+    /// cache slot `slot`, attending over the whole cache (see [`step_attention_mask`]).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, 1]`; `key_mask`: `[batch, capacity]`; `slot`: `[1]`
+    /// - returns `[batch, 1, hidden]`
+    pub fn embed_step(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        key_mask: &Tensor,
+        slot: &Tensor,
+    ) -> Result<(Tensor, LayerShared)> {
+        let (h, rotary, rotary_local) = self.embed_rotary(input_ids, position_ids)?;
+        let mask = step_attention_mask(key_mask, slot, None)?;
+        let sliding_mask = match self.sliding_window {
+            Some(w) if self.layers.iter().any(|b| b.sliding) => Some(step_attention_mask(key_mask, slot, Some(w))?),
+            _ => None,
+        };
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local }))
+    }
+
+    /// The embeddings (scaled where the family scales them) and the rotary tables of the positions.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, seq]` → `[batch, seq, hidden]` and tables
+    ///   `[batch, 1, seq, rotary_dim]`
+    #[allow(clippy::type_complexity)]
+    fn embed_rotary(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+    ) -> Result<(Tensor, (Tensor, Tensor), Option<(Tensor, Tensor)>)> {
+        let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
+        if let Some(scale) = self.embed_scale {
+            // Gemma multiplies by √hidden rounded to the weights' dtype first.
+            h = h.f_mul(&Tensor::f_scalar_tensor(scale, (h.kind(), h.device()))?)?;
+        }
+        let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
+        let rotary_local = self.rotary_local.as_ref().map(|r| r.cos_sin(position_ids, h.kind())).transpose()?;
+        Ok((h, rotary, rotary_local))
+    }
+
+    /// Why a decode step of this model cannot be captured as a CUDA graph (it reads a value
+    /// back to the host), if it cannot.
+    pub fn capture_blocker(&self) -> Option<&'static str> {
+        if self.layers.iter().any(|b| matches!(b.mlp, Mlp::Sparse(_))) {
+            return Some("its mixture-of-experts layers group tokens by expert with host-side counts");
+        }
+        if !self.rotary.capturable() || self.rotary_local.as_ref().is_some_and(|r| !r.capturable()) {
+            return Some("its RoPE scaling (LongRoPE or dynamic NTK) picks frequencies from the longest position on the host");
+        }
+        None
     }
 
     /// Decoder layers.

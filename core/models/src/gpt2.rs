@@ -13,7 +13,7 @@ use tch::Tensor;
 
 use crate::config::{self, Activation, ArchConfig, AttnKind, BlockLayout, Family, HfConfig, NormKind, QkNorm};
 use crate::error::{ModelError, Result};
-use crate::layers::{activate, attention_mask, KvCache, LayerNorm, LayerShared, Linear};
+use crate::layers::{activate, attention_mask, step_attention_mask, KvCache, LayerNorm, LayerShared, Linear};
 use crate::weights::WeightLoader;
 
 /// The keys GPT-2 implements (its own names; no rotary-decoder keys).
@@ -207,6 +207,31 @@ impl Gpt2Model {
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
         let mask = attention_mask(key_mask, past, s)?;
+        Ok((tok.f_add(&pos)?, LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None }))
+    }
+
+    /// [`Gpt2Model::embed`] for a capture-safe decode step (see [`step_attention_mask`]).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `position_ids`: `[batch, 1]`; `key_mask`: `[batch, capacity]`; `slot`: `[1]`
+    /// - returns `[batch, 1, hidden]`
+    pub fn embed_step(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        key_mask: &Tensor,
+        slot: &Tensor,
+    ) -> Result<(Tensor, LayerShared)> {
+        let capacity = key_mask.size()[1];
+        if capacity > self.max_positions {
+            return Err(ModelError::Input(format!(
+                "{capacity} tokens exceed GPT-2's n_positions = {} (sequence too long)",
+                self.max_positions
+            )));
+        }
+        let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
+        let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
+        let mask = step_attention_mask(key_mask, slot, None)?;
         Ok((tok.f_add(&pos)?, LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None }))
     }
 

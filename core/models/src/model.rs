@@ -272,6 +272,43 @@ impl CausalLm {
         self.logits_from_hidden(&h)
     }
 
+    /// One capture-safe decode step (see `Backbone::decode_step`): the next token of every row
+    /// fed at cache slot `slot`, returning the logits after it.
+    ///
+    /// # Shapes
+    /// - `ids`, `pos`: `[batch, 1]` int64; `key_mask`: `[batch, capacity]` int64 (the slot set);
+    ///   `slot`: `[1]` int64 on the model's device → `[batch, vocab]`
+    pub fn decode_step(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        key_mask: &Tensor,
+        slot: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        if cache.max_len() != key_mask.size()[1] || cache.rows() != ids.size()[0] {
+            return Err(ModelError::Input(format!(
+                "decode step: key mask {:?} and ids {:?} do not match a cache of {} rows and {} slots",
+                key_mask.size(),
+                ids.size(),
+                cache.rows(),
+                cache.max_len()
+            )));
+        }
+        let h = self.backbone.decode_step(ids, pos, key_mask, slot, cache, &self.gate)?; // [b, 1, hidden]
+        self.logits_from_hidden(&h.f_select(1, 0)?)
+    }
+
+    /// Why [`CausalLm::decode_step`] cannot be captured as a CUDA graph on this model (it reads a
+    /// value back to the host), if it cannot: routed experts, a length-dependent RoPE, or sharded
+    /// parameters gathered around each layer (ZeRO stage 3).
+    pub fn capture_blocker(&self) -> Option<&'static str> {
+        if self.gate.is_some() {
+            return Some("its parameters are sharded (ZeRO stage 3) and gathered around each layer");
+        }
+        self.backbone.capture_blocker()
+    }
+
     /// A KV cache sized for `batch` sequences of up to `max_len` tokens.
     pub fn new_cache(&self, batch: i64, max_len: i64) -> Result<KvCache> {
         let a = self.arch();

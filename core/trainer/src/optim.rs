@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 use tch::{nn, Kind, Tensor};
 
-use crate::adamw::{adam_update, clip_coef};
+use crate::adamw::{adam_update_all, clip_coef};
 use crate::error::{Result, TrainerError};
 
 /// Learning-rate schedule after warm-up.
@@ -232,6 +232,8 @@ impl Optim {
         let clip = clip_coef(self.max_grad_norm, grad_norm);
         let (betas, eps, wd) = (self.betas, self.eps, self.weight_decay);
         tch::no_grad(|| -> Result<()> {
+            // (θ, m, v, g, t) of every parameter with a gradient, updated together.
+            let mut items = Vec::with_capacity(self.params.len());
             for p in &mut self.params {
                 let g = p.var.grad();
                 if !g.defined() {
@@ -242,14 +244,21 @@ impl Optim {
                 let g = if clip != 1.0 { g.f_mul_scalar(clip)? } else { g };
                 p.t += 1;
                 // θ: the f32 master when there is one, else the parameter itself.
-                let theta = match &mut p.master {
-                    Some(master) => master,
-                    None => &mut p.var,
-                };
+                let mut theta = p.master.as_ref().unwrap_or(&p.var).shallow_clone();
                 if p.decay && wd != 0.0 {
                     let _ = theta.f_mul_(&Tensor::from(1.0 - lr * wd))?;
                 }
-                adam_update(theta, &mut p.m, &mut p.v, &g, lr, betas, eps, p.t)?;
+                items.push((theta, p.m.shallow_clone(), p.v.shallow_clone(), g, p.t));
+            }
+            // One list per device (a model lives on one; the fused kernel takes one device).
+            let mut devices: Vec<tch::Device> = items.iter().map(|i| i.0.device()).collect();
+            devices.dedup();
+            for d in devices {
+                let (mut same, rest): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.0.device() == d);
+                adam_update_all(&mut same, lr, betas, eps)?;
+                items = rest;
+            }
+            for p in &mut self.params {
                 if let Some(master) = &p.master {
                     // Round the master back into the bf16 parameter.
                     p.var.f_copy_(master)?;

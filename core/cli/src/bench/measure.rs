@@ -4,12 +4,12 @@
 use anyhow::Context;
 use tch::{Kind, Tensor};
 
-use rlhf_generation::{generate, token_logprobs, GenerateConfig, LogProbOptions, Sampling};
+use rlhf_generation::{generate, token_logprobs_pass, GenerateConfig, LogProbOptions, Sampling};
 use rlhf_models::CausalLm;
 use rlhf_trainer::optim::{Optim, OptimConfig, Schedule};
 
-use super::report::median;
-use super::time_runs;
+use super::report::{self, fmt_count, fmt_rate, fmt_secs, median};
+use super::{machine, time_runs, Bench};
 
 #[derive(Debug, serde::Serialize)]
 pub(super) struct GenResult {
@@ -50,6 +50,7 @@ pub(super) fn bench_gen(
         prefill_group: 1,
         logprobs: false,
         noise_key: None,
+        cuda_graphs: true,
     };
     let prefill = time_runs(device, repeats, || {
         tch::no_grad(|| -> anyhow::Result<()> {
@@ -112,8 +113,9 @@ pub(super) fn bench_train(model: &CausalLm, rows: i64, seq: i64, repeats: usize)
     let mut opt = Optim::new(&model.vs, &settings, repeats + 1)?;
     model.set_training(true);
     let times = time_runs(device, repeats, || {
-        let lp = token_logprobs(model, &ids, &mask, 1, LogProbOptions::default())?; // [rows, T - 1]
+        let (lp, pass) = token_logprobs_pass(model, &ids, &mask, 1, LogProbOptions::default(), false)?; // [rows, T - 1]
         lp.logprobs.f_mean(Kind::Float)?.f_neg()?.f_backward()?;
+        pass.backward(model)?;
         opt.step()?;
         Ok(())
     })
@@ -121,4 +123,63 @@ pub(super) fn bench_train(model: &CausalLm, rows: i64, seq: i64, repeats: usize)
     model.set_training(false);
     let step_s = median(&times).unwrap_or(f64::NAN);
     Ok(((rows * seq) as f64 / step_s, step_s))
+}
+
+/// The gen section on a loaded model.
+pub(super) fn run_gen(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<GenResult> {
+    let a = b.args;
+    // The decode bound: the GPU's HBM bandwidth from the table, else the measured copy bandwidth.
+    let hbm = a.hbm_gbps.or_else(|| if b.device.is_cuda() { machine::hbm_gbps(&b.dev_name) } else { None });
+    let hbm = hbm.or(Some(b.machine.copy_gbps));
+    let peak = b.peak_tflops(if b.device.is_cuda() { None } else { Some(b.machine.gemm_tflops) });
+    let g = bench_gen(model, b.rows, a.prompt_len, a.new_tokens, a.repeats, hbm, peak)?;
+    println!(
+        "gen:   {} tokens/s (median {} s per run of {}×{} new tokens, prefill {} s)",
+        fmt_rate(g.tokens_per_s),
+        fmt_secs(g.run_s),
+        b.rows,
+        a.new_tokens,
+        fmt_secs(g.prefill_s)
+    );
+    if let Some(f) = g.flops_fraction {
+        println!("       decode at {:.1} % of the peak FLOP/s", 100.0 * f);
+    }
+    match g.hbm_fraction {
+        Some(f) => println!("       decode at {:.1} % of the memory-bandwidth bound", 100.0 * f),
+        None if b.device.is_cuda() => println!("       decode vs HBM bound: unknown GPU, pass --hbm-gbps"),
+        None => {}
+    }
+    Ok(g)
+}
+
+/// The train section on a loaded model.
+pub(super) fn run_train(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<TrainResult> {
+    let (a, arch) = (b.args, &b.arch);
+    let seq = a.prompt_len + a.new_tokens;
+    let (tokens_per_s, step_s) = bench_train(model, b.rows, seq, a.repeats)?;
+    let n = report::matmul_params(arch);
+    let flops_per_token = report::train_flops_per_token(n, arch.num_layers, arch.num_heads * arch.head_dim, seq);
+    // The datasheet peak of a known GPU, else this run's measured GEMM peak.
+    let peak = b.peak_tflops(Some(b.machine.gemm_tflops));
+    let mfu = peak.map(|p| report::mfu(flops_per_token, tokens_per_s, p));
+    println!(
+        "train: {} tokens/s (median {} s per forward+backward+AdamW step over {}×{seq} tokens)",
+        fmt_rate(tokens_per_s),
+        fmt_secs(step_s),
+        b.rows
+    );
+    let mfu_text = match (mfu, peak) {
+        (Some(m), Some(p)) => format!("{:.2} % of {p:.3} TFLOP/s", 100.0 * m),
+        _ if b.device.is_cuda() => "n/a (unknown GPU: pass --peak-tflops)".into(),
+        _ => "n/a (CPU: pass --peak-tflops)".into(),
+    };
+    println!(
+        "       MFU {mfu_text}; model FLOPs/token = 6·N + 12·L·H·T = {:.4e} (N = {} matmul params, L = {}, \
+         H = {}, T = {seq})",
+        flops_per_token,
+        fmt_count(n as u64),
+        arch.num_layers,
+        arch.num_heads * arch.head_dim
+    );
+    Ok(TrainResult { tokens_per_s, step_s, flops_per_token, mfu, peak_tflops: peak })
 }

@@ -121,6 +121,29 @@ fn max_of(steps: &[StepMetrics], key: &str) -> Option<f64> {
     steps.iter().filter_map(|m| m.get(key)).reduce(f64::max)
 }
 
+/// Each phase's share of the median step (`generate 93 % | ...`), the rest as `other`.
+pub fn shares(f: &RlFigures) -> String {
+    let phases = [
+        ("generate", f.generate),
+        ("score", f.score),
+        ("old_logprobs", f.old_logprobs),
+        ("reference", f.reference),
+        ("values", f.values),
+        ("train", f.train),
+    ];
+    if f.step_s.is_nan() || f.step_s <= 0.0 {
+        return "n/a".into();
+    }
+    let known: f64 = phases.iter().map(|(_, s)| if s.is_nan() { 0.0 } else { *s }).sum();
+    let mut parts: Vec<String> = phases
+        .iter()
+        .filter(|(_, s)| !s.is_nan())
+        .map(|(name, s)| format!("{name} {:.1} %", 100.0 * s / f.step_s))
+        .collect();
+    parts.push(format!("other {:.1} %", 100.0 * (f.step_s - known).max(0.0) / f.step_s));
+    parts.join(" | ")
+}
+
 /// Prints every timed step's time, the peak memory per phase and, when known, TRL's.
 pub fn print_spread_and_memory(r: &RlResult, trl_peak_rss_gb: Option<f64>) {
     let times: Vec<String> = r.step_times.iter().map(|t| super::report::fmt_secs(*t)).collect();

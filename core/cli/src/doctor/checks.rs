@@ -63,6 +63,8 @@ pub enum What {
     Peak { dtype: &'static str },
     /// One GRPO step of a random Qwen2, beside TRL's when `trl` names a Python.
     Step(StepSpec),
+    /// Graph decode against eager decode of every family, token for token (`rlhf check-graphs`).
+    Graphs { dtype: &'static str },
     /// Two ranks on two GPUs over NCCL.
     Nccl,
 }
@@ -111,6 +113,8 @@ impl Check {
 pub struct Ctx {
     pub out: PathBuf,
     pub work: PathBuf,
+    /// `--fixtures`, where the fixture models are looked for.
+    pub fixtures: Option<PathBuf>,
     pub first_reward: BTreeMap<String, f64>,
 }
 
@@ -136,6 +140,7 @@ pub fn run(ctx: &mut Ctx, check: &Check) -> Outcome {
         What::SftRm => sft_rm(ctx, check, &log),
         What::Peak { dtype } => peak(check, dtype, &log),
         What::Step(spec) => step(ctx, check, spec, &log),
+        What::Graphs { dtype } => graphs(ctx, check, dtype, &log),
         What::Nccl => nccl(ctx, check, &log),
     };
     let (status, summary, figures) = match result {
@@ -190,8 +195,9 @@ fn json_line(log: &Path, key: &str) -> Option<Value> {
         .find(|v| v.get(key).is_some())
 }
 
-fn check_device(ctx: &Ctx, check: &Check, model: &Model, dtype: &str, log: &Path) -> Done {
-    let dir = match model {
+/// The directory of `model`, writing a built-in one into the work directory first.
+fn model_dir(ctx: &Ctx, model: &Model) -> Result<PathBuf, Failure> {
+    Ok(match model {
         Model::Dir(d) => d.clone(),
         Model::Builtin(name) => {
             let dir = ctx.work.join("models").join(name);
@@ -201,7 +207,47 @@ fn check_device(ctx: &Ctx, check: &Check, model: &Model, dtype: &str, log: &Path
             }
             dir
         }
-    };
+    })
+}
+
+/// `rlhf check-graphs` on every family the doctor has (the fixtures when found, the built-in
+/// Qwen3 and Qwen3-MoE): graph decode must sample what eager decode samples.
+fn graphs(ctx: &Ctx, check: &Check, dtype: &str, log: &Path) -> Done {
+    let mut models = Vec::new();
+    if let Some(dir) = super::fixtures_dir(ctx.fixtures.as_deref()) {
+        models.extend(super::FIXTURE_FAMILIES.iter().map(|f| dir.join(f)));
+    }
+    for (_, builtin) in super::BUILTIN_FAMILIES {
+        models.push(model_dir(ctx, &Model::Builtin(builtin))?);
+    }
+    let list = models.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(",");
+    let args = [strings(&["check-graphs", "--models", &list, "--device", &check.device, "--dtype", dtype, "--json"])]
+        .concat();
+    exec(check, &args, log)?;
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    let mut figures = Map::new();
+    let mut parts = Vec::new();
+    for v in lines.iter().filter(|v| v.get("checks").is_some()) {
+        let name = v["model"].as_str().unwrap_or("?").to_string();
+        let (mut same, mut total, mut replays) = (0, 0, 0);
+        for c in v["checks"].as_object().into_iter().flat_map(|m| m.values()) {
+            same += c["equal"].as_i64().unwrap_or(0);
+            total += c["total"].as_i64().unwrap_or(0);
+            replays += c["replays"].as_i64().unwrap_or(0);
+        }
+        let how = match v["eager_because"].as_str() {
+            Some(_) => "eager (cannot be captured)".to_string(),
+            None => format!("{replays} replays"),
+        };
+        parts.push(format!("{name} {same}/{total} ({how})"));
+        figures.insert(name, json!({"equal": same, "total": total, "replays": replays}));
+    }
+    Ok((format!("graph decode = eager decode, tokens equal: {}", parts.join(", ")), figures))
+}
+
+fn check_device(ctx: &Ctx, check: &Check, model: &Model, dtype: &str, log: &Path) -> Done {
+    let dir = model_dir(ctx, model)?;
     let args = [
         strings(&["check-device", "--model"]),
         vec![dir.display().to_string()],
@@ -390,6 +436,10 @@ fn step(ctx: &Ctx, check: &Check, spec: &StepSpec, log: &Path) -> Done {
     for (k, v) in [("--batch", batch), ("-g", group), ("--prompt-len", prompt), ("--new-tokens", new)] {
         args.extend([k.to_string(), v.to_string()]);
     }
+    // Decode steps by batch: one sequence, the step's batch, and four times it.
+    let rows = batch * group;
+    args.extend(strings(&["--only", "gen,train,rl,decode", "--decode-batches"]));
+    args.push(format!("1,{rows},{}", 4 * rows));
     let mut trl_note = None;
     match trl {
         Some(py) => {
@@ -411,6 +461,7 @@ fn step(ctx: &Ctx, check: &Check, spec: &StepSpec, log: &Path) -> Done {
         ("train_mfu".to_string(), json!(num("/train/mfu"))),
         ("decode_tokens_per_s".to_string(), json!(num("/gen/tokens_per_s"))),
         ("decode_bandwidth_fraction".to_string(), json!(num("/gen/hbm_fraction"))),
+        ("decode".to_string(), v.get("decode").cloned().unwrap_or(Value::Null)),
         ("trl_step_s".to_string(), v.pointer("/trl/step_s").cloned().unwrap_or(Value::Null)),
         ("vs_trl".to_string(), v.get("vs_trl").cloned().unwrap_or(Value::Null)),
     ]);
@@ -420,15 +471,28 @@ fn step(ctx: &Ctx, check: &Check, spec: &StepSpec, log: &Path) -> Done {
         (None, None, None) => "TRL not run".to_string(),
         (None, None, Some(_)) => "TRL gave no figure".to_string(),
     };
+    let decode: Vec<String> = v
+        .get("decode")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let ms = r["graphs_ms"].as_f64().or(r["eager_ms"].as_f64()).unwrap_or(f64::NAN);
+            format!("{ms:.2} ms at {}", r["batch"])
+        })
+        .collect();
     Ok((
         format!(
-            "{:.0}M-parameter Qwen2, B={batch} G={group}, {prompt}+{new} tokens, {dtype}: GRPO step {:.2} s ({trl_text}); \
-             train MFU {:.1} %; decode {:.0} tokens/s, {:.1} % of the memory-bandwidth bound",
+            "{:.0}M-parameter Qwen2, B={batch} G={group}, {prompt}+{new} tokens, {dtype}: GRPO step {:.2} s ({trl_text}; \
+             generate {:.0} % of it); train MFU {:.1} %; decode {:.0} tokens/s, {:.1} % of the memory-bandwidth bound; \
+             decode step {}",
             shape.params() as f64 / 1e6,
             num("/rl/figures/step_s"),
+            100.0 * num("/rl/figures/generate") / num("/rl/figures/step_s"),
             100.0 * num("/train/mfu"),
             num("/gen/tokens_per_s"),
             100.0 * num("/gen/hbm_fraction"),
+            decode.join(", "),
         ),
         figures,
     ))

@@ -130,6 +130,9 @@ fn plan(args: &Args, devices: &[String], facts: &Facts, trl: Option<PathBuf>) ->
             }
         }
     }
+    for device in devices.iter().filter(|d| d.starts_with("cuda")) {
+        run.push(check("decode-graphs bf16", device, What::Graphs { dtype: "bf16" }, 600));
+    }
     let main = &devices[0];
     let gpu = main != "cpu";
     run.push(check("grpo f32", main, What::Grpo { dtype: "f32" }, 600));
@@ -192,7 +195,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let trl = python.filter(|_| facts.trl.is_ok());
     let (checks, skipped) = plan(&args, &devices, &facts, trl);
     let mut outcomes: Vec<Outcome> = Vec::new();
-    let mut ctx = Ctx { out: args.out.clone(), work: work.clone(), first_reward: Default::default() };
+    let mut ctx =
+        Ctx { out: args.out.clone(), work: work.clone(), fixtures: args.fixtures.clone(), first_reward: Default::default() };
     let total = checks.len();
     // The skipped checks are listed after the ones that ran.
     let write = |ran: &[Outcome]| {

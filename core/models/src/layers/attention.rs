@@ -5,7 +5,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{apply_rotary, KvCache, Linear, RmsNorm};
+use super::{apply_rotary, FusedRows, KvCache, Linear, RmsNorm};
 use crate::config::{ArchConfig, QkNorm};
 use crate::error::Result;
 use crate::weights::WeightLoader;
@@ -13,10 +13,12 @@ use crate::weights::WeightLoader;
 /// The q, k and v projections.
 #[derive(Debug)]
 enum Qkv {
+    /// Three checkpoint tensors, stored back to back in one buffer ([`FusedRows`]).
     Separate {
         q_proj: Linear,
         k_proj: Linear,
         v_proj: Linear,
+        fused: Option<FusedRows>,
     },
     /// One `[q; k; v]` projection, split after.
     Fused(Linear),
@@ -45,11 +47,11 @@ impl Attention {
         let qkv = if cfg.fused_qkv {
             Qkv::Fused(Linear::load(&w.pp("qkv_proj"), h, (nh + 2 * nkv) * hd, cfg.qkv_bias)?)
         } else {
-            Qkv::Separate {
-                q_proj: Linear::load(&w.pp("q_proj"), h, nh * hd, cfg.qkv_bias)?,
-                k_proj: Linear::load(&w.pp("k_proj"), h, nkv * hd, cfg.qkv_bias)?,
-                v_proj: Linear::load(&w.pp("v_proj"), h, nkv * hd, cfg.qkv_bias)?,
-            }
+            let mut q_proj = Linear::load(&w.pp("q_proj"), h, nh * hd, cfg.qkv_bias)?;
+            let mut k_proj = Linear::load(&w.pp("k_proj"), h, nkv * hd, cfg.qkv_bias)?;
+            let mut v_proj = Linear::load(&w.pp("v_proj"), h, nkv * hd, cfg.qkv_bias)?;
+            let fused = FusedRows::new(&mut [&mut q_proj, &mut k_proj, &mut v_proj])?;
+            Qkv::Separate { q_proj, k_proj, v_proj, fused }
         };
         let (q_dim, k_dim) = match cfg.qk_norm {
             QkNorm::None => (0, 0),
@@ -79,7 +81,7 @@ impl Attention {
     /// The linear layers with their names below `self_attn`.
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let mut out = match &mut self.qkv {
-            Qkv::Separate { q_proj, k_proj, v_proj } => {
+            Qkv::Separate { q_proj, k_proj, v_proj, .. } => {
                 vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)]
             }
             Qkv::Fused(l) => vec![("qkv_proj", l)],
@@ -91,7 +93,7 @@ impl Attention {
     /// [`Attention::linears_mut`], shared.
     pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
         let mut out = match &self.qkv {
-            Qkv::Separate { q_proj, k_proj, v_proj } => {
+            Qkv::Separate { q_proj, k_proj, v_proj, .. } => {
                 vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)]
             }
             Qkv::Fused(l) => vec![("qkv_proj", l)],
@@ -100,29 +102,43 @@ impl Attention {
         out
     }
 
-    /// `(q, k, v)` projections, `[b, s, heads · head_dim]` each, with a whole-projection norm.
-    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let (q, k, v) = match &self.qkv {
-            Qkv::Separate { q_proj, k_proj, v_proj } => (q_proj.forward(x)?, k_proj.forward(x)?, v_proj.forward(x)?),
-            Qkv::Fused(l) => {
-                let qkv = l.forward(x)?;
-                let (q_len, kv_len) = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
-                let parts = qkv.f_split_with_sizes([q_len, kv_len, kv_len], -1)?;
-                (parts[0].shallow_clone(), parts[1].shallow_clone(), parts[2].shallow_clone())
+    /// The q, k and v projections side by side, `[b, s, (heads + 2 · kv_heads) · head_dim]`.
+    fn project(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.qkv {
+            Qkv::Separate { q_proj, k_proj, v_proj, fused } => {
+                let parts = [q_proj, k_proj, v_proj];
+                match FusedRows::try_forward(fused.as_ref(), &parts, x)? {
+                    Some(qkv) => Ok(qkv),
+                    None => Ok(Tensor::f_cat(&[q_proj.forward(x)?, k_proj.forward(x)?, v_proj.forward(x)?], -1)?),
+                }
+            }
+            Qkv::Fused(l) => l.forward(x),
+        }
+    }
+
+    /// Rotated queries and keys, `([b, heads, s, hd], [b, kv_heads, s, hd])`, from the
+    /// projections `[b, s, (heads + 2 · kv_heads) · hd]`, with the q/k norms the model has.
+    /// Without norms, q and k are rotated together (one set of kernels for both).
+    fn rotated_qk(&self, qkv: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, s) = (qkv.size()[0], qkv.size()[1]);
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let heads = |t: Tensor, n: i64| -> Result<Tensor> { Ok(t.f_view([b, s, n, hd])?.f_transpose(1, 2)?) };
+        let (q, k) = (qkv.f_narrow(-1, 0, nh * hd)?, qkv.f_narrow(-1, nh * hd, nkv * hd)?);
+        let (q, k) = match (self.qk_norm, &self.q_norm, &self.k_norm) {
+            (QkNorm::PerHead, Some(qn), Some(kn)) => (qn.forward(&heads(q, nh)?)?, kn.forward(&heads(k, nkv)?)?),
+            (QkNorm::Projection, Some(qn), Some(kn)) => (heads(qn.forward(&q)?, nh)?, heads(kn.forward(&k)?, nkv)?),
+            _ => {
+                let qk = apply_rotary(&heads(qkv.f_narrow(-1, 0, (nh + nkv) * hd)?, nh + nkv)?, cos, sin)?;
+                return Ok((qk.f_narrow(1, 0, nh)?, qk.f_narrow(1, nh, nkv)?));
             }
         };
-        if self.qk_norm == QkNorm::Projection {
-            let (qn, kn) = (self.q_norm.as_ref(), self.k_norm.as_ref());
-            if let (Some(qn), Some(kn)) = (qn, kn) {
-                return Ok((qn.forward(&q)?, kn.forward(&k)?, v));
-            }
-        }
-        Ok((q, k, v))
+        Ok((apply_rotary(&q, cos, sin)?, apply_rotary(&k, cos, sin)?))
     }
 
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]`; `cos`, `sin`: `[batch, 1, seq, rotary_dim]`;
-    ///   `mask`: `[batch, 1, seq, past + seq]` (bool) → `[batch, seq, hidden]`
+    ///   `mask`: `[batch, 1, seq, keys]` (bool) → `[batch, seq, hidden]`, where `keys` is
+    ///   `past + seq`, or the cache's capacity in a decode step that writes at a slot
     pub fn forward(
         &self,
         x: &Tensor,
@@ -132,33 +148,30 @@ impl Attention {
         cache: Option<(&mut KvCache, usize)>,
     ) -> Result<Tensor> {
         let (b, s) = (x.size()[0], x.size()[1]);
-        let split = |t: Tensor, heads: i64| -> Result<Tensor> {
-            Ok(t.f_view([b, s, heads, self.head_dim])?.f_transpose(1, 2)?) // [b, heads, s, hd]
-        };
-        let (q, k, v) = self.project(x)?;
-        let mut q = split(q, self.num_heads)?;
-        let mut k = split(k, self.num_kv_heads)?;
-        let v = split(v, self.num_kv_heads)?;
-        if self.qk_norm == QkNorm::PerHead {
-            if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-                q = qn.forward(&q)?;
-                k = kn.forward(&k)?;
-            }
-        }
-        let q = apply_rotary(&q, cos, sin)?;
-        let k = apply_rotary(&k, cos, sin)?;
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let qkv = self.project(x)?;
+        let (q, k) = self.rotated_qk(&qkv, cos, sin)?;
+        let v = qkv.f_narrow(-1, (nh + nkv) * hd, nkv * hd)?.f_view([b, s, nkv, hd])?.f_transpose(1, 2)?;
         let (k, v) = match cache {
-            Some((cache, layer)) => cache.append(layer, &k, &v)?, // [b, kv, past + s, hd]
+            Some((cache, layer)) => cache.append(layer, &k, &v)?, // [b, kv, keys, hd]
             None => (k, v),
         };
         let y = match self.softcap {
             Some(cap) => self.eager(&q, &k, &v, mask, cap)?,
+            // One query per row with grouped keys: the `heads / kv_heads` queries that share a key
+            // head are attended as that head's rows ([b, kv, groups, hd]), so every SDPA kernel
+            // takes them without `enable_gqa` and the keys are read once per group.
+            None if s == 1 && nh != nkv => {
+                let grouped = q.f_reshape([b, nkv, nh / nkv, hd])?;
+                let y = Tensor::f_scaled_dot_product_attention(&grouped, &k, &v, Some(mask), 0.0, false, self.scale, false)?;
+                y.f_reshape([b, nh, 1, hd])?
+            }
             None => {
-                let gqa = self.num_heads != self.num_kv_heads;
+                let gqa = nh != nkv;
                 Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, self.scale, gqa)?
             }
         };
-        let y = y.f_transpose(1, 2)?.f_reshape([b, s, self.num_heads * self.head_dim])?;
+        let y = y.f_transpose(1, 2)?.f_reshape([b, s, nh * hd])?;
         self.o_proj.forward(&y)
     }
 

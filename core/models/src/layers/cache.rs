@@ -14,6 +14,10 @@ pub struct KvCache {
     len: i64,
     max_len: i64,
     growing: bool,
+    /// Set during a capture-safe decode step ([`KvCache::set_write_slot`]): the one new token of
+    /// each row is written at this slot (`[1]` int64, on the device) and every layer attends over
+    /// all `max_len` slots, the key mask hiding the empty ones. `len` is then the caller's to keep.
+    write_slot: Option<Tensor>,
 }
 
 impl KvCache {
@@ -33,13 +37,13 @@ impl KvCache {
             let v = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
             layers.push((k, v));
         }
-        Ok(KvCache { layers, len: 0, max_len, growing: false })
+        Ok(KvCache { layers, len: 0, max_len, growing: false, write_slot: None })
     }
 
     /// An empty cache without buffers: each append concatenates (no in-place write), so the cached
     /// keys and values stay part of the autograd graph.
     pub fn growing() -> Self {
-        KvCache { layers: Vec::new(), len: 0, max_len: i64::MAX, growing: true }
+        KvCache { layers: Vec::new(), len: 0, max_len: i64::MAX, growing: true, write_slot: None }
     }
 
     /// Tokens already cached.
@@ -57,12 +61,26 @@ impl KvCache {
         self.max_len
     }
 
-    /// Writes the new keys/values of `layer` at the current end and returns all cached ones.
+    /// Writes the new keys/values of `layer` at the current end and returns all cached ones;
+    /// with a write slot set ([`KvCache::set_write_slot`]), writes the one new token there and
+    /// returns the whole buffers.
     ///
     /// # Shapes
     /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]` → `([batch, kv_heads, len + seq, head_dim], same)`
+    ///   (with a write slot: `seq = 1` → `[batch, kv_heads, max_len, head_dim]`)
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let seq = k.size()[2];
+        if let Some(slot) = &self.write_slot {
+            if seq != 1 || self.growing {
+                return Err(crate::error::ModelError::Input(format!(
+                    "a decode step writes one token per row into a preallocated cache, got {seq}"
+                )));
+            }
+            let (kb, vb) = &mut self.layers[layer];
+            let _ = kb.f_index_copy_(2, slot, k)?;
+            let _ = vb.f_index_copy_(2, slot, v)?;
+            return Ok((kb.shallow_clone(), vb.shallow_clone()));
+        }
         if self.growing {
             // Layers not seen yet hold undefined tensors (a layer may be run alone, as the
             // checkpointed backward recomputes one layer at a time).
@@ -109,7 +127,7 @@ impl KvCache {
             };
             layers.push((move_to(k)?, move_to(v)?));
         }
-        Ok(KvCache { layers, len: width, max_len, growing: false })
+        Ok(KvCache { layers, len: width, max_len, growing: false, write_slot: None })
     }
 
     /// Repeats every row `times` times in place (`[r0, r0, r1, r1]` for 2), keeping what is
@@ -142,5 +160,25 @@ impl KvCache {
     /// Marks `seq` more tokens as cached; called once per forward after every layer appended.
     pub fn advance(&mut self, seq: i64) {
         self.len += seq;
+    }
+
+    /// Sets (or with `None` clears) the slot a capture-safe decode step writes (see
+    /// [`KvCache::append`]).
+    pub fn set_write_slot(&mut self, slot: Option<Tensor>) {
+        self.write_slot = slot;
+    }
+
+    /// Declares the first `len` slots cached (after decode steps that wrote at a slot).
+    pub fn set_len(&mut self, len: i64) -> Result<()> {
+        if len < 0 || len > self.max_len {
+            return Err(crate::error::ModelError::Input(format!("cache length {len} outside 0..={}", self.max_len)));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Rows in the cache (0 for a growing cache with nothing appended).
+    pub fn rows(&self) -> i64 {
+        self.layers.first().filter(|(k, _)| k.defined()).map_or(0, |(k, _)| k.size()[0])
     }
 }

@@ -12,7 +12,7 @@ use crate::weights::WeightLoader;
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
-    transposed: bool,
+    pub(crate) transposed: bool,
     /// A LoRA update added to the output, when applied.
     pub lora: Option<crate::lora::LoraAdapter>,
 }

@@ -49,6 +49,23 @@ pub fn windowed_attention_mask(key_mask: &Tensor, past: i64, seq: i64, window: O
     Ok(allowed.f_logical_or(&diag.f_logical_and(&empty)?)?) // [b, 1, seq, total]
 }
 
+/// The mask of a capture-safe decode step ([`crate::KvCache::set_write_slot`]): one query per
+/// row at cache slot `slot`, attending over every slot of the cache where `key_mask` is set (the
+/// slot itself included, set before the step) and, with a sliding window, no key at `k <= slot −
+/// window`. For one query after the cached ones this is what [`windowed_attention_mask`] gives,
+/// built without host values so the step can be captured and replayed.
+///
+/// # Shapes
+/// - `key_mask`: `[batch, capacity]` (integer); `slot`: `[1]` int64 → `[batch, 1, 1, capacity]` (bool)
+pub fn step_attention_mask(key_mask: &Tensor, slot: &Tensor, window: Option<i64>) -> Result<Tensor> {
+    let (b, total) = (key_mask.size()[0], key_mask.size()[1]);
+    let real = key_mask.f_ne(0)?.f_view([b, 1, 1, total])?;
+    let Some(w) = window else { return Ok(real) };
+    let k = Tensor::f_arange(total, (Kind::Int64, key_mask.device()))?; // [total]
+    let inside = k.f_gt_tensor(&slot.f_sub_scalar(w)?)?; // k > slot − w
+    Ok(real.f_logical_and(&inside.f_view([1, 1, 1, total])?)?)
+}
+
 /// Position ids for left- or right-padded batches: `t − (start of t's segment)`, so real tokens
 /// get `cumsum(mask != 0) − 1` as transformers' `generate` passes them (a sequence's positions do
 /// not depend on its left padding), left padding gets 0, and right padding keeps counting as

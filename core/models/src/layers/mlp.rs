@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
 
-use super::{activate, linear, Linear};
+use super::{activate, linear, FusedRows, Linear};
 use crate::config::{Activation, ArchConfig, MoeConfig};
 use crate::error::Result;
 use crate::weights::WeightLoader;
@@ -13,9 +13,11 @@ use crate::weights::WeightLoader;
 /// gate and up projections.
 #[derive(Debug)]
 enum GateUp {
+    /// Two checkpoint tensors, stored back to back in one buffer ([`FusedRows`]).
     Separate {
         gate_proj: Linear,
         up_proj: Linear,
+        fused: Option<FusedRows>,
     },
     /// One `[gate; up]` projection, split in halves.
     Fused(Linear),
@@ -36,10 +38,10 @@ impl GatedMlp {
         let gate_up = if cfg.fused_gate_up {
             GateUp::Fused(Linear::load(&w.pp("gate_up_proj"), h, 2 * inter, bias)?)
         } else {
-            GateUp::Separate {
-                gate_proj: Linear::load(&w.pp("gate_proj"), h, inter, bias)?,
-                up_proj: Linear::load(&w.pp("up_proj"), h, inter, bias)?,
-            }
+            let mut gate_proj = Linear::load(&w.pp("gate_proj"), h, inter, bias)?;
+            let mut up_proj = Linear::load(&w.pp("up_proj"), h, inter, bias)?;
+            let fused = FusedRows::new(&mut [&mut gate_proj, &mut up_proj])?;
+            GateUp::Separate { gate_proj, up_proj, fused }
         };
         Ok(GatedMlp { gate_up, down_proj: Linear::load(&w.pp("down_proj"), inter, h, bias)?, act: cfg.activation })
     }
@@ -47,20 +49,24 @@ impl GatedMlp {
     /// # Shapes
     /// - `x`: `[..., hidden]` → `[..., hidden]`
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (gate, up) = match &self.gate_up {
-            GateUp::Separate { gate_proj, up_proj } => (gate_proj.forward(x)?, up_proj.forward(x)?),
-            GateUp::Fused(l) => {
-                let both = l.forward(x)?.f_chunk(2, -1)?;
-                (both[0].shallow_clone(), both[1].shallow_clone())
+        let both = match &self.gate_up {
+            GateUp::Separate { gate_proj, up_proj, fused } => {
+                match FusedRows::try_forward(fused.as_ref(), &[gate_proj, up_proj], x)? {
+                    Some(both) => both,
+                    None => return self.down_proj.forward(&activate(&gate_proj.forward(x)?, self.act)?.f_mul(&up_proj.forward(x)?)?),
+                }
             }
+            GateUp::Fused(l) => l.forward(x)?,
         };
+        let half = both.size()[both.dim() - 1] / 2;
+        let (gate, up) = (both.f_narrow(-1, 0, half)?, both.f_narrow(-1, half, half)?);
         self.down_proj.forward(&activate(&gate, self.act)?.f_mul(&up)?)
     }
 
     /// The linear layers with their names below `mlp`.
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let mut out = match &mut self.gate_up {
-            GateUp::Separate { gate_proj, up_proj } => vec![("gate_proj", gate_proj), ("up_proj", up_proj)],
+            GateUp::Separate { gate_proj, up_proj, .. } => vec![("gate_proj", gate_proj), ("up_proj", up_proj)],
             GateUp::Fused(l) => vec![("gate_up_proj", l)],
         };
         out.push(("down_proj", &mut self.down_proj));
@@ -70,7 +76,7 @@ impl GatedMlp {
     /// [`GatedMlp::linears_mut`], shared.
     pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
         let mut out = match &self.gate_up {
-            GateUp::Separate { gate_proj, up_proj } => vec![("gate_proj", gate_proj), ("up_proj", up_proj)],
+            GateUp::Separate { gate_proj, up_proj, .. } => vec![("gate_proj", gate_proj), ("up_proj", up_proj)],
             GateUp::Fused(l) => vec![("gate_up_proj", l)],
         };
         out.push(("down_proj", &self.down_proj));

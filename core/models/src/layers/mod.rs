@@ -4,6 +4,7 @@
 
 mod attention;
 mod cache;
+mod fused;
 mod linear;
 mod mask;
 mod mlp;
@@ -13,7 +14,8 @@ mod rotary;
 pub use attention::Attention;
 pub use cache::KvCache;
 pub use linear::{activate, linear, Linear, FEW_ROWS};
-pub use mask::{attention_mask, position_ids_from_mask, windowed_attention_mask, LayerShared};
+pub use fused::FusedRows;
+pub use mask::{attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, LayerShared};
 pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};
 pub use rotary::{apply_rotary, Rotary};
@@ -86,7 +88,8 @@ mod tests {
     fn rotate_half_matches_formula() {
         let x = Tensor::from_slice(&[1f32, 2., 3., 4.]).view([1, 1, 1, 4]);
         let cos = Tensor::from_slice(&[0.5f32, 0.5, 0.5, 0.5]).view([1, 1, 1, 4]);
-        let sin = Tensor::from_slice(&[1f32, 1., 1., 1.]).view([1, 1, 1, 4]);
+        // The signed table: [−sin, sin] for sin = 1.
+        let sin = Tensor::from_slice(&[-1f32, -1., 1., 1.]).view([1, 1, 1, 4]);
         let y = apply_rotary(&x, &cos, &sin).unwrap().view([4]);
         // x*cos + [-x3, -x4, x1, x2]*sin
         assert_eq!(Vec::<f32>::try_from(y).unwrap(), vec![0.5 - 3., 1. - 4., 1.5 + 1., 2. + 2.]);

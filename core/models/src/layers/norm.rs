@@ -26,9 +26,30 @@ impl RmsNorm {
         Ok(RmsNorm { weight: w.get("weight", &[dim])?, eps, kind })
     }
 
+    /// libtorch's `rms_norm` normalises in f32 and casts back (one kernel on CUDA), then scales
+    /// in f32 when given the weight: so `rms_norm(x) · w` is Llama's formula and `rms_norm(x, w)`
+    /// OLMo 2's, exactly (checked against the composite below in f32 and bf16). Gemma's `1 + w`
+    /// keeps the composite.
+    ///
     /// # Shapes
     /// - `x`: `[..., dim]` → `[..., dim]`
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dim = [self.weight.size()[0]];
+        Ok(match self.kind {
+            NormKind::Rms => x.f_rms_norm(dim, None::<&Tensor>, self.eps)?.f_mul(&self.weight)?,
+            NormKind::RmsScaleInF32 if self.weight.kind() == x.kind() => {
+                x.f_rms_norm(dim, Some(&self.weight), self.eps)?
+            }
+            _ => self.composite(x)?,
+        })
+    }
+
+    /// The formulas written out: normalise in fp32, then scale by `w` (cast back first: Llama;
+    /// cast back after: OLMo 2) or by `1 + w` (Gemma).
+    ///
+    /// # Shapes
+    /// - `x`: `[..., dim]` → `[..., dim]`
+    pub fn composite(&self, x: &Tensor) -> Result<Tensor> {
         let kind = x.kind();
         let xf = x.f_to_kind(Kind::Float)?;
         let var = xf.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, Kind::Float)?;

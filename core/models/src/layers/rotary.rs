@@ -120,6 +120,12 @@ impl Rotary {
         }
     }
 
+    /// Whether the tables are computed without reading a value back to the host (all but
+    /// LongRoPE and dynamic NTK, whose frequencies depend on the longest position).
+    pub fn capturable(&self) -> bool {
+        self.by_length.is_none()
+    }
+
     /// The inverse frequencies for a forward whose longest position is `max(position_ids)`.
     fn inv_freq_for(&self, position_ids: &Tensor) -> Result<Tensor> {
         let Some(by_length) = &self.by_length else { return Ok(self.inv_freq.shallow_clone()) };
@@ -143,7 +149,8 @@ impl Rotary {
         }
     }
 
-    /// cos and sin tables for the given positions, in `kind`.
+    /// cos and signed sin tables for the given positions, in `kind`: `cos(θ)` and
+    /// `[−sin(θ), sin(θ)]` (the first half negated), the form [`apply_rotary`] takes.
     ///
     /// # Shapes
     /// - `position_ids`: `[batch, seq]` (int64)
@@ -151,9 +158,10 @@ impl Rotary {
     pub fn cos_sin(&self, position_ids: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
         let inv_freq = self.inv_freq_for(position_ids)?;
         let pos = position_ids.f_to_kind(Kind::Float)?.f_unsqueeze(-1)?; // [b, s, 1]
-        let freqs = pos.f_mul(&inv_freq)?; // [b, s, d/2]
-        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?.f_unsqueeze(1)?; // [b, 1, s, d]
-        let (cos, sin) = (emb.f_cos()?, emb.f_sin()?);
+        let freqs = pos.f_mul(&inv_freq)?.f_unsqueeze(1)?; // [b, 1, s, d/2]
+        let (cos, sin) = (freqs.f_cos()?, freqs.f_sin()?);
+        let cos = Tensor::f_cat(&[&cos, &cos], -1)?; // [b, 1, s, d]
+        let sin = Tensor::f_cat(&[&sin.f_neg()?, &sin], -1)?; // [b, 1, s, d]
         if self.attention_scaling == 1.0 {
             return Ok((cos.f_to_kind(kind)?, sin.f_to_kind(kind)?));
         }
@@ -198,17 +206,21 @@ fn yarn_inv_freq(cfg: &RopeConfig, dim: i64, device: tch::Device) -> Result<Tens
 /// Applies rotary embeddings to q or k (rotate-half layout, as Hugging Face checkpoints store
 /// them); with tables narrower than the head, only its leading dimensions rotate.
 ///
+/// transformers computes `x·cos + rotate_half(x)·sin` with `rotate_half(x) = [−x₂, x₁]`; with
+/// the signed table `sin' = [−sin, sin]` of [`Rotary::cos_sin`] that is `x·cos + [x₂, x₁]·sin'`,
+/// the same products (a sign flip is exact) in four kernels instead of six: the halves swapped
+/// by one `flip`, two products and a sum.
+///
 /// # Shapes
 /// - `x`: `[batch, heads, seq, head_dim]`; `cos`, `sin`: `[batch, 1, seq, rotary_dim]` → like `x`
 pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let d = x.size()[3];
-    let r = cos.size()[3];
+    let size = x.size();
+    let (d, r) = (size[3], cos.size()[3]);
     if r < d {
         let rotated = apply_rotary(&x.f_narrow(3, 0, r)?, cos, sin)?;
         return Ok(Tensor::f_cat(&[&rotated, &x.f_narrow(3, r, d - r)?], 3)?);
     }
-    let x1 = x.f_narrow(3, 0, d / 2)?;
-    let x2 = x.f_narrow(3, d / 2, d / 2)?;
-    let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], 3)?;
-    Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
+    let halves = x.f_unflatten(3, [2, d / 2])?; // [b, h, s, 2, d/2]
+    let swapped = halves.f_flip([3])?.f_view([size[0], size[1], size[2], d])?; // [x₂, x₁]
+    Ok(x.f_mul(cos)?.f_add(&swapped.f_mul(sin)?)?)
 }

@@ -47,6 +47,9 @@ pub struct RolloutConfig {
     /// Intra-op threads of the asynchronous generation worker; the trainer keeps the rest
     /// (0: half of them, at least 1).
     pub generation_threads: usize,
+    /// On CUDA, capture the decode step as CUDA graphs and replay them (the local engine); steps
+    /// run eagerly where capture is impossible, which is logged once.
+    pub cuda_graphs: bool,
 }
 
 /// `[rollout.filter_groups]`: DAPO's dynamic sampling (verl's `algorithm.filter_groups`).
@@ -104,6 +107,7 @@ impl Default for RolloutConfig {
             filter_groups: FilterGroupsConfig::default(),
             max_staleness: 0,
             generation_threads: 0,
+            cuda_graphs: true,
         }
     }
 }

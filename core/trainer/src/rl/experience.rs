@@ -3,7 +3,7 @@
 //! state before each response token — everything the algorithm's `prepare` and the minibatch
 //! losses compare against.
 
-use rlhf_generation::{token_logprobs, token_logprobs_pass, CheckpointedLogProbs, LogProbOptions, TokenLogProbs};
+use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbPass, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};
@@ -38,8 +38,8 @@ pub struct Batch {
     /// `reuse`); `old_logprobs` are then these, detached.
     pub policy: Option<TokenLogProbs>,
     /// With gradient checkpointing, the checkpointed pass behind `policy`: after the loss has
-    /// been backpropagated, [`CheckpointedLogProbs::backward`] takes it.
-    pub policy_checkpoint: Option<CheckpointedLogProbs>,
+    /// been backpropagated, [`LogProbPass::backward`] takes it.
+    pub policy_checkpoint: Option<LogProbPass>,
     /// The rows `[offset, offset + count)` of the batch that `policy` covers, when it is one data-
     /// parallel rank's own pass over its part of a gathered batch; `None`: the whole batch.
     pub policy_rows: Option<(i64, i64)>,
@@ -199,7 +199,7 @@ pub fn compute(
         // An entropy the loss does not use would keep its part of the graph (the `[rows, vocab]`
         // probabilities) alive until the step ends.
         let policy = TokenLogProbs { logprobs: lp.logprobs, entropy: lp.entropy.filter(|_| entropy_grad) };
-        (detached, Some(policy), ck)
+        (detached, Some(policy), Some(ck))
     } else {
         (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None, None)
     };

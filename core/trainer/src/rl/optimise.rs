@@ -6,7 +6,7 @@
 //! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
 //! the whole optimizer step and is logged.
 
-use rlhf_generation::{token_logprobs_pass, CheckpointedLogProbs, LogProbOptions, TokenLogProbs};
+use rlhf_generation::{token_logprobs_pass, LogProbPass, LogProbOptions, TokenLogProbs};
 use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
@@ -42,7 +42,7 @@ pub struct Learner<'a> {
 /// once its loss has been.
 #[derive(Default)]
 struct Passes {
-    actor: Option<CheckpointedLogProbs>,
+    actor: Option<LogProbPass>,
     /// The actor's pass is the experience pass kept in [`Batch::policy_checkpoint`].
     reused_actor: bool,
     critic: Option<Checkpointed>,
@@ -155,7 +155,7 @@ fn micro_loss(
         }
         None => {
             let (lp, ck) = token_logprobs_pass(actor, &seq, &attn, p_len, opts, cfg.gradient_checkpointing)?;
-            passes.actor = ck;
+            passes.actor = Some(ck);
             lp // [n, R], grad
         }
     };

@@ -25,7 +25,8 @@ pub struct Rollout {
 }
 
 /// Samples responses with the rollout settings; `rows` places this batch in a larger one split
-/// across data-parallel ranks (see [`rlhf_generation::Sampling::next_tokens_in`]). With
+/// across data-parallel ranks (its noise is that of its rows in the whole batch, see
+/// [`rlhf_generation::noise`]). With
 /// `behavior`, the sampled tokens' log-probs under `actor` (a decode copy of the policy) are
 /// returned as the behaviour log-probs.
 ///
@@ -100,6 +101,7 @@ pub(crate) fn generate_config(
         prefill_group,
         logprobs: behavior,
         noise_key: None,
+        cuda_graphs: cfg.cuda_graphs,
     }
 }
 

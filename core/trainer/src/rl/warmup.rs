@@ -1,7 +1,7 @@
 //! An optional supervised warm-up of the actor before RL (the embedded defaults start from a
 //! random tiny model): cross-entropy on (prompt, label) pairs, the response tokens and EOS only.
 
-use rlhf_generation::{left_pad, masked_nll_mean, token_logprobs, LogProbOptions};
+use rlhf_generation::{left_pad, masked_nll_mean, token_logprobs_pass, LogProbOptions};
 use rlhf_models::CausalLm;
 use tch::Tensor;
 
@@ -50,10 +50,12 @@ pub fn sft_warmup(
             }
         }
         let mask = Tensor::f_from_slice(&mask)?.f_view([batch.len() as i64, t - 1])?.f_to_device(actor.device())?;
-        let lp = token_logprobs(actor, &padded.input_ids, &padded.attention_mask, 1, LogProbOptions::default())?;
+        let (ids, attn) = (&padded.input_ids, &padded.attention_mask);
+        let (lp, pass) = token_logprobs_pass(actor, ids, attn, 1, LogProbOptions::default(), false)?;
         let loss = masked_nll_mean(&lp.logprobs, &mask)?;
         last = loss.double_value(&[]);
         loss.f_backward()?;
+        pass.backward(actor)?;
         opt.step()?;
     }
     Ok(last)

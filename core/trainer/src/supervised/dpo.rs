@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_generation::{token_logprobs_pass, CheckpointedLogProbs, LogProbOptions};
+use rlhf_generation::{token_logprobs_pass, LogProbPass, LogProbOptions};
 use rlhf_models::{parse_dtype, CausalLm};
 use tch::{Device, Kind, Tensor};
 
@@ -192,17 +192,17 @@ fn response_logps(model: &CausalLm, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
 }
 
 /// [`response_logps`], from a checkpointed pass when `checkpointed` (`train.gradient_checkpointing`),
-/// returned for [`CheckpointedLogProbs::backward`] once the loss is backpropagated.
+/// returned for [`LogProbPass::backward`] once the loss is backpropagated.
 fn response_logps_pass(
     model: &CausalLm,
     b: &DpoBatch,
     checkpointed: bool,
-) -> Result<((Tensor, Tensor), Option<CheckpointedLogProbs>)> {
+) -> Result<((Tensor, Tensor), Option<LogProbPass>)> {
     let opts = LogProbOptions::default();
     let (lp, ck) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, 1, opts, checkpointed)?;
     let sums = lp.logprobs.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
     let n = sums.size()[0] / 2;
-    Ok(((sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?), ck))
+    Ok(((sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?), Some(ck)))
 }
 
 /// Where the reference log-probs come from.
@@ -258,7 +258,7 @@ impl DpoTask {
         &self,
         split: Split,
         items: &[usize],
-    ) -> Result<(DpoLossOut, (Tensor, Tensor), usize, Option<CheckpointedLogProbs>)> {
+    ) -> Result<(DpoLossOut, (Tensor, Tensor), usize, Option<LogProbPass>)> {
         let pairs = match split {
             Split::Train => &self.train,
             Split::Eval => &self.eval,

@@ -90,9 +90,7 @@ impl PhaseTask for SftTask {
             nll.f_div_scalar(total_weight)?.f_backward()?;
         }
         // Also without a loss: a sharded model's pass gathers and reduces with the other ranks.
-        if let Some(ck) = &ck {
-            ck.backward(&self.model)?;
-        }
+        ck.backward(&self.model)?;
         if !value.is_finite() {
             return Ok(None);
         }

@@ -37,7 +37,7 @@ use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
 use super::stage3::Params;
-use crate::adamw::{adam_update, clip_coef};
+use crate::adamw::{adam_update_all, clip_coef};
 use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::optim::{lr_factor, OptimConfig, StepInfo};
@@ -361,14 +361,15 @@ impl ShardedAdam {
             let part = |t: &Tensor| t.f_narrow(0, b.local, b.len);
             let g = part(&g)?;
             let g = if clip != 1.0 { g.f_mul_scalar(clip)? } else { g };
-            let (mut theta, mut m, mut v) = (self.bucket_theta(b)?, part(&self.m)?, part(&self.v)?);
+            let (theta, m, v) = (self.bucket_theta(b)?, part(&self.m)?, part(&self.v)?);
             if wd != 0.0 {
                 // Decoupled weight decay on the chunks of 2-D (or larger) variables.
                 for slot in self.slots[b.slots.clone()].iter().filter(|s| s.decay) {
                     let _ = theta.f_narrow(0, slot.local - b.local, slot.chunk)?.f_mul_(&decay)?;
                 }
             }
-            adam_update(&mut theta, &mut m, &mut v, &g, lr, betas, eps, self.t)?;
+            let mut bucket = [(theta.shallow_clone(), m.shallow_clone(), v.shallow_clone(), g.shallow_clone(), self.t)];
+            adam_update_all(&mut bucket, lr, betas, eps)?;
             if let Some(p) = &self.params {
                 // Stage 3: the updated chunks are the parameters; whole variables only while whole.
                 for slot in &self.slots[b.slots.clone()] {

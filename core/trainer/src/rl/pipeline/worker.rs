@@ -2,7 +2,7 @@
 //! (in the policy's dtype, or bf16 with `rollout.decode_dtype = "bf16"`) and its own share of the
 //! CPU's intra-op threads. It takes jobs in order, brings its copy to the job's weight snapshot,
 //! and samples the job's batch — single responses, or multi-turn episodes against the shared
-//! environment — with noise keyed by the job ([`rlhf_generation::Sampling::next_tokens_keyed`]),
+//! environment — with noise keyed by the job ([`rlhf_generation::noise`]),
 //! never touching libtorch's process-wide generator, which the trainer keeps using.
 
 use std::collections::HashMap;

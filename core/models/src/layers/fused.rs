@@ -1,0 +1,145 @@
+//! Projections that share an input (q, k and v; gate and up) computed as one GEMM.
+//!
+//! The parameters stay what they are — one variable per checkpoint name, so the optimizer, LoRA,
+//! ZeRO and saving see transformers' names and shapes — but at load their storage is laid out
+//! back to back in one buffer ([`FusedRows::new`] re-points each weight and bias at its slice). A
+//! pass that sends no gradient to them (generation, the frozen reference) then reads the buffer
+//! as one `[Σ out, in]` weight: one kernel and one read of the input instead of two or three.
+//! Gradients need the separate leaves, so a pass that trains them, a layer with a LoRA adapter,
+//! and a layer whose storage was swapped since (ZeRO stage 3 gathers a sharded weight into new
+//! storage) use the separate projections; both give the same values up to the GEMM's summation.
+
+use tch::Tensor;
+
+use super::{linear, Linear};
+use crate::error::Result;
+
+/// Whether autograd records operations on this thread (off inside `tch::no_grad`).
+fn grad_enabled() -> bool {
+    // SAFETY: sets the thread's grad mode and returns the previous one, which is put back at once.
+    unsafe {
+        let previous = torch_sys::at_grad_set_enabled(0);
+        torch_sys::at_grad_set_enabled(previous);
+        previous != 0
+    }
+}
+
+/// The buffer behind several [`Linear`]s' weights (and biases), stacked along the output rows.
+#[derive(Debug)]
+pub struct FusedRows {
+    weight: Tensor,       // [Σ out, in]
+    bias: Option<Tensor>, // [Σ out]
+}
+
+impl FusedRows {
+    /// Moves the weights (and biases, when every part has one) of `parts` into one buffer and
+    /// makes each part's tensors views of their rows. `None` for layers stored `[in, out]`
+    /// (GPT-2's `Conv1D`) or of different input sizes or kinds, which stay as they are.
+    pub fn new(parts: &mut [&mut Linear]) -> Result<Option<FusedRows>> {
+        let Some(first) = parts.first() else { return Ok(None) };
+        let (in_dim, kind, device) = (first.dims().0, first.weight.kind(), first.weight.device());
+        let same = parts.iter().all(|p| {
+            !p.transposed()
+                && p.dims().0 == in_dim
+                && p.weight.kind() == kind
+                && p.weight.device() == device
+                && p.bias.as_ref().is_none_or(|b| b.kind() == kind)
+        });
+        if !same {
+            return Ok(None);
+        }
+        let weight = tch::no_grad(|| Tensor::f_cat(&parts.iter().map(|p| &p.weight).collect::<Vec<_>>(), 0))?;
+        let with_bias = parts.iter().all(|p| p.bias.is_some());
+        let bias = if with_bias {
+            let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias.as_ref()).collect();
+            Some(tch::no_grad(|| Tensor::f_cat(&biases, 0))?)
+        } else {
+            None
+        };
+        let mut row = 0;
+        for p in parts.iter_mut() {
+            let out = p.dims().1;
+            p.weight.f_set_data(&weight.f_narrow(0, row, out)?)?;
+            if let (Some(b), Some(all)) = (p.bias.as_mut(), bias.as_ref()) {
+                b.f_set_data(&all.f_narrow(0, row, out)?)?;
+            }
+            row += out;
+        }
+        Ok(Some(FusedRows { weight, bias }))
+    }
+
+    /// Whether one GEMM can stand for `parts` in this pass: no gradient would reach them (grad
+    /// mode off, or frozen weights), none has an active LoRA adapter, a bias is fused only when
+    /// every part has one, and each still views its rows of the buffer. Host work only: no
+    /// tensor operation is dispatched.
+    fn applies(&self, parts: &[&Linear]) -> bool {
+        let grad = grad_enabled();
+        let mut row = 0i64;
+        let elt = self.weight.kind().elt_size_in_bytes() as i64;
+        let base = self.weight.data_ptr() as i64;
+        for p in parts {
+            // A zero-row view requires grad exactly when a gradient would flow to the weight.
+            let trains = grad && p.weight.requires_grad();
+            if trains || p.lora.as_ref().is_some_and(|l| !l.is_disabled()) {
+                return false;
+            }
+            let (in_dim, out) = p.dims();
+            if p.weight.data_ptr() as i64 != base + row * in_dim * elt || p.bias.is_some() != self.bias.is_some() {
+                return false;
+            }
+            if let (Some(b), Some(all)) = (&p.bias, &self.bias) {
+                if b.data_ptr() as i64 != all.data_ptr() as i64 + row * elt {
+                    return false;
+                }
+            }
+            row += out;
+        }
+        row == self.weight.size()[0]
+    }
+
+    /// The outputs of `parts` side by side, `[..., Σ out]`, computed as one GEMM when that
+    /// applies ([`FusedRows`]); `None` when it does not (the caller runs the parts).
+    ///
+    /// # Shapes
+    /// - `x`: `[..., in]` → `[..., Σ out]`
+    pub fn try_forward(this: Option<&FusedRows>, parts: &[&Linear], x: &Tensor) -> Result<Option<Tensor>> {
+        match this.filter(|f| f.applies(parts)) {
+            Some(f) => Ok(Some(linear(x, &f.weight, f.bias.as_ref())?)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{nn, Device, Kind};
+
+    fn linear(vs: &nn::Path<'_>, name: &str, out: i64, inp: i64) -> Linear {
+        let p = vs.sub(name);
+        let w = p.f_var_copy("weight", &Tensor::randn([out, inp], (Kind::Float, Device::Cpu))).unwrap();
+        let b = p.f_var_copy("bias", &Tensor::randn([out], (Kind::Float, Device::Cpu))).unwrap();
+        Linear { weight: w, bias: Some(b), transposed: false, lora: None }
+    }
+
+    /// The parts become views of one buffer (the var store's variables too), one GEMM gives
+    /// their outputs side by side, and a pass that trains them does not take it.
+    #[test]
+    fn parts_share_one_buffer_and_one_gemm() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let root = vs.root();
+        let (mut q, mut k) = (linear(&root, "q", 6, 4), linear(&root, "k", 2, 4));
+        let x = Tensor::randn([3, 4], (Kind::Float, Device::Cpu));
+        let want = Tensor::cat(&[q.forward(&x).unwrap(), k.forward(&x).unwrap()], -1);
+        let fused = FusedRows::new(&mut [&mut q, &mut k]).unwrap().unwrap();
+        assert_eq!(vs.variables()["k.weight"].data_ptr(), k.weight.data_ptr());
+        let got = tch::no_grad(|| FusedRows::try_forward(Some(&fused), &[&q, &k], &x)).unwrap();
+        let got = got.expect("one GEMM without gradients");
+        assert!(got.allclose(&want, 1e-6, 1e-6, false));
+        assert!(FusedRows::try_forward(Some(&fused), &[&q, &k], &x).unwrap().is_none(), "a trained pass");
+        // An optimizer's in-place update reaches the buffer.
+        tch::no_grad(|| vs.variables()["q.weight"].shallow_clone().fill_(0.5));
+        let after = tch::no_grad(|| FusedRows::try_forward(Some(&fused), &[&q, &k], &x)).unwrap().unwrap();
+        assert!(after.narrow(1, 0, 6).allclose(&(x.sum_dim_intlist(-1, true, Kind::Float) * 0.5 + q.bias.as_ref().unwrap()), 1e-5, 1e-5, false));
+    }
+}
