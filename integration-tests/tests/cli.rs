@@ -79,12 +79,15 @@ fn generate_greedy_matches_transformers() {
             seed,
             "--max-new-tokens",
             "12",
+            "--json",
         ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     assert_eq!(sample("7"), sample("7"));
+    // One JSON line per prompt (a response may hold newlines of its own).
     assert_eq!(sample("7").lines().count(), 2);
+    assert_ne!(sample("7"), sample("8"));
 }
 
 /// Copies a fixture model into a temp dir so a test can break it.

@@ -26,7 +26,8 @@ fn step_ops(layers: i64, dir: &std::path::Path) -> rlhf_aten::op_count::OpCount 
     let slot = Tensor::from_slice(&[8i64]);
     tch::no_grad(|| {
         let _ = m.decode_step(&ids, &pos, &key_mask, &slot, &mut cache).unwrap();
-        let (_, ops) = rlhf_aten::op_count::count(|| m.decode_step(&ids, &pos, &key_mask, &slot, &mut cache).unwrap()).unwrap();
+        let (_, ops) =
+            rlhf_aten::op_count::count(|| m.decode_step(&ids, &pos, &key_mask, &slot, &mut cache).unwrap()).unwrap();
         ops
     })
 }

@@ -96,15 +96,20 @@ fn scalar_head_scores_match_transformers() {
     }
 }
 
-fn tensor_names(dir: &Path) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
+/// The checkpoint tensors of `dir` by name.
+fn tensors(dir: &Path) -> std::collections::BTreeMap<String, Tensor> {
+    let mut out = std::collections::BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "safetensors") && !p.ends_with("reference.safetensors") {
-            names.extend(Tensor::read_safetensors(&p).unwrap().into_iter().map(|(n, _)| n));
+            out.extend(Tensor::read_safetensors(&p).unwrap());
         }
     }
-    names
+    out
+}
+
+fn tensor_names(dir: &Path) -> BTreeSet<String> {
+    tensors(dir).into_keys().collect()
 }
 
 #[test]
@@ -120,6 +125,11 @@ fn saved_checkpoints_reload_in_transformers_with_the_same_names_and_logits() {
         let out = keep.path().join(name);
         model.save(&out).unwrap();
         assert_eq!(tensor_names(&out), tensor_names(&root.join(name)), "{name}: saved tensor names");
+        // q/k/v and gate/up share one buffer each in memory; each saves its own rows, unchanged.
+        let (saved, source) = (tensors(&out), tensors(&root.join(name)));
+        for (n, t) in &source {
+            assert!(saved[n].equal(t), "{name}: {n} saved differs from the checkpoint");
+        }
         let x = Tensor::from_slice(&ids).view([1, -1]);
         ours.push(tch::no_grad(|| model.forward(&x, &x.ones_like())).unwrap().squeeze_dim(0));
         dirs.push(out.display().to_string());

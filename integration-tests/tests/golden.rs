@@ -49,6 +49,14 @@
 //! per step (2e-4 by step 18 and 0.24 by step 74, so 12 of its 74). GRPO stays under 3e-5 over its
 //! 12 steps.
 //!
+//! Re-recorded on 2026-11-27 when sampling changed (counter-based noise on the device instead of
+//! libtorch's generator: the same distribution, other draws, so other trajectories). The new GRPO
+//! trajectory amplified kernel differences more: under `portable` its `approx_kl` at step 10 moved
+//! 2.2e-3 relative, past the tolerance, so the GRPO run is now 9 steps (within the tolerance under
+//! every setting). SFT and RM were not re-recorded: this release's fused projections and norms
+//! keep them within the tolerances above (largest changes 1.7e-7 of a float metric and 3.9e-6 of
+//! a weight summary for SFT; 7.9e-5 and 2.6e-6 for RM).
+//!
 //! The same run on the Zen 4 under the old AVX2 pin reproduced the Zen 3 recording bit for bit
 //! (every weight hash and metric); the pin held between the AMD kinds but not on Intel, where MKL
 //! takes other paths. It is no longer used: no test depends on one kernel setting.
@@ -157,7 +165,7 @@ fn check_rl(name: &str, args: &[&str]) {
 
 #[test]
 fn golden_grpo() {
-    check_rl("grpo", &["train", "--algo", "grpo", "--set", "train.steps=12"]);
+    check_rl("grpo", &["train", "--algo", "grpo", "--set", "train.steps=9"]);
 }
 
 #[test]
@@ -214,7 +222,7 @@ fn golden_tolerance_catches_a_learning_rate_or_kl_coefficient_off_by_a_thousandt
     }
     let want = read_golden("grpo");
     for set in ["train.actor_lr=0.0005005", "algorithm.config.beta=0.04004"] {
-        let args = [&["train", "--algo", "grpo", "--set", "train.steps=12", "--set", set], FULL_TASK].concat();
+        let args = [&["train", "--algo", "grpo", "--set", "train.steps=9", "--set", set], FULL_TASK].concat();
         let got = golden::capture(&args, "actor", NATIVE);
         let bad = golden::compare(&got, &want, true);
         let floats =

@@ -24,6 +24,9 @@ PRESETS = {
     # name: hidden, layers, heads, kv heads, intermediate, vocab, max positions
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=1024, max_position_embeddings=2048),
+    # A decode bound by the host (rlhf bench's builtin:qwen2-6x256).
+    "6x256": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+                  intermediate_size=704, vocab_size=4096, max_position_embeddings=2048),
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768),
     "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,

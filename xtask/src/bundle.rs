@@ -209,7 +209,11 @@ mod tests {
         let python_dir = Path::new(&python).parent().unwrap().to_path_buf();
         let run = |args: &[&str], libtorch: Option<&Path>| {
             let mut c = Command::new(moved.join("bin/rlhf"));
-            c.args(args).current_dir(&tmp).env_remove("LD_LIBRARY_PATH").env_remove("RLHF_NCCL_LIB").env_remove("RLHF_CUDA_GRAPH_LIB");
+            c.args(args)
+                .current_dir(&tmp)
+                .env_remove("LD_LIBRARY_PATH")
+                .env_remove("RLHF_NCCL_LIB")
+                .env_remove("RLHF_CUDA_GRAPH_LIB");
             c.env("PATH", format!("{}:/usr/bin:/bin", python_dir.display()));
             match libtorch {
                 Some(d) => c.env("LIBTORCH", d),

@@ -73,13 +73,16 @@ pub fn cuda_headers(libtorch: &Path, lib: &Path) -> Result<CudaHeaders, String> 
         .extend(["CUDA_HOME", "CUDA_PATH"].iter().filter_map(env::var_os).map(|d| PathBuf::from(d).join("include")));
     cuda_dirs.push(PathBuf::from("/usr/local/cuda/include"));
     let Some(cuda) = cuda_dirs.iter().find(|d| d.join("cuda_runtime_api.h").exists()).cloned() else {
-        return Err("cuda_runtime_api.h not found in the wheel's nvidia/ packages, $CUDA_HOME or /usr/local/cuda".into());
+        return Err(
+            "cuda_runtime_api.h not found in the wheel's nvidia/ packages, $CUDA_HOME or /usr/local/cuda".into()
+        );
     };
     // ATen's CUDA headers include `cuda_runtime.h` and `cuda_fp16.h`, which need the `crt/`
     // headers and CCCL's `nv/target`: a toolkit has them, but the CUDA 13 wheels ship them in
     // packages of their own, `nvidia-cuda-crt` and `nvidia-cuda-cccl`, that torch does not
     // depend on (install the versions matching `nvidia-cuda-runtime`).
-    let missing: Vec<&str> = ["crt/host_config.h", "nv/target"].into_iter().filter(|h| !cuda.join(h).exists()).collect();
+    let missing: Vec<&str> =
+        ["crt/host_config.h", "nv/target"].into_iter().filter(|h| !cuda.join(h).exists()).collect();
     if !missing.is_empty() {
         // Installing them adds to this directory: have cargo rerun the build script then.
         println!("cargo:rerun-if-changed={}", cuda.display());

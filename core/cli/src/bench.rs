@@ -218,7 +218,8 @@ impl<'a> Bench<'a> {
 
     /// The peak FLOP/s MFU is against: `--peak-tflops`, the GPU's datasheet, else `measured`.
     fn peak_tflops(&self, measured: Option<f64>) -> Option<f64> {
-        let known = if self.device.is_cuda() { report::peak_tflops(&self.dev_name, self.kind == Kind::BFloat16) } else { None };
+        let known =
+            if self.device.is_cuda() { report::peak_tflops(&self.dev_name, self.kind == Kind::BFloat16) } else { None };
         self.args.peak_tflops.or(known).or(measured)
     }
 }

@@ -17,8 +17,8 @@ use tch::{Device, Kind, Tensor};
 
 use rlhf_models::{CausalLm, KvCache};
 
+use crate::config::{GenerateConfig, StopCheck};
 use crate::error::{GenerationError, Result};
-use crate::generate::{GenerateConfig, StopCheck};
 use crate::graphs::Runner;
 use crate::noise::uniform_table;
 
@@ -66,15 +66,15 @@ pub(crate) struct Decoded {
 /// The device buffers a step updates in place (see the module docs).
 pub(crate) struct State {
     cache: KvCache,
-    key_mask: Tensor, // [b, capacity] i64
-    tokens: Tensor,   // [b, 1] i64: the last sampled token, fed next
-    pos: Tensor,      // [b, 1] i64: its position
-    finished: Tensor, // [b] bool
-    broken: Tensor,   // [b] bool: the row's logits were not finite at some step
-    rows: Tensor,     // [b] i64: each row's place in the outputs
+    key_mask: Tensor,      // [b, capacity] i64
+    tokens: Tensor,        // [b, 1] i64: the last sampled token, fed next
+    pos: Tensor,           // [b, 1] i64: its position
+    finished: Tensor,      // [b] bool
+    broken: Tensor,        // [b] bool: the row's logits were not finite at some step
+    rows: Tensor,          // [b] i64: each row's place in the outputs
     noise: Option<Tensor>, // [max_new, b] f32 uniforms (sampling)
-    step: Tensor,     // [1] i64: the step sampled last
-    slot: Tensor,     // [1] i64: where the next fed token goes
+    step: Tensor,          // [1] i64: the step sampled last
+    slot: Tensor,          // [1] i64: where the next fed token goes
 }
 
 /// The decode's outputs in the rows' original order, `[batch, max_new]`.
@@ -139,7 +139,10 @@ fn sample(st: &mut State, out: &Outputs, logits: &Tensor, cfg: &GenerateConfig, 
     let _ = out.tokens.shallow_clone().f_index_put_(&at, &next, false)?;
     let _ = out.alive.shallow_clone().f_index_put_(&at, &alive, false)?;
     if eos.numel() > 0 {
-        let _ = st.finished.f_logical_or_(&Tensor::f_isin(&next, eos, false, false)?)?;
+        // Compared with every EOS id (`isin` may sort and deduplicate: a shape that depends on
+        // values, which a captured step cannot have).
+        let hit = next.f_unsqueeze(1)?.f_eq_tensor(&eos.f_view([1, -1])?)?.f_any_dim(1, false)?; // [b]
+        let _ = st.finished.f_logical_or_(&hit)?;
     }
     let _ = st.tokens.f_copy_(&next.f_unsqueeze(1)?)?;
     Ok(())
@@ -167,7 +170,12 @@ fn noise_key(cfg: &GenerateConfig) -> Result<u64> {
 
 /// Decodes up to `cfg.max_new_tokens` tokens per row from `s` (see the module docs); `stop`
 /// ends rows after any step, as an EOS does.
-pub(crate) fn decode(model: &CausalLm, s: Start, cfg: &GenerateConfig, mut stop: Option<StopCheck<'_>>) -> Result<Decoded> {
+pub(crate) fn decode(
+    model: &CausalLm,
+    s: Start,
+    cfg: &GenerateConfig,
+    mut stop: Option<StopCheck<'_>>,
+) -> Result<Decoded> {
     let Start { cache, key_mask, base, next_pos, logits, finished, compact } = s;
     let (batch, device) = (logits.size()[0], logits.device());
     let max_new = cfg.max_new_tokens;
@@ -246,7 +254,10 @@ pub(crate) fn decode(model: &CausalLm, s: Start, cfg: &GenerateConfig, mut stop:
 /// The host check after step `step`: an error if some row's logits were not finite, else how
 /// many rows are still running (one read of two numbers).
 fn check(st: &State, step: i64) -> Result<i64> {
-    let flags = Tensor::f_stack(&[st.broken.f_any()?.f_to_kind(Kind::Int64)?, st.finished.f_logical_not()?.f_sum(Kind::Int64)?], 0)?;
+    let flags = Tensor::f_stack(
+        &[st.broken.f_any()?.f_to_kind(Kind::Int64)?, st.finished.f_logical_not()?.f_sum(Kind::Int64)?],
+        0,
+    )?;
     let flags = Vec::<i64>::try_from(flags.f_to_device(Device::Cpu)?)?;
     if flags[0] != 0 {
         return Err(GenerationError::NonFiniteLogits { step });

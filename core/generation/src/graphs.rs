@@ -7,7 +7,7 @@
 //! compacts finished rows into fewer, [`crate::decode`]) the first step runs eagerly on the
 //! capture stream (a warm-up that is a real step: lazy initialisation happens outside the
 //! capture), the second is captured and replayed, and every later step replays it. The graphs
-//! of a decode share one memory pool; a graph lives as long as its batch size does.
+//! of a decode share one memory pool and are freed together when the decode ends.
 //!
 //! Capture is impossible where a step reads a value back to the host: the model says why
 //! ([`CausalLm::capture_blocker`]), and then, and off CUDA, steps run eagerly — the same
@@ -20,15 +20,23 @@ use std::sync::Mutex;
 use rlhf_aten::cuda_graph::{self, Graph, Pool, SideStream};
 use rlhf_models::CausalLm;
 
+use crate::config::GenerateConfig;
 use crate::error::{GenerationError, Result};
-use crate::generate::GenerateConfig;
 
 /// Graph replays in this process (every decode step that ran as a graph).
 static REPLAYS: AtomicU64 = AtomicU64::new(0);
+/// Captures that failed (their decodes went on eagerly).
+static FAILED: AtomicU64 = AtomicU64::new(0);
 
 /// How many decode steps this process ran as CUDA graph replays.
 pub fn graph_replays() -> u64 {
     REPLAYS.load(Ordering::Relaxed)
+}
+
+/// How many captures of a decode step failed in this process (each decode went on eagerly and
+/// logged why).
+pub fn graph_failures() -> u64 {
+    FAILED.load(Ordering::Relaxed)
 }
 
 /// Logs `line` once per process.
@@ -51,6 +59,9 @@ pub(crate) struct Graphs {
     device: usize,
     pool: Pool,
     graph: Option<Graph>,
+    /// The graphs of earlier batch sizes, kept until the decode ends: graphs sharing a pool are
+    /// freed together (freeing one lets the allocator release the pool under the next capture).
+    retired: Vec<Graph>,
     /// The warm-up step of this batch size has run.
     warm: bool,
 }
@@ -74,7 +85,7 @@ impl Runner {
         match Pool::new() {
             Ok(pool) => {
                 log_once(format!("decoding with CUDA graphs on cuda:{device} (one per batch size)"));
-                Ok(Runner::Graphs(Graphs { device, pool, graph: None, warm: false }))
+                Ok(Runner::Graphs(Graphs { device, pool, graph: None, retired: Vec::new(), warm: false }))
             }
             Err(e) => {
                 log_once(format!("decoding without CUDA graphs: {e}"));
@@ -109,6 +120,7 @@ impl Runner {
                 Ok(())
             }
             Err(e) => {
+                FAILED.fetch_add(1, Ordering::Relaxed);
                 log_once(format!("decoding without CUDA graphs: the step could not be captured ({e})"));
                 *self = Runner::Eager;
                 unit()
@@ -116,10 +128,10 @@ impl Runner {
         }
     }
 
-    /// Forgets the graph: the batch changed size (its buffers are new).
+    /// Stops replaying the graph: the batch changed size (its buffers are new).
     pub(crate) fn reset(&mut self) {
         if let Runner::Graphs(g) = self {
-            g.graph = None;
+            g.retired.extend(g.graph.take());
             g.warm = false;
         }
     }

@@ -3,6 +3,7 @@
 //! entropy of given tokens computed in vocabulary chunks, and perplexity.
 
 pub mod batch;
+pub mod config;
 pub mod decode;
 pub mod error;
 pub mod generate;
@@ -14,13 +15,13 @@ pub mod sampling;
 pub mod session;
 
 pub use batch::{left_pad, right_pad, PaddedBatch};
+pub use decode::compactions;
 pub use error::{GenerationError, Result};
 pub use generate::{generate, generate_until, GenerateConfig, Generated, StopCheck};
-pub use decode::compactions;
-pub use graphs::graph_replays;
+pub use graphs::{graph_failures, graph_replays};
 pub use logprobs::{
-    masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass,
-    LogProbPass, LogProbOptions, TokenLogProbs,
+    masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass, LogProbOptions,
+    LogProbPass, TokenLogProbs,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{RowWindow, Sampling};

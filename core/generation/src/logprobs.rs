@@ -2,12 +2,13 @@
 //!
 //! The LM head and the fp32 log-softmax are applied to a bounded number of rows at a time, so the
 //! `[tokens, vocab]` fp32 tensor never exists for the whole batch in the forward. A training pass
-//! ([`token_logprobs_pass`], with or without activation checkpointing) keeps no logits at all:
-//! its log-probs are computed without a graph, and its backward ([`LogProbPass::backward`])
-//! recomputes the head one chunk at a time (the chunked linear + log-softmax + gather of
-//! Liger-Kernel's fused linear cross-entropy, here with libtorch's own operators), so at most one
-//! chunk's `[rows, vocab]` logits and their gradient exist at once, in the forward and in the
-//! backward. [`token_logprobs`] called with gradients on lets autograd keep every chunk's logits.
+//! ([`token_logprobs_pass`], with or without activation checkpointing) of more than one chunk
+//! keeps no logits: its log-probs are computed without a graph, and its backward
+//! ([`LogProbPass::backward`]) recomputes the head one chunk at a time (the chunked linear +
+//! log-softmax + gather of Liger-Kernel's fused linear cross-entropy, here with libtorch's own
+//! operators), so at most one chunk's `[rows, vocab]` logits and their gradient exist at once, in
+//! the forward and in the backward. [`token_logprobs`] called with gradients on lets autograd keep
+//! every chunk's logits.
 
 use tch::{Kind, Tensor};
 
@@ -106,6 +107,16 @@ fn head_pass(
     from: i64,
     opts: LogProbOptions,
 ) -> Result<(TokenLogProbs, LogProbPass)> {
+    let rows = ids.size()[0] * (ids.size()[1] - from);
+    if let Layers::Graph(hidden) = &layers {
+        if rows <= rows_per_chunk(model, opts) {
+            // One chunk: the graph keeps the logits a recompute would make anyway, so the head
+            // stays in the layers' graph and the loss's backward goes through both.
+            let lp = from_hidden(model, hidden, &ids, from, opts)?;
+            let leaves = TokenLogProbs { logprobs: Tensor::new(), entropy: None };
+            return Ok((lp, LogProbPass { layers, ids, from, opts, leaves }));
+        }
+    }
     let lp = tch::no_grad(|| from_hidden(model, layers.hidden(), &ids, from, opts))?;
     let out = TokenLogProbs {
         logprobs: lp.logprobs.f_detach()?.f_set_requires_grad(true)?,
@@ -158,6 +169,9 @@ impl LogProbPass {
     /// else through their graph). Nothing happens when the loss did not use the log-probs. Call
     /// it once per backpropagated loss.
     pub fn backward(&self, model: &CausalLm) -> Result<()> {
+        if !self.leaves.logprobs.defined() {
+            return Ok(()); // the head was in the layers' graph: the loss's backward did it all
+        }
         let grad = |t: &Tensor| Some(t.grad()).filter(Tensor::defined);
         let g_lp = grad(&self.leaves.logprobs);
         let g_ent = self.leaves.entropy.as_ref().and_then(grad);
@@ -205,9 +219,10 @@ impl LogProbPass {
 
 /// The log-probs of a training step with the pass that backpropagates them (see the module
 /// docs): the layers checkpointed ([`token_logprobs_checkpointed`], under
-/// `train.gradient_checkpointing`) or with their autograd graph; either way the head keeps no
-/// logits. Build the loss from the returned log-probs, backpropagate it, then call
-/// [`LogProbPass::backward`].
+/// `train.gradient_checkpointing`) or with their autograd graph; either way the head keeps at
+/// most one chunk's logits (a batch that fits in one chunk keeps its head in the graph: the
+/// recompute would make those logits anyway). Build the loss from the returned log-probs,
+/// backpropagate it, then call [`LogProbPass::backward`].
 ///
 /// # Shapes
 /// As [`token_logprobs`].
@@ -224,11 +239,9 @@ pub fn token_logprobs_pass(
     }
     check_from(input_ids, from)?;
     let (hidden, ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
-        Some(prefix) => (
-            model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?,
-            after_prefix(input_ids, from)?,
-            1,
-        ),
+        Some(prefix) => {
+            (model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?, after_prefix(input_ids, from)?, 1)
+        }
         None => {
             let positions = position_ids_from_mask(attention_mask)?;
             (model.hidden_states(input_ids, attention_mask, &positions, None)?, input_ids.shallow_clone(), from)

@@ -88,10 +88,8 @@ mod tests {
     /// The tensor hash is the host hash, bit for bit, across the whole 32-bit range.
     #[test]
     fn tensor_hash_equals_the_host_hash() {
-        let xs: Vec<u32> = (0..4096u32)
-            .map(|i| i.wrapping_mul(0x9E37_79B9))
-            .chain([0, 1, u32::MAX, u32::MAX - 1, 1 << 31])
-            .collect();
+        let xs: Vec<u32> =
+            (0..4096u32).map(|i| i.wrapping_mul(0x9E37_79B9)).chain([0, 1, u32::MAX, u32::MAX - 1, 1 << 31]).collect();
         let t = Tensor::from_slice(&xs.iter().map(|&x| i64::from(x)).collect::<Vec<_>>());
         let got = Vec::<i64>::try_from(hash32_tensor(&t).unwrap()).unwrap();
         let want: Vec<i64> = xs.iter().map(|&x| i64::from(hash32(x))).collect();

@@ -68,8 +68,8 @@ impl Sampling {
         let vocab = cum.size()[1];
         // Scaled by the row's total so the float cumsum's last value bounds the draw.
         let target = u.f_unsqueeze(1)?.f_mul(&cum.f_narrow(1, vocab - 1, 1)?)?; // [b, 1]
-        // The first index whose cumulative sum exceeds the target: tokens of zero probability
-        // (cut by top-k/top-p) add nothing to the sum and are never picked.
+                                                                                // The first index whose cumulative sum exceeds the target: tokens of zero probability
+                                                                                // (cut by top-k/top-p) add nothing to the sum and are never picked.
         let idx = target.f_searchsorted(&cum, false, true, "right", None::<Tensor>)?; // [b, 1]
         Ok(idx.f_clamp_max(vocab - 1)?.f_squeeze_dim(1)?)
     }
@@ -104,6 +104,9 @@ mod tests {
     use super::*;
     use crate::noise::uniform_table;
 
+    /// libtorch's default generator is process-wide: tests that seed or draw from it take turns.
+    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// `n` uniforms of key `key` (one decode step of `n` rows).
     fn uniforms(key: u64, n: i64) -> Tensor {
         uniform_table(key, 0, n, 1, tch::Device::Cpu).unwrap().view([n])
@@ -118,6 +121,7 @@ mod tests {
 
     #[test]
     fn top_k_one_and_tiny_top_p_are_greedy() {
+        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
         let l = Tensor::randn([8, 50], (Kind::Float, tch::Device::Cpu));
         let greedy = Vec::<i64>::try_from(l.argmax(-1, false)).unwrap();
         for s in [
@@ -150,6 +154,7 @@ mod tests {
         let l = Tensor::from_slice(&p.map(f32::ln)).view([1, 4]).repeat([4000, 1]);
         let s = Sampling::Sample { temperature: 1.0, top_k: Some(3), top_p: None };
         let u = uniforms(42, 4000);
+        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(3);
         let t = s.next_tokens(&l, Some(&u)).unwrap();
         let after = Tensor::randn([3], (Kind::Float, tch::Device::Cpu));

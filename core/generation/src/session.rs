@@ -16,9 +16,10 @@ use tch::{Kind, Tensor};
 use rlhf_models::{position_ids_from_mask, CausalLm, KvCache};
 
 use crate::batch::left_pad;
-use crate::error::{GenerationError, Result};
+use crate::config::{GenerateConfig, StopCheck};
 use crate::decode::{decode, Decoded, Start};
-use crate::generate::{prefill, GenerateConfig, StopCheck};
+use crate::error::{GenerationError, Result};
+use crate::generate::prefill;
 
 /// A decode that continues across turns (see the module docs).
 pub struct Session {

@@ -232,7 +232,9 @@ impl DecoderModel {
             return Some("its mixture-of-experts layers group tokens by expert with host-side counts");
         }
         if !self.rotary.capturable() || self.rotary_local.as_ref().is_some_and(|r| !r.capturable()) {
-            return Some("its RoPE scaling (LongRoPE or dynamic NTK) picks frequencies from the longest position on the host");
+            return Some(
+                "its RoPE scaling (LongRoPE or dynamic NTK) picks frequencies from the longest position on the host",
+            );
         }
         None
     }

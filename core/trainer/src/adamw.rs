@@ -61,24 +61,28 @@ pub fn adam_update_all(
 ) -> Result<()> {
     let Some(first) = items.first() else { return Ok(()) };
     let device = first.0.device();
-    let fused = device.is_cuda() && items.iter().all(|(th, m, v, g, _)| {
-        let k = th.kind();
-        m.kind() == k && v.kind() == k && g.kind() == k && th.device() == device
-    });
+    let fused = device.is_cuda()
+        && items.iter().all(|(th, m, v, g, _)| {
+            let k = th.kind();
+            m.kind() == k && v.kind() == k && g.kind() == k && th.device() == device
+        });
     if !fused {
         for (theta, m, v, g, t) in items.iter_mut() {
             adam_update(theta, m, v, g, lr, (b1, b2), eps, *t)?;
         }
         return Ok(());
     }
-    let take = |f: fn(&(Tensor, Tensor, Tensor, Tensor, i64)) -> &Tensor| items.iter().map(|i| f(i).shallow_clone()).collect::<Vec<_>>();
+    let take = |f: fn(&(Tensor, Tensor, Tensor, Tensor, i64)) -> &Tensor| {
+        items.iter().map(|i| f(i).shallow_clone()).collect::<Vec<_>>()
+    };
     let (thetas, ms, vs, gs) = (take(|i| &i.0), take(|i| &i.1), take(|i| &i.2), take(|i| &i.3));
     let steps = items
         .iter()
         .map(|i| Tensor::f_full([], i.4 as f64, (tch::Kind::Float, device)))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let h = rlhf_aten::fused_adamw::AdamW { lr, beta1: b1, beta2: b2, weight_decay: 0.0, eps };
-    rlhf_aten::fused_adamw::step(&thetas, &gs, &ms, &vs, &steps, h).map_err(|e| TrainerError::Run(format!("fused AdamW: {e}")))
+    rlhf_aten::fused_adamw::step(&thetas, &gs, &ms, &vs, &steps, h)
+        .map_err(|e| TrainerError::Run(format!("fused AdamW: {e}")))
 }
 
 #[cfg(test)]
@@ -106,7 +110,9 @@ mod tests {
                 adam_update(th, m, v, g, lr, betas, eps, step as i64 + 1).unwrap();
             }
             let steps: Vec<Tensor> = b.iter().map(|_| Tensor::from((step + 1) as f32)).collect();
-            let col = |f: fn(&(Tensor, Tensor, Tensor)) -> &Tensor| b.iter().map(|x| f(x).shallow_clone()).collect::<Vec<_>>();
+            let col = |f: fn(&(Tensor, Tensor, Tensor)) -> &Tensor| {
+                b.iter().map(|x| f(x).shallow_clone()).collect::<Vec<_>>()
+            };
             let h = rlhf_aten::fused_adamw::AdamW { lr, beta1: betas.0, beta2: betas.1, weight_decay: 0.0, eps };
             rlhf_aten::fused_adamw::step(&col(|x| &x.0), gs, &col(|x| &x.1), &col(|x| &x.2), &steps, h).unwrap();
         }

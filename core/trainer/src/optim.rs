@@ -250,19 +250,15 @@ impl Optim {
                 }
                 items.push((theta, p.m.shallow_clone(), p.v.shallow_clone(), g, p.t));
             }
-            // One list per device (a model lives on one; the fused kernel takes one device).
-            let mut devices: Vec<tch::Device> = items.iter().map(|i| i.0.device()).collect();
-            devices.dedup();
-            for d in devices {
+            // One list per device (the fused kernel takes one device; a model lives on one).
+            while let Some(d) = items.first().map(|i| i.0.device()) {
                 let (mut same, rest): (Vec<_>, Vec<_>) = items.into_iter().partition(|i| i.0.device() == d);
                 adam_update_all(&mut same, lr, betas, eps)?;
                 items = rest;
             }
-            for p in &mut self.params {
-                if let Some(master) = &p.master {
-                    // Round the master back into the bf16 parameter.
-                    p.var.f_copy_(master)?;
-                }
+            // Round the updated masters back into the bf16 parameters.
+            for p in self.params.iter_mut().filter(|p| p.master.is_some() && p.var.grad().defined()) {
+                p.var.f_copy_(p.master.as_ref().expect("filtered"))?;
             }
             Ok(())
         })?;

@@ -4,10 +4,13 @@
 //! on CUDA) on the same model, device, dtype, batches and lengths, through the driver
 //! `xtask/scripts/hf_decode_bench.py` (embedded).
 //!
-//! A step's time is measured the same way on both sides: random prompts sampled (temperature 1,
-//! no EOS) to `new` tokens and to `new / 4`, medians of `repeats` runs after a warm-up, and the
-//! difference divided by the difference of lengths — prefill, graph capture and per-call set-up
-//! cancel.
+//! Both sides sample random prompts (temperature 1, no EOS) and report the steady rate of decode
+//! steps, prefill and set-up excluded. Ours: `new` tokens and `new / 4`, medians of `repeats`
+//! runs after a warm-up, the difference over the difference of lengths (prefill, graph capture
+//! and per-call set-up cancel). transformers': `new` tokens, every step stamped by a logits
+//! processor (a CUDA event on the stream), the mean interval after the first quarter of the
+//! steps, median of `repeats` runs after a warm-up that compiles (one length: its static cache
+//! and compiled graphs keep one shape).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -155,19 +158,12 @@ pub(super) fn print(rows: &[DecodeRow], hf: Option<&HfInfo>) {
         let compiled = if h.compiled { " + torch.compile" } else { "" };
         format!("transformers {} static cache{compiled}", h.transformers)
     });
-    println!(
-        "decode: ms per decode step (tokens/s){}",
-        hf_name.as_ref().map_or(String::new(), |n| format!(" vs {n}"))
-    );
+    println!("decode: ms per decode step (tokens/s){}", hf_name.as_ref().map_or(String::new(), |n| format!(" vs {n}")));
     for r in rows {
         let tps = |ms: f64| r.batch as f64 / ms * 1e3;
         let mut line = format!("       batch {:>4}: eager {:.3} ms ({:.0}/s)", r.batch, r.eager_ms, tps(r.eager_ms));
         if let Some(g) = r.graphs_ms {
-            line.push_str(&format!(
-                " | CUDA graphs {g:.3} ms ({:.0}/s, {:.2}x eager)",
-                tps(g),
-                r.eager_ms / g
-            ));
+            line.push_str(&format!(" | CUDA graphs {g:.3} ms ({:.0}/s, {:.2}x eager)", tps(g), r.eager_ms / g));
         }
         if let Some(h) = r.hf_ms {
             line.push_str(&format!(" | HF {h:.3} ms ({:.2}x ours)", h / r.ours_ms()));
@@ -227,10 +223,11 @@ pub(super) fn record(
 ) -> anyhow::Result<()> {
     let mut text = std::fs::read_to_string(path).unwrap_or_default();
     let intro = "## Decode steps\n\n`rlhf bench decode`: milliseconds per decode step (sampling, no EOS) by \
-                 batch size, eagerly and with CUDA graphs, measured as the difference of two generation lengths \
-                 (prefill, graph capture and set-up cancel); with `--vs-hf`, transformers' static-cache `generate` \
-                 (under `torch.compile(mode=\"reduce-overhead\")` on CUDA) on the same model, batches and lengths, \
-                 in the same run.";
+                 batch size, eagerly and with CUDA graphs — the difference of two generation lengths over the \
+                 difference of their steps, so prefill, graph capture and set-up cancel; with `--vs-hf`, \
+                 transformers' static-cache `generate` (compiled with `torch.compile(mode=\"reduce-overhead\")` on \
+                 CUDA, as `generate` does by itself there) on the same model, batches and length in the same run — \
+                 its steady rate from a timestamp per step, compilation and prefill excluded.";
     for row in markdown_rows(date, device, model, settings, rows, hf) {
         text = super::report::add_row_or_section(&text, TABLE, &row, intro);
     }
@@ -256,6 +253,8 @@ mod tests {
     }
 
     fn add(rows: &[String]) -> String {
-        rows.iter().fold(String::from("# Benchmarks\n"), |t, r| super::super::report::add_row_or_section(&t, TABLE, r, "## Decode steps"))
+        rows.iter().fold(String::from("# Benchmarks\n"), |t, r| {
+            super::super::report::add_row_or_section(&t, TABLE, r, "## Decode steps")
+        })
     }
 }

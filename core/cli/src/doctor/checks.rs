@@ -221,8 +221,8 @@ fn graphs(ctx: &Ctx, check: &Check, dtype: &str, log: &Path) -> Done {
         models.push(model_dir(ctx, &Model::Builtin(builtin))?);
     }
     let list = models.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(",");
-    let args = [strings(&["check-graphs", "--models", &list, "--device", &check.device, "--dtype", dtype, "--json"])]
-        .concat();
+    let args =
+        [strings(&["check-graphs", "--models", &list, "--device", &check.device, "--dtype", dtype, "--json"])].concat();
     exec(check, &args, log)?;
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();

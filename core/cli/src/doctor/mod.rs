@@ -195,8 +195,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let trl = python.filter(|_| facts.trl.is_ok());
     let (checks, skipped) = plan(&args, &devices, &facts, trl);
     let mut outcomes: Vec<Outcome> = Vec::new();
-    let mut ctx =
-        Ctx { out: args.out.clone(), work: work.clone(), fixtures: args.fixtures.clone(), first_reward: Default::default() };
+    let mut ctx = Ctx {
+        out: args.out.clone(),
+        work: work.clone(),
+        fixtures: args.fixtures.clone(),
+        first_reward: Default::default(),
+    };
     let total = checks.len();
     // The skipped checks are listed after the ones that ran.
     let write = |ran: &[Outcome]| {

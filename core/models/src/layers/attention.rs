@@ -3,6 +3,8 @@
 //! (OLMo 2), a softmax scale of its own (Gemma's `query_pre_attn_scalar`), and soft-capped scores
 //! (Gemma 2), which `scaled_dot_product_attention` cannot compute, through an eager path.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tch::{Kind, Tensor};
 
 use super::{apply_rotary, FusedRows, KvCache, Linear, RmsNorm};
@@ -10,16 +12,30 @@ use crate::config::{ArchConfig, QkNorm};
 use crate::error::Result;
 use crate::weights::WeightLoader;
 
+/// Logs once per process and kind of pass which kernel `scaled_dot_product_attention` picks on
+/// CUDA for these inputs (libtorch's own choice, `_fused_sdp_choice`).
+fn log_sdpa_choice(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: Option<f64>, gqa: bool, decode: bool) {
+    static LOGGED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+    if !q.device().is_cuda() || LOGGED[usize::from(decode)].swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let name = match Tensor::f_internal_fused_sdp_choice(q, k, v, Some(mask), 0.0, false, scale, gqa) {
+        Ok(0) => "math (unfused)",
+        Ok(1) => "flash attention",
+        Ok(2) => "memory-efficient attention",
+        Ok(3) => "cuDNN attention",
+        Ok(_) => "another",
+        Err(_) => "unknown",
+    };
+    let pass = if decode { "decode steps" } else { "prompts and training" };
+    tracing::info!("attention: scaled_dot_product_attention runs its {name} kernel for {pass} ({:?})", q.kind());
+}
+
 /// The q, k and v projections.
 #[derive(Debug)]
 enum Qkv {
     /// Three checkpoint tensors, stored back to back in one buffer ([`FusedRows`]).
-    Separate {
-        q_proj: Linear,
-        k_proj: Linear,
-        v_proj: Linear,
-        fused: Option<FusedRows>,
-    },
+    Separate { q_proj: Linear, k_proj: Linear, v_proj: Linear, fused: Option<FusedRows> },
     /// One `[q; k; v]` projection, split after.
     Fused(Linear),
 }
@@ -163,11 +179,22 @@ impl Attention {
             // takes them without `enable_gqa` and the keys are read once per group.
             None if s == 1 && nh != nkv => {
                 let grouped = q.f_reshape([b, nkv, nh / nkv, hd])?;
-                let y = Tensor::f_scaled_dot_product_attention(&grouped, &k, &v, Some(mask), 0.0, false, self.scale, false)?;
+                log_sdpa_choice(&grouped, &k, &v, mask, self.scale, false, true);
+                let y = Tensor::f_scaled_dot_product_attention(
+                    &grouped,
+                    &k,
+                    &v,
+                    Some(mask),
+                    0.0,
+                    false,
+                    self.scale,
+                    false,
+                )?;
                 y.f_reshape([b, nh, 1, hd])?
             }
             None => {
                 let gqa = nh != nkv;
+                log_sdpa_choice(&q, &k, &v, mask, self.scale, gqa, s == 1);
                 Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, self.scale, gqa)?
             }
         };

@@ -2,12 +2,15 @@
 //!
 //! The parameters stay what they are — one variable per checkpoint name, so the optimizer, LoRA,
 //! ZeRO and saving see transformers' names and shapes — but at load their storage is laid out
-//! back to back in one buffer ([`FusedRows::new`] re-points each weight and bias at its slice). A
-//! pass that sends no gradient to them (generation, the frozen reference) then reads the buffer
-//! as one `[Σ out, in]` weight: one kernel and one read of the input instead of two or three.
-//! Gradients need the separate leaves, so a pass that trains them, a layer with a LoRA adapter,
-//! and a layer whose storage was swapped since (ZeRO stage 3 gathers a sharded weight into new
-//! storage) use the separate projections; both give the same values up to the GEMM's summation.
+//! back to back in one buffer ([`FusedRows::new`] re-points each weight and bias at its slice).
+//! Every pass computes them as one GEMM against the weights stacked: a pass that sends no
+//! gradient to them (generation, old log-probs, the frozen reference) reads the buffer itself; a
+//! pass that trains them stacks the parameters with `cat` (a copy of the weights, through which
+//! autograd splits the gradient back), and when a parameter's storage was swapped since (ZeRO
+//! stage 3 gathers a sharded weight into new storage) so does every pass. The stacked values are
+//! the buffer's bit for bit, so every pass computes the same numbers — sampling, scoring and
+//! training agree exactly, with or without activation checkpointing. Layers with an active LoRA
+//! adapter run their parts one by one.
 
 use tch::Tensor;
 
@@ -34,22 +37,24 @@ pub struct FusedRows {
 impl FusedRows {
     /// Moves the weights (and biases, when every part has one) of `parts` into one buffer and
     /// makes each part's tensors views of their rows. `None` for layers stored `[in, out]`
-    /// (GPT-2's `Conv1D`) or of different input sizes or kinds, which stay as they are.
+    /// (GPT-2's `Conv1D`), of different input sizes or kinds, or with a bias on some parts only,
+    /// which stay as they are.
     pub fn new(parts: &mut [&mut Linear]) -> Result<Option<FusedRows>> {
         let Some(first) = parts.first() else { return Ok(None) };
         let (in_dim, kind, device) = (first.dims().0, first.weight.kind(), first.weight.device());
+        let with_bias = first.bias.is_some();
         let same = parts.iter().all(|p| {
             !p.transposed()
                 && p.dims().0 == in_dim
                 && p.weight.kind() == kind
                 && p.weight.device() == device
+                && p.bias.is_some() == with_bias
                 && p.bias.as_ref().is_none_or(|b| b.kind() == kind)
         });
         if !same {
             return Ok(None);
         }
         let weight = tch::no_grad(|| Tensor::f_cat(&parts.iter().map(|p| &p.weight).collect::<Vec<_>>(), 0))?;
-        let with_bias = parts.iter().all(|p| p.bias.is_some());
         let bias = if with_bias {
             let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias.as_ref()).collect();
             Some(tch::no_grad(|| Tensor::f_cat(&biases, 0))?)
@@ -68,23 +73,20 @@ impl FusedRows {
         Ok(Some(FusedRows { weight, bias }))
     }
 
-    /// Whether one GEMM can stand for `parts` in this pass: no gradient would reach them (grad
-    /// mode off, or frozen weights), none has an active LoRA adapter, a bias is fused only when
-    /// every part has one, and each still views its rows of the buffer. Host work only: no
+    /// Whether the buffer itself can stand for `parts` in this pass: no gradient would reach
+    /// them (grad mode off, or frozen weights) and each still views its rows. Host work only: no
     /// tensor operation is dispatched.
-    fn applies(&self, parts: &[&Linear]) -> bool {
+    fn reads_buffer(&self, parts: &[&Linear]) -> bool {
         let grad = grad_enabled();
         let mut row = 0i64;
         let elt = self.weight.kind().elt_size_in_bytes() as i64;
         let base = self.weight.data_ptr() as i64;
         for p in parts {
-            // A zero-row view requires grad exactly when a gradient would flow to the weight.
-            let trains = grad && p.weight.requires_grad();
-            if trains || p.lora.as_ref().is_some_and(|l| !l.is_disabled()) {
+            if grad && p.weight.requires_grad() {
                 return false;
             }
             let (in_dim, out) = p.dims();
-            if p.weight.data_ptr() as i64 != base + row * in_dim * elt || p.bias.is_some() != self.bias.is_some() {
+            if p.weight.data_ptr() as i64 != base + row * in_dim * elt {
                 return false;
             }
             if let (Some(b), Some(all)) = (&p.bias, &self.bias) {
@@ -97,16 +99,25 @@ impl FusedRows {
         row == self.weight.size()[0]
     }
 
-    /// The outputs of `parts` side by side, `[..., Σ out]`, computed as one GEMM when that
-    /// applies ([`FusedRows`]); `None` when it does not (the caller runs the parts).
+    /// The outputs of `parts` side by side, `[..., Σ out]`, as one GEMM (see the module docs);
+    /// `None` when a part has an active LoRA adapter (the caller runs the parts).
     ///
     /// # Shapes
     /// - `x`: `[..., in]` → `[..., Σ out]`
     pub fn try_forward(this: Option<&FusedRows>, parts: &[&Linear], x: &Tensor) -> Result<Option<Tensor>> {
-        match this.filter(|f| f.applies(parts)) {
-            Some(f) => Ok(Some(linear(x, &f.weight, f.bias.as_ref())?)),
-            None => Ok(None),
+        let Some(f) = this else { return Ok(None) };
+        if parts.iter().any(|p| p.lora.as_ref().is_some_and(|l| !l.is_disabled())) {
+            return Ok(None);
         }
+        if f.reads_buffer(parts) {
+            return Ok(Some(linear(x, &f.weight, f.bias.as_ref())?));
+        }
+        let weight = Tensor::f_cat(&parts.iter().map(|p| &p.weight).collect::<Vec<_>>(), 0)?;
+        let bias = match f.bias {
+            Some(_) => Some(Tensor::f_cat(&parts.iter().filter_map(|p| p.bias.as_ref()).collect::<Vec<_>>(), 0)?),
+            None => None,
+        };
+        Ok(Some(linear(x, &weight, bias.as_ref())?))
     }
 }
 
@@ -136,10 +147,19 @@ mod tests {
         let got = tch::no_grad(|| FusedRows::try_forward(Some(&fused), &[&q, &k], &x)).unwrap();
         let got = got.expect("one GEMM without gradients");
         assert!(got.allclose(&want, 1e-6, 1e-6, false));
-        assert!(FusedRows::try_forward(Some(&fused), &[&q, &k], &x).unwrap().is_none(), "a trained pass");
+        // A trained pass stacks the parameters: the same numbers, and gradients reach each.
+        let trained = FusedRows::try_forward(Some(&fused), &[&q, &k], &x).unwrap().unwrap();
+        assert!(trained.equal(&got));
+        trained.sum(Kind::Float).backward();
+        assert!(q.weight.grad().defined() && k.bias.as_ref().unwrap().grad().defined());
         // An optimizer's in-place update reaches the buffer.
-        tch::no_grad(|| vs.variables()["q.weight"].shallow_clone().fill_(0.5));
+        let _ = tch::no_grad(|| vs.variables()["q.weight"].shallow_clone().fill_(0.5));
         let after = tch::no_grad(|| FusedRows::try_forward(Some(&fused), &[&q, &k], &x)).unwrap().unwrap();
-        assert!(after.narrow(1, 0, 6).allclose(&(x.sum_dim_intlist(-1, true, Kind::Float) * 0.5 + q.bias.as_ref().unwrap()), 1e-5, 1e-5, false));
+        assert!(after.narrow(1, 0, 6).allclose(
+            &(x.sum_dim_intlist(-1, true, Kind::Float) * 0.5 + q.bias.as_ref().unwrap()),
+            1e-5,
+            1e-5,
+            false
+        ));
     }
 }

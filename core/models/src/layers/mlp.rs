@@ -14,11 +14,7 @@ use crate::weights::WeightLoader;
 #[derive(Debug)]
 enum GateUp {
     /// Two checkpoint tensors, stored back to back in one buffer ([`FusedRows`]).
-    Separate {
-        gate_proj: Linear,
-        up_proj: Linear,
-        fused: Option<FusedRows>,
-    },
+    Separate { gate_proj: Linear, up_proj: Linear, fused: Option<FusedRows> },
     /// One `[gate; up]` projection, split in halves.
     Fused(Linear),
 }
@@ -53,7 +49,11 @@ impl GatedMlp {
             GateUp::Separate { gate_proj, up_proj, fused } => {
                 match FusedRows::try_forward(fused.as_ref(), &[gate_proj, up_proj], x)? {
                     Some(both) => both,
-                    None => return self.down_proj.forward(&activate(&gate_proj.forward(x)?, self.act)?.f_mul(&up_proj.forward(x)?)?),
+                    None => {
+                        return self
+                            .down_proj
+                            .forward(&activate(&gate_proj.forward(x)?, self.act)?.f_mul(&up_proj.forward(x)?)?)
+                    }
                 }
             }
             GateUp::Fused(l) => l.forward(x)?,

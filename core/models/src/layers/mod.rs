@@ -13,8 +13,8 @@ mod rotary;
 
 pub use attention::Attention;
 pub use cache::KvCache;
-pub use linear::{activate, linear, Linear, FEW_ROWS};
 pub use fused::FusedRows;
+pub use linear::{activate, linear, Linear, FEW_ROWS};
 pub use mask::{attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, LayerShared};
 pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};

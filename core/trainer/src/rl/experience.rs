@@ -3,7 +3,7 @@
 //! state before each response token — everything the algorithm's `prepare` and the minibatch
 //! losses compare against.
 
-use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbPass, LogProbOptions, TokenLogProbs};
+use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, LogProbPass, TokenLogProbs};
 use rlhf_models::{CausalLm, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};

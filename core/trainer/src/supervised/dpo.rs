@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_generation::{token_logprobs_pass, LogProbPass, LogProbOptions};
+use rlhf_generation::{token_logprobs_pass, LogProbOptions, LogProbPass};
 use rlhf_models::{parse_dtype, CausalLm};
 use tch::{Device, Kind, Tensor};
 
