@@ -1,7 +1,8 @@
 //! Inputs from a hostile sweep, through the `rlhf` binary: model directories whose contents do not
-//! fit together (tokenizer ids beyond the embedding, a zero rope factor, NaN weights), bad flags,
-//! plugin directories, data paths and resumes. Each must give one clear error line naming the file,
-//! key or value, a non-zero exit and no panic or libtorch backtrace.
+//! fit together (tokenizer ids beyond the embedding, a zero rope factor, NaN weights, tensors the
+//! config does not use, integer weights, a negative eos id, a truncated tokenizer.json), bad flags
+//! and settings, plugin directories, data paths and resumes. Each must give one clear error line
+//! naming the file, key or value, a non-zero exit and no panic or libtorch backtrace.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -183,4 +184,59 @@ fn resuming_with_fewer_steps_than_the_checkpoint_is_an_error() {
     let out = rlhf(&["train", "--resume", s(&ckpt), "--set", "train.steps=1"]);
     assert_clean_failure(&out, &["train.steps = 1", "checkpoint", "(2, ", s(&ckpt)]);
     assert!(rlhf_bin().is_file());
+}
+
+/// A config of 1 layer on the 2-layer checkpoint loads nothing silently: the tensors it would not
+/// use are named. So are an integer weight, two rope blocks that differ, an `eos_token_id` of -1,
+/// and an eos id beyond the embedding (blamed on the file that names it).
+#[test]
+fn weights_and_ids_that_do_not_fit_the_config_are_refused() {
+    let d = llama_copy();
+    edit_json(&d.path().join("config.json"), |c| c["num_hidden_layers"] = json!(1));
+    let weights = d.path().join("model.safetensors");
+    assert_clean_failure(&generate(d.path(), &[]), &[s(&weights), "the model does not use", "`model.layers.1."]);
+
+    let d = llama_copy();
+    let path = d.path().join("model.safetensors");
+    let tensors: Vec<(String, tch::Tensor)> = tch::Tensor::read_safetensors(&path)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| if n == "model.norm.weight" { (n, t.to_kind(tch::Kind::Int64)) } else { (n, t) })
+        .collect();
+    tch::Tensor::write_safetensors(&tensors, &path).unwrap();
+    assert_clean_failure(&generate(d.path(), &[]), &[s(&path), "`model.norm.weight`", "Int64"]);
+
+    let d = llama_copy();
+    edit_json(&d.path().join("config.json"), |c| c["rope_scaling"] = json!({"rope_type": "linear", "factor": 2.0}));
+    assert_clean_failure(&generate(d.path(), &[]), &["config.json", "rope_parameters", "differ"]);
+
+    for (eos, needle) in [
+        (json!(-1), "eos_token_id: expected a token id >= 0"),
+        (json!(1_000_000_000), "eos_token_id has id 1000000000"),
+    ] {
+        let d = llama_copy();
+        edit_json(&d.path().join("generation_config.json"), |g| g["eos_token_id"] = eos.clone());
+        let line =
+            assert_clean_failure(&generate(d.path(), &[]), &[s(&d.path().join("generation_config.json")), needle]);
+        assert!(!line.contains("tokenizer.json"), "{line}");
+    }
+}
+
+/// `tokenizer.json` cut anywhere is an error naming it, never a panic of the tokenizers library.
+#[test]
+fn a_truncated_tokenizer_json_is_an_error_naming_it() {
+    let d = llama_copy();
+    let path = d.path().join("tokenizer.json");
+    let full = std::fs::read(&path).unwrap();
+    // Every cut point, among them those inside the `decoder` object, where the tokenizers
+    // library itself panics on the syntax error.
+    for cut in 0..full.len() {
+        std::fs::write(&path, &full[..cut]).unwrap();
+        match rlhf_tokenizer::HfTokenizer::from_dir(d.path()) {
+            Ok(_) => panic!("tokenizer.json cut at byte {cut} of {} loaded", full.len()),
+            Err(e) => assert!(e.to_string().contains(s(&path)), "cut at {cut}: {e}"),
+        }
+    }
+    std::fs::write(&path, &full[..full.len() / 2]).unwrap();
+    assert_clean_failure(&generate(d.path(), &[]), &[s(&path)]);
 }
