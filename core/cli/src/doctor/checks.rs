@@ -177,6 +177,7 @@ fn exec(check: &Check, args: &[String], log: &Path) -> Result<(), Failure> {
             last_error(log)
         ))),
         Exit::NotStarted(why) => Err(fail(why)),
+        Exit::Stopped(sig) => Err(fail(format!("stopped by {}", rlhf_trainer::signals::name(sig)))),
     }
 }
 
