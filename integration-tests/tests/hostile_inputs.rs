@@ -240,3 +240,33 @@ fn a_truncated_tokenizer_json_is_an_error_naming_it() {
     std::fs::write(&path, &full[..full.len() / 2]).unwrap();
     assert_clean_failure(&generate(d.path(), &[]), &[s(&path)]);
 }
+
+/// Settings that reach libtorch or a cast are range-checked, and settings that cannot work are
+/// refused before anything runs: 2^31 generation threads, dynamic sampling with one response per
+/// prompt, an empty `data.label_key`, an empty `tensorboard.dir`.
+#[test]
+fn impossible_settings_are_refused_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("r");
+    let refused = |set: &[&str], needles: &[&str]| {
+        let mut args = vec!["train", "--algo", "grpo", "--run-dir", s(&run)];
+        for x in set {
+            args.extend(["--set", x]);
+        }
+        assert_clean_failure(&rlhf(&args), needles);
+        assert!(!run.exists(), "{set:?} made the run directory");
+    };
+    refused(
+        &["rollout.max_staleness=1", "rollout.generation_threads=2147483648"],
+        &["rollout.generation_threads", "at most 1024"],
+    );
+    refused(
+        &["rollout.filter_groups.enable=true", "rollout.samples_per_prompt=1"],
+        &["rollout.filter_groups.enable", "samples_per_prompt >= 2"],
+    );
+    refused(&["data.label_key=\"\""], &["data.label_key", "is empty"]);
+    refused(&["tensorboard.dir=\"\""], &["tensorboard.dir", "is empty"]);
+    let out = rlhf(&["sft", "--run-dir", s(&run), "--set", "tensorboard.dir=\"\""]);
+    assert_clean_failure(&out, &["tensorboard.dir", "is empty"]);
+    assert!(!run.exists());
+}
