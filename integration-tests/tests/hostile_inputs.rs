@@ -145,9 +145,18 @@ fn files_that_are_directories_or_not_tokenizers_say_so_once() {
         "--set",
         &format!("data.prompts={:?}", s(&data)),
     ]);
-    assert_clean_failure(&out, &[s(&data), "is a directory"]);
+    assert_clean_failure(&out, &[s(&data), "is a directory with no Parquet files"]);
     let out = rlhf(&["sft", "--run-dir", s(&tmp.path().join("s")), "--set", &format!("data.train={:?}", s(&data))]);
-    assert_clean_failure(&out, &["data.train", s(&data), "is a directory"]);
+    assert_clean_failure(&out, &["data.train", s(&data), "is a directory with no Parquet files"]);
+
+    // A UTF-8 byte order mark (some Windows editors write one) is named, in RL and SFT data.
+    let bom = tmp.path().join("bom.jsonl");
+    std::fs::write(&bom, "\u{feff}{\"prompt\": \"1 + 1 =\", \"response\": \"2\", \"label\": \"2\"}\n").unwrap();
+    let prompts = format!("data.prompts={:?}", s(&bom));
+    let out = rlhf(&["train", "--algo", "grpo", "--run-dir", s(&tmp.path().join("b")), "--set", &prompts]);
+    assert_clean_failure(&out, &[s(&bom), "line 1: starts with a UTF-8 byte order mark"]);
+    let out = rlhf(&["sft", "--run-dir", s(&tmp.path().join("c")), "--set", &format!("data.train={:?}", s(&bom))]);
+    assert_clean_failure(&out, &["bom.jsonl", "byte order mark"]);
 }
 
 #[test]

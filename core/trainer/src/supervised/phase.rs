@@ -113,6 +113,10 @@ impl SourceLines {
                 }
                 RawLine::Text(t) => match serde_json::from_str::<Value>(t) {
                     Ok(v) => v,
+                    Err(_) if t.starts_with('\u{feff}') => {
+                        report.skip(*n, crate::data::BOM);
+                        continue;
+                    }
                     Err(_) => {
                         report.skip(*n, "not valid JSON");
                         continue;
@@ -154,8 +158,9 @@ pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u6
             DataSpec::File(p) => {
                 if p.is_dir() {
                     return Err(TrainerError::Config(format!(
-                        "data.{key}: {}: is a directory, not a JSONL file",
-                        p.display()
+                        "data.{key}: {}: {}",
+                        p.display(),
+                        crate::data::NOT_A_DATA_DIR
                     )));
                 }
                 if !p.is_file() {
