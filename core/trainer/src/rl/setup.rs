@@ -340,7 +340,7 @@ impl Trainer {
         let kind = parse_dtype(&cfg.run.dtype)?;
         tch::manual_seed(cfg.run.seed as i64);
         let what = format!("train.steps = {}", cfg.train.steps);
-        crate::supervised::phase::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
+        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
         check_actor_spec(&cfg)?;
         if cfg.rollout.prompts_per_batch < world.size() {
             return Err(TrainerError::Config(format!(

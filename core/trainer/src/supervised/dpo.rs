@@ -400,7 +400,7 @@ pub fn run_dpo(cfg: DpoConfig, world: &World, resume: Option<&Loaded>) -> Result
     crate::supervised::phase::check_model_spec(&cfg.model.path)?;
     if cfg.train.steps > 0 {
         let what = format!("train.steps = {}", cfg.train.steps);
-        crate::supervised::phase::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
+        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
     }
     let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "dpo")?;
     in_phase_dir(

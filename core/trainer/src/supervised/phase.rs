@@ -360,32 +360,15 @@ fn write_config<T: Serialize>(dir: &Path, cfg: &T) -> Result<()> {
     std::fs::write(&path, text).map_err(|e| TrainerError::io(&path, e))
 }
 
-/// Refuses to resume `ckpt` into a run that ends at step `last` or before it (`what` says where
-/// `last` comes from): there is nothing to train, and going on would rewrite the finished run's
-/// model, summary and config with nothing learnt. A run is extended, never shrunk.
-pub fn refuse_nothing_to_train(resume: Option<&Loaded>, last: usize, what: &str) -> Result<()> {
-    match resume {
-        Some(ckpt) if ckpt.step >= last => Err(TrainerError::Config(format!(
-            "{}: the checkpoint is at step {} and {what} ends the run at step {last}: nothing to train; a resume \
-             extends a run, never shrinks it: raise train.steps above {} (e.g. --set train.steps={}) to continue, \
-             or train with another --run-dir",
-            ckpt.dir.display(),
-            ckpt.step,
-            ckpt.step,
-            ckpt.step + 1,
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// A supervised run about to train `total` steps in `run_dir`: a resume that would train
-/// nothing is refused ([`refuse_nothing_to_train`]) before any of the run's files is rewritten,
+/// nothing is refused ([`crate::checkpoint::refuse_nothing_to_train`]) before any of the run's files is rewritten,
 /// then a resumed run's config is written (a fresh one's was, by [`prepare_run_dir`]).
 pub fn continue_run<T: Serialize>(run_dir: &Path, cfg: &T, resume: Option<&Loaded>, total: usize) -> Result<()> {
     if resume.is_none() {
         return Ok(());
     }
-    refuse_nothing_to_train(resume, total, &format!("its data and settings ({total} optimizer steps)"))?;
+    let what = format!("its data and settings ({total} optimizer steps)");
+    crate::checkpoint::refuse_nothing_to_train(resume, total, &what)?;
     write_config(run_dir, cfg)
 }
 

@@ -165,7 +165,7 @@ pub fn run_rm(cfg: RmConfig, world: &World, resume: Option<&Loaded>) -> Result<R
     crate::supervised::phase::check_model_spec(&cfg.model.path)?;
     if cfg.train.steps > 0 {
         let what = format!("train.steps = {}", cfg.train.steps);
-        crate::supervised::phase::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
+        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
     }
     let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "rm")?;
     in_phase_dir(
