@@ -120,3 +120,131 @@ fn bad_arguments_are_one_line_errors_before_anything_runs() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("exists and is not a directory"), "{err}");
 }
+
+/// Waits up to `secs` for `child`; a doctor still running then is killed and the test fails.
+fn finished_within(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("rlhf doctor still running after {secs} s: it hangs");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+fn doctor(out: &std::path::Path, args: &[&str]) -> Command {
+    let mut c = Command::new(rlhf_bin());
+    c.args(["doctor", "--device", "cpu", "--fixtures"])
+        .arg(model_dir("llama").parent().unwrap())
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .env("CUDA_VISIBLE_DEVICES", "");
+    c
+}
+
+/// `--out` is never a directory the doctor did not write: one holding other files is refused and
+/// left as it was; the doctor's own directory is reused (only its logs and work files replaced,
+/// a file beside them kept); an `--only` that names no check is refused before anything exists.
+#[test]
+fn the_doctor_deletes_only_what_it_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mine = tmp.path().join("mine");
+    for (f, text) in [("logs/precious.txt", "a"), ("work/data.bin", "b"), ("notes.txt", "c")] {
+        std::fs::create_dir_all(mine.join(f).parent().unwrap()).unwrap();
+        std::fs::write(mine.join(f), text).unwrap();
+    }
+    let o = doctor(&mine, &["--quick", "--only", "check-device llama f32"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.lines().last().unwrap().contains("holds files an earlier `rlhf doctor` did not write"), "{err}");
+    for (f, text) in [("logs/precious.txt", "a"), ("work/data.bin", "b"), ("notes.txt", "c")] {
+        assert_eq!(std::fs::read_to_string(mine.join(f)).unwrap(), text, "{f}");
+    }
+
+    let out = tmp.path().join("report");
+    for _ in 0..2 {
+        let o = doctor(&out, &["--quick", "--only", "check-device llama f32"]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::write(out.join("mine.txt"), "kept").unwrap();
+    }
+    assert_eq!(std::fs::read_to_string(out.join("mine.txt")).unwrap(), "kept");
+    assert!(out.join("report.json").is_file() && out.join("logs/check-device-llama-f32-cpu.log").is_file());
+
+    let none = tmp.path().join("none");
+    let o = doctor(&none, &["--only", "grpo f64"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.lines().last().unwrap().contains("--only `grpo f64`: no check's name starts with it"), "{err}");
+    assert!(!none.exists());
+}
+
+/// A `--python` that never answers is given up at the probe's deadline (the report says so and
+/// the checks run); SIGTERM to the doctor ends the check it runs (no `rlhf train` left behind)
+/// and the doctor, with 128 + 15.
+#[test]
+fn a_hanging_probe_and_a_signal_end_what_the_doctor_started() {
+    let tmp = tempfile::tempdir().unwrap();
+    let python = tmp.path().join("python3");
+    std::fs::write(&python, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = tmp.path().join("probe");
+    let mut child = doctor(&out, &["--only", "check-device llama f32", "--python"])
+        .arg(&python)
+        .env("RLHF_PROBE_TIMEOUT", "2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(finished_within(&mut child, 180).success());
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("did not answer within 2 s (RLHF_PROBE_TIMEOUT)"), "{md}");
+
+    let out = tmp.path().join("signal");
+    let mut child = doctor(&out, &["--no-trl", "--only", "grpo f32"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let doctor_pid = child.id();
+    let t0 = std::time::Instant::now();
+    let check = loop {
+        if let Some(pid) = children(doctor_pid).first() {
+            break *pid;
+        }
+        assert!(t0.elapsed().as_secs() < 120, "the doctor started no check");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // Once the check logs, it runs (its own handlers are installed).
+    let log = out.join("logs/grpo-f32-cpu.log");
+    while std::fs::metadata(&log).map_or(0, |m| m.len()) == 0 {
+        assert!(t0.elapsed().as_secs() < 120, "the check never logged");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Command::new("kill").args(["-TERM", &doctor_pid.to_string()]).status().unwrap();
+    let status = finished_within(&mut child, 120);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(err.lines().last().unwrap_or("").starts_with("stopped by SIGTERM during check grpo f32 (cpu)"), "{err}");
+    assert!(!std::path::Path::new(&format!("/proc/{check}")).exists(), "the check (pid {check}) was left behind");
+}
+
+/// Pids of the live children of `pid` (from `/proc/*/stat`).
+fn children(pid: u32) -> Vec<u32> {
+    let parent = pid.to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { return false };
+            let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+            fields.first().is_some_and(|s| *s != "Z") && fields.get(1) == Some(&parent.as_str())
+        })
+        .collect()
+}

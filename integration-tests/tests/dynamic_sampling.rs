@@ -135,3 +135,56 @@ fn bad_filter_settings_are_one_line_errors() {
         assert!(last.starts_with("error: ") && last.contains(want), "{set}: {last}");
     }
 }
+
+/// A reward that is the same for every response never fills a step: each extra generation batch
+/// is logged, and SIGTERM between two batches ends the step and the run (nothing trained yet: 143
+/// and the line saying so), where it would otherwise sample `max_gen_batches` batches first.
+#[test]
+fn a_step_that_cannot_fill_logs_each_batch_and_ends_on_sigterm() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let preset = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/grpo.toml")).unwrap();
+    let constant =
+        preset.replace("[rewards.config.exact_match]\nweight = 1.0", "[rewards.config.exact_match]\nweight = 0.0");
+    assert_ne!(constant, preset);
+    let config = tmp.path().join("constant.toml");
+    std::fs::write(&config, constant).unwrap();
+    let mut child = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+        .args(["train", "--no-progress", "--config", config.to_str().unwrap()])
+        .args(["--run-dir", tmp.path().join("run").to_str().unwrap()])
+        .args(["--set", "train.steps=2", "--set", "eval.data=\"\"", "--set", "warmup.steps=0"])
+        .args(["--set", "rollout.filter_groups.enable=true"])
+        .args(["--set", "rollout.filter_groups.max_gen_batches=100000", "--set", "rollout.prompts_per_batch=2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let stderr = child.stderr.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("sampling batch 3 of at most 100000") {
+                std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+            }
+            seen.push(line);
+        }
+        seen
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!("the step still samples after 300 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let lines = lines.join().unwrap();
+    let text = lines.join("\n");
+    assert_eq!(status.code(), Some(143), "{text}");
+    assert!(text.contains("step 1: 0 of 2 groups with differing `reward` after 1 generation batch(es)"), "{text}");
+    assert!(lines.last().unwrap().contains("stopped by SIGTERM before the first step"), "{text}");
+}

@@ -1,7 +1,8 @@
 //! Inputs from a hostile sweep, through the `rlhf` binary: model directories whose contents do not
-//! fit together (tokenizer ids beyond the embedding, a zero rope factor, NaN weights), bad flags,
-//! plugin directories, data paths and resumes. Each must give one clear error line naming the file,
-//! key or value, a non-zero exit and no panic or libtorch backtrace.
+//! fit together (tokenizer ids beyond the embedding, a zero rope factor, NaN weights, tensors the
+//! config does not use, integer weights, a negative eos id, a truncated tokenizer.json), bad flags
+//! and settings, plugin directories, data paths and resumes. Each must give one clear error line
+//! naming the file, key or value, a non-zero exit and no panic or libtorch backtrace.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -144,9 +145,18 @@ fn files_that_are_directories_or_not_tokenizers_say_so_once() {
         "--set",
         &format!("data.prompts={:?}", s(&data)),
     ]);
-    assert_clean_failure(&out, &[s(&data), "is a directory"]);
+    assert_clean_failure(&out, &[s(&data), "is a directory with no Parquet files"]);
     let out = rlhf(&["sft", "--run-dir", s(&tmp.path().join("s")), "--set", &format!("data.train={:?}", s(&data))]);
-    assert_clean_failure(&out, &["data.train", s(&data), "is a directory"]);
+    assert_clean_failure(&out, &["data.train", s(&data), "is a directory with no Parquet files"]);
+
+    // A UTF-8 byte order mark (some Windows editors write one) is named, in RL and SFT data.
+    let bom = tmp.path().join("bom.jsonl");
+    std::fs::write(&bom, "\u{feff}{\"prompt\": \"1 + 1 =\", \"response\": \"2\", \"label\": \"2\"}\n").unwrap();
+    let prompts = format!("data.prompts={:?}", s(&bom));
+    let out = rlhf(&["train", "--algo", "grpo", "--run-dir", s(&tmp.path().join("b")), "--set", &prompts]);
+    assert_clean_failure(&out, &[s(&bom), "line 1: starts with a UTF-8 byte order mark"]);
+    let out = rlhf(&["sft", "--run-dir", s(&tmp.path().join("c")), "--set", &format!("data.train={:?}", s(&bom))]);
+    assert_clean_failure(&out, &["bom.jsonl", "byte order mark"]);
 }
 
 #[test]
@@ -181,6 +191,91 @@ fn resuming_with_fewer_steps_than_the_checkpoint_is_an_error() {
     let ckpt: PathBuf = run.join("checkpoints/step-000002");
     assert!(ckpt.join("manifest.json").is_file());
     let out = rlhf(&["train", "--resume", s(&ckpt), "--set", "train.steps=1"]);
-    assert_clean_failure(&out, &["train.steps = 1", "checkpoint", "(2, ", s(&ckpt)]);
+    assert_clean_failure(&out, &["train.steps = 1", "the checkpoint is at step 2", s(&ckpt)]);
     assert!(rlhf_bin().is_file());
+}
+
+/// A config of 1 layer on the 2-layer checkpoint loads nothing silently: the tensors it would not
+/// use are named. So are an integer weight, two rope blocks that differ, an `eos_token_id` of -1,
+/// and an eos id beyond the embedding (blamed on the file that names it).
+#[test]
+fn weights_and_ids_that_do_not_fit_the_config_are_refused() {
+    let d = llama_copy();
+    edit_json(&d.path().join("config.json"), |c| c["num_hidden_layers"] = json!(1));
+    let weights = d.path().join("model.safetensors");
+    assert_clean_failure(&generate(d.path(), &[]), &[s(&weights), "the model does not use", "`model.layers.1."]);
+
+    let d = llama_copy();
+    let path = d.path().join("model.safetensors");
+    let tensors: Vec<(String, tch::Tensor)> = tch::Tensor::read_safetensors(&path)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| if n == "model.norm.weight" { (n, t.to_kind(tch::Kind::Int64)) } else { (n, t) })
+        .collect();
+    tch::Tensor::write_safetensors(&tensors, &path).unwrap();
+    assert_clean_failure(&generate(d.path(), &[]), &[s(&path), "`model.norm.weight`", "Int64"]);
+
+    let d = llama_copy();
+    edit_json(&d.path().join("config.json"), |c| c["rope_scaling"] = json!({"rope_type": "linear", "factor": 2.0}));
+    assert_clean_failure(&generate(d.path(), &[]), &["config.json", "rope_parameters", "differ"]);
+
+    for (eos, needle) in [
+        (json!(-1), "eos_token_id: expected a token id >= 0"),
+        (json!(1_000_000_000), "eos_token_id has id 1000000000"),
+    ] {
+        let d = llama_copy();
+        edit_json(&d.path().join("generation_config.json"), |g| g["eos_token_id"] = eos.clone());
+        let line =
+            assert_clean_failure(&generate(d.path(), &[]), &[s(&d.path().join("generation_config.json")), needle]);
+        assert!(!line.contains("tokenizer.json"), "{line}");
+    }
+}
+
+/// `tokenizer.json` cut anywhere is an error naming it, never a panic of the tokenizers library.
+#[test]
+fn a_truncated_tokenizer_json_is_an_error_naming_it() {
+    let d = llama_copy();
+    let path = d.path().join("tokenizer.json");
+    let full = std::fs::read(&path).unwrap();
+    // Every cut point, among them those inside the `decoder` object, where the tokenizers
+    // library itself panics on the syntax error.
+    for cut in 0..full.len() {
+        std::fs::write(&path, &full[..cut]).unwrap();
+        match rlhf_tokenizer::HfTokenizer::from_dir(d.path()) {
+            Ok(_) => panic!("tokenizer.json cut at byte {cut} of {} loaded", full.len()),
+            Err(e) => assert!(e.to_string().contains(s(&path)), "cut at {cut}: {e}"),
+        }
+    }
+    std::fs::write(&path, &full[..full.len() / 2]).unwrap();
+    assert_clean_failure(&generate(d.path(), &[]), &[s(&path)]);
+}
+
+/// Settings that reach libtorch or a cast are range-checked, and settings that cannot work are
+/// refused before anything runs: 2^31 generation threads, dynamic sampling with one response per
+/// prompt, an empty `data.label_key`, an empty `tensorboard.dir`.
+#[test]
+fn impossible_settings_are_refused_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("r");
+    let refused = |set: &[&str], needles: &[&str]| {
+        let mut args = vec!["train", "--algo", "grpo", "--run-dir", s(&run)];
+        for x in set {
+            args.extend(["--set", x]);
+        }
+        assert_clean_failure(&rlhf(&args), needles);
+        assert!(!run.exists(), "{set:?} made the run directory");
+    };
+    refused(
+        &["rollout.max_staleness=1", "rollout.generation_threads=2147483648"],
+        &["rollout.generation_threads", "at most 1024"],
+    );
+    refused(
+        &["rollout.filter_groups.enable=true", "rollout.samples_per_prompt=1"],
+        &["rollout.filter_groups.enable", "samples_per_prompt >= 2"],
+    );
+    refused(&["data.label_key=\"\""], &["data.label_key", "is empty"]);
+    refused(&["tensorboard.dir=\"\""], &["tensorboard.dir", "is empty"]);
+    let out = rlhf(&["sft", "--run-dir", s(&run), "--set", "tensorboard.dir=\"\""]);
+    assert_clean_failure(&out, &["tensorboard.dir", "is empty"]);
+    assert!(!run.exists());
 }

@@ -2,7 +2,8 @@
 //! damaged optimizer shard of rank 1 or of rank 0 (2 ranks, ZeRO stage 2), a damaged actor file,
 //! another config, `train.steps` below the checkpoint (1 process) — exits non-zero with one line
 //! and leaves every file of the run directory byte-identical (`metrics.jsonl` keeps its steps,
-//! `config.toml` its keys).
+//! `config.toml` its keys). So does a finished `rlhf sft`, `rm` or `dpo` run resumed with fewer
+//! steps or the same: a resume extends a run, never shrinks it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -104,7 +105,15 @@ fn refused_resumes_on_one_process_leave_the_run_as_it_was() {
     let ckpt = rd.join("checkpoints/step-000002");
     let ck = ckpt.to_str().unwrap();
     refused(&rd, &["train", "--resume", ck, "--algo", "grpo", "--set", "algorithm.config.beta=0.5"], None, "beta");
-    refused(&rd, &["train", "--resume", ck, "--set", "train.steps=1"], None, "train.steps = 1 is below");
+    refused(&rd, &["train", "--resume", ck, "--set", "train.steps=1"], None, "train.steps = 1 ends the run at step 1");
+    // The finished run (checkpointed at its last step) resumed as it is: nothing to train.
+    let last = rd.join("checkpoints/step-000004");
+    refused(
+        &rd,
+        &["train", "--resume", last.to_str().unwrap()],
+        None,
+        "the checkpoint is at step 4 and train.steps = 4",
+    );
     let actor = ckpt.join("actor.safetensors");
     flip_last_byte(&actor);
     refused(&rd, &["train", "--resume", ck], None, "actor.safetensors");
@@ -166,4 +175,22 @@ fn harmless_changes_resume_and_changed_prompt_data_is_refused() {
     let o = run(&["train", "--resume", ck, "--allow-data-change"], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && err.contains("resuming anyway (--allow-data-change)"), "{err}");
+}
+
+/// `rlhf sft`, `rm` and `dpo` refuse to resume a finished run with fewer steps or as many (nothing
+/// to train): `summary.json`, `config.toml` and `model/` stay as the run left them.
+#[test]
+fn finished_supervised_runs_are_never_shrunk_or_rewritten() {
+    let tmp = tempfile::tempdir().unwrap();
+    for cmd in ["sft", "rm", "dpo"] {
+        let rd = tmp.path().join(cmd);
+        let dir = rd.to_str().unwrap();
+        let o = run(&[cmd, "--run-dir", dir, "--set", "train.steps=4", "--set", "checkpoint.every=2"], None);
+        assert!(o.status.success(), "{cmd}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(rd.join("summary.json").is_file() && rd.join("model").is_dir());
+        for steps in ["train.steps=3", "train.steps=4"] {
+            let want = format!("the checkpoint is at step 4 and {}", steps.replace('=', " = "));
+            refused(&rd, &[cmd, "--resume", "latest", "--run-dir", dir, "--set", steps], None, &want);
+        }
+    }
 }

@@ -1,8 +1,8 @@
 //! Data as verl and TRL users keep it, in every container: the same rows — verl's layout (chat
 //! messages in `prompt`, the answer in `reward_model.ground_truth`, `data_source`, `extra_info`)
 //! — written as JSONL, as Parquet and by Hugging Face `datasets` with `save_to_disk` (two Arrow
-//! shards) read to the same prompts, labels and metadata; a `DatasetDict` directory and a missing
-//! nested key are one-line errors; `rlhf sft` trains from a saved directory. The files are made
+//! shards, or an Arrow IPC file instead of a stream) read to the same prompts, labels and
+//! metadata; a `DatasetDict` directory, an empty one and a missing nested key are one-line errors; `rlhf sft` trains from a saved directory. The files are made
 //! here with the project's Python (`datasets`, `pyarrow`).
 
 use std::path::Path;
@@ -36,6 +36,19 @@ bad[3] = dict(bad[3], reward_model={"style": "rule"})
 datasets.Dataset.from_list(bad).save_to_disk(f"{out}/bad")
 sft = [{"prompt": f"{a} + {b} =", "response": str(a + b)} for a in range(1, 7) for b in range(1, 7)]
 datasets.Dataset.from_list(sft).save_to_disk(f"{out}/sft")
+# The same rows in an Arrow IPC file (the random-access format) instead of a stream.
+ds.save_to_disk(f"{out}/ipcfile", num_shards=1)
+arrow = f"{out}/ipcfile/data-00000-of-00001.arrow"
+import os
+with pa.ipc.open_stream(arrow) as r:
+    table = r.read_all()
+# Written beside it, then moved: the table's buffers may map the stream file.
+with pa.ipc.new_file(arrow + ".tmp", table.schema) as w:
+    w.write_table(table)
+os.replace(arrow + ".tmp", arrow)
+os.makedirs(f"{out}/emptydict")
+with open(f"{out}/emptydict/dataset_dict.json", "w") as f:
+    json.dump({"splits": []}, f)
 "#;
 
 fn cfg(prompts: &Path) -> DataConfig {
@@ -62,6 +75,9 @@ fn jsonl_parquet_and_save_to_disk_read_the_same_rows() {
 
     let e = read_prompt_data(&cfg(&dir.path().join("dict"))).unwrap_err().to_string();
     assert!(e.contains("a DatasetDict of splits test, train: name one split's directory"), "{e}");
+    assert_eq!(read("ipcfile"), jsonl, "an Arrow IPC file reads other prompts than JSONL");
+    let e = read_prompt_data(&cfg(&dir.path().join("emptydict"))).unwrap_err().to_string();
+    assert!(e.contains("a DatasetDict (dataset_dict.json) with no split directories in it"), "{e}");
     let e = read_prompt_data(&cfg(&dir.path().join("bad"))).unwrap_err().to_string();
     assert!(e.contains("row 4: no `reward_model.ground_truth` (data.label_key)"), "{e}");
 

@@ -183,6 +183,49 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A `python3` on PATH that never answers is given up at the launcher's deadline
+    /// (`RLHF_PROBE_TIMEOUT`), with a warning, and the search goes on (here: to no libtorch at all).
+    #[test]
+    fn the_launcher_gives_a_hanging_python3_a_deadline() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = std::env::temp_dir().join(format!("xtask-launcher-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        let (bin, path, home) = (tmp.join("bundle/bin"), tmp.join("path"), tmp.join("home"));
+        for d in [&bin, &path, &home] {
+            fs::create_dir_all(d).unwrap();
+        }
+        let script = |file: &Path, text: &str| {
+            fs::write(file, text).unwrap();
+            fs::set_permissions(file, fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        script(&bin.join("rlhf"), &LAUNCHER.replace("@TORCH_VERSION@", TORCH_VERSION));
+        script(&bin.join("rlhf-bin"), "#!/bin/sh\necho ran\n");
+        script(&path.join("python3"), "#!/bin/sh\nexec sleep 600\n");
+        let mut child = Command::new(bin.join("rlhf"))
+            .env_remove("LIBTORCH")
+            .env("HOME", &home)
+            .env("PATH", format!("{}:/usr/bin:/bin", path.display()))
+            .env("RLHF_PROBE_TIMEOUT", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("the launcher still waits for python3 after 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("python3 did not answer within 1 s (RLHF_PROBE_TIMEOUT)"), "{err}");
+        assert!(err.contains("error: no libtorch found"), "{err}");
+        fs::remove_dir_all(&tmp).unwrap();
+    }
+
     /// A debug bundle of this build, moved to another directory, runs the built-in GRPO preset
     /// with `LIBTORCH` unset and the venv's `python3` first on `PATH`; a libtorch of another
     /// version is refused with one line naming both. Needs the workspace and plugins built and

@@ -4,7 +4,9 @@
 #   1. $LIBTORCH (a libtorch directory, or a `torch` package directory);
 #   2. the `torch` package of the python3 on PATH (its torch/lib);
 #   3. the project's own venv (~/.cache/rlhf-rs/torch-@TORCH_VERSION@/venv).
-# Another torch version is refused: the binary is built against this one's C++ ABI.
+# Another torch version is refused: the binary is built against this one's C++ ABI. Asking
+# python3 where its torch is has a deadline ($RLHF_PROBE_TIMEOUT seconds, default 30): a python3
+# that hangs is skipped with a warning.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 want="@TORCH_VERSION@"
@@ -18,10 +20,21 @@ version_of() {
   fi
 }
 
+# The torch package directory of the python3 on PATH (empty when it has none or does not answer
+# in time).
+python3_torch() {
+  local secs="${RLHF_PROBE_TIMEOUT:-30}" rc=0 out
+  out="$(timeout --kill-after=2 "$secs" python3 -c 'import importlib.util as u; s = u.find_spec("torch"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null)" || rc=$?
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "warning: $(command -v python3) did not answer within $secs s (RLHF_PROBE_TIMEOUT); not using its torch" >&2
+  fi
+  printf '%s' "$out"
+}
+
 dir="" from=""
 if [ -n "${LIBTORCH:-}" ]; then
   dir="$LIBTORCH" from="LIBTORCH"
-elif command -v python3 >/dev/null 2>&1 && found="$(python3 -c 'import importlib.util as u; s = u.find_spec("torch"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null)" && [ -n "$found" ]; then
+elif command -v python3 >/dev/null 2>&1 && found="$(python3_torch)" && [ -n "$found" ]; then
   dir="$found" from="python3 ($(command -v python3))"
 else
   for d in "$HOME"/.cache/rlhf-rs/torch-"$want"/venv/lib/python3*/site-packages/torch; do

@@ -239,7 +239,7 @@ fn spawn_rank(
 
 /// Asks the kernel to send the rank SIGTERM when the launcher dies (Linux `PR_SET_PDEATHSIG`).
 #[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut Command) {
+pub(crate) fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();
     // SAFETY: the hook runs in the forked child before exec; it only makes the async-signal-safe

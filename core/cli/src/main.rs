@@ -15,6 +15,7 @@ mod cmd_serve;
 mod cmd_sft;
 mod cmd_train;
 mod common;
+mod deadline;
 mod doctor;
 mod launcher;
 mod machine;
@@ -119,6 +120,10 @@ fn main() -> ExitCode {
     rlhf_trainer::progress::set_enabled(!cli.no_progress);
     if matches!(cli.command, Command::Train(_) | Command::Sft(_) | Command::Rm(_) | Command::Dpo(_)) {
         // The first SIGTERM / SIGINT ends the run after its step, checkpointed; a second, at once.
+        rlhf_trainer::signals::install();
+    }
+    if matches!(cli.command, Command::Doctor(_)) {
+        // The doctor passes a signal on to the check it runs and waits for it to end.
         rlhf_trainer::signals::install();
     }
     let result = init_logging(&cli.log_level, &cli.log_format).and_then(|()| run(cli));

@@ -100,6 +100,13 @@ pub struct ImportSummary {
     pub files: Vec<PathBuf>,
 }
 
+/// Tensors every layer has (norms, q/k/v/o, gate/up/down): a block count is at most the file's
+/// tensors over this.
+const LAYER_TENSORS: u64 = 9;
+/// The largest size a hyper-parameter may give one dimension of a weight (2^31: libtorch and the
+/// importer index rows with it).
+const MAX_DIM: u64 = 1 << 31;
+
 /// Which rows to un-permute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rope {
@@ -203,11 +210,41 @@ impl LlamaParams {
                 ));
             }
         }
+        // Sizes multiply into shapes and name every layer's tensors: each is checked against the
+        // file before anything is built from it (a block count of 1e10 would otherwise build
+        // names for 1e10 layers, and head counts of 2^32 overflow `heads × head_dim`).
+        let layers = g.req_u64(&k("block_count"))?;
+        let needed = layers.checked_mul(LAYER_TENSORS);
+        if layers == 0 || needed.is_none_or(|n| n > g.tensors.len() as u64) {
+            return Err(GgufError::metadata(
+                path,
+                &k("block_count"),
+                format!(
+                    "{layers} layers, but the file has {} tensors (each layer has at least {LAYER_TENSORS})",
+                    g.tensors.len()
+                ),
+            ));
+        }
+        for (key, n) in [("attention.head_count", heads), ("attention.head_count_kv", kv_heads)] {
+            if n.checked_mul(head_dim).is_none_or(|rows| rows > MAX_DIM) {
+                return Err(GgufError::metadata(
+                    path,
+                    &k(key),
+                    format!("{n} heads of dimension {head_dim} give more than {MAX_DIM} rows"),
+                ));
+            }
+        }
+        let intermediate = g.req_u64(&k("feed_forward_length"))?;
+        for (key, n) in [("embedding_length", hidden), ("feed_forward_length", intermediate)] {
+            if n == 0 || n > MAX_DIM {
+                return Err(GgufError::metadata(path, &k(key), format!("{n} (expected 1 to {MAX_DIM})")));
+            }
+        }
         Ok(LlamaParams {
             architecture: arch.to_string(),
             hidden_size: hidden,
-            intermediate_size: g.req_u64(&k("feed_forward_length"))?,
-            num_hidden_layers: g.req_u64(&k("block_count"))?,
+            intermediate_size: intermediate,
+            num_hidden_layers: layers,
             num_attention_heads: heads,
             num_key_value_heads: kv_heads,
             head_dim,

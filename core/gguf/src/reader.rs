@@ -106,7 +106,13 @@ impl GgufFile {
     /// Memory-maps and parses `path`.
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| GgufError::io(path, e))?;
-        let len = file.metadata().map_err(|e| GgufError::io(path, e))?.len();
+        let meta = file.metadata().map_err(|e| GgufError::io(path, e))?;
+        if !meta.is_file() {
+            // Mapping a directory fails with "No such device", which names nothing useful.
+            let what = if meta.is_dir() { "a directory" } else { "not a regular file" };
+            return Err(GgufError::invalid(path, format!("is {what}, not a GGUF file")));
+        }
+        let len = meta.len();
         let bytes = if len == 0 {
             Bytes::Owned(Vec::new())
         } else {
@@ -227,6 +233,7 @@ impl GgufFile {
 
         let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
         let len = data.len() as u64;
+        check_no_overlap(&path, &tensors)?;
         for t in &tensors {
             let start = data_offset.checked_add(t.offset);
             let end = start.and_then(|s| s.checked_add(t.n_bytes()));
@@ -277,6 +284,28 @@ impl GgufFile {
         crate::dequant::dequantize(tensor.ggml_type, self.tensor_data(tensor), tensor.n_elements() as usize)
             .map_err(|message| GgufError::unsupported(&self.path, format!("tensor `{}`: {message}", tensor.name)))
     }
+}
+
+/// Refuses tensors whose data ranges overlap: each tensor must end at or before the next one (in
+/// offset order) starts, as llama.cpp lays them out. Overlapping data would import one tensor's
+/// bytes as another's.
+fn check_no_overlap(path: &Path, tensors: &[TensorInfo]) -> Result<()> {
+    let mut order: Vec<&TensorInfo> = tensors.iter().filter(|t| t.n_bytes() > 0).collect();
+    order.sort_by_key(|t| t.offset);
+    for pair in order.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let end = a.offset.saturating_add(a.n_bytes());
+        if end > b.offset {
+            return Err(GgufError::invalid(
+                path,
+                format!(
+                    "the data of tensors `{}` (bytes {}..{end} of the data section) and `{}` (from byte {}) overlap",
+                    a.name, a.offset, b.name, b.offset
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Bounds-checked little-endian reading.

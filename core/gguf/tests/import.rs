@@ -365,6 +365,53 @@ fn import_refuses_what_it_cannot_convert_naming_the_file() {
     assert!(!out.exists(), "nothing is written when the import is refused");
 }
 
+/// Sizes from the metadata are checked against the file before anything is built from them: a
+/// block count of 1e10 (names for 1e10 layers) and head counts of 2^32 (`heads × head_dim`
+/// overflows) are one-line errors naming the key, not an exhausted memory or a panic.
+#[test]
+fn sizes_in_the_metadata_are_checked_before_anything_is_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hostile.gguf");
+    let out = dir.path().join("out");
+    let (_, good) = tiny_llama("smollm", false);
+    let g = GgufFile::from_bytes(&path, good).unwrap();
+    let with = |changes: &[(&str, Option<Value>)]| {
+        let mut w = GgufWriter::new();
+        for (k, v) in &g.metadata {
+            if !changes.iter().any(|(c, _)| c == k) {
+                w = w.kv(k, v.clone());
+            }
+        }
+        for (k, v) in changes {
+            if let Some(v) = v {
+                w = w.kv(k, v.clone());
+            }
+        }
+        for t in &g.tensors {
+            w = w.tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec());
+        }
+        GgufFile::from_bytes(&path, w.to_bytes()).unwrap()
+    };
+    let refused = |g: GgufFile, key: &str| {
+        let err = import_llama(&g, &out, OutDtype::F32).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains(key), "{err} should name {key}");
+    };
+    refused(with(&[("llama.block_count", Some(Value::U64(10_000_000_000)))]), "llama.block_count");
+    refused(with(&[("llama.block_count", Some(Value::U64(0)))]), "llama.block_count");
+    let huge = Value::U64(1 << 32);
+    refused(
+        with(&[
+            ("llama.attention.head_count", Some(huge.clone())),
+            ("llama.attention.head_count_kv", Some(huge.clone())),
+            ("llama.attention.key_length", Some(huge)),
+            ("llama.rope.dimension_count", None),
+        ]),
+        "llama.attention.head_count",
+    );
+    refused(with(&[("llama.feed_forward_length", Some(Value::U64(1 << 40)))]), "llama.feed_forward_length");
+    assert!(!out.exists(), "nothing is written when the import is refused");
+}
+
 #[test]
 fn quantised_weights_are_dequantised_then_unpermuted() {
     let (_, good) = tiny_llama("smollm", false);

@@ -308,4 +308,27 @@ fn missing_file_names_it() {
     let err = GgufFile::open(Path::new("/nonexistent/dir/model.gguf")).unwrap_err();
     assert!(matches!(err, GgufError::Io { .. }));
     assert!(err.to_string().contains("/nonexistent/dir/model.gguf"), "{err}");
+    // A directory is named as one (mapping it would say "No such device").
+    let dir = tempfile::tempdir().unwrap();
+    let err = GgufFile::open(dir.path()).unwrap_err().to_string();
+    assert_eq!(err, format!("{}: is a directory, not a GGUF file", dir.path().display()));
+}
+
+/// Two tensors whose data ranges overlap (the second's offset moved into the first's data) are
+/// refused, naming both: one would otherwise import the other's bytes.
+#[test]
+fn overlapping_tensors_are_refused() {
+    let mut bytes = GgufWriter::new().tensor_f32("a", &[16], &[1.0; 16]).tensor_f32("b", &[16], &[2.0; 16]).to_bytes();
+    // `b`'s info: u64 name length 1, "b", u32 n_dims, u64 dim, u32 type, then its u64 offset.
+    let name = [1u64.to_le_bytes().as_slice(), b"b"].concat();
+    let at = bytes.windows(name.len()).position(|w| w == name.as_slice()).unwrap() + name.len() + 4 + 8 + 4;
+    assert_eq!(u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()), 64);
+    bytes[at..at + 8].copy_from_slice(&32u64.to_le_bytes());
+    let (result, path) = open(&bytes);
+    let err = result.unwrap_err();
+    assert!(
+        err.to_string().contains("tensors `a` (bytes 0..64 of the data section) and `b` (from byte 32) overlap"),
+        "{err}"
+    );
+    assert_names(&err, &path);
 }

@@ -61,8 +61,17 @@ impl RepoCache {
         self.dir.join("blobs").join(etag)
     }
 
-    fn ref_path(&self, revision: &str) -> PathBuf {
-        self.dir.join("refs").join(revision)
+    /// Where `blob` is written while it downloads (huggingface_hub's name for it).
+    pub fn partial(&self, etag: &str) -> PathBuf {
+        self.dir.join("blobs").join(format!("{etag}.incomplete"))
+    }
+
+    /// `refs/<revision>`, or `None` when the revision is not one the Hub could have (it would
+    /// name a file outside `refs/`).
+    fn ref_path(&self, revision: &str) -> Option<PathBuf> {
+        let refs = self.dir.join("refs");
+        let path = refs.join(revision);
+        (crate::paths::unsafe_revision(revision).is_none() && crate::paths::inside(&refs, &path)).then_some(path)
     }
 
     /// The commit `revision` resolves to in the cache: itself when it is a commit with a
@@ -71,7 +80,7 @@ impl RepoCache {
         if is_commit(revision) && self.snapshot(revision).is_dir() {
             return Some(revision.to_string());
         }
-        let text = std::fs::read_to_string(self.ref_path(revision)).ok()?;
+        let text = std::fs::read_to_string(self.ref_path(revision)?).ok()?;
         let commit = text.trim().to_string();
         is_commit(&commit).then_some(commit)
     }
@@ -81,25 +90,54 @@ impl RepoCache {
         if revision == commit {
             return Ok(());
         }
-        let path = self.ref_path(revision);
+        let path = self.ref_path(revision).ok_or_else(|| self.outside(&format!("refs/{revision}")))?;
+        if !is_commit(commit) {
+            return Err(self.outside(&format!("a ref to `{commit}`, which is not a commit hash")));
+        }
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| HubError::io(parent, e))?;
         }
-        let tmp = path.with_extension("tmp");
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
         std::fs::write(&tmp, commit).map_err(|e| HubError::io(&tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| HubError::io(&path, e))
     }
 
     /// Whether `snapshots/<commit>/<file>` exists with its blob.
     pub fn has(&self, commit: &str, file: &str) -> bool {
-        self.snapshot(commit).join(file).is_file()
+        crate::paths::unsafe_file_name(file).is_none() && self.snapshot(commit).join(file).is_file()
+    }
+
+    /// An error saying the client refused to write `what` (it would lie outside the entry).
+    fn outside(&self, what: &str) -> HubError {
+        HubError::io(
+            &self.dir,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("refusing to write {what}: outside the cache entry"),
+            ),
+        )
     }
 
     /// Points `snapshots/<commit>/<file>` at `blobs/<etag>` (relative, as huggingface_hub does).
+    /// The commit, the file name and the ETag are checked first, and the link's directory once
+    /// created must resolve inside the entry (no directory on the way is a symlink out of it).
     pub fn link(&self, commit: &str, file: &str, etag: &str) -> Result<()> {
         let link = self.snapshot(commit).join(file);
+        let safe = is_commit(commit)
+            && crate::paths::unsafe_file_name(file).is_none()
+            && crate::paths::safe_etag(etag)
+            && crate::paths::inside(&self.dir, &link);
+        if !safe {
+            return Err(self.outside(&format!("snapshots/{commit}/{file} → blobs/{etag}")));
+        }
         let parent = link.parent().unwrap_or(&self.dir).to_path_buf();
         std::fs::create_dir_all(&parent).map_err(|e| HubError::io(&parent, e))?;
+        let real = |p: &Path| p.canonicalize().map_err(|e| HubError::io(p, e));
+        if !real(&parent)?.starts_with(real(&self.dir)?) {
+            return Err(self.outside(&format!("snapshots/{commit}/{file}")));
+        }
         let depth = file.matches('/').count() + 2;
         let target = PathBuf::from("../".repeat(depth)).join("blobs").join(etag);
         let _ = std::fs::remove_file(&link);

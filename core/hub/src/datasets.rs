@@ -10,10 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-use reqwest::header::HeaderMap;
-
 use crate::cache::RepoCache;
-use crate::download::{self, Failure, RepoInfo};
+use crate::download::{Failure, Session};
 use crate::{parse_id, Hub, HubError, HubId, RepoKind, Result};
 
 /// A dataset id with the subset and split to read.
@@ -132,6 +130,10 @@ impl Hub {
     /// unreachable Hub falls back to the cache, with a warning).
     pub fn dataset(&self, spec: &DatasetSpec) -> Result<Vec<PathBuf>> {
         let id = &spec.id;
+        Self::check_id(id)?;
+        if !self.offline {
+            crate::http::endpoint(self, id)?;
+        }
         let repo = RepoCache::new(&self.cache, id);
         let _lock = repo.lock()?;
         let cached = |why: &str| -> Result<Vec<PathBuf>> {
@@ -149,8 +151,8 @@ impl Hub {
         }
         match fetch(self, &repo, spec) {
             Err(Failure::Unreachable(why)) => {
-                let files = cached(&format!("the Hub is unreachable ({why})"))?;
-                tracing::warn!("dataset `{spec}`: the Hub is unreachable ({why}); using the cached files");
+                let files = cached(&why)?;
+                tracing::warn!("dataset `{spec}`: {why}; using the cached files");
                 Ok(files)
             }
             Err(Failure::Error(e)) => Err(e),
@@ -162,21 +164,12 @@ impl Hub {
 /// Lists the repository at the revision, downloads the selected files, records the revision.
 fn fetch(hub: &Hub, repo: &RepoCache, spec: &DatasetSpec) -> std::result::Result<Vec<PathBuf>, Failure> {
     let id = &spec.id;
-    let client = download::client().map_err(|e| Failure::Error(HubError::model(id, format!("HTTP client: {e}"))))?;
-    let url = format!("{}/api/datasets/{}/revision/{}", hub.endpoint, id.repo, id.revision.replace('/', "%2F"));
-    let r = download::get(&client, hub, &url, HeaderMap::new()).map_err(|e| Failure::Unreachable(e.to_string()))?;
-    if !r.status().is_success() {
-        return Err(download::status_error(hub, id, "repository", &r).into());
-    }
-    let info: RepoInfo =
-        r.json().map_err(|e| Failure::Error(HubError::model(id, format!("unreadable answer from {url}: {e}"))))?;
-    if !crate::cache::is_commit(&info.sha) {
-        return Err(HubError::model(id, format!("{url} gave no commit hash")).into());
-    }
+    let s = Session::new(hub, id)?;
+    let info = s.repo_info()?;
     let names: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
     let chosen = select(spec, &names).map_err(|e| HubError::model(id, e))?;
     for f in &chosen {
-        download::file(&client, hub, repo, id, &info.sha, f)?;
+        s.file(repo, &info.sha, f)?;
     }
     repo.write_ref(&id.revision, &info.sha)?;
     let snapshot = repo.snapshot(&info.sha);
@@ -195,7 +188,7 @@ pub fn resolve_dataset(spec: &str) -> Option<Result<Vec<PathBuf>>> {
     if let Some((_, files)) = resolved.iter().find(|(s, _)| s == spec) {
         return Some(Ok(files.clone()));
     }
-    let files = Hub::from_env().dataset(&parsed);
+    let files = Hub::from_env().and_then(|hub| hub.dataset(&parsed));
     if let Ok(f) = &files {
         resolved.push((spec.to_string(), f.clone()));
     }

@@ -7,12 +7,21 @@
 //!
 //! Environment, as `huggingface_hub` reads it: `HF_ENDPOINT` (default `https://huggingface.co`),
 //! `HF_TOKEN` (else the token file `$HF_HOME/token`), `HF_HUB_OFFLINE=1` (the cache only),
-//! `HF_HUB_CACHE` / `HF_HOME` (where the cache is). Downloads resume from a partial blob, and a
-//! lock per repository lets several processes (the ranks of one run) resolve the same id at once.
+//! `HF_HUB_CACHE` / `HF_HOME` (where the cache is); and `RLHF_HUB_FILE_TIMEOUT`, the seconds one
+//! file's download may take, all attempts together (default: 10 minutes plus a second per MB).
+//! Downloads resume from a partial blob, and a lock per repository lets several processes (the
+//! ranks of one run) resolve the same id at once.
+//!
+//! Nothing the server sends is trusted as a path: file names, revisions and ETags are checked
+//! ([`paths`]) before they are joined to the cache, the token goes to the endpoint's origin only
+//! ([`http::same_origin`]), and a Hub that answers 5xx, like one that cannot be reached, falls
+//! back to a complete cached snapshot (as `huggingface_hub` does).
 
 pub mod cache;
 pub mod datasets;
 pub mod download;
+pub mod http;
+pub mod paths;
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +39,9 @@ pub enum HubError {
     /// A cache file could not be read or written.
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// An environment variable the client reads has a value it cannot use.
+    #[error("{var} `{value}`: {message}")]
+    Env { var: &'static str, value: String, message: String },
 }
 
 impl HubError {
@@ -128,6 +140,11 @@ pub struct Hub {
     pub token: Option<String>,
     pub cache: PathBuf,
     pub offline: bool,
+    /// The most one file's download may take, all attempts together; `None`: 10 minutes plus a
+    /// second per MB of the size the Hub declares.
+    pub file_timeout: Option<std::time::Duration>,
+    /// How long one read (a response's head, or the next bytes of a body) may wait.
+    pub read_timeout: std::time::Duration,
 }
 
 fn truthy(v: &str) -> bool {
@@ -135,26 +152,56 @@ fn truthy(v: &str) -> bool {
 }
 
 impl Hub {
-    /// From the environment (see the crate docs).
-    pub fn from_env() -> Self {
+    /// From the environment (see the crate docs); an endpoint that is not an http(s) URL or a
+    /// timeout that is not a positive number is an error naming its variable.
+    pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let token = var("HF_TOKEN").or_else(|| var("HUGGING_FACE_HUB_TOKEN")).or_else(|| {
             let path = var("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| cache::hf_home().join("token"));
             std::fs::read_to_string(path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
         });
-        Hub {
-            endpoint: var("HF_ENDPOINT")
-                .unwrap_or_else(|| "https://huggingface.co".into())
-                .trim_end_matches('/')
-                .into(),
+        let endpoint: String =
+            var("HF_ENDPOINT").unwrap_or_else(|| "https://huggingface.co".into()).trim_end_matches('/').into();
+        if let Err(message) = http::parse_endpoint(&endpoint) {
+            return Err(HubError::Env { var: "HF_ENDPOINT", value: endpoint, message });
+        }
+        let file_timeout = match var("RLHF_HUB_FILE_TIMEOUT") {
+            None => None,
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+                _ => {
+                    let message = "expected a number of seconds > 0".into();
+                    return Err(HubError::Env { var: "RLHF_HUB_FILE_TIMEOUT", value: v, message });
+                }
+            },
+        };
+        Ok(Hub {
+            endpoint,
             token,
             cache: hub_cache(),
             offline: var("HF_HUB_OFFLINE").is_some_and(|v| truthy(&v)),
+            file_timeout,
+            read_timeout: std::time::Duration::from_secs(30),
+        })
+    }
+
+    /// Checks what [`Hub::model`] and [`Hub::dataset`] take from the user before anything is
+    /// created: the id's revision must be one the Hub could have.
+    pub(crate) fn check_id(id: &HubId) -> Result<()> {
+        match paths::unsafe_revision(&id.revision) {
+            Some(why) => {
+                Err(HubError::model(id, format!("revision `{}` is not a valid git revision: {why}", id.revision)))
+            }
+            None => Ok(()),
         }
     }
 
     /// The local snapshot directory of `id`, downloading what is missing (unless offline).
     pub fn model(&self, id: &HubId) -> Result<PathBuf> {
+        Self::check_id(id)?;
+        if !self.offline {
+            http::endpoint(self, id)?;
+        }
         let repo = RepoCache::new(&self.cache, id);
         let _lock = repo.lock()?;
         if self.offline {
@@ -162,11 +209,8 @@ impl Hub {
         }
         match download::fetch(self, &repo, id) {
             Err(download::Failure::Unreachable(why)) => {
-                let dir = cached(&repo, id, &format!("the Hub is unreachable ({why})"))?;
-                tracing::warn!(
-                    "model `{id}`: the Hub is unreachable ({why}); using the cached snapshot {}",
-                    dir.display()
-                );
+                let dir = cached(&repo, id, &why)?;
+                tracing::warn!("model `{id}`: {why}; using the cached snapshot {}", dir.display());
                 Ok(dir)
             }
             Err(download::Failure::Error(e)) => Err(e),
@@ -197,8 +241,7 @@ fn needed_weights(dir: &Path) -> std::result::Result<Vec<String>, String> {
     }
     let index = dir.join(download::INDEX);
     if index.is_file() {
-        let shards = download::shards_of(&index).map_err(|_| download::INDEX.to_string())?;
-        return Ok(shards);
+        return download::shards_of(&index).map_err(|_| download::INDEX.to_string());
     }
     Ok(vec![download::SINGLE.to_string()])
 }
@@ -217,7 +260,7 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     if let Some((_, dir)) = resolved.iter().find(|(s, _)| s == spec) {
         return Ok(dir.clone());
     }
-    let dir = Hub::from_env().model(&id)?;
+    let dir = Hub::from_env()?.model(&id)?;
     resolved.push((spec.to_string(), dir.clone()));
     Ok(dir)
 }

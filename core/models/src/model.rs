@@ -140,6 +140,8 @@ impl CausalLm {
         } else {
             Some(w.pp("lm_head").get("weight", &[cfg.vocab_size, cfg.hidden_size])?)
         };
+        // A tied model may still store its head (a copy of the embedding, which it reads).
+        ckpt.check_all_used(|n| crate::weights::ignorable(n) || (cfg.tie_word_embeddings && n == "lm_head.weight"))?;
         Ok(CausalLm {
             vs,
             config,
@@ -409,6 +411,7 @@ impl ScalarHeadModel {
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let backbone = Backbone::load(&w, &config.arch)?;
         let score = w.pp("score").get("weight", &[1, config.arch.hidden_size])?;
+        ckpt.check_all_used(crate::weights::ignorable)?;
         Ok(ScalarHeadModel {
             vs,
             config,
@@ -430,6 +433,8 @@ impl ScalarHeadModel {
         let backbone = Backbone::load(&w, &config.arch)?;
         let hidden = config.arch.hidden_size;
         let score = w.pp("score").new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0))?;
+        // The language model's head is dropped on purpose.
+        ckpt.check_all_used(|n| crate::weights::ignorable(n) || n == "lm_head.weight")?;
         Ok(ScalarHeadModel {
             vs,
             config,

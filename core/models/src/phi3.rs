@@ -30,7 +30,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         original_max_override: Some(hf.original_max_position_embeddings.unwrap_or(4096)),
         phi3_aliases: true,
     };
-    let (key, block) = rope::block(hf);
+    let (key, block) = rope::block(path, hf)?;
     let parsed = rope::parse_block(path, key, block, hf.rope_theta.unwrap_or(10_000.0), ctx)?;
     if !matches!(parsed.scaling, rope::RopeScaling::None | rope::RopeScaling::LongRope { .. }) {
         return Err(ModelError::config(path, &format!("{key}.rope_type"), "Phi-3 supports default and longrope only"));

@@ -18,10 +18,12 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 /// Index of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// Every tensor of a checkpoint, on CPU in its stored dtype, with the file it came from.
+/// Every tensor of a checkpoint, on CPU in its stored dtype, with the file it came from, and
+/// the names a model has taken from it ([`Checkpoint::check_all_used`]).
 pub struct Checkpoint {
     tensors: HashMap<String, (Tensor, PathBuf)>,
     files: Vec<PathBuf>,
+    used: std::cell::RefCell<HashSet<String>>,
 }
 
 #[derive(Deserialize)]
@@ -69,6 +71,15 @@ impl Checkpoint {
             let mut seen = HashSet::new();
             let mut files = Vec::new();
             for shard in index.weight_map.values() {
+                // A shard is a file of this directory, never a path out of it.
+                let plain =
+                    std::path::Path::new(shard).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+                if !plain || shard.is_empty() {
+                    return Err(ModelError::Json {
+                        path: index_path,
+                        message: format!("weight_map: the shard `{shard}` is not a file name inside the directory"),
+                    });
+                }
                 if seen.insert(shard.clone()) {
                     files.push(dir.join(shard));
                 }
@@ -86,7 +97,32 @@ impl Checkpoint {
         for file in &files {
             read_file(file, &mut tensors)?;
         }
-        Ok(Checkpoint { tensors, files })
+        Ok(Checkpoint { tensors, files, used: Default::default() })
+    }
+
+    /// Refuses a checkpoint holding tensors no layer of the model took (nor `ignorable` allows),
+    /// naming the first few: a config with fewer layers than its checkpoint, or a checkpoint of
+    /// another architecture, would otherwise load and compute something else without a word.
+    pub fn check_all_used(&self, ignorable: impl Fn(&str) -> bool) -> Result<()> {
+        let used = self.used.borrow();
+        let mut unused: Vec<&String> =
+            self.tensors.keys().filter(|n| !used.contains(n.as_str()) && !ignorable(n.as_str())).collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        unused.sort();
+        let n = unused.len();
+        let shown: Vec<String> = unused.iter().take(4).map(|u| format!("`{u}`")).collect();
+        let more = if n > 4 { format!(" and {} more", n - 4) } else { String::new() };
+        let file = self.tensors[unused[0].as_str()].1.clone();
+        Err(ModelError::Safetensors {
+            path: file,
+            message: format!(
+                "{n} tensor(s) the model does not use: {}{more} (does config.json describe this checkpoint? its \
+                 num_hidden_layers, tie_word_embeddings, architecture)",
+                shown.join(", ")
+            ),
+        })
     }
 
     /// Names of all stored tensors.
@@ -105,6 +141,7 @@ impl Checkpoint {
             name: name.to_string(),
             files: self.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "),
         })?;
+        self.used.borrow_mut().insert(name.to_string());
         let actual = t.size();
         let ok = actual.len() == expected.len() && actual.iter().zip(expected).all(|(a, e)| *e < 0 || a == e);
         if !ok {
@@ -134,6 +171,12 @@ fn read_file(path: &Path, out: &mut HashMap<String, (Tensor, PathBuf)>) -> Resul
         out.insert(name, (t, path.to_path_buf()));
     }
     Ok(())
+}
+
+/// Tensors a checkpoint may hold that no model reads: buffers transformers recomputes (the rotary
+/// `inv_freq` of older Llama checkpoints, GPT-2's causal-mask `attn.bias` / `attn.masked_bias`).
+pub fn ignorable(name: &str) -> bool {
+    name.ends_with(".rotary_emb.inv_freq") || name.ends_with(".attn.masked_bias") || name.ends_with(".attn.bias")
 }
 
 /// Fetches tensors by scoped path, checks shapes, converts them to the model's device and dtype and
@@ -177,7 +220,18 @@ impl<'a> WeightLoader<'a> {
     /// # Shapes
     /// - returns: `shape`, on the var store's device, in the loader's kind.
     pub fn get(&self, name: &str, shape: &[i64]) -> Result<Tensor> {
-        let t = self.ckpt.get(&self.full_name(name), shape)?;
+        let full = self.full_name(name);
+        let t = self.ckpt.get(&full, shape)?;
+        if !t.is_floating_point() {
+            // A weight stored as integers (quantised, or written by mistake) would be cast to
+            // floats without a word and compute something else.
+            let file = self.ckpt.tensors.get(&full).map(|(_, f)| f.clone()).unwrap_or_default();
+            return Err(ModelError::UnsupportedDtype {
+                path: file,
+                name: full,
+                dtype: format!("{:?} (a weight must be F32, F16, BF16 or F64)", t.kind()),
+            });
+        }
         // The var is created in the store's kind and device; `copy_` converts.
         Ok(self.path.f_var_copy(name, t)?)
     }

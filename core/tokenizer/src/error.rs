@@ -169,11 +169,11 @@ pub enum TokenizerError {
     /// model's embedding: the tokenizer does not belong to the model.
     #[error(
         "{}: {what} has id {id}, but the model's vocab_size (config.json) is {vocab_size}: \
-         the tokenizer does not match the model",
+         the file does not match the model",
         path.display()
     )]
     IdOutOfRange {
-        /// The `tokenizer.json` path.
+        /// The file the id comes from: `tokenizer.json`, or the config that names a special id.
         path: PathBuf,
         /// Which id: `token "<x>"`, `eos_token_id`, `pad_token_id` or `bos_token_id`.
         what: String,

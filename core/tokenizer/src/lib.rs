@@ -61,6 +61,8 @@ pub struct HfTokenizer {
     eos_ids: Vec<u32>,
     pad_id: u32,
     bos_id: Option<u32>,
+    /// The file each of the eos, pad and bos ids was read from (errors name it).
+    id_files: [PathBuf; 3],
     clean_up_tokenization_spaces: bool,
     chat_template: ChatTemplate,
     /// Extra variables every chat template rendering sees (transformers' `apply_chat_template`
@@ -97,7 +99,19 @@ impl HfTokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let tokenizer_path = dir.join("tokenizer.json");
         let text = files::read_text_required(&tokenizer_path)?;
-        let mut tokenizer: Tokenizer = serde_json::from_str(&text).map_err(|e| {
+        // Syntax first, with serde_json alone: the tokenizers library panics on some syntax errors
+        // (a file cut inside its `decoder` object hits an `expect` in 0.22), which a truncated
+        // download or a full disk produces.
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+            let (line, column, message) = files::split_json_error(&e);
+            return Err(TokenizerError::InvalidJson { path: tokenizer_path, line, column, message });
+        }
+        let parsed = std::panic::catch_unwind(|| serde_json::from_str::<Tokenizer>(&text));
+        let parsed = parsed.map_err(|_| TokenizerError::NotATokenizer {
+            path: tokenizer_path.clone(),
+            reason: "the tokenizers library panicked reading it".into(),
+        })?;
+        let mut tokenizer: Tokenizer = parsed.map_err(|e| {
             // The tokenizers crate reports some data errors (`{"foo": 1}`) as syntax errors: tell
             // them apart by parsing again as plain JSON, which only costs on this error path.
             let value = match files::parse_json(&tokenizer_path, &text) {
@@ -160,50 +174,8 @@ impl HfTokenizer {
         };
         let chat_template = ChatTemplate::load(dir, &config_path, tok_config.as_ref())?;
 
-        let gen_path = dir.join("generation_config.json");
-        let gen = match files::read_json_object_optional(&gen_path)? {
-            Some(c) => IdConfig::parse(&gen_path, &c)?,
-            None => IdConfig::default(),
-        };
-        let model_path = dir.join("config.json");
-        let model = match files::read_json_object_optional(&model_path)? {
-            Some(c) => IdConfig::parse(&model_path, &c)?,
-            None => IdConfig::default(),
-        };
-
-        let token_id = |key: &str| -> Result<Option<u32>, TokenizerError> {
-            match special.get(key) {
-                None => Ok(None),
-                Some(token) => match tokenizer.token_to_id(token) {
-                    Some(id) => Ok(Some(id)),
-                    None => Err(TokenizerError::UnknownToken {
-                        path: config_path.clone(),
-                        key: key.to_owned(),
-                        token: token.to_owned(),
-                        vocab: tokenizer_path.clone(),
-                    }),
-                },
-            }
-        };
-
-        let eos_ids = if !gen.eos.is_empty() {
-            dedup_keep_order(gen.eos)
-        } else if !model.eos.is_empty() {
-            dedup_keep_order(model.eos)
-        } else {
-            token_id("eos_token")?.into_iter().collect()
-        };
-        let pad_id = match token_id("pad_token")?.or(gen.pad).or(model.pad) {
-            Some(id) => id,
-            None => match eos_ids.first() {
-                Some(&id) => id,
-                None => return Err(TokenizerError::NoPadToken { dir: dir.to_path_buf() }),
-            },
-        };
-        // An explicit `"bos_token": null` means the tokenizer has none (transformers'
-        // `tokenizer.bos_token_id` is None), even if the model configs name one.
-        let bos_id = if special.is_null("bos_token") { None } else { token_id("bos_token")?.or(gen.bos).or(model.bos) };
-
+        let ids = SpecialIds::resolve(dir, &tokenizer, &special, &config_path, &tokenizer_path)?;
+        let (eos_ids, pad_id, bos_id) = (ids.eos, ids.pad, ids.bos);
         Ok(Self {
             dir: dir.to_path_buf(),
             tokenizer_path,
@@ -212,6 +184,7 @@ impl HfTokenizer {
             eos_ids,
             pad_id,
             bos_id,
+            id_files: ids.files,
             clean_up_tokenization_spaces,
             chat_template,
             template_kwargs: serde_json::Map::new(),
@@ -355,10 +328,11 @@ impl HfTokenizer {
 
     /// Checks that every id this tokenizer can produce (its vocabulary with the added tokens,
     /// and the eos / pad / bos ids of the configs) is below `vocab_size`, the rows of the
-    /// model's embedding; an id beyond it would crash the embedding lookup.
+    /// model's embedding; an id beyond it would crash the embedding lookup. The error names the
+    /// file the id came from (`generation_config.json`, `config.json`, `tokenizer.json`...).
     pub fn check_fits_vocab(&self, vocab_size: i64) -> Result<(), TokenizerError> {
-        let out_of_range = |what: String, id: u32| TokenizerError::IdOutOfRange {
-            path: self.tokenizer_path.clone(),
+        let out_of_range = |path: &Path, what: String, id: u32| TokenizerError::IdOutOfRange {
+            path: path.to_path_buf(),
             what,
             id,
             vocab_size,
@@ -366,15 +340,16 @@ impl HfTokenizer {
         let fits = |id: u32| i64::from(id) < vocab_size;
         if let Some((token, &id)) = self.tokenizer.get_vocab(true).iter().max_by_key(|(_, &id)| id) {
             if !fits(id) {
-                return Err(out_of_range(format!("token {token:?}"), id));
+                return Err(out_of_range(&self.tokenizer_path, format!("token {token:?}"), id));
             }
         }
-        let specials = self.eos_ids.iter().map(|&id| ("eos_token_id", id));
+        let [eos, pad, bos] = &self.id_files;
+        let specials = self.eos_ids.iter().map(|&id| ("eos_token_id", id, eos));
         let specials =
-            specials.chain([("pad_token_id", self.pad_id)]).chain(self.bos_id.map(|id| ("bos_token_id", id)));
-        for (what, id) in specials {
+            specials.chain([("pad_token_id", self.pad_id, pad)]).chain(self.bos_id.map(|id| ("bos_token_id", id, bos)));
+        for (what, id, file) in specials {
             if !fits(id) {
-                return Err(out_of_range(what.to_string(), id));
+                return Err(out_of_range(file, what.to_string(), id));
             }
         }
         Ok(())
@@ -383,6 +358,83 @@ impl HfTokenizer {
     /// The underlying `tokenizers` tokenizer (padding and truncation switched off).
     pub fn inner(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+}
+
+/// The eos, pad and bos ids of a model directory and the file each came from: the configs'
+/// `eos_token_id` / `pad_token_id` / `bos_token_id` (`generation_config.json`, then `config.json`)
+/// and `tokenizer_config.json`'s special tokens, in transformers' order of precedence.
+struct SpecialIds {
+    eos: Vec<u32>,
+    pad: u32,
+    bos: Option<u32>,
+    files: [PathBuf; 3],
+}
+
+impl SpecialIds {
+    fn resolve(
+        dir: &Path,
+        tokenizer: &Tokenizer,
+        special: &SpecialTokens,
+        config_path: &Path,
+        tokenizer_path: &Path,
+    ) -> Result<Self, TokenizerError> {
+        let config_path = config_path.to_path_buf();
+        let gen_path = dir.join("generation_config.json");
+        let gen = match files::read_json_object_optional(&gen_path)? {
+            Some(c) => IdConfig::parse(&gen_path, &c)?,
+            None => IdConfig::default(),
+        };
+        let model_path = dir.join("config.json");
+        let model = match files::read_json_object_optional(&model_path)? {
+            Some(c) => IdConfig::parse(&model_path, &c)?,
+            None => IdConfig::default(),
+        };
+
+        let token_id = |key: &str| -> Result<Option<u32>, TokenizerError> {
+            match special.get(key) {
+                None => Ok(None),
+                Some(token) => match tokenizer.token_to_id(token) {
+                    Some(id) => Ok(Some(id)),
+                    None => Err(TokenizerError::UnknownToken {
+                        path: config_path.clone(),
+                        key: key.to_owned(),
+                        token: token.to_owned(),
+                        vocab: tokenizer_path.to_path_buf(),
+                    }),
+                },
+            }
+        };
+
+        let (eos_ids, eos_file) = if !gen.eos.is_empty() {
+            (dedup_keep_order(gen.eos), gen_path.clone())
+        } else if !model.eos.is_empty() {
+            (dedup_keep_order(model.eos), model_path.clone())
+        } else {
+            (token_id("eos_token")?.into_iter().collect(), config_path.clone())
+        };
+        // The first of these that names an id, with its file.
+        let first = |ids: [(Option<u32>, &PathBuf); 3]| ids.into_iter().find_map(|(id, f)| Some((id?, f.clone())));
+        let (pad_id, pad_file) =
+            match first([(token_id("pad_token")?, &config_path), (gen.pad, &gen_path), (model.pad, &model_path)]) {
+                Some(found) => found,
+                None => match eos_ids.first() {
+                    Some(&id) => (id, eos_file.clone()),
+                    None => return Err(TokenizerError::NoPadToken { dir: dir.to_path_buf() }),
+                },
+            };
+        // An explicit `"bos_token": null` means the tokenizer has none (transformers'
+        // `tokenizer.bos_token_id` is None), even if the model configs name one.
+        let (bos_id, bos_file) = if special.is_null("bos_token") {
+            (None, config_path.clone())
+        } else {
+            match first([(token_id("bos_token")?, &config_path), (gen.bos, &gen_path), (model.bos, &model_path)]) {
+                Some((id, f)) => (Some(id), f),
+                None => (None, config_path.clone()),
+            }
+        };
+
+        Ok(SpecialIds { eos: eos_ids, pad: pad_id, bos: bos_id, files: [eos_file, pad_file, bos_file] })
     }
 }
 

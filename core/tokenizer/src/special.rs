@@ -107,8 +107,15 @@ pub(crate) fn parse_id(path: &Path, config: &Map<String, Value>, key: &str) -> R
 }
 
 /// Parses `eos_token_id`: an integer, a list of integers, or `null`. Returns the ids in
-/// order (empty when unset); negative entries are dropped.
+/// order (empty when unset). A negative id is refused: unlike a pad id of `-1` ("none"), an end
+/// of sequence that can never be generated would let every response run to its length limit.
 pub(crate) fn parse_id_list(path: &Path, config: &Map<String, Value>, key: &str) -> Result<Vec<u32>, TokenizerError> {
+    let negative = |key: String, item: &Value| TokenizerError::WrongType {
+        path: path.to_path_buf(),
+        key,
+        expected: "a token id >= 0 (a negative end-of-sequence id can never be generated)",
+        got: describe(item),
+    };
     match config.get(key) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => {
@@ -116,7 +123,7 @@ pub(crate) fn parse_id_list(path: &Path, config: &Map<String, Value>, key: &str)
             for (i, item) in items.iter().enumerate() {
                 match id_from_number(item) {
                     Some(Some(id)) => ids.push(id),
-                    Some(None) => {}
+                    Some(None) => return Err(negative(format!("{key}[{i}]"), item)),
                     None => {
                         return Err(TokenizerError::WrongType {
                             path: path.to_path_buf(),
@@ -130,7 +137,8 @@ pub(crate) fn parse_id_list(path: &Path, config: &Map<String, Value>, key: &str)
             Ok(ids)
         }
         Some(value) => match id_from_number(value) {
-            Some(id) => Ok(id.into_iter().collect()),
+            Some(Some(id)) => Ok(vec![id]),
+            Some(None) => Err(negative(key.to_owned(), value)),
             None => Err(TokenizerError::WrongType {
                 path: path.to_path_buf(),
                 key: key.to_owned(),
@@ -232,7 +240,7 @@ mod tests {
     fn ids_int_list_null_negative() {
         let p = Path::new("/m/generation_config.json");
         let cfg = obj(json!({
-            "eos_token_id": [5, 7, 5, -1],
+            "eos_token_id": [5, 7, 5],
             "pad_token_id": -1,
             "bos_token_id": 1,
         }));
@@ -246,6 +254,13 @@ mod tests {
         let ids = IdConfig::parse(p, &cfg).unwrap();
         assert_eq!(ids.eos, vec![3]);
         assert_eq!(ids.pad, None);
+        // A negative eos id (a list entry or the value) is refused, naming file and key.
+        for (cfg, key) in
+            [(json!({"eos_token_id": -1}), "eos_token_id"), (json!({"eos_token_id": [2, -1]}), "eos_token_id[1]")]
+        {
+            let e = IdConfig::parse(p, &obj(cfg)).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("/m/generation_config.json: {key}: expected a token id >= 0")), "{e}");
+        }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Data saved by Hugging Face `datasets` with `Dataset.save_to_disk(DIR)`: `DIR/state.json` names
 //! the Arrow files in order (`data-00000-of-00002.arrow`, ...), each an Arrow IPC stream of
-//! record batches, beside `dataset_info.json`. Rows become the JSON object a JSONL line would be
+//! record batches (an Arrow IPC file, the random-access format `pyarrow` also writes, is read
+//! too), beside `dataset_info.json`. Rows become the JSON object a JSONL line would be
 //! (through `arrow-json`: strings, numbers, lists, structs as objects; a null cell an absent
 //! field), one batch at a time. A `DatasetDict` (`dataset_dict.json` and a directory per split)
 //! is refused with the splits it holds: point the data at one of them.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
@@ -30,7 +31,11 @@ pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         splits.sort();
-        let first = splits.first().cloned().unwrap_or_else(|| "train".into());
+        let Some(first) = splits.first().cloned() else {
+            return Err(err(
+                "a DatasetDict (dataset_dict.json) with no split directories in it: nothing to read".into()
+            ));
+        };
         return Err(err(format!(
             "a DatasetDict of splits {}: name one split's directory ({})",
             splits.join(", "),
@@ -58,22 +63,50 @@ pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// The column names of an Arrow file's schema.
 pub fn columns(file: &Path) -> Result<Vec<String>> {
-    let reader = open(file)?;
-    Ok(reader.schema().fields().iter().map(|f| f.name().clone()).collect())
+    let schema = match open(file)? {
+        Reader::Stream(r) => r.schema(),
+        Reader::File(r) => r.schema(),
+    };
+    Ok(schema.fields().iter().map(|f| f.name().clone()).collect())
 }
 
-fn open(file: &Path) -> Result<arrow_ipc::reader::StreamReader<BufReader<File>>> {
-    let f = File::open(file).map_err(|e| TrainerError::io(file, e))?;
-    arrow_ipc::reader::StreamReader::try_new(BufReader::new(f), None).map_err(|e| TrainerError::Data {
+/// An Arrow IPC stream (what `datasets` writes) or an Arrow IPC file (`ARROW1` magic, the
+/// random-access format).
+enum Reader {
+    Stream(arrow_ipc::reader::StreamReader<BufReader<File>>),
+    File(arrow_ipc::reader::FileReader<BufReader<File>>),
+}
+
+/// The magic bytes an Arrow IPC file starts (and ends) with.
+const FILE_MAGIC: &[u8; 6] = b"ARROW1";
+
+fn open(file: &Path) -> Result<Reader> {
+    let mut f = File::open(file).map_err(|e| TrainerError::io(file, e))?;
+    let mut magic = [0u8; 6];
+    let is_file = f.read_exact(&mut magic).is_ok() && &magic == FILE_MAGIC;
+    f.seek(SeekFrom::Start(0)).map_err(|e| TrainerError::io(file, e))?;
+    let bad = |what: &str, e: String| TrainerError::Data {
         path: file.to_path_buf(),
-        message: format!("not an Arrow IPC stream (as `datasets` writes them): {e}"),
-    })
+        message: format!("not a readable {what}: {e}"),
+    };
+    if is_file {
+        let r = arrow_ipc::reader::FileReader::try_new(BufReader::new(f), None)
+            .map_err(|e| bad("Arrow IPC file (it starts with ARROW1)", e.to_string()))?;
+        return Ok(Reader::File(r));
+    }
+    let r = arrow_ipc::reader::StreamReader::try_new(BufReader::new(f), None)
+        .map_err(|e| bad("Arrow IPC stream (as `datasets` writes them)", e.to_string()))?;
+    Ok(Reader::Stream(r))
 }
 
 /// Calls `f` with every row of `file` as a JSON object, in order, one record batch at a time.
 pub fn for_each_row(file: &Path, mut f: impl FnMut(Map<String, Value>) -> Result<()>) -> Result<()> {
     let err = |message: String| TrainerError::Data { path: file.to_path_buf(), message };
-    for batch in open(file)? {
+    let batches: Box<dyn Iterator<Item = _>> = match open(file)? {
+        Reader::Stream(r) => Box::new(r),
+        Reader::File(r) => Box::new(r),
+    };
+    for batch in batches {
         let batch = batch.map_err(|e| err(format!("cannot read a record batch: {e}")))?;
         let mut out = arrow_json::LineDelimitedWriter::new(Vec::new());
         out.write(&batch).map_err(|e| err(format!("cannot convert a record batch: {e}")))?;

@@ -295,6 +295,25 @@ pub struct Loaded {
     files: serde_json::Map<String, Value>,
 }
 
+/// Refuses to resume `ckpt` into a run that ends at step `last` or before it (`what` says where
+/// `last` comes from): there is nothing to train, and going on would rewrite the finished run's
+/// model, summary and config with nothing learnt. A run is extended, never shrunk. Every phase
+/// (`rlhf train`, `sft`, `rm`, `dpo`) asks this before it rewrites anything of the run.
+pub fn refuse_nothing_to_train(resume: Option<&Loaded>, last: usize, what: &str) -> Result<()> {
+    match resume {
+        Some(ckpt) if ckpt.step >= last => Err(TrainerError::Config(format!(
+            "{}: the checkpoint is at step {} and {what} ends the run at step {last}: nothing to train; a resume \
+             extends a run, never shrinks it: raise train.steps above {} (e.g. --set train.steps={}) to continue, \
+             or train with another --run-dir",
+            ckpt.dir.display(),
+            ckpt.step,
+            ckpt.step,
+            ckpt.step + 1,
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Reads and verifies a checkpoint: manifest present, every file with its size and checksum.
 pub fn load(dir: &Path) -> Result<Loaded> {
     let mpath = dir.join("manifest.json");

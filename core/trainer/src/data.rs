@@ -147,6 +147,14 @@ pub fn identity(spec: &str) -> Result<Vec<serde_json::Value>> {
         .collect()
 }
 
+/// What a data path that is a directory but no table is told.
+pub(crate) const NOT_A_DATA_DIR: &str = "is a directory with no Parquet files (*.parquet) and no `datasets` \
+     save_to_disk files (state.json, dataset_dict.json): name a JSONL file, a Parquet file or a directory of them";
+
+/// Why line 1 of a JSONL file cannot be read when it starts with a UTF-8 byte order mark (JSON
+/// has none; some Windows editors write one).
+pub(crate) const BOM: &str = "starts with a UTF-8 byte order mark (U+FEFF): save the file as UTF-8 without one";
+
 /// Reads a JSONL prompt file.
 pub fn read_prompts(path: &Path) -> Result<Vec<RawPrompt>> {
     read_prompts_with(path, &Columns::default())
@@ -155,10 +163,7 @@ pub fn read_prompts(path: &Path) -> Result<Vec<RawPrompt>> {
 /// Reads a JSONL prompt file, its fields renamed by `cols`.
 pub fn read_prompts_with(path: &Path, cols: &Columns) -> Result<Vec<RawPrompt>> {
     if path.is_dir() {
-        return Err(TrainerError::Data {
-            path: path.to_path_buf(),
-            message: "is a directory, not a JSONL file".into(),
-        });
+        return Err(TrainerError::Data { path: path.to_path_buf(), message: NOT_A_DATA_DIR.into() });
     }
     let bytes = std::fs::read(path).map_err(|e| TrainerError::io(path, e))?;
     let mut out = Vec::new();
@@ -170,6 +175,9 @@ pub fn read_prompts_with(path: &Path, cols: &Columns) -> Result<Vec<RawPrompt>> 
             .map_err(|e| err(format!("line {n}: not valid UTF-8 (invalid byte at column {})", e.valid_up_to() + 1)))?;
         if line.trim().is_empty() {
             continue;
+        }
+        if line.starts_with('\u{feff}') {
+            return Err(err(format!("line {n}: {BOM}")));
         }
         let v: Value = serde_json::from_str(line).map_err(|e| err(format!("line {n}: not valid JSON: {e}")))?;
         let Value::Object(mut obj) = v else { return Err(err(format!("line {n}: expected a JSON object"))) };
@@ -315,6 +323,7 @@ mod tests {
             ("{\"prompt\": [{\"role\": \"user\"}]}\n", "line 1: prompt: expected [{\"role\""),
             ("{\"x\": 1}\n", "line 1: needs a `prompt` or `messages`"),
             ("nope\n", "line 1: not valid JSON"),
+            ("\u{feff}{\"prompt\": \"a\"}\n", "line 1: starts with a UTF-8 byte order mark (U+FEFF)"),
             ("{\"prompt\": \"a\", \"label\": [1]}\n", "line 1: label"),
             ("", "no prompts"),
         ] {
@@ -326,7 +335,7 @@ mod tests {
         let e = read_prompts(&p).unwrap_err().to_string();
         assert!(e.contains("p.jsonl: line 2: not valid UTF-8 (invalid byte at column 14)"), "{e}");
         let e = read_prompts(dir.path()).unwrap_err().to_string();
-        assert_eq!(e, format!("{}: is a directory, not a JSONL file", dir.path().display()));
+        assert_eq!(e, format!("{}: {NOT_A_DATA_DIR}", dir.path().display()));
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub struct Columns {
     required: Vec<Vec<&'static str>>,
     /// Parser names whose renamed column is copied, not moved: the original stays in the row.
     kept: Vec<&'static str>,
+    /// Config keys configured as an empty name.
+    empty: Vec<&'static str>,
 }
 
 impl Columns {
@@ -38,7 +40,8 @@ impl Columns {
                 (*canon, *key, if name.is_empty() { canon.to_string() } else { name.to_string() })
             })
             .collect();
-        Columns { map, required: Vec::new(), kept: Vec::new() }
+        let empty = keys.iter().filter(|(_, _, name)| name.is_empty()).map(|(_, key, _)| *key).collect();
+        Columns { map, required: Vec::new(), kept: Vec::new(), empty }
     }
 
     /// With the columns of `canon` kept under their own names too (the label column of RL data
@@ -57,6 +60,12 @@ impl Columns {
     /// The name in the data of the parser's field `canon` (itself when unmapped).
     pub fn name<'a>(&'a self, canon: &'a str) -> &'a str {
         self.map.iter().find(|m| m.0 == canon).map_or(canon, |m| m.2.as_str())
+    }
+
+    /// The config key of the first column configured as an empty name (which reads as the
+    /// parser's own name: a config should say so by leaving the key out).
+    pub fn empty_key(&self) -> Option<&'static str> {
+        self.empty.first().copied()
     }
 
     /// Whether any field is mapped to another name.

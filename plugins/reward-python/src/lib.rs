@@ -10,7 +10,8 @@
 //! `on_none` (TRL sums the other functions' rewards: 0.0 by default). Scores are put back in
 //! batch order, so the pool size never changes them.
 //!
-//! Metrics (prefix `reward_python/<file stem>.<function>/`): `latency_s` (wall time of the batch), `none`,
+//! Metrics (prefix `reward_python/<file stem>.<function>/`; a second source of this process whose
+//! file stem and function are the same gets `<file stem>-2`, then `-3`, ...): `latency_s` (wall time of the batch), `none`,
 //! `errors` (samples given `on_error`), `restarts` (workers replaced), and the function's own:
 //! a verl dict's other numbers and OpenRLHF's `extra_logs`, each the mean over the samples.
 //!
@@ -52,6 +53,32 @@ pub struct RewardPython {
     options: RequestOptions,
     /// `None` only between a failed worker's death and its replacement.
     workers: Vec<Option<Worker>>,
+    /// `reward_python/<file stem>.<function>`, unique in this process ([`claim_prefix`]).
+    prefix: String,
+}
+
+/// Metric prefixes handed out in this process, with the settings of the source that has each.
+static PREFIXES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// The metric prefix of a source with `settings`: `reward_python/<file stem>.<function>`, or
+/// `<file stem>-N` when another source of this process (other settings: `a/reward.py` and
+/// `b/reward.py`) already has that one, so two sources never share a metric. The same settings
+/// get the same prefix again (an evaluation's copy of a training source). Sources are made in
+/// config order, so every rank and every resume gives the same names.
+fn claim_prefix(settings: &Settings) -> String {
+    let key = format!("{settings:?}");
+    let stem = settings.file.file_stem().map_or("reward".into(), |s| s.to_string_lossy());
+    let mut taken = PREFIXES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, prefix)) = taken.iter().find(|(k, _)| *k == key) {
+        return prefix.clone();
+    }
+    let name = |n: usize| match n {
+        1 => format!("reward_python/{stem}.{}", settings.function),
+        n => format!("reward_python/{stem}-{n}.{}", settings.function),
+    };
+    let n = (1..).find(|n| !taken.iter().any(|(_, p)| *p == name(*n))).unwrap_or(1);
+    taken.push((key, name(n)));
+    name(n)
 }
 
 impl RewardPython {
@@ -76,17 +103,18 @@ impl RewardPython {
             let w = w.map_err(|e| PluginError::config("file", format!("{}: {e}", settings.file.display())))?;
             workers.push(Some(w));
         }
-        Ok(RewardPython { settings, launch, options, workers })
+        let prefix = claim_prefix(&settings);
+        Ok(RewardPython { settings, launch, options, workers, prefix })
     }
 
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
 
-    /// `reward_python/<file stem>.<function>`: two sources never share a metric.
+    /// `reward_python/<file stem>.<function>` (see [`claim_prefix`]): two sources never share a
+    /// metric.
     pub fn metric_prefix(&self) -> String {
-        let stem = self.settings.file.file_stem().map_or("reward".into(), |s| s.to_string_lossy());
-        format!("reward_python/{stem}.{}", self.settings.function)
+        self.prefix.clone()
     }
 
     /// Kills worker `k` and starts its replacement.
@@ -162,7 +190,7 @@ impl RewardSource for RewardPython {
         let (on_error, on_none) = (self.settings.on_error, self.settings.on_none);
         let mut scores = Vec::with_capacity(samples.len());
         let (mut nones, mut errors) = (0usize, 0usize);
-        let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        let mut means: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         let mut first_error = None;
         let mut fail = |start: usize, len: usize, message: String, scores: &mut Vec<f64>| {
             errors += len;
@@ -188,10 +216,14 @@ impl RewardSource for RewardPython {
                             }
                         }
                     }
-                    for (name, (sum, count)) in r.metrics {
-                        let e = sums.entry(name).or_default();
-                        e.0 += sum;
-                        e.1 += count;
+                    for (name, (mean, count)) in r.metrics {
+                        let e = means.entry(name).or_default();
+                        let total = e.1 + count;
+                        if total > 0.0 {
+                            // Weighted means, never a sum: a sum of large finite values overflows.
+                            e.0 = e.0 * (e.1 / total) + mean * (count / total);
+                            e.1 = total;
+                        }
                     }
                 }
             }
@@ -208,9 +240,9 @@ impl RewardSource for RewardPython {
             (format!("{prefix}/errors"), errors as f64),
             (format!("{prefix}/restarts"), restarts as f64),
         ];
-        for (name, (sum, count)) in sums {
-            if count > 0.0 {
-                metrics.push((format!("{prefix}/{name}"), sum / count));
+        for (name, (mean, count)) in means {
+            if count > 0.0 && mean.is_finite() {
+                metrics.push((format!("{prefix}/{name}"), mean));
             }
         }
         Ok(Scores { scores, metrics })

@@ -108,15 +108,28 @@ fn trl_request(samples: &[Sample], o: &RequestOptions) -> Value {
 pub struct Reply {
     pub scores: Vec<Option<f64>>,
     pub errors: BTreeMap<usize, String>,
-    /// name → (sum, count).
+    /// name → (mean, count).
     pub metrics: BTreeMap<String, (f64, f64)>,
+}
+
+/// The longest exception message kept (the worker cuts them too): a 50 MB message would
+/// otherwise become a 50 MB error line.
+pub const MAX_MESSAGE: usize = 2000;
+
+/// An exception message of a reply, cut at [`MAX_MESSAGE`] characters.
+fn message(v: &Value) -> String {
+    let text = v.as_str().unwrap_or("error");
+    match text.char_indices().nth(MAX_MESSAGE) {
+        Some((at, _)) => format!("{}… ({} more bytes)", &text[..at], text.len() - at),
+        None => text.to_string(),
+    }
 }
 
 /// Reads a reply for `n` samples: `Ok(Err(message))` when the function raised for the whole call,
 /// `Err` when the reply is malformed.
 pub fn parse_reply(v: &Value, n: usize) -> Result<Result<Reply, String>, String> {
     if let Some(e) = v.get("error") {
-        return Ok(Err(e.as_str().unwrap_or("error").to_string()));
+        return Ok(Err(message(e)));
     }
     let scores = v.get("scores").and_then(Value::as_array).ok_or("a reply without `scores`")?;
     if scores.len() != n {
@@ -136,7 +149,7 @@ pub fn parse_reply(v: &Value, n: usize) -> Result<Result<Reply, String>, String>
             if i >= n {
                 return Err("an error for no sample".into());
             }
-            errors.insert(i, e.as_str().unwrap_or("error").to_string());
+            errors.insert(i, message(e));
         }
     }
     let mut metrics = BTreeMap::new();

@@ -9,36 +9,64 @@
 #
 # Replies: {"ready": ...} once, then per request either {"error": LAST_LINE, "traceback": TEXT}
 # (the whole call failed) or {"scores": [float|null], "errors": {INDEX: LAST_LINE},
-# "metrics": {NAME: [SUM, COUNT]}}.
+# "metrics": {NAME: [MEAN, COUNT]}}. Every string is valid UTF-8 (a lone surrogate in an exception
+# message is written as its escape) and a message is cut at MAX_MESSAGE characters.
 import importlib.util
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
+
+MAX_MESSAGE = 2000
 
 PROTO = os.fdopen(os.dup(1), "w", encoding="utf-8")
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
 
+def clean(text, limit=None):
+    """`text` as valid UTF-8 (lone surrogates escaped), cut at `limit` characters."""
+    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + f"… ({len(text) - limit} more characters)"
+    return text
+
+
+def cleaned(obj):
+    if isinstance(obj, str):
+        return clean(obj)
+    if isinstance(obj, dict):
+        return {clean(k): cleaned(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [cleaned(v) for v in obj]
+    return obj
+
+
 def send(obj):
-    PROTO.write(json.dumps(obj, allow_nan=False) + "\n")
+    PROTO.write(json.dumps(cleaned(obj), allow_nan=False) + "\n")
     PROTO.flush()
 
 
 def last_line(exc):
     lines = traceback.format_exception_only(type(exc), exc)
-    return lines[-1].strip() if lines else type(exc).__name__
+    line = lines[-1].strip() if lines else type(exc).__name__
+    return clean(line, MAX_MESSAGE)
 
 
 def watch_parent(parent):
     while True:
         time.sleep(1.0)
         if os.getppid() != parent:
-            os._exit(1)
+            # The trainer is gone: end this worker's process group, with whatever the user's
+            # function started in it.
+            try:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+            finally:
+                os._exit(1)
 
 
 def number(value, what):
@@ -66,13 +94,17 @@ def as_list(values, what):
 
 
 class Metrics:
+    """Running means: a sum of large finite values (1e308 twice) would overflow, a mean cannot."""
+
     def __init__(self):
         self.sums = {}
 
     def add(self, name, value, count=1.0):
         s = self.sums.setdefault(str(name), [0.0, 0.0])
-        s[0] += value
-        s[1] += count
+        total = s[1] + count
+        # A weighted average of two finite numbers: never beyond the larger of them.
+        s[0] = s[0] * (s[1] / total) + value * (count / total)
+        s[1] = total
 
     def add_logged(self, name, value, n):
         """One OpenRLHF `extra_logs` entry: a value per sample or one for the call."""
@@ -86,7 +118,7 @@ class Metrics:
         else:
             v = number(value, f"extra_logs[{name!r}]")
             if v is not None:
-                self.add(name, v * n, n)
+                self.add(name, v, n)
 
 
 def batch_scores(values, n, what):
@@ -100,7 +132,7 @@ def batch_scores(values, n, what):
             scores.append(number(v, f"{what}[{i}]"))
         except (TypeError, ValueError) as e:
             scores.append(None)
-            errors[str(i)] = str(e)
+            errors[str(i)] = clean(str(e), MAX_MESSAGE)
     return scores, errors
 
 
@@ -195,7 +227,7 @@ def main():
         except Exception as e:
             tb = traceback.format_exc()
             print(f"reward-python: {tb}", file=sys.stderr, flush=True)
-            reply = {"error": last_line(e), "traceback": tb}
+            reply = {"error": last_line(e), "traceback": clean(tb[-10 * MAX_MESSAGE :])}
         send(reply)
 
 

@@ -2,11 +2,13 @@
 //! its stdin and a JSON line per reply on its stdout (a private copy: the worker points fd 1 at
 //! stderr before importing the user's file). A writer thread feeds stdin and a reader thread reads
 //! stdout, so every wait has a deadline; a third thread forwards stderr to the log and keeps its
-//! last lines for error messages. The process gets its own process group (a Ctrl-C at the terminal
-//! reaches only the trainer, which finishes its step) and is killed when the [`Worker`] drops.
+//! last lines for error messages, each line cut at [`MAX_LINE`] bytes. The process gets its own
+//! process group (a Ctrl-C at the terminal reaches only the trainer, which finishes its step); the
+//! whole group is killed when the [`Worker`] is replaced or drops, so processes the user's function
+//! started (`subprocess.Popen`, `fork`, a `sleep` past the timeout) end with it.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -21,6 +23,10 @@ const SCRIPT: &str = include_str!("worker.py");
 
 /// How many stderr lines a failure message may quote from.
 const TAIL_LINES: usize = 20;
+
+/// The longest stderr line forwarded to the log: the rest of a longer line is dropped, so a
+/// worker writing hundreds of megabytes without a newline costs the trainer no memory.
+pub const MAX_LINE: usize = 4096;
 
 /// What starts a worker.
 #[derive(Debug, Clone)]
@@ -156,9 +162,16 @@ impl Worker {
         tail.iter().rev().find(|l| !l.trim().is_empty()).cloned()
     }
 
-    /// Kills the process (SIGKILL) and reaps it.
+    /// Kills the worker's process group (SIGKILL): the worker and whatever it started that did
+    /// not leave the group; then reaps the worker.
     pub fn kill(&mut self) {
         self.requests = None;
+        if let Ok(group) = libc::pid_t::try_from(self.pid) {
+            // SAFETY: kill(2) with a negative pid signals the process group the worker leads
+            // (`process_group(0)` at spawn); the worker is not reaped yet, so the group id is
+            // still its own.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -195,22 +208,101 @@ fn spawn_writer(mut stdin: ChildStdin) -> Sender<Vec<u8>> {
 
 fn spawn_stderr_forwarder(stderr: std::process::ChildStderr, index: usize, tail: Arc<Mutex<VecDeque<String>>>) {
     std::thread::spawn(move || {
-        let mut reader = BufReader::new(stderr);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match reader.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+        forward_lines(stderr, MAX_LINE, |line| {
             tracing::info!("reward-python worker {index}: {line}");
             if let Ok(mut t) = tail.lock() {
                 if t.len() == TAIL_LINES {
                     t.pop_front();
                 }
-                t.push_back(line);
+                t.push_back(line.to_string());
+            }
+        });
+    });
+}
+
+/// Reads `input` to its end and hands `emit` one line at a time, holding at most `max` bytes: a
+/// line longer than that is emitted cut (saying so) and the rest of it is dropped. A carriage
+/// return starts the line over, as on a terminal, so a progress bar (`\r 10%|█ |`) is logged once,
+/// as it last stood, when its line ends.
+pub fn forward_lines(mut input: impl Read, max: usize, mut emit: impl FnMut(&str)) {
+    let mut line: Vec<u8> = Vec::with_capacity(max.min(1 << 16));
+    // `dropping`: past `max` bytes of this line; `cr`: a `\r` came last (a `\n` then ends the
+    // line as usual, anything else overwrites it).
+    let (mut dropping, mut cr) = (false, false);
+    let mut chunk = vec![0u8; 1 << 16];
+    let mut flush = |line: &mut Vec<u8>, cut: bool| {
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim_end();
+        if cut {
+            emit(&format!("{text}… (line cut at {max} bytes)"));
+        } else {
+            emit(text);
+        }
+        line.clear();
+    };
+    loop {
+        let n = match input.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for &b in &chunk[..n] {
+            if b != b'\n' && std::mem::take(&mut cr) {
+                line.clear();
+                dropping = false;
+            }
+            match b {
+                b'\n' => {
+                    if !dropping {
+                        flush(&mut line, false);
+                    }
+                    dropping = false;
+                }
+                b'\r' => cr = true,
+                _ if dropping => {}
+                _ if line.len() >= max => {
+                    flush(&mut line, true);
+                    dropping = true;
+                }
+                _ => line.push(b),
             }
         }
-    });
+    }
+    if !line.is_empty() && !dropping {
+        flush(&mut line, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 200 MB without a newline.
+    struct Flood(usize);
+
+    impl Read for Flood {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.0);
+            buf[..n].fill(b'x');
+            self.0 -= n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn lines_are_bounded_and_carriage_returns_start_them_over() {
+        let mut lines: Vec<String> = Vec::new();
+        let input = Flood(200 << 20).chain(&b"\nafter\n"[..]);
+        forward_lines(input, MAX_LINE, |l| lines.push(l.to_string()));
+        assert_eq!(lines.len(), 2, "{:?}", lines.iter().map(String::len).collect::<Vec<_>>());
+        assert!(lines[0].starts_with("xxx") && lines[0].ends_with("… (line cut at 4096 bytes)"));
+        assert!(lines[0].len() < MAX_LINE + 64);
+        assert_eq!(lines[1], "after");
+
+        let mut lines: Vec<String> = Vec::new();
+        forward_lines(&b"start\n 10%|#  |\r 50%|### |\r100%|#####|\nlast"[..], MAX_LINE, |l| lines.push(l.into()));
+        assert_eq!(lines, ["start", "100%|#####|", "last"]);
+        let mut lines: Vec<String> = Vec::new();
+        forward_lines(&b"a\r\nb\n\n"[..], MAX_LINE, |l| lines.push(l.into()));
+        assert_eq!(lines, ["a", "b", ""]);
+    }
 }

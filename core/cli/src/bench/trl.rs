@@ -82,12 +82,16 @@ fn failure_message(stderr: &str) -> String {
 /// (which names the `pip install` command) when it does not.
 pub fn check(python: &Path, script: Option<&Path>, work_dir: &Path) -> anyhow::Result<String> {
     let script = script_path(script, work_dir)?;
-    let out = Command::new(python)
-        .arg(&script)
-        .arg("--check")
-        .stdin(Stdio::null())
-        .output()
+    let timeout = crate::deadline::probe_timeout()?;
+    let out = crate::deadline::output_within(Command::new(python).arg(&script).arg("--check"), timeout)
         .with_context(|| format!("--vs-trl: cannot start {} (pass --python PATH)", python.display()))?;
+    let Some(out) = out else {
+        bail!(
+            "--vs-trl: {} did not answer within {:.0} s (RLHF_PROBE_TIMEOUT) whether TRL imports",
+            python.display(),
+            timeout.as_secs_f64()
+        );
+    };
     if !out.status.success() {
         bail!("--vs-trl: {}", failure_message(&String::from_utf8_lossy(&out.stderr)));
     }

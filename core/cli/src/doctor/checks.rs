@@ -182,6 +182,7 @@ fn exec(check: &Check, args: &[String], log: &Path) -> Result<(), Failure> {
             last_error(log)
         ))),
         Exit::NotStarted(why) => Err(fail(why)),
+        Exit::Stopped(sig) => Err(fail(format!("stopped by {}", rlhf_trainer::signals::name(sig)))),
     }
 }
 

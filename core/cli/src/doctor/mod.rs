@@ -31,9 +31,10 @@ use checks::{Check, Ctx, Model, Outcome, Status, StepSpec, What};
 use probe::Facts;
 use rlhf_trainer::random_qwen2::Qwen2Shape;
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Directory for report.md, report.json and one log per check (created; earlier reports in it are replaced).
+    /// Directory for report.md, report.json and one log per check: a new or empty directory, or
+    /// one an earlier `rlhf doctor` wrote (its reports, logs and work files are then replaced).
     #[arg(long, default_value = "rlhf-doctor")]
     out: PathBuf,
     /// The short form (about 2 minutes on one GPU): no 0.5B step, no TRL.
@@ -169,6 +170,64 @@ fn plan(args: &Args, devices: &[String], facts: &Facts, trl: Option<PathBuf>) ->
     (run, skipped)
 }
 
+/// Refuses an `--only` prefix that no check's name starts with: a doctor that checks nothing
+/// must not pass.
+fn check_only(args: &Args, devices: &[String], facts: &Facts) -> anyhow::Result<()> {
+    let every = Args { only: Vec::new(), ..args.clone() };
+    let (run, skipped) = plan(&every, devices, facts, None);
+    let mut names: Vec<&str> =
+        run.iter().map(|c| c.name.as_str()).chain(skipped.iter().map(|o| o.name.as_str())).collect();
+    names.dedup();
+    for prefix in &args.only {
+        if !names.iter().any(|n| n.starts_with(prefix.as_str())) {
+            bail!("--only `{prefix}`: no check's name starts with it (the checks: {})", names.join(", "));
+        }
+    }
+    Ok(())
+}
+
+/// The file that marks a directory as the doctor's own output.
+const MARKER: &str = ".rlhf-doctor";
+
+/// Makes `out` the doctor's output directory, refusing one it cannot own: a new directory, an
+/// empty one, or one an earlier doctor wrote (it holds [`MARKER`]) is taken, and then only the
+/// doctor's own `logs/` and `work/` are emptied. Anything else is left untouched: the doctor never
+/// deletes what it did not write.
+fn claim_out(out: &Path) -> anyhow::Result<()> {
+    if out.exists() && !out.is_dir() {
+        bail!("--out {}: exists and is not a directory", out.display());
+    }
+    let ours = out.join(MARKER).is_file();
+    let empty = std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(true);
+    if !ours && !empty {
+        bail!(
+            "--out {}: the directory holds files an earlier `rlhf doctor` did not write (no {MARKER}); choose a new or \
+             empty directory",
+            out.display()
+        );
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::write(
+        out.join(MARKER),
+        "written by rlhf doctor: its reports, logs/ and work/ are replaced by the next run\n",
+    )
+    .with_context(|| format!("writing {}", out.join(MARKER).display()))?;
+    for d in [out.join("logs"), out.join("work")] {
+        if ours && d.is_dir() {
+            std::fs::remove_dir_all(&d).with_context(|| format!("emptying {}", d.display()))?;
+        }
+        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// The error a signal ends the doctor with (its exit status is 128 + the signal); `when` says
+/// where it stopped.
+fn stopped(sig: i32, when: &str) -> anyhow::Error {
+    let name = rlhf_trainer::signals::name(sig);
+    rlhf_trainer::signals::Stopped { signal: sig, message: format!("stopped by {name} {when}") }.into()
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -177,18 +236,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.out.exists() && !args.out.is_dir() {
         bail!("--out {}: exists and is not a directory", args.out.display());
     }
+    crate::deadline::probe_timeout()?;
     let (started, clock) = (unix_now(), Instant::now());
     println!("rlhf doctor: looking at the machine ...");
     let mut facts = probe::probe();
     let devices = devices(args.device.as_deref(), &facts)?;
-    let logs = args.out.join("logs");
+    check_only(&args, &devices, &facts)?;
+    claim_out(&args.out)?;
     let work = args.out.join("work");
-    for d in [&logs, &work] {
-        let _ = std::fs::remove_dir_all(d);
-        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-    }
     let python = (!args.quick && !args.no_trl).then(|| crate::bench::trl::python(args.python.as_deref()));
     facts.trl = probe::trl(python.as_deref(), &work);
+    if let Some(sig) = rlhf_trainer::signals::requested() {
+        let _ = std::fs::remove_dir_all(&work);
+        return Err(stopped(sig, "before the first check"));
+    }
     if facts.gpus.is_empty() {
         println!("no GPU found ({}): running the CPU checks", facts.no_gpu.as_deref().unwrap_or("no CUDA device"));
     }
@@ -218,6 +279,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("[{}/{total}] {tag} {} ({}) {:.1} s: {}", i + 1, o.name, o.device, o.seconds, o.summary);
         outcomes.push(o);
         write(&outcomes)?;
+        if let Some(sig) = rlhf_trainer::signals::requested() {
+            if !args.keep {
+                let _ = std::fs::remove_dir_all(&work);
+            }
+            let report = args.out.join("report.md");
+            let during = format!(
+                "during check {} ({}): the report of the checks that ran is {}",
+                c.name,
+                c.device,
+                report.display()
+            );
+            return Err(stopped(sig, &during));
+        }
     }
     write(&outcomes)?;
     outcomes.extend(skipped.iter().cloned());

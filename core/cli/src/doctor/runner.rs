@@ -5,6 +5,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::deadline::Waited;
+
 /// How a child ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Exit {
@@ -16,6 +18,8 @@ pub enum Exit {
     TimedOut,
     /// Could not be started at all.
     NotStarted(String),
+    /// This process was asked to stop (SIGTERM, SIGINT): the child got the signal and ended.
+    Stopped(i32),
 }
 
 /// A finished child: how it ended and how long it ran.
@@ -26,8 +30,9 @@ pub struct Finished {
 }
 
 /// Runs this executable with `args` (plus `--no-progress`), stdout and stderr appended to `log`,
-/// killed after `timeout`. `--nproc` launchers take their ranks down with them (they die with their
-/// parent), so killing the child ends the whole check.
+/// in a process group of its own that is killed after `timeout`. A SIGTERM or SIGINT to the
+/// doctor is passed on to the group, which gets a grace period to end (a training run checkpoints
+/// its step), then SIGKILL; the child also gets SIGTERM should the doctor die.
 pub fn run_rlhf(args: &[String], log: &Path, timeout: Duration) -> Finished {
     let start = Instant::now();
     let done = |exit| Finished { exit, seconds: start.elapsed().as_secs_f64() };
@@ -45,21 +50,21 @@ pub fn run_rlhf(args: &[String], log: &Path, timeout: Duration) -> Finished {
     };
     let mut cmd = Command::new(exe);
     cmd.args(args).arg("--no-progress").stdin(Stdio::null()).stdout(file).stderr(err);
+    crate::deadline::own_group(&mut cmd);
+    crate::launcher::die_with_parent(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return done(Exit::NotStarted(format!("cannot start rlhf: {e}"))),
     };
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return done(Exit::Ok),
-            Ok(Some(status)) => return done(Exit::Failed(status.code())),
-            Ok(None) if start.elapsed() >= timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return done(Exit::TimedOut);
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return done(Exit::NotStarted(format!("waiting for rlhf: {e}"))),
+    match crate::deadline::wait(&mut child, timeout) {
+        Ok(Waited::Exited(status)) if status.success() => done(Exit::Ok),
+        Ok(Waited::Exited(status)) => done(Exit::Failed(status.code())),
+        Ok(Waited::TimedOut) => done(Exit::TimedOut),
+        Ok(Waited::Stopped(sig)) => done(Exit::Stopped(sig)),
+        Err(e) => {
+            crate::deadline::signal_group(&child, libc::SIGKILL);
+            let _ = child.wait();
+            done(Exit::NotStarted(format!("waiting for rlhf: {e}")))
         }
     }
 }

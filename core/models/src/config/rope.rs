@@ -84,13 +84,33 @@ const BLOCK_KEYS: &[&str] = &[
 ];
 
 /// The single rope block of a config: `rope_parameters` (v5) or `rope_scaling` (v4), if any, and
-/// the key it was read from.
-pub(crate) fn block(hf: &HfConfig) -> (&'static str, Option<&Value>) {
-    match (&hf.rope_parameters, &hf.rope_scaling) {
-        (Some(p), _) if !p.is_null() => ("rope_parameters", Some(p)),
-        (_, Some(s)) if !s.is_null() => ("rope_scaling", Some(s)),
+/// the key it was read from. A config with both that say different things is refused (reading
+/// one would silently drop the other); the same block under both names, as a converted config
+/// may hold it (`type` for `rope_type`, `rope_theta` only in `rope_parameters`), is read once.
+pub(crate) fn block<'a>(path: &Path, hf: &'a HfConfig) -> Result<(&'static str, Option<&'a Value>)> {
+    let set = |v: &'a Option<Value>| v.as_ref().filter(|v| !v.is_null());
+    Ok(match (set(&hf.rope_parameters), set(&hf.rope_scaling)) {
+        (Some(p), Some(s)) if normalized(p) != normalized(s) => {
+            return Err(ModelError::config(
+                path,
+                "rope_parameters",
+                format!("both rope_parameters ({p}) and rope_scaling ({s}) are set and differ: keep one"),
+            ))
+        }
+        (Some(p), _) => ("rope_parameters", Some(p)),
+        (_, Some(s)) => ("rope_scaling", Some(s)),
         _ => ("rope_scaling", None),
+    })
+}
+
+/// A rope block compared by meaning: `type` read as `rope_type`, `rope_theta` left out.
+fn normalized(block: &Value) -> Option<serde_json::Map<String, Value>> {
+    let mut m = block.as_object()?.clone();
+    if let Some(t) = m.remove("type") {
+        m.entry("rope_type").or_insert(t);
     }
+    m.remove("rope_theta");
+    Some(m)
 }
 
 /// The rope of a family with one rope block (every family but Gemma 3).
@@ -101,7 +121,7 @@ pub(crate) fn parse(
     max_position_embeddings: i64,
 ) -> Result<RopeConfig> {
     let ctx = RopeContext { max_position_embeddings, original_max_override: None, phi3_aliases: false };
-    let (key, b) = block(hf);
+    let (key, b) = block(path, hf)?;
     parse_block(path, key, b, hf.rope_theta.unwrap_or(default_theta), ctx)
 }
 
@@ -228,7 +248,7 @@ pub(crate) fn parse_block(
 
 /// `partial_rotary_factor` (top level or in the rope block): the rotating share of each head.
 pub(crate) fn rotary_dim(path: &Path, hf: &HfConfig, head_dim: i64) -> Result<i64> {
-    let (key, b) = block(hf);
+    let (key, b) = block(path, hf)?;
     let in_block = b.and_then(|b| b.get("partial_rotary_factor")).filter(|v| !v.is_null());
     let (name, factor) = match (in_block, hf.partial_rotary_factor) {
         (Some(v), _) => (format!("{key}.partial_rotary_factor"), v.as_f64().unwrap_or(f64::NAN)),

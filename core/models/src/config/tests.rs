@@ -73,3 +73,19 @@ fn rope_parameters_must_be_positive() {
     let (_d, cfg) = write_config(&json);
     assert!(cfg.unwrap_err().to_string().contains("config.json: rope_theta: must be a positive number"));
 }
+
+/// `rope_scaling` and `rope_parameters` that differ are refused (one would be ignored); the same
+/// block under both names (as a converted config holds it) reads once.
+#[test]
+fn two_rope_blocks_that_differ_are_refused() {
+    let both = |params: &str| {
+        LLAMA.replace(r#""rope_theta":500000.0,"#, &format!(r#""rope_theta":500000.0,"rope_parameters":{params},"#))
+    };
+    let (_d, cfg) = write_config(&both(r#"{"rope_type":"linear","factor":2.0}"#));
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("config.json: rope_parameters: both rope_parameters") && e.contains("differ"), "{e}");
+    let same = r#"{"type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+        "original_max_position_embeddings":16,"rope_theta":500000.0}"#;
+    let (_d, cfg) = write_config(&both(same));
+    assert!(matches!(cfg.unwrap().arch.rope.unwrap().scaling, RopeScaling::Llama3 { .. }));
+}

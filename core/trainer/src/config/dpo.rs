@@ -152,6 +152,7 @@ impl DpoConfig {
         let src = KeySource { fig: &fig, base: &label };
         let common = cfg.train.common();
         validate_phase(&src, &common, &cfg.model.lora, &cfg.checkpoint, &cfg.distributed, cfg.data.max_len)?;
+        super::check_shared(&src, &cfg.data.columns(), &cfg.tensorboard)?;
         let lora = &cfg.model.lora;
         let dropout = if lora.rank > 0 { lora.dropout } else { 0.0 };
         cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;

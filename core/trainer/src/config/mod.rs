@@ -314,6 +314,23 @@ impl KeySource<'_> {
     }
 }
 
+/// Checks what every phase's config shares: no data column key is empty (an empty name would
+/// silently read the default column), and `tensorboard.dir`, when set, names a directory (an
+/// empty one would write into the working directory).
+pub(crate) fn check_shared(
+    src: &KeySource,
+    columns: &crate::tabular::Columns,
+    tensorboard: &crate::tensorboard::TensorboardConfig,
+) -> Result<()> {
+    if let Some(key) = columns.empty_key() {
+        return Err(src.error(&format!("data.{key}"), "is empty: name a column, or leave the key out for its default"));
+    }
+    if tensorboard.dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+        return Err(src.error("tensorboard.dir", "is empty: name a directory, or leave it out for no event files"));
+    }
+    Ok(())
+}
+
 /// The merged layers of a loaded config, kept for errors found after loading (a plugin refusing
 /// its config section): they say which layer set a key.
 #[derive(Clone, Default)]

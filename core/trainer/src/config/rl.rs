@@ -366,6 +366,7 @@ impl RlConfig {
         }
         self.eval.validate(&names, src)?;
         self.distributed.validate(src)?;
+        super::check_shared(src, &self.data.columns(), &self.tensorboard)?;
         let bad = |key: &str, msg: &str| Err(src.error(key, msg));
         if self.data.max_prompt_len == 0 {
             return bad(

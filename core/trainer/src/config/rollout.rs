@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 use super::KeySource;
 use crate::error::Result;
 
+/// Most intra-op threads a setting may ask for: libtorch takes an `i32`, and no machine has more.
+pub const MAX_THREADS: usize = 1024;
+/// Most responses one generation batch may hold (`prompts_per_batch × samples_per_prompt`).
+pub const MAX_BATCH_ROWS: usize = 1 << 20;
+
 /// Generation during rollout.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -122,6 +127,21 @@ impl RolloutConfig {
         }
         if r.samples_per_prompt == 0 {
             return bad("rollout.samples_per_prompt", "must be >= 1");
+        }
+        if r.prompts_per_batch.checked_mul(r.samples_per_prompt).is_none_or(|rows| rows > MAX_BATCH_ROWS) {
+            return bad(
+                "rollout.prompts_per_batch",
+                &format!("times rollout.samples_per_prompt must be at most {MAX_BATCH_ROWS} responses per batch"),
+            );
+        }
+        if r.generation_threads > MAX_THREADS {
+            return bad("rollout.generation_threads", &format!("must be at most {MAX_THREADS} (0: half the threads)"));
+        }
+        if r.filter_groups.enable && r.samples_per_prompt < 2 {
+            return bad(
+                "rollout.filter_groups.enable",
+                "needs rollout.samples_per_prompt >= 2: a group of one response never has differing scores",
+            );
         }
         if r.max_new_tokens < 1 {
             return bad("rollout.max_new_tokens", "must be >= 1");

@@ -127,7 +127,27 @@ impl Trainer {
         // Every sample of every batch, its rows numbered across the batches, for the metrics.
         let (mut all_rows, mut all_scores): (Vec<usize>, Vec<SourceScores>) = (Vec::new(), Vec::new());
         let (mut t_gen, mut t_score) = (PhaseCost::default(), PhaseCost::default());
+        let before = (self.data.position(), self.prompts_seen);
         while kept_groups < n_prompts && batches < f.max_gen_batches {
+            if batches > 0 {
+                // A signal between generation batches ends the step (a constant reward could
+                // otherwise keep sampling up to `max_gen_batches` batches): the prompts drawn
+                // for it are put back, so the checkpoint of the last finished step resumes it.
+                if let Some(sig) = crate::dist::stop_signal(&self.world)? {
+                    let ((epoch, pos), seen) = before;
+                    self.data.set_position(epoch, pos).map_err(crate::error::TrainerError::Run)?;
+                    self.prompts_seen = seen;
+                    return Err(self.stopped_by(sig)?.into());
+                }
+                tracing::info!(
+                    "step {}: {kept_groups} of {n_prompts} groups with differing `{}` after {batches} generation \
+                     batch(es); sampling batch {} of at most {} (rollout.filter_groups.max_gen_batches)",
+                    self.step + 1,
+                    f.metric,
+                    batches + 1,
+                    f.max_gen_batches
+                );
+            }
             let gen = self.generation(eos_ids, pad, m)?;
             let offset = batches * n_prompts * g;
             batches += 1;

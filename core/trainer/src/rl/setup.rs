@@ -339,16 +339,8 @@ impl Trainer {
         let device = crate::dist::device(&world, &cfg.run.device)?;
         let kind = parse_dtype(&cfg.run.dtype)?;
         tch::manual_seed(cfg.run.seed as i64);
-        if let Some(ckpt) = resume.filter(|c| c.step > cfg.train.steps) {
-            return Err(TrainerError::Config(format!(
-                "train.steps = {} is below the step of the checkpoint to resume ({}, {}): nothing to train; \
-                 raise train.steps (e.g. --set train.steps={}) to continue",
-                cfg.train.steps,
-                ckpt.step,
-                ckpt.dir.display(),
-                ckpt.step + 1
-            )));
-        }
+        let what = format!("train.steps = {}", cfg.train.steps);
+        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
         check_actor_spec(&cfg)?;
         if cfg.rollout.prompts_per_batch < world.size() {
             return Err(TrainerError::Config(format!(

@@ -398,6 +398,10 @@ pub fn run_dpo(cfg: DpoConfig, world: &World, resume: Option<&Loaded>) -> Result
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
     // A model named by Hub id is downloaded (or refused) before the run directory is made.
     crate::supervised::phase::check_model_spec(&cfg.model.path)?;
+    if cfg.train.steps > 0 {
+        let what = format!("train.steps = {}", cfg.train.steps);
+        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
+    }
     let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "dpo")?;
     in_phase_dir(
         world,
@@ -464,6 +468,7 @@ fn dpo_in(
         tracing::info!("LoRA: {t} of {n} parameters train");
     }
     let total = total_steps(train.len(), t);
+    crate::supervised::phase::continue_run(&run_dir, cfg, resume, total)?;
     dist::broadcast_weights(world, &policy.vs)?;
     let mut opt = TrainEngine::new(&policy.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
     policy.set_gate(opt.gate());

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::checkpoint::Loaded;
 pub use crate::config::{lora_error, Overlong, PhaseModelConfig, PhaseRunConfig, PhaseTrainConfig};
 use crate::data::SplitMix;
 use crate::error::{Result, TrainerError};
@@ -112,6 +113,10 @@ impl SourceLines {
                 }
                 RawLine::Text(t) => match serde_json::from_str::<Value>(t) {
                     Ok(v) => v,
+                    Err(_) if t.starts_with('\u{feff}') => {
+                        report.skip(*n, crate::data::BOM);
+                        continue;
+                    }
                     Err(_) => {
                         report.skip(*n, "not valid JSON");
                         continue;
@@ -153,8 +158,9 @@ pub fn load_splits(train: &str, eval: Option<&str>, eval_fraction: f64, seed: u6
             DataSpec::File(p) => {
                 if p.is_dir() {
                     return Err(TrainerError::Config(format!(
-                        "data.{key}: {}: is a directory, not a JSONL file",
-                        p.display()
+                        "data.{key}: {}: {}",
+                        p.display(),
+                        crate::data::NOT_A_DATA_DIR
                     )));
                 }
                 if !p.is_file() {
@@ -326,7 +332,9 @@ pub fn shared_run_dir(world: &rlhf_collective::World, run_dir: &Option<PathBuf>,
 
 /// Creates the run directory `dir`, takes its lock ([`RunLock`]:
 /// one process per run directory) and writes the resolved config; refuses a directory that
-/// already holds a run, unless `resuming` it. The directory is this process's until the returned lock is dropped.
+/// already holds a run, unless `resuming` it. A resumed run's config is written later, by
+/// [`continue_run`], once the resume is known to train something. The directory is this
+/// process's until the returned lock is dropped.
 pub fn prepare_run_dir<T: Serialize>(dir: &Path, cfg: &T, resuming: bool) -> Result<RunLock> {
     let dir = dir.to_path_buf();
     let lock = RunLock::acquire(&dir)?;
@@ -337,13 +345,31 @@ pub fn prepare_run_dir<T: Serialize>(dir: &Path, cfg: &T, resuming: bool) -> Res
             dir.display()
         )));
     }
-    let text = toml::to_string(cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
-    let path = dir.join("config.toml");
-    if let Err(e) = std::fs::write(&path, text) {
-        lock.abandon();
-        return Err(TrainerError::io(&path, e));
+    if !resuming {
+        if let Err(e) = write_config(&dir, cfg) {
+            lock.abandon();
+            return Err(e);
+        }
     }
     Ok(lock)
+}
+
+fn write_config<T: Serialize>(dir: &Path, cfg: &T) -> Result<()> {
+    let text = toml::to_string(cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).map_err(|e| TrainerError::io(&path, e))
+}
+
+/// A supervised run about to train `total` steps in `run_dir`: a resume that would train
+/// nothing is refused ([`crate::checkpoint::refuse_nothing_to_train`]) before any of the run's files is rewritten,
+/// then a resumed run's config is written (a fresh one's was, by [`prepare_run_dir`]).
+pub fn continue_run<T: Serialize>(run_dir: &Path, cfg: &T, resume: Option<&Loaded>, total: usize) -> Result<()> {
+    if resume.is_none() {
+        return Ok(());
+    }
+    let what = format!("its data and settings ({total} optimizer steps)");
+    crate::checkpoint::refuse_nothing_to_train(resume, total, &what)?;
+    write_config(run_dir, cfg)
 }
 
 /// Runs `f` in the run directory of `lock`, then releases it. A start that fails before its first

@@ -144,6 +144,10 @@ pub fn run_sft(cfg: SftConfig, world: &World, resume: Option<&Loaded>) -> Result
     let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
     // A model named by Hub id is downloaded (or refused) before the run directory is made.
     crate::supervised::phase::check_model_spec(&cfg.model.path)?;
+    if cfg.train.steps > 0 {
+        let what = format!("train.steps = {}", cfg.train.steps);
+        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
+    }
     let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "sft")?;
     in_phase_dir(
         world,
@@ -193,6 +197,7 @@ fn sft_in(
     }
     let t = &cfg.train;
     let total = total_steps(train.len(), t);
+    crate::supervised::phase::continue_run(&run_dir, cfg, resume, total)?;
     dist::broadcast_weights(world, &model.vs)?;
     let mut opt = TrainEngine::new(&model.vs, &t.optim(), total, cfg.distributed.strategy(), world)?;
     model.set_gate(opt.gate());

@@ -62,9 +62,10 @@ impl Trainer {
             // A vLLM worker only waits on HTTP: the trainer keeps every thread.
             _ if vllm => 1,
             0 => (total / 2).max(1),
-            n => n as i32,
+            // Validated: at most `MAX_THREADS`, so the conversion cannot fail.
+            n => i32::try_from(n).unwrap_or(i32::MAX),
         };
-        let trainer_threads = if vllm { total } else { (total - gen).max(1) };
+        let trainer_threads = if vllm { total } else { total.saturating_sub(gen).max(1) };
         let spec = WorkerSpec {
             source_dir: self.actor.source_dir().to_path_buf(),
             device: self.device,
