@@ -144,7 +144,7 @@ fn sample(st: &mut State, out: &Outputs, logits: &Tensor, cfg: &GenerateConfig, 
         let hit = next.f_unsqueeze(1)?.f_eq_tensor(&eos.f_view([1, -1])?)?.f_any_dim(1, false)?; // [b]
         let _ = st.finished.f_logical_or_(&hit)?;
     }
-    let _ = st.tokens.f_copy_(&next.f_unsqueeze(1)?)?;
+    st.tokens.f_copy_(&next.f_unsqueeze(1)?)?;
     Ok(())
 }
 

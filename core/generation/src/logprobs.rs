@@ -95,7 +95,7 @@ pub fn token_logprobs_checkpointed(
             (model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?, input_ids.shallow_clone(), from)
         }
     };
-    head_pass(model, Layers::Checkpointed(layers), ids, from, opts)
+    head_pass(model, Layers::Checkpointed(Box::new(layers)), ids, from, opts)
 }
 
 /// The head of a training pass over `layers`: log-probs (and entropy) computed without a graph,
@@ -133,7 +133,7 @@ fn head_pass(
 /// backward), or their output with its autograd graph.
 #[derive(Debug)]
 enum Layers {
-    Checkpointed(Checkpointed),
+    Checkpointed(Box<Checkpointed>),
     Graph(Tensor),
 }
 
