@@ -120,7 +120,11 @@ fn the_reused_experience_pass_on_two_ranks_equals_one_process() {
 }
 
 /// PPO with a critic (GAE, advantage whitening over the batch, 2 epochs of minibatches): both
-/// models identical on the ranks and close to one process.
+/// models identical on the ranks and close to one process. The actor's gradient norm gets a wider
+/// tolerance than the losses: the clipped objective is discontinuous, so a token whose ratio lies
+/// within rounding of 1 ± ε can fall on the other side of the clip on 2 ranks (measured: 1.5e-4
+/// relative at step 3 on a Xeon, under 6e-6 at steps 1–2; the critic's and the losses' stay under
+/// 7e-6).
 #[test]
 fn ppo_with_critic_on_two_ranks_equals_one_process() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,7 +148,7 @@ fn ppo_with_critic_on_two_ranks_equals_one_process() {
         &train_rows(&one),
         &train_rows(&two),
         &["reward", "completions/count"],
-        &[("loss/total", 1e-3), ("grad_norm/actor", 1e-4), ("grad_norm/critic", 1e-4)],
+        &[("loss/total", 1e-3), ("grad_norm/actor", 1e-3), ("grad_norm/critic", 1e-4)],
     );
     let d = max_weight_diff(&one.join("actor/model.safetensors"), &two.join("actor/model.safetensors"));
     println!("ppo: max |w1 - w2| after 3 steps: {d:e}");
