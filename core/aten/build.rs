@@ -1,6 +1,6 @@
-//! Compiles `src/ops.cpp` (the operator counter and fused AdamW, against libtorch's CPU
-//! library, linked into the crate) and, when libtorch has CUDA and the wheel's CUDA headers are
-//! found, `src/cuda_graph.cpp` into `$OUT_DIR/librlhf_cuda_graph.so`, which `src/cuda_graph.rs`
+//! Compiles `src/ops.cpp` (the operator counter and fused AdamW) and `src/profile.cpp` (the
+//! Kineto profiler) against libtorch's CPU library, linked into the crate, and, when libtorch has
+//! CUDA and the wheel's CUDA headers are found, `src/cuda_graph.cpp` into `$OUT_DIR/librlhf_cuda_graph.so`, which `src/cuda_graph.rs`
 //! loads at run time (`RLHF_CUDA_GRAPH_LIB_BUILT`), so a CPU-only run never needs
 //! `libtorch_cuda.so`. Without CUDA the graph library is skipped with a warning and decoding on
 //! CUDA would run eagerly; `RLHF_SKIP_CUDA_GRAPHS=1` skips it silently.
@@ -10,12 +10,13 @@ use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=src/ops.cpp");
+    println!("cargo:rerun-if-changed=src/profile.cpp");
     println!("cargo:rerun-if-changed=src/cuda_graph.cpp");
     println!("cargo:rerun-if-env-changed=RLHF_SKIP_CUDA_GRAPHS");
     let libtorch = rlhf_build_support::libtorch();
     let abi = rlhf_build_support::cxx11_abi();
     let lib = rlhf_build_support::lib_dir(&libtorch);
-    rlhf_build_support::cpp(&libtorch, &abi).file("src/ops.cpp").compile("rlhf_aten_ops");
+    rlhf_build_support::cpp(&libtorch, &abi).file("src/ops.cpp").file("src/profile.cpp").compile("rlhf_aten_ops");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");

@@ -195,18 +195,23 @@ fn bad_data_gives_one_clear_line() {
 
 /// `rlhf bench` end to end on the built-in tiny model at the smallest sizes, in f32 and bf16 (the
 /// trainer's AdamW on bf16 weights, through its f32 masters): every section reports positive
-/// figures, the RL step has its phases, and `--no-record` writes nothing.
+/// figures, the RL step has its phases, and `--no-record` writes nothing; in f32, `--profile`
+/// writes the gen and train sections' traces and prints their longest operators.
 #[test]
 fn bench_smoke() {
+    let traces = tempfile::tempdir().unwrap();
     for dtype in ["f32", "bf16"] {
         let cwd = tempfile::tempdir().unwrap();
         #[rustfmt::skip]
-        let args = [
+        let mut args = vec![
             "bench", "--model", "builtin:tiny", "--dtype", dtype, "--batch", "1", "--group", "2",
             "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1", "--no-record", "--json",
         ];
+        if dtype == "f32" {
+            args.extend(["--profile", s(traces.path())]);
+        }
         let out = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
-            .args(args)
+            .args(&args)
             .current_dir(cwd.path())
             .output()
             .expect("spawn rlhf");
@@ -234,5 +239,15 @@ fn bench_smoke() {
         assert!(phases <= step * 1.01, "{dtype}: phases {phases} s in a {step} s step");
         positive("/rl/mean_completion_length");
         assert!(std::fs::read_dir(cwd.path()).unwrap().next().is_none(), "{dtype}: --no-record wrote a file");
+        if dtype == "f32" {
+            for section in ["gen", "train"] {
+                let trace = std::fs::read_to_string(traces.path().join(format!("{section}.json"))).unwrap();
+                let trace: serde_json::Value = serde_json::from_str(&trace).expect("a JSON trace");
+                assert!(trace["traceEvents"].as_array().is_some_and(|e| e.iter().any(|e| e["name"] == "aten::mm")));
+                let head = format!("profile {section}: ");
+                let at = stdout.lines().position(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("{stdout}"));
+                assert!(stdout.lines().nth(at + 1).is_some_and(|l| l.contains("× aten::")), "{stdout}");
+            }
+        }
     }
 }

@@ -3,12 +3,15 @@
 //! - [`op_count`]: how many ATen operators a closure dispatches, and which (a kernel-count budget
 //!   that a test can hold on any device);
 //! - [`fused_adamw`]: libtorch's fused AdamW step (`torch.optim.AdamW(fused=True)`);
+//! - [`profile`]: libtorch's Kineto profiler (`torch.profiler`): a Chrome trace and the time per
+//!   operator and per kernel;
 //! - [`cuda_graph`]: capturing and replaying CUDA graphs (`at::cuda::CUDAGraph`), from a library
 //!   loaded at run time so a CPU-only run never needs `libtorch_cuda.so`.
 
 pub mod cuda_graph;
 pub mod fused_adamw;
 pub mod op_count;
+pub mod profile;
 
 use std::ffi::{c_char, CStr};
 

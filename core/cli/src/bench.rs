@@ -27,6 +27,7 @@ mod dp;
 pub(crate) mod machine;
 mod measure;
 mod overlap;
+mod profile;
 pub(crate) mod report;
 mod rl;
 pub(crate) mod trl;

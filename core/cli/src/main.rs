@@ -49,7 +49,7 @@ enum Command {
     /// Perplexity of the `text` field of every line of a JSONL file.
     Ppl(cmd_ppl::Args),
     /// Generation and training throughput, MFU and a GRPO step by phase; `--vs-trl` against TRL.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Compare a model's logits and greedy tokens on a device/dtype with the CPU in f32.
     CheckDevice(cmd_check::Args),
     /// On a CUDA device, check that decoding with CUDA graphs samples exactly what eager decoding samples.
@@ -100,7 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Ppl(args) => cmd_ppl::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::CheckDevice(args) => cmd_check::run(args),
         Command::CheckGraphs(args) => cmd_graphs::run(args),
         Command::Doctor(args) => doctor::run(args),

@@ -335,21 +335,20 @@ fn chunks(total: i64, rows: i64) -> Vec<(i64, i64)> {
 }
 
 /// `log p(target)` and, with `entropy`, `H(p)` of one chunk's predictive distributions
-/// `p = softmax(h Wᵀ)` (fp32): `log p(t) = logits[t] − logsumexp(logits)`,
-/// `H = logsumexp(logits) − Σ p · logits`.
+/// `p = softmax(h Wᵀ)`: `log p = log_softmax(logits)` in f32 (from bf16 logits too: libtorch's
+/// fused kernel reads them and writes f32, and its backward is one fused kernel as well — as the
+/// decode step computes a sampled token's log-prob), `log p(t)` gathered at the target and
+/// `H = −Σ p · log p`.
 ///
 /// # Shapes
 /// - `h`: `[rows, hidden]`; `targets`: `[rows, 1]` → (`[rows]`, `[rows]`)
 fn chunk_logprobs(model: &CausalLm, h: &Tensor, targets: &Tensor, entropy: bool) -> Result<(Tensor, Option<Tensor>)> {
-    let logits = model.logits_from_hidden(h)?.f_to_kind(Kind::Float)?; // [c, v]
-    let lse = logits.f_logsumexp([-1], true)?; // [c, 1]
-    let picked = logits.f_gather(1, targets, false)?; // [c, 1]
-    let lp = picked.f_sub(&lse)?.f_squeeze_dim(1)?;
+    let logp = model.logits_from_hidden(h)?.f_log_softmax(-1, Kind::Float)?; // [c, v]
+    let lp = logp.f_gather(1, targets, false)?.f_squeeze_dim(1)?; // [c]
     if !entropy {
         return Ok((lp, None));
     }
-    let p = logits.f_sub(&lse)?.f_exp()?;
-    let ent = lse.f_squeeze_dim(1)?.f_sub(&p.f_mul(&logits)?.f_sum_dim_intlist(-1, false, Kind::Float)?)?;
+    let ent = logp.f_exp()?.f_mul(&logp)?.f_sum_dim_intlist(-1, false, Kind::Float)?.f_neg()?; // [c]
     Ok((lp, Some(ent)))
 }
 

@@ -1,6 +1,8 @@
 //! The `gen` and `train` sections of `rlhf bench`: sampling throughput with the KV cache, and a
 //! forward + backward + AdamW step over random tokens.
 
+use std::path::Path;
+
 use anyhow::Context;
 use tch::{Kind, Tensor};
 
@@ -8,6 +10,7 @@ use rlhf_generation::{generate, token_logprobs_pass, GenerateConfig, LogProbOpti
 use rlhf_models::CausalLm;
 use rlhf_trainer::optim::{Optim, OptimConfig, Schedule};
 
+use super::profile::profile_once;
 use super::report::{self, fmt_count, fmt_rate, fmt_secs, median};
 use super::{machine, time_runs, Bench};
 
@@ -25,15 +28,15 @@ pub(super) struct GenResult {
 }
 
 /// Generation: `rows` random prompts `[rows, prompt_len]`, `new_tokens` sampled tokens each.
+/// `b` gives the shape (rows, prompt and new tokens), the repeats and `--profile`.
 pub(super) fn bench_gen(
     model: &CausalLm,
-    rows: i64,
-    prompt_len: i64,
-    new_tokens: i64,
-    repeats: usize,
+    b: &Bench<'_>,
     hbm: Option<f64>,
     peak_tflops: Option<f64>,
 ) -> anyhow::Result<GenResult> {
+    let (rows, prompt_len, new_tokens, repeats) = (b.rows, b.args.prompt_len, b.args.new_tokens, b.args.repeats);
+    let profile = b.args.profile.as_deref();
     let device = model.device();
     let a = model.arch().clone();
     // Random prompts avoid tokenizer effects; no EOS, so every run decodes exactly new_tokens.
@@ -60,11 +63,15 @@ pub(super) fn bench_gen(
             Ok(())
         })
     })?;
-    let runs = time_runs(device, repeats, || {
+    let mut run = || {
         let out = generate(model, &ids, &mask, &cfg)?;
         anyhow::ensure!(out.response_mask.size()[1] == new_tokens, "generation stopped early");
         Ok(())
-    })?;
+    };
+    let runs = time_runs(device, repeats, &mut run)?;
+    if let Some(dir) = profile {
+        profile_once(dir, "gen", device, run)?;
+    }
     let (run_s, prefill_s) = (median(&runs).unwrap_or(f64::NAN), median(&prefill).unwrap_or(f64::NAN));
     let hbm_fraction = hbm.map(|gbps| {
         let param_bytes: f64 =
@@ -96,7 +103,14 @@ pub(super) struct TrainResult {
 
 /// Training: forward + backward + AdamW over `rows` random sequences `[rows, seq]`; the loss is
 /// the mean token log-likelihood, as in SFT.
-pub(super) fn bench_train(model: &CausalLm, rows: i64, seq: i64, repeats: usize) -> anyhow::Result<(f64, f64)> {
+/// With `profile`, one more step runs under the profiler (`profile.rs`).
+pub(super) fn bench_train(
+    model: &CausalLm,
+    rows: i64,
+    seq: i64,
+    repeats: usize,
+    profile: Option<&Path>,
+) -> anyhow::Result<(f64, f64)> {
     let device = model.device();
     let vocab = model.arch().vocab_size;
     let ids = Tensor::f_randint_low(1, vocab, [rows, seq], (Kind::Int64, device))?; // [rows, T]
@@ -110,16 +124,19 @@ pub(super) fn bench_train(model: &CausalLm, rows: i64, seq: i64, repeats: usize)
         warmup_steps: 0,
         max_grad_norm: 1.0,
     };
-    let mut opt = Optim::new(&model.vs, &settings, repeats + 1)?;
+    let mut opt = Optim::new(&model.vs, &settings, repeats + 2)?;
     model.set_training(true);
-    let times = time_runs(device, repeats, || {
+    let mut step = || {
         let (lp, pass) = token_logprobs_pass(model, &ids, &mask, 1, LogProbOptions::default(), false)?; // [rows, T - 1]
         lp.logprobs.f_mean(Kind::Float)?.f_neg()?.f_backward()?;
         pass.backward(model)?;
         opt.step()?;
         Ok(())
-    })
-    .context("forward+backward")?;
+    };
+    let times = time_runs(device, repeats, &mut step).context("forward+backward")?;
+    if let Some(dir) = profile {
+        profile_once(dir, "train", device, step)?;
+    }
     model.set_training(false);
     let step_s = median(&times).unwrap_or(f64::NAN);
     Ok(((rows * seq) as f64 / step_s, step_s))
@@ -132,7 +149,7 @@ pub(super) fn run_gen(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<GenResu
     let hbm = a.hbm_gbps.or_else(|| if b.device.is_cuda() { machine::hbm_gbps(&b.dev_name) } else { None });
     let hbm = hbm.or(Some(b.machine.copy_gbps));
     let peak = b.peak_tflops(if b.device.is_cuda() { None } else { Some(b.machine.gemm_tflops) });
-    let g = bench_gen(model, b.rows, a.prompt_len, a.new_tokens, a.repeats, hbm, peak)?;
+    let g = bench_gen(model, b, hbm, peak)?;
     println!(
         "gen:   {} tokens/s (median {} s per run of {}×{} new tokens, prefill {} s)",
         fmt_rate(g.tokens_per_s),
@@ -156,7 +173,7 @@ pub(super) fn run_gen(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<GenResu
 pub(super) fn run_train(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<TrainResult> {
     let (a, arch) = (b.args, &b.arch);
     let seq = a.prompt_len + a.new_tokens;
-    let (tokens_per_s, step_s) = bench_train(model, b.rows, seq, a.repeats)?;
+    let (tokens_per_s, step_s) = bench_train(model, b.rows, seq, a.repeats, a.profile.as_deref())?;
     let n = report::matmul_params(arch);
     let flops_per_token = report::train_flops_per_token(n, arch.num_layers, arch.num_heads * arch.head_dim, seq);
     // The datasheet peak of a known GPU, else this run's measured GEMM peak.
