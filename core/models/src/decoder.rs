@@ -2,7 +2,7 @@
 //! resolved [`ArchConfig`] says: where the norms sit ([`BlockLayout`]), which RMSNorm, q/k norms,
 //! fused projections, sliding-window layers, a dense or routed MLP, scaled embeddings. What each
 //! family sets is in its own file ([`crate::llama`], [`crate::qwen3`], [`crate::qwen3_moe`],
-//! [`crate::gemma`], [`crate::olmo2`], [`crate::phi3`]).
+//! [`crate::gemma`], [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`]).
 //!
 //! Tensor names (transformers'): `model.embed_tokens.weight`, `model.norm.weight`, and per layer
 //! `model.layers.{i}.self_attn.{q,k,v,o}_proj.*` (or `qkv_proj`), `self_attn.{q,k}_norm.weight`,

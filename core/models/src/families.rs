@@ -1,6 +1,6 @@
 //! Which family a `config.json` is, and loading it: the `model_type` picks the family file that
 //! resolves its keys ([`crate::llama`], [`crate::qwen3`], [`crate::qwen3_moe`], [`crate::gemma`],
-//! [`crate::olmo2`], [`crate::phi3`], [`crate::gpt2`]); before that, every key must be one the
+//! [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`], [`crate::gpt2`]); before that, every key must be one the
 //! family implements or one known not to change the computation ([`config::keys`]).
 
 use std::path::Path;
@@ -51,6 +51,7 @@ fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
         Family::Qwen3Moe => crate::qwen3_moe::resolve(path, hf)?,
         Family::Gemma2 | Family::Gemma3 => crate::gemma::resolve(path, hf, family)?,
         Family::Olmo2 => crate::olmo2::resolve(path, hf)?,
+        Family::Olmo3 => crate::olmo3::resolve(path, hf)?,
         Family::Phi3 => crate::phi3::resolve(path, hf)?,
     };
     arch.pad_token_id = pad_token_id(path, hf)?;
@@ -67,6 +68,7 @@ fn family_keys(family: Family) -> &'static [&'static str] {
         Family::Qwen3Moe => crate::qwen3_moe::CONFIG_KEYS,
         Family::Gemma2 | Family::Gemma3 => crate::gemma::CONFIG_KEYS,
         Family::Olmo2 => crate::olmo2::CONFIG_KEYS,
+        Family::Olmo3 => crate::olmo3::CONFIG_KEYS,
         Family::Phi3 => crate::phi3::CONFIG_KEYS,
     }
 }

@@ -124,7 +124,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<Arch
 }
 
 /// Whether a `rope_parameters` block is keyed by layer type (Gemma 3 as transformers 5 writes it).
-fn is_nested(block: Option<&Value>) -> bool {
+pub(crate) fn is_nested(block: Option<&Value>) -> bool {
     block
         .and_then(Value::as_object)
         .is_some_and(|o| o.contains_key("full_attention") || o.contains_key("sliding_attention"))

@@ -5,7 +5,7 @@
 //! - [`layers`]: linear, norm, rotary, mask, attention, MLP/expert and KV-cache building blocks.
 //! - [`decoder`]: the rotary decoder stack, assembled from the layers by the resolved config.
 //! - The families, one file each: [`llama`] (Llama, Mistral, SmolLM, Qwen2), [`qwen3`],
-//!   [`qwen3_moe`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`phi3`], [`gpt2`].
+//!   [`qwen3_moe`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`olmo3`], [`phi3`], [`gpt2`].
 //! - [`lora`]: LoRA adapters on the linear layers, merged on save.
 //! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
 //! - [`gate`]: when a sharded model's units are gathered and freed (ZeRO stage 3).
@@ -31,6 +31,7 @@ pub mod llama;
 pub mod lora;
 pub mod model;
 pub mod olmo2;
+pub mod olmo3;
 pub mod phi3;
 pub mod prefix;
 pub mod qwen3;

@@ -19,7 +19,8 @@ pub(super) fn profile_once(
     device: Device,
     f: impl FnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("--profile {}: cannot create the directory", dir.display()))?;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--profile {}: cannot create the directory", dir.display()))?;
     let trace = dir.join(format!("{section}.json"));
     super::sync(device);
     let profiler = Profiler::start(device.is_cuda())?;

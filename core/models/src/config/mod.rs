@@ -37,6 +37,8 @@ pub enum Family {
     Gemma3,
     /// OLMo 2: norms after attention and MLP, q/k RMSNorm over the whole projection.
     Olmo2,
+    /// OLMo 3: OLMo 2 with sliding-window layers and a RoPE per layer type.
+    Olmo3,
     /// Phi-3: fused q/k/v and gate/up projections, partial rotary, LongRoPE.
     Phi3,
     /// GPT-2: learned positions, Conv1D weights, LayerNorm, gelu_new.
@@ -53,6 +55,7 @@ const MODEL_TYPES: &[(&str, Family)] = &[
     ("gemma2", Family::Gemma2),
     ("gemma3_text", Family::Gemma3),
     ("olmo2", Family::Olmo2),
+    ("olmo3", Family::Olmo3),
     ("phi3", Family::Phi3),
     ("gpt2", Family::Gpt2),
 ];
@@ -92,6 +95,7 @@ impl Family {
             Family::Gemma2 => "Gemma2ForSequenceClassification",
             Family::Gemma3 => "Gemma3TextForSequenceClassification",
             Family::Olmo2 => "Olmo2ForSequenceClassification",
+            Family::Olmo3 => "Olmo3ForSequenceClassification",
             Family::Phi3 => "Phi3ForSequenceClassification",
             Family::Gpt2 => "GPT2ForSequenceClassification",
         }

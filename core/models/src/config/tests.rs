@@ -89,3 +89,20 @@ fn two_rope_blocks_that_differ_are_refused() {
     let (_d, cfg) = write_config(&both(same));
     assert!(matches!(cfg.unwrap().arch.rope.unwrap().scaling, RopeScaling::Llama3 { .. }));
 }
+
+/// OLMo 3 with the legacy keys: `rope_scaling` (YaRN) on the full-attention layers only, the
+/// sliding ones a plain RoPE of `rope_theta`; by default three layers of every four slide.
+#[test]
+fn resolves_olmo3_with_legacy_rope_keys() {
+    let json = r#"{"model_type":"olmo3","vocab_size":10,"hidden_size":8,"num_hidden_layers":5,
+        "num_attention_heads":2,"intermediate_size":16,"rope_theta":10000.0,
+        "rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":16}}"#;
+    let (_d, cfg) = write_config(json);
+    let a = cfg.unwrap().arch;
+    assert!(matches!(a.rope.as_ref().unwrap().scaling, RopeScaling::Yarn { .. }));
+    assert_eq!(a.rope_local.clone().unwrap(), RopeConfig { theta: 10000.0, scaling: RopeScaling::None });
+    assert_eq!(a.sliding_window, Some(4096));
+    let sliding: Vec<bool> = (0..5).map(|i| a.is_sliding(i)).collect();
+    assert_eq!(sliding, [true, true, true, false, true]);
+    assert_eq!((a.qk_norm, a.layout), (QkNorm::Projection, BlockLayout::PostNorm));
+}
