@@ -23,8 +23,9 @@ pub const METRIC_ATOL: f64 = 1e-6;
 /// is not correctly rounded); a real change of a count moves them by at least 1e-3 relative.
 const DISCRETE_RTOL: f64 = 1e-12;
 /// Weight summaries: each tensor's sum within `WEIGHT_NORM_RTOL` of its sum of magnitudes, and
-/// its L1 and L2 norms within `WEIGHT_NORM_RTOL` relative.
-pub const WEIGHT_NORM_RTOL: f64 = 1e-5;
+/// its L1 and L2 norms within `WEIGHT_NORM_RTOL` relative (Adam turns the rounding noise of a
+/// gradient that is zero in exact arithmetic into full steps: see `tests/golden.rs`).
+pub const WEIGHT_NORM_RTOL: f64 = 1e-4;
 /// Each fixed element within `WEIGHT_ELEMENT_RTOL` of the larger of its magnitude and the
 /// tensor's root mean square (Adam scales a tiny gradient up to a full step, so single elements
 /// move more than the norms).

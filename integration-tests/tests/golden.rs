@@ -42,7 +42,7 @@
 //! | Intel Xeon, grpo (12) | 3.8e-5        | —                  | —               |
 //!
 //! (`-unshared` runs: the same within 10 %.) The tolerances are 1e-3 for float metrics (26× the
-//! largest measured), 1e-5 for weight sums and norms (14×) and 1e-3 for weight elements (9×).
+//! largest measured), 1e-4 for weight sums and norms (see below) and 1e-3 for weight elements (9×).
 //! Differences grow with the steps where a run amplifies them, which set the run lengths:
 //! sequence-level PPO's clipped sequence ratios grow them about 3× per step (1.5e-2 by step 10,
 //! so 3 steps), token-level PPO's reached 3e-4 by step 4 (so 3), the reward model's about 1.4×
@@ -56,6 +56,17 @@
 //! every setting). SFT and RM were not re-recorded: this release's fused projections and norms
 //! keep them within the tolerances above (largest changes 1.7e-7 of a float metric and 3.9e-6 of
 //! a weight summary for SFT; 7.9e-5 and 2.6e-6 for RM).
+//!
+//! On 2026-11-28 the LM head's log-probs moved from `logits − logsumexp(logits)` to libtorch's
+//! fused `log_softmax` (the same values to the last bits; nothing re-recorded), and on an Intel
+//! Xeon the `aten-avx2` setting's sequence-level PPO run then ended with one tensor,
+//! `layers.0.self_attn.k_proj`, 1.5e-5 of its magnitudes from `native`'s (its L1 and L2 norms
+//! 1.5e-5 and 1.9e-5 relative) — already after 2 steps, every other tensor within 1e-6. A key
+//! projection has directions whose exact gradient is zero (a shift of every key a query sees
+//! leaves its softmax unchanged); there the gradient is rounding noise, and Adam, dividing by its
+//! own running magnitude, turns noise into steps of the full learning rate whose sign depends on
+//! the kernels. The weight summaries' tolerance is therefore 1e-4 (7× that), as for the elements
+//! above; a changed learning rate or β still fails on the metrics and tokens.
 //!
 //! The same run on the Zen 4 under the old AVX2 pin reproduced the Zen 3 recording bit for bit
 //! (every weight hash and metric); the pin held between the AMD kinds but not on Intel, where MKL

@@ -285,6 +285,17 @@ pub fn rewards(run_dir: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// The first and the last `eval/loss` of a run (its held-out loss before and after training).
+fn eval_loss_ends(run_dir: &Path) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).ok()?;
+    let losses: Vec<f64> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v.get("eval/loss")?.as_f64())
+        .collect();
+    Some((*losses.first()?, *losses.last()?))
+}
+
 /// Mean of the first and the last 10 % of `xs` (at least one each).
 pub fn ends(xs: &[f64]) -> (f64, f64) {
     let k = (xs.len() / 10).max(1).min(xs.len().max(1));
@@ -396,17 +407,26 @@ fn sft_rm(ctx: &Ctx, check: &Check, log: &Path) -> Done {
     rm.extend(set("model.path", sft_dir.join("model").display().to_string()));
     exec(check, &rm, log)?;
     let acc = before_after(log, "eval accuracy:").ok_or_else(|| fail("no accuracy in the RM output"))?;
+    let loss = eval_loss_ends(&rm_dir).ok_or_else(|| fail("no eval/loss in the RM metrics"))?;
     let figures = Map::from_iter([
         ("sft_ppl_before".to_string(), json!(ppl.0)),
         ("sft_ppl_after".to_string(), json!(ppl.1)),
+        ("rm_loss_before".to_string(), json!(loss.0)),
+        ("rm_loss_after".to_string(), json!(loss.1)),
         ("rm_accuracy_before".to_string(), json!(acc.0)),
         ("rm_accuracy_after".to_string(), json!(acc.1)),
     ]);
     let text = format!(
-        "SFT held-out perplexity {:.2} → {:.2} (50 steps); RM from it, held-out accuracy {:.3} → {:.3} (100 steps)",
-        ppl.0, ppl.1, acc.0, acc.1
+        "SFT held-out perplexity {:.2} → {:.2} (50 steps); RM from it, held-out loss {:.3} → {:.3}, accuracy \
+         {:.3} → {:.3} (100 steps)",
+        ppl.0, ppl.1, loss.0, loss.1, acc.0, acc.1
     );
-    if ppl.1 < ppl.0 && acc.1 > acc.0 {
+    // The reward model learns when its held-out pairwise loss falls by a tenth and its accuracy ends
+    // above 0.6. Not "accuracy rises": the fresh score head's accuracy on the 242 held-out pairs
+    // depends on its random draw (0.27–0.69 over seeds 1–4 and the default), and from the high
+    // draws a run that learns can end a few pairs lower (the default seed: 0.690 → 0.653 with the
+    // loss falling 0.63 → 0.35; the other seeds end at 0.76–0.87).
+    if ppl.1 < ppl.0 && loss.1 < 0.9 * loss.0 && acc.1 > 0.6 {
         Ok((text, figures))
     } else {
         Err(Failure { summary: format!("did not learn: {text}"), figures })
