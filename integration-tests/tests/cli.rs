@@ -196,7 +196,7 @@ fn bad_data_gives_one_clear_line() {
 /// `rlhf bench` end to end on the built-in tiny model at the smallest sizes, in f32 and bf16 (the
 /// trainer's AdamW on bf16 weights, through its f32 masters): every section reports positive
 /// figures, the RL step has its phases, and `--no-record` writes nothing; in f32, `--profile`
-/// writes the gen and train sections' traces and prints their longest operators.
+/// writes the gen, train and rl sections' traces and prints their longest operators.
 #[test]
 fn bench_smoke() {
     let traces = tempfile::tempdir().unwrap();
@@ -240,7 +240,7 @@ fn bench_smoke() {
         positive("/rl/mean_completion_length");
         assert!(std::fs::read_dir(cwd.path()).unwrap().next().is_none(), "{dtype}: --no-record wrote a file");
         if dtype == "f32" {
-            for section in ["gen", "train"] {
+            for section in ["gen", "train", "rl"] {
                 let trace = std::fs::read_to_string(traces.path().join(format!("{section}.json"))).unwrap();
                 let trace: serde_json::Value = serde_json::from_str(&trace).expect("a JSON trace");
                 assert!(trace["traceEvents"].as_array().is_some_and(|e| e.iter().any(|e| e["name"] == "aten::mm")));

@@ -326,7 +326,8 @@ fn run_decode(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<(Vec<decode::De
 /// The rl section: the real trainer's GRPO steps and their phases.
 fn run_rl(b: &Bench<'_>, plans: &mut RlPlans, trl: Option<&trl::TrlResult>) -> anyhow::Result<Option<rl::RlResult>> {
     let Some(cfg) = plans.rl.take() else { return Ok(None) };
-    let r = rl::run(cfg, b.args.repeats)?;
+    let profile = b.args.profile.as_deref().map(|dir| (dir, b.device));
+    let r = rl::run(cfg, b.args.repeats, profile)?;
     let f = &r.figures;
     println!(
         "rl:    {} s/step (generate {} | score {} | old_logprobs {} | reference {} | values {} | train {})",

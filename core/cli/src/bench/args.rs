@@ -111,10 +111,10 @@ pub struct BenchArgs {
     /// Also print every figure as one JSON line.
     #[arg(long)]
     pub(super) json: bool,
-    /// Profile one more run of the gen and train sections with libtorch's profiler after the
-    /// timed ones: writes `gen.json` and `train.json` (Chrome traces: Perfetto, chrome://tracing)
-    /// into this directory and prints the kernels (on CUDA) or operators (CPU) that took the most
-    /// time.
+    /// Profile one more run of the gen, train and rl sections with libtorch's profiler after the
+    /// timed ones: writes `gen.json`, `train.json` and `rl.json` (Chrome traces: Perfetto,
+    /// chrome://tracing) into this directory and prints the kernels (on CUDA) or operators (CPU)
+    /// that took the most time.
     #[arg(long)]
     pub(super) profile: Option<PathBuf>,
     /// Seed of the random prompts, the built-in model and the RL run.

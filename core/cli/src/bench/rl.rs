@@ -9,6 +9,7 @@ use rlhf_trainer::config::ConfigSource;
 use rlhf_trainer::data::PromptDataset;
 use rlhf_trainer::metrics::StepMetrics;
 use rlhf_trainer::{PluginRegistry, RlConfig, Trainer};
+use tch::Device;
 
 use super::report::{median, RlFigures};
 
@@ -166,8 +167,9 @@ fn print_memory(f: &RlFigures, trl_peak_rss_gb: Option<f64>) {
     println!("       peak RSS {peak:.2} GB ({} GB){trl}", phases.join(" | "));
 }
 
-/// Runs one untimed step and `repeats` timed ones of the real trainer.
-pub fn run(cfg: RlConfig, repeats: usize) -> anyhow::Result<RlResult> {
+/// Runs one untimed step and `repeats` timed ones of the real trainer; with `profile` (the
+/// directory and the device), one more under the profiler (`profile.rs`, `rl.json`).
+pub fn run(cfg: RlConfig, repeats: usize, profile: Option<(&Path, Device)>) -> anyhow::Result<RlResult> {
     let dirs =
         if cfg.plugin_dirs.is_empty() { rlhf_trainer::plugins::default_plugin_dirs() } else { cfg.plugin_dirs.clone() };
     let reg = PluginRegistry::scan(&dirs)?;
@@ -187,6 +189,9 @@ pub fn run(cfg: RlConfig, repeats: usize) -> anyhow::Result<RlResult> {
         if i > 0 {
             steps.push(m);
         }
+    }
+    if let Some((dir, device)) = profile {
+        super::profile::profile_once(dir, "rl", device, || trainer.train_step().map(drop).map_err(Into::into))?;
     }
     if steps.iter().any(|m| m.get("time/train").is_none()) {
         tracing::warn!("some RL steps had no response to train on; their phases are missing from the medians");
