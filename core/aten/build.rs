@@ -11,6 +11,7 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=src/ops.cpp");
     println!("cargo:rerun-if-changed=src/profile.cpp");
+    println!("cargo:rerun-if-changed=src/strings.h");
     println!("cargo:rerun-if-changed=src/cuda_graph.cpp");
     println!("cargo:rerun-if-env-changed=RLHF_SKIP_CUDA_GRAPHS");
     let libtorch = rlhf_build_support::libtorch();

@@ -5,6 +5,8 @@
 // asynchronous generation worker) may allocate and launch while one thread captures. Replays
 // launch on the current stream, after the work already queued there.
 // Errors come back as a malloc'd message in `*err` (freed with rlhf_cg_free_string).
+#include "strings.h"
+
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -16,14 +18,6 @@
 
 namespace {
 
-char* dup(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, s.c_str(), s.size() + 1);
-  }
-  return out;
-}
-
 // The stream current before rlhf_cg_enter, per thread (the current stream is per thread).
 thread_local std::optional<c10::cuda::CUDAStream> previous;
 
@@ -33,7 +27,7 @@ int guarded(char** err, F&& f) {
     f();
     return 0;
   } catch (const std::exception& e) {
-    *err = dup(e.what());
+    *err = rlhf_dup(e.what());
     return 1;
   }
 }

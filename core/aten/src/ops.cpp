@@ -5,6 +5,8 @@
 //    loop on the CPU), reached through the dispatcher so this file needs no CUDA headers.
 // Tensors arrive as `at::Tensor*`, which is what tch's `Tensor::as_ptr` points at. Errors come
 // back as a malloc'd message in `*err` (freed with rlhf_aten_free_string).
+#include "strings.h"
+
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
@@ -14,14 +16,6 @@
 #include <vector>
 
 namespace {
-
-char* dup(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, s.c_str(), s.size() + 1);
-  }
-  return out;
-}
 
 thread_local bool counting = false;
 // Every operator dispatched, and those dispatched by the caller itself (not from inside another
@@ -51,7 +45,7 @@ char* joined(std::vector<std::string>& list) {
     out += '\n';
   }
   list.clear();
-  return dup(out);
+  return rlhf_dup(out);
 }
 
 }  // namespace
@@ -73,7 +67,7 @@ int rlhf_aten_count_start(char** err) {
     counting = true;
     return 0;
   } catch (const std::exception& e) {
-    *err = dup(e.what());
+    *err = rlhf_dup(e.what());
     return 1;
   }
 }
@@ -112,7 +106,7 @@ int rlhf_aten_fused_adamw(void** params, void** grads, void** exp_avgs, void** e
                       /*found_inf=*/std::nullopt);
     return 0;
   } catch (const std::exception& e) {
-    *err = dup(e.what());
+    *err = rlhf_dup(e.what());
     return 1;
   }
 }

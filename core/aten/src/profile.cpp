@@ -4,6 +4,8 @@
 // Errors come back as a malloc'd message in `*err` (freed with rlhf_aten_free_string).
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include "strings.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -13,13 +15,6 @@
 
 namespace {
 
-char* dup_string(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, s.c_str(), s.size() + 1);
-  }
-  return out;
-}
 
 namespace prof = torch::autograd::profiler;
 using torch::profiler::impl::ActivityType;
@@ -42,7 +37,7 @@ int rlhf_aten_profile_start(int cuda, char** err) {
     prof::enableProfiler(config, activities);
     return 0;
   } catch (const std::exception& e) {
-    *err = dup_string(e.what());
+    *err = rlhf_dup(e.what());
     return 1;
   }
 }
@@ -54,7 +49,7 @@ int rlhf_aten_profile_stop(const char* path, char** table, char** err) {
   try {
     auto result = prof::disableProfiler();
     if (!result) {
-      *err = dup_string("the profiler was not running");
+      *err = rlhf_dup("the profiler was not running");
       return 1;
     }
     std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> by_name;
@@ -75,10 +70,10 @@ int rlhf_aten_profile_stop(const char* path, char** table, char** err) {
     if (path != nullptr) {
       result->save(path);
     }
-    *table = dup_string(out);
+    *table = rlhf_dup(out);
     return 0;
   } catch (const std::exception& e) {
-    *err = dup_string(e.what());
+    *err = rlhf_dup(e.what());
     return 1;
   }
 }

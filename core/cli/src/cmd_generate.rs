@@ -52,18 +52,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         Sampling::Greedy
     };
+    let eos = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
     let cfg = GenerateConfig {
-        max_new_tokens: args.max_new_tokens,
         sampling,
-        eos_token_ids: tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect(),
-        pad_token_id: i64::from(tok.pad_token_id()),
         seed: args.seed,
-        sync_every: 0,
-        rows: None,
-        prefill_group: 1,
-        logprobs: false,
-        noise_key: None,
-        cuda_graphs: true,
+        ..GenerateConfig::greedy(args.max_new_tokens, eos, i64::from(tok.pad_token_id()))
     };
     let batch = left_pad(&prompts, cfg.pad_token_id, model.device())?;
     let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg).map_err(|e| match e {

@@ -43,17 +43,8 @@ pub(super) fn bench_gen(
     let ids = Tensor::f_randint_low(1, a.vocab_size, [rows, prompt_len], (Kind::Int64, device))?; // [rows, P]
     let mask = Tensor::f_ones([rows, prompt_len], (Kind::Int64, device))?; // [rows, P]
     let cfg = GenerateConfig {
-        max_new_tokens: new_tokens,
         sampling: Sampling::Sample { temperature: 1.0, top_k: None, top_p: None },
-        eos_token_ids: vec![],
-        pad_token_id: 0,
-        seed: None,
-        sync_every: 0,
-        rows: None,
-        prefill_group: 1,
-        logprobs: false,
-        noise_key: None,
-        cuda_graphs: true,
+        ..GenerateConfig::greedy(new_tokens, vec![], 0)
     };
     let prefill = time_runs(device, repeats, || {
         tch::no_grad(|| -> anyhow::Result<()> {
