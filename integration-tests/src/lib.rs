@@ -128,8 +128,19 @@ pub fn family_models(python: &Path) -> &'static Path {
 }
 
 /// The families `fixtures/make_families.py` makes.
-pub const FAMILIES: &[&str] =
-    &["qwen3", "qwen3_moe", "qwen3_moe-step", "gemma2", "gemma3", "olmo2", "phi3", "mistral", "qwen2-sliding", "olmo3"];
+pub const FAMILIES: &[&str] = &[
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_moe-step",
+    "gemma2",
+    "gemma3",
+    "olmo2",
+    "phi3",
+    "mistral",
+    "qwen2-sliding",
+    "olmo3",
+    "qwen3_5",
+];
 
 /// Reads the JSON file at `path`.
 pub fn read_json(path: &Path) -> serde_json::Value {

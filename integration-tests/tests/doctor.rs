@@ -32,7 +32,7 @@ fn every_check_runs_and_a_broken_fixture_fails_only_its_own() {
     let last = stderr.lines().last().unwrap_or("");
     assert!(
         last.starts_with(
-            "error: 2 of 16 checks failed: check-device qwen2 f32 (cpu), check-device qwen2 bf16 (cpu); see"
+            "error: 2 of 18 checks failed: check-device qwen2 f32 (cpu), check-device qwen2 bf16 (cpu); see"
         ),
         "{last}"
     );
@@ -42,14 +42,14 @@ fn every_check_runs_and_a_broken_fixture_fails_only_its_own() {
     assert!(report["machine"]["torch"].as_str().is_some_and(|v| v.starts_with("2.11.0")), "{}", report["machine"]);
     assert_eq!(
         (report["passed"].as_u64(), report["failed"].as_u64(), report["skipped"].as_u64()),
-        (Some(14), Some(2), Some(1))
+        (Some(16), Some(2), Some(1))
     );
     let checks = report["checks"].as_array().unwrap();
     let by_name = |name: &str| checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no check {name}"));
     let mut names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
     names.sort();
     let mut want = vec!["grpo f32", "grpo bf16", "zero3", "sft-rm", "peak", "step", "nccl 2 ranks"];
-    for family in ["llama", "qwen2", "gpt2", "qwen3", "qwen3-moe"] {
+    for family in ["llama", "qwen2", "gpt2", "qwen3", "qwen3-moe", "qwen3.5"] {
         for dtype in ["f32", "bf16"] {
             want.push(Box::leak(format!("check-device {family} {dtype}").into_boxed_str()));
         }

@@ -1,7 +1,8 @@
 //! The newer families against transformers on tiny random checkpoints made at test time
 //! (`fixtures/make_families.py`): Qwen3, Qwen3-MoE (both `norm_topk_prob` values, a dense layer
-//! among sparse ones), Gemma 2 and 3, OLMo 2, Phi-3, and Mistral and Qwen2 with sliding windows.
-//! Every window is shorter than the sequences: logits of a left-padded batch and of a packed row,
+//! among sparse ones), Gemma 2 and 3, OLMo 2 and 3, Phi-3, Mistral and Qwen2 with sliding windows,
+//! and Qwen3.5 (Gated DeltaNet; also a row longer than two chunks of its delta rule). Every window
+//! is shorter than the sequences: logits of a left-padded batch and of a packed row,
 //! greedy tokens through the KV cache past the window, scalar-head scores, save → transformers
 //! reload → the same logits with the same tensor names, LoRA training on every family, and a key
 //! the loader does not implement refused for every family.
@@ -63,6 +64,13 @@ fn logits_of_padded_and_packed_batches_match_transformers() {
         let diff = (&packed - &want).abs().max().double_value(&[]);
         println!("{name}: packed max |Δlogit| = {diff:.2e}");
         assert!(diff < TOL, "{name}: packed row logits differ by {diff}");
+        // Linear attention: a row past two chunks of the delta rule.
+        if let Some(long) = r.get("long_ids") {
+            let logits = tch::no_grad(|| model.forward(long, &long.ones_like())).unwrap().squeeze_dim(0);
+            let diff = (&logits - &r["long_logits"]).abs().max().double_value(&[]);
+            println!("{name}: {} tokens max |Δlogit| = {diff:.2e}", long.size()[1]);
+            assert!(diff < TOL, "{name}: long row logits differ by {diff}");
+        }
     }
 }
 
@@ -195,5 +203,72 @@ fn unimplemented_config_keys_are_refused_for_every_family() {
         let e = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("config.json: clip_qkv: not a key this loader implements"), "{name}: {e}");
         assert_eq!(e.lines().count(), 1, "{name}: {e}");
+    }
+}
+
+/// Linear attention carries its state where attention carries keys and values: a prompt computed
+/// once for the rows that share it then continued, and a checkpointed pass recomputing one layer
+/// at a time, compute what one plain pass computes — hidden states and every parameter's gradient.
+#[test]
+fn linear_attention_continues_across_shared_prompts_and_checkpointed_layers() {
+    let Some(root) = models() else { return };
+    let model = load(&root.join("qwen3_5"));
+    // Two prompts (the second left-padded by 2), each shared by two rows; responses right-padded.
+    let ids = Tensor::from_slice(&[
+        5i64, 17, 42, 9, 101, 7, 3, 64, 12, 250, 0, 0, //
+        5, 17, 42, 9, 101, 7, 8, 33, 0, 0, 0, 0, //
+        0, 0, 77, 21, 60, 14, 90, 91, 92, 93, 94, 95, //
+        0, 0, 77, 21, 60, 14, 4, 0, 0, 0, 0, 0,
+    ])
+    .view([4, 12]);
+    let mask = Tensor::from_slice(&[
+        1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, //
+        1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, //
+        0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, //
+        0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
+    ])
+    .view([4, 12]);
+    let p = 6;
+    let pos = rlhf_models::position_ids_from_mask(&mask).unwrap();
+    let plain = tch::no_grad(|| model.hidden_states(&ids, &mask, &pos, None)).unwrap();
+    let prefix = rlhf_models::SharedPrefixes::find(&ids, &mask, p).unwrap();
+    assert!(prefix.any_shared());
+    let shared = tch::no_grad(|| model.hidden_states_after_prefix(&ids, &mask, &prefix)).unwrap();
+    let tail = mask.narrow(1, p - 1, 12 - p + 1);
+    let diff = masked_max_abs_diff(&shared, &plain.narrow(1, p - 1, 12 - p + 1), &tail);
+    assert!(diff < 1e-5, "shared prompts differ by {diff}");
+
+    // Gradients of one loss, plain and checkpointed.
+    let weights = Tensor::randn([4, 12, 32], (Kind::Float, Device::Cpu));
+    let grads = |checkpointed: bool| -> Vec<(String, Tensor)> {
+        for (_, t) in model.vs.variables() {
+            let mut g = t.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        if checkpointed {
+            let ck = model.hidden_states_checkpointed(&ids, &mask, &pos).unwrap();
+            (ck.hidden() * &weights).sum(Kind::Float).backward();
+            model.backward_checkpointed(&ck).unwrap();
+        } else {
+            (model.hidden_states(&ids, &mask, &pos, None).unwrap() * &weights).sum(Kind::Float).backward();
+        }
+        // Every parameter but the LM head (not in the loss) has a gradient.
+        let mut out: Vec<(String, Tensor)> = model
+            .vs
+            .variables()
+            .into_iter()
+            .filter(|(n, _)| n != "lm_head.weight")
+            .map(|(n, t)| (n, t.grad().copy()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    };
+    let (a, b) = (grads(false), grads(true));
+    assert!(a.iter().any(|(n, g)| n.contains("A_log") && g.abs().sum(Kind::Float).double_value(&[]) > 0.0));
+    for ((name, ga), (_, gb)) in a.iter().zip(&b) {
+        let diff = (ga - gb).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "{name}: checkpointed gradient differs by {diff}");
     }
 }

@@ -2,10 +2,13 @@
 //! resolved [`ArchConfig`] says: where the norms sit ([`BlockLayout`]), which RMSNorm, q/k norms,
 //! fused projections, sliding-window layers, a dense or routed MLP, scaled embeddings. What each
 //! family sets is in its own file ([`crate::llama`], [`crate::qwen3`], [`crate::qwen3_moe`],
-//! [`crate::gemma`], [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`]).
+//! [`crate::gemma`], [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`], [`crate::qwen3_5`]). A layer
+//! mixes its tokens by attention or, in hybrid models, by Gated DeltaNet linear attention.
 //!
 //! Tensor names (transformers'): `model.embed_tokens.weight`, `model.norm.weight`, and per layer
-//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.*` (or `qkv_proj`), `self_attn.{q,k}_norm.weight`,
+//! `model.layers.{i}.self_attn.{q,k,v,o}_proj.*` (or `qkv_proj`), `self_attn.{q,k}_norm.weight`
+//! (or `linear_attn.{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj}.weight`,
+//! `linear_attn.{conv1d.weight,dt_bias,A_log,norm.weight}`),
 //! `mlp.{gate,up,down}_proj.*` (or `gate_up_proj`; or `mlp.gate.weight` and
 //! `mlp.experts.{e}.{gate,up,down}_proj.weight`), and the norms `input_layernorm`,
 //! `post_attention_layernorm`, `pre_feedforward_layernorm`, `post_feedforward_layernorm` that the
@@ -16,8 +19,8 @@ use tch::Tensor;
 use crate::config::{ArchConfig, BlockLayout};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    step_attention_mask, windowed_attention_mask, Attention, GatedMlp, KvCache, LayerShared, Linear, Mlp, RmsNorm,
-    Rotary, SparseMoe,
+    step_attention_mask, windowed_attention_mask, Attention, CacheLayer, GatedDeltaNet, GatedMlp, KvCache, LayerShared,
+    Linear, LinearShared, Mlp, RmsNorm, Rotary, SparseMoe,
 };
 use crate::weights::WeightLoader;
 
@@ -35,10 +38,41 @@ struct Norms {
     post_feedforward: Option<RmsNorm>,
 }
 
+/// What mixes the tokens of a layer: attention (`self_attn`) or Gated DeltaNet (`linear_attn`).
+#[derive(Debug)]
+enum Mixer {
+    Attention(Attention),
+    Linear(GatedDeltaNet),
+}
+
+impl Mixer {
+    /// The scope of its tensors below the layer.
+    fn scope(&self) -> &'static str {
+        match self {
+            Mixer::Attention(_) => "self_attn",
+            Mixer::Linear(_) => "linear_attn",
+        }
+    }
+
+    fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        match self {
+            Mixer::Attention(a) => a.linears_mut(),
+            Mixer::Linear(l) => l.linears_mut(),
+        }
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        match self {
+            Mixer::Attention(a) => a.linears(),
+            Mixer::Linear(l) => l.linears(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Block {
     norms: Norms,
-    self_attn: Attention,
+    mixer: Mixer,
     mlp: Mlp,
     sliding: bool,
 }
@@ -98,12 +132,12 @@ impl DecoderModel {
                 Some(moe) => Mlp::Sparse(SparseMoe::load(&l.pp("mlp"), cfg, moe)?),
                 None => Mlp::Dense(GatedMlp::load(&l.pp("mlp"), cfg, cfg.intermediate_size)?),
             };
-            layers.push(Block {
-                norms,
-                self_attn: Attention::load(&l.pp("self_attn"), cfg)?,
-                mlp,
-                sliding: cfg.is_sliding(i as usize),
-            });
+            let mixer = if cfg.is_linear(i as usize) {
+                Mixer::Linear(GatedDeltaNet::load(&l.pp("linear_attn"), cfg)?)
+            } else {
+                Mixer::Attention(Attention::load(&l.pp("self_attn"), cfg)?)
+            };
+            layers.push(Block { norms, mixer, mlp, sliding: cfg.is_sliding(i as usize) });
         }
         let norm = RmsNorm::load_kind(&w.pp("norm"), h, eps, kind)?;
         let rotary = Rotary::new(rope, cfg.rotary_dim, w.device())?;
@@ -123,8 +157,9 @@ impl DecoderModel {
     pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut out = Vec::new();
         for (i, b) in self.layers.iter_mut().enumerate() {
-            for (name, l) in b.self_attn.linears_mut() {
-                out.push((format!("layers.{i}.self_attn.{name}"), l));
+            let scope = b.mixer.scope();
+            for (name, l) in b.mixer.linears_mut() {
+                out.push((format!("layers.{i}.{scope}.{name}"), l));
             }
             for (name, l) in b.mlp.linears_mut() {
                 out.push((format!("layers.{i}.mlp.{name}"), l));
@@ -137,8 +172,9 @@ impl DecoderModel {
     pub(crate) fn linears(&self) -> Vec<(String, &Linear)> {
         let mut out = Vec::new();
         for (i, b) in self.layers.iter().enumerate() {
-            for (name, l) in b.self_attn.linears() {
-                out.push((format!("layers.{i}.self_attn.{name}"), l));
+            let scope = b.mixer.scope();
+            for (name, l) in b.mixer.linears() {
+                out.push((format!("layers.{i}.{scope}.{name}"), l));
             }
             for (name, l) in b.mlp.linears() {
                 out.push((format!("layers.{i}.mlp.{name}"), l));
@@ -179,7 +215,28 @@ impl DecoderModel {
             }
             _ => None,
         };
-        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local }))
+        let linear = if self.has_linear() {
+            LinearShared::new(&key_mask.f_narrow(1, past, seq)?)?
+        } else {
+            LinearShared::default()
+        };
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear }))
+    }
+
+    /// Whether some layer is a linear-attention one.
+    fn has_linear(&self) -> bool {
+        self.layers.iter().any(|b| matches!(b.mixer, Mixer::Linear(_)))
+    }
+
+    /// What each layer keeps in a cache, in order.
+    pub fn cache_layers(&self, kv_heads: i64, head_dim: i64) -> Vec<CacheLayer> {
+        self.layers
+            .iter()
+            .map(|b| match &b.mixer {
+                Mixer::Attention(_) => CacheLayer::Attention { kv_heads, head_dim },
+                Mixer::Linear(l) => l.cache_layer(),
+            })
+            .collect()
     }
 
     /// [`DecoderModel::embed`] for a capture-safe decode step: one token per row, written at
@@ -201,7 +258,8 @@ impl DecoderModel {
             Some(w) if self.layers.iter().any(|b| b.sliding) => Some(step_attention_mask(key_mask, slot, Some(w))?),
             _ => None,
         };
-        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local }))
+        let linear = LinearShared::default();
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear }))
     }
 
     /// The embeddings (scaled where the family scales them) and the rotary tables of the positions.
@@ -231,6 +289,9 @@ impl DecoderModel {
         if self.layers.iter().any(|b| matches!(b.mlp, Mlp::Sparse(_))) {
             return Some("its mixture-of-experts layers group tokens by expert with host-side counts");
         }
+        if self.has_linear() {
+            return Some("its Gated DeltaNet layers' decode step has not been checked under CUDA graph capture yet");
+        }
         if !self.rotary.capturable() || self.rotary_local.as_ref().is_some_and(|r| !r.capturable()) {
             return Some(
                 "its RoPE scaling (LongRoPE or dynamic NTK) picks frequencies from the longest position on the host",
@@ -250,13 +311,17 @@ impl DecoderModel {
     /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
     pub fn layer(&self, i: usize, h: &Tensor, shared: &LayerShared, cache: Option<&mut KvCache>) -> Result<Tensor> {
         let block = &self.layers[i];
-        let (cos, sin) = shared
-            .rotary_for(block.sliding)
-            .ok_or_else(|| ModelError::Input("rotary layer without rotary tables".into()))?;
-        let mask = shared.mask_for(block.sliding);
         let n = &block.norms;
         let x = apply(&n.input, h.shallow_clone())?;
-        let a = block.self_attn.forward(&x, cos, sin, mask, cache.map(|c| (c, i)))?;
+        let a = match &block.mixer {
+            Mixer::Attention(attn) => {
+                let (cos, sin) = shared
+                    .rotary_for(block.sliding)
+                    .ok_or_else(|| ModelError::Input("rotary layer without rotary tables".into()))?;
+                attn.forward(&x, cos, sin, shared.mask_for(block.sliding), cache.map(|c| (c, i)))?
+            }
+            Mixer::Linear(l) => l.forward(&x, &shared.linear, cache.map(|c| (c, i)))?,
+        };
         let h = h.f_add(&apply(&n.post_attention, a)?)?;
         let x = apply(&n.pre_feedforward, h.shallow_clone())?;
         let m = apply(&n.post_feedforward, block.mlp.forward(&x)?)?;

@@ -1,6 +1,6 @@
 //! Which family a `config.json` is, and loading it: the `model_type` picks the family file that
 //! resolves its keys ([`crate::llama`], [`crate::qwen3`], [`crate::qwen3_moe`], [`crate::gemma`],
-//! [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`], [`crate::gpt2`]); before that, every key must be one the
+//! [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`], [`crate::qwen3_5`], [`crate::gpt2`]); before that, every key must be one the
 //! family implements or one known not to change the computation ([`config::keys`]).
 
 use std::path::Path;
@@ -53,6 +53,7 @@ fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
         Family::Olmo2 => crate::olmo2::resolve(path, hf)?,
         Family::Olmo3 => crate::olmo3::resolve(path, hf)?,
         Family::Phi3 => crate::phi3::resolve(path, hf)?,
+        Family::Qwen3_5 => crate::qwen3_5::resolve(path, hf)?,
     };
     arch.pad_token_id = pad_token_id(path, hf)?;
     arch.num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len() as i64)).unwrap_or(2);
@@ -70,6 +71,7 @@ fn family_keys(family: Family) -> &'static [&'static str] {
         Family::Olmo2 => crate::olmo2::CONFIG_KEYS,
         Family::Olmo3 => crate::olmo3::CONFIG_KEYS,
         Family::Phi3 => crate::phi3::CONFIG_KEYS,
+        Family::Qwen3_5 => crate::qwen3_5::CONFIG_KEYS,
     }
 }
 

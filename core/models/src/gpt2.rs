@@ -86,6 +86,8 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         final_softcap: None,
         sliding_window: None,
         layer_types: vec![AttnKind::Full; num_layers as usize],
+        linear_attn: None,
+        attn_output_gate: false,
         moe: None,
     })
 }
@@ -207,7 +209,10 @@ impl Gpt2Model {
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
         let mask = attention_mask(key_mask, past, s)?;
-        Ok((tok.f_add(&pos)?, LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None }))
+        Ok((
+            tok.f_add(&pos)?,
+            LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None, linear: Default::default() },
+        ))
     }
 
     /// [`Gpt2Model::embed`] for a capture-safe decode step (see [`step_attention_mask`]).
@@ -232,7 +237,10 @@ impl Gpt2Model {
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
         let mask = step_attention_mask(key_mask, slot, None)?;
-        Ok((tok.f_add(&pos)?, LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None }))
+        Ok((
+            tok.f_add(&pos)?,
+            LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None, linear: Default::default() },
+        ))
     }
 
     /// Decoder layers.

@@ -2,10 +2,12 @@
 //!
 //! - [`config`]: `config.json` → resolved [`ArchConfig`].
 //! - [`weights`]: safetensors in and out (single or sharded), scoped shape-checked loading.
-//! - [`layers`]: linear, norm, rotary, mask, attention, MLP/expert and KV-cache building blocks.
+//! - [`layers`]: linear, norm, rotary, mask, attention, linear attention (Gated DeltaNet),
+//!   MLP/expert and cache building blocks.
 //! - [`decoder`]: the rotary decoder stack, assembled from the layers by the resolved config.
 //! - The families, one file each: [`llama`] (Llama, Mistral, SmolLM, Qwen2), [`qwen3`],
-//!   [`qwen3_moe`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`olmo3`], [`phi3`], [`gpt2`].
+//!   [`qwen3_moe`], [`qwen3_5`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`olmo3`], [`phi3`],
+//!   [`gpt2`].
 //! - [`lora`]: LoRA adapters on the linear layers, merged on save.
 //! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
 //! - [`gate`]: when a sharded model's units are gathered and freed (ZeRO stage 3).
@@ -35,6 +37,7 @@ pub mod olmo3;
 pub mod phi3;
 pub mod prefix;
 pub mod qwen3;
+pub mod qwen3_5;
 pub mod qwen3_moe;
 pub mod weights;
 

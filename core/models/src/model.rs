@@ -311,10 +311,19 @@ impl CausalLm {
         self.backbone.capture_blocker()
     }
 
-    /// A KV cache sized for `batch` sequences of up to `max_len` tokens.
+    /// A KV cache sized for `batch` sequences of up to `max_len` tokens (linear-attention
+    /// layers keep their fixed-size state instead).
     pub fn new_cache(&self, batch: i64, max_len: i64) -> Result<KvCache> {
         let a = self.arch();
-        KvCache::new(a.num_layers, batch, a.num_kv_heads, max_len, a.head_dim, self.kind(), self.device())
+        match &self.backbone {
+            Backbone::Decoder(m) => {
+                let layers = m.cache_layers(a.num_kv_heads, a.head_dim);
+                KvCache::with_layers(&layers, batch, max_len, self.kind(), self.device())
+            }
+            Backbone::Gpt2(_) => {
+                KvCache::new(a.num_layers, batch, a.num_kv_heads, max_len, a.head_dim, self.kind(), self.device())
+            }
+        }
     }
 
     /// Adds LoRA adapters to the targeted layers and freezes every other weight (see [`lora`]);

@@ -174,9 +174,14 @@ fn read_file(path: &Path, out: &mut HashMap<String, (Tensor, PathBuf)>) -> Resul
 }
 
 /// Tensors a checkpoint may hold that no model reads: buffers transformers recomputes (the rotary
-/// `inv_freq` of older Llama checkpoints, GPT-2's causal-mask `attn.bias` / `attn.masked_bias`).
+/// `inv_freq` of older Llama checkpoints, GPT-2's causal-mask `attn.bias` / `attn.masked_bias`),
+/// and Qwen3.5's multi-token-prediction block (`mtp.*`, for speculative decoding; transformers'
+/// causal LM does not load it either, so a saved model leaves it out).
 pub fn ignorable(name: &str) -> bool {
-    name.ends_with(".rotary_emb.inv_freq") || name.ends_with(".attn.masked_bias") || name.ends_with(".attn.bias")
+    name.ends_with(".rotary_emb.inv_freq")
+        || name.ends_with(".attn.masked_bias")
+        || name.ends_with(".attn.bias")
+        || name.starts_with("mtp.")
 }
 
 /// Fetches tensors by scoped path, checks shapes, converts them to the model's device and dtype and

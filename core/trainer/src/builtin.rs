@@ -204,7 +204,7 @@ mod tests {
         // `prompt + response` without a space still splits the answer off (the reward model reads it).
         assert_eq!(tok.encode("3 + 4 =7", true).unwrap(), tok.encode("3 + 4 = 7", true).unwrap());
         // The Qwen3 variants load with the same vocabulary.
-        for name in ["tiny-qwen3", "tiny-qwen3-moe"] {
+        for name in ["tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3.5"] {
             let dir = tempfile::tempdir().unwrap();
             write_model(name, dir.path(), 1).unwrap();
             let m = rlhf_models::CausalLm::from_dir(dir.path(), Device::Cpu, Kind::Float).unwrap();

@@ -69,14 +69,19 @@ pub(super) fn bench_gen(
             model.vs.variables().values().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64).sum();
         let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
         let elt = model.kind().elt_size_in_bytes() as f64;
-        let kv_bytes = 2.0 * (a.num_layers * a.num_kv_heads * a.head_dim) as f64 * avg_ctx * rows as f64 * elt;
+        let kv_bytes = 2.0
+            * (super::report::attention_layers(&a) * a.num_kv_heads * a.head_dim) as f64
+            * avg_ctx
+            * rows as f64
+            * elt;
         let bound_s = (param_bytes + kv_bytes) * new_tokens as f64 / (gbps * 1e9);
         bound_s / (run_s - prefill_s).max(1e-9)
     });
     // Per generated token: 2 FLOPs per matmul parameter, and q·k plus p·v over the context.
     let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
     let per_token = 2.0 * super::report::matmul_params(&a) as f64
-        + 4.0 * (a.num_layers * a.num_heads * a.head_dim) as f64 * avg_ctx;
+        + 4.0 * (super::report::attention_layers(&a) * a.num_heads * a.head_dim) as f64 * avg_ctx
+        + super::report::linear_attn_flops(&a, 0);
     let flops_fraction =
         peak_tflops.map(|peak| per_token * (rows * new_tokens) as f64 / (run_s - prefill_s).max(1e-9) / (peak * 1e12));
     Ok(GenResult { tokens_per_s: (rows * new_tokens) as f64 / run_s, run_s, prefill_s, hbm_fraction, flops_fraction })
@@ -166,7 +171,7 @@ pub(super) fn run_train(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<Train
     let seq = a.prompt_len + a.new_tokens;
     let (tokens_per_s, step_s) = bench_train(model, b.rows, seq, a.repeats, a.profile.as_deref())?;
     let n = report::matmul_params(arch);
-    let flops_per_token = report::train_flops_per_token(n, arch.num_layers, arch.num_heads * arch.head_dim, seq);
+    let flops_per_token = report::train_flops(arch, seq);
     // The datasheet peak of a known GPU, else this run's measured GEMM peak.
     let peak = b.peak_tflops(Some(b.machine.gemm_tflops));
     let mfu = peak.map(|p| report::mfu(flops_per_token, tokens_per_s, p));

@@ -11,6 +11,12 @@
 //! L = layers, H = heads × head_dim, T = sequence length (full T×T attention, no causal discount)
 //! MFU = flops/token × tokens/s / peak FLOP/s
 //! ```
+//!
+//! A hybrid model's Gated DeltaNet layers count their projections in `N`, leave `L` to the
+//! attention layers, and add what their recurrence costs (per token and value head, forward, in
+//! chunks of `C` = 64 tokens: `6·dk·dv` reading and writing the state, `5·C·dk + 3·C·dv` for the
+//! within-chunk products and the two triangular solves, as full `C×C` products like attention's
+//! `T×T`), times 3 for forward and backward.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -33,7 +39,13 @@ pub fn median(xs: &[f64]) -> Option<f64> {
 /// parameters), not every expert.
 pub fn matmul_params(a: &ArchConfig) -> i64 {
     let (d, attn, kv) = (a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
-    let attention = d * attn + 2 * d * kv + attn * d;
+    let q = if a.attn_output_gate { 2 * attn } else { attn };
+    let attention = d * q + 2 * d * kv + attn * d;
+    let linear = a.linear_attn.map_or(0, |l| {
+        let values = l.num_value_heads * l.value_head_dim;
+        d * (l.conv_dim() + values + 2 * l.num_value_heads) + values * d
+    });
+    let mixers: i64 = (0..a.num_layers as usize).map(|i| if a.is_linear(i) { linear } else { attention }).sum();
     let dense = match a.family {
         Family::Gpt2 => 2 * d * a.intermediate_size,
         _ => 3 * d * a.intermediate_size,
@@ -46,12 +58,34 @@ pub fn matmul_params(a: &ArchConfig) -> i64 {
             _ => dense,
         })
         .sum();
-    a.num_layers * attention + mlps + d * a.vocab_size
+    mixers + mlps + d * a.vocab_size
+}
+
+/// Layers with attention (all but the linear-attention ones).
+pub fn attention_layers(a: &ArchConfig) -> i64 {
+    (0..a.num_layers as usize).filter(|&i| !a.is_linear(i)).count() as i64
+}
+
+/// Forward FLOPs per token of every linear-attention layer's recurrence: the state terms
+/// `6·dk·dv` per value head, plus with `chunk` > 0 the within-chunk terms (see the module docs).
+pub fn linear_attn_flops(a: &ArchConfig, chunk: i64) -> f64 {
+    let Some(l) = a.linear_attn else { return 0.0 };
+    let layers = a.num_layers - attention_layers(a);
+    let (dk, dv) = (l.key_head_dim as f64, l.value_head_dim as f64);
+    let c = chunk as f64;
+    layers as f64 * l.num_value_heads as f64 * (6.0 * dk * dv + 5.0 * c * dk + 3.0 * c * dv)
 }
 
 /// Forward + backward FLOPs per token of a sequence of `seq` tokens: `6·N + 12·L·H·T`.
 pub fn train_flops_per_token(matmul_params: i64, layers: i64, attn_dim: i64, seq: i64) -> f64 {
     6.0 * matmul_params as f64 + 12.0 * layers as f64 * attn_dim as f64 * seq as f64
+}
+
+/// [`train_flops_per_token`] of model `a`: attention over its attention layers, and 3× the
+/// forward recurrence of its linear-attention layers ([`linear_attn_flops`]).
+pub fn train_flops(a: &ArchConfig, seq: i64) -> f64 {
+    let attention = train_flops_per_token(matmul_params(a), attention_layers(a), a.num_heads * a.head_dim, seq);
+    attention + 3.0 * linear_attn_flops(a, 64)
 }
 
 /// Model FLOPs utilisation in `[0, 1]`: achieved FLOP/s over `peak_tflops` × 10¹².
@@ -308,8 +342,31 @@ mod tests {
         assert_eq!(matmul_params(&fixture_arch("gpt2")), 2 * (4096 + 8192) + 12800);
         // 6·1000 + 12·2·8·10 = 7920.
         assert_eq!(train_flops_per_token(1000, 2, 8, 10), 7920.0);
+        assert_eq!(train_flops(&fixture_arch("llama"), 10), 6.0 * 31232.0 + 12.0 * 2.0 * 32.0 * 10.0);
         // 1e12 FLOP/s of a 2 TFLOP/s peak is half.
         assert!((mfu(1e9, 1000.0, 2.0) - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn hybrid_flops_by_hand() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = serde_json::json!({
+            "model_type": "qwen3_5_text", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8
+        });
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let a = rlhf_models::ModelConfig::from_dir(dir.path()).unwrap().arch;
+        // Gated attention: q and its gate 32·128 + k, v 2·32·32 + o 64·32 = 8192. Gated DeltaNet:
+        // in_proj_{qkv,z,b,a} 32·(64 + 32 + 4 + 4) + out_proj 32·32 = 4352. MLP 3·32·64; head 32·100.
+        assert_eq!(matmul_params(&a), 8192 + 2 * 4352 + 3 * 6144 + 3200);
+        assert_eq!(attention_layers(&a), 1);
+        // Two linear layers of 4 value heads: 6·8·8 + 5·64·8 + 3·64·8 = 4480 each.
+        assert_eq!(linear_attn_flops(&a, 64), 2.0 * 4.0 * 4480.0);
+        let want = 6.0 * matmul_params(&a) as f64 + 12.0 * 64.0 * 10.0 + 3.0 * 2.0 * 4.0 * 4480.0;
+        assert_eq!(train_flops(&a, 10), want);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub struct Outcome {
 pub enum Model {
     /// A Hugging Face directory (the fixture models).
     Dir(PathBuf),
-    /// A built-in model `rlhf` writes itself (`tiny-qwen3`, `tiny-qwen3-moe`).
+    /// A built-in model `rlhf` writes itself (`tiny-qwen3`, `tiny-qwen3-moe`, `tiny-qwen3.5`).
     Builtin(&'static str),
 }
 
@@ -212,7 +212,8 @@ fn model_dir(ctx: &Ctx, model: &Model) -> Result<PathBuf, Failure> {
 }
 
 /// `rlhf check-graphs` on every family the doctor has (the fixtures when found, the built-in
-/// Qwen3 and Qwen3-MoE): graph decode must sample what eager decode samples.
+/// Qwen3, Qwen3-MoE and Qwen3.5): graph decode must sample what eager decode samples (the last two
+/// decode eagerly, and say why).
 fn graphs(ctx: &Ctx, check: &Check, dtype: &str, log: &Path) -> Done {
     let mut models = Vec::new();
     if let Some(dir) = super::fixtures_dir(ctx.fixtures.as_deref()) {

@@ -4,7 +4,7 @@
 //! 1. what the machine is: libtorch and its version, CUDA, the GPUs, the NCCL library, the CPU,
 //!    and whether the `python3` found can run TRL;
 //! 2. on every device: `rlhf check-device` of each fixture family (Llama, Qwen2, GPT-2) and of the
-//!    built-in Qwen3 and Qwen3-MoE, in f32 and bf16, against the CPU in f32;
+//!    built-in Qwen3, Qwen3-MoE and Qwen3.5, in f32 and bf16, against the CPU in f32;
 //! 3. on the first device: the GRPO preset in f32 and bf16 (it must learn: a reward gain of at
 //!    least [`checks::GAIN_MIN`]), the same preset at ZeRO stage 3 (its first step must repeat
 //!    stage 0's), SFT then reward-model training from the SFT model, the GEMM peak and copy
@@ -64,7 +64,8 @@ pub struct Args {
 /// The fixture families `check-device` runs on, by directory name.
 const FIXTURE_FAMILIES: [&str; 3] = ["llama", "qwen2", "gpt2"];
 /// Built-in models of newer families that `rlhf` writes itself.
-const BUILTIN_FAMILIES: [(&str, &str); 2] = [("qwen3", "tiny-qwen3"), ("qwen3-moe", "tiny-qwen3-moe")];
+const BUILTIN_FAMILIES: [(&str, &str); 3] =
+    [("qwen3", "tiny-qwen3"), ("qwen3-moe", "tiny-qwen3-moe"), ("qwen3.5", "tiny-qwen3.5")];
 
 /// The fixture directory: `--fixtures`, the bundle's `fixtures/models` (beside `bin/`), or the
 /// repository's.

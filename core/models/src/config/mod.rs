@@ -41,6 +41,8 @@ pub enum Family {
     Olmo3,
     /// Phi-3: fused q/k/v and gate/up projections, partial rotary, LongRoPE.
     Phi3,
+    /// Qwen3.5 (text): Gated DeltaNet linear-attention layers among gated full-attention ones.
+    Qwen3_5,
     /// GPT-2: learned positions, Conv1D weights, LayerNorm, gelu_new.
     Gpt2,
 }
@@ -57,6 +59,7 @@ const MODEL_TYPES: &[(&str, Family)] = &[
     ("olmo2", Family::Olmo2),
     ("olmo3", Family::Olmo3),
     ("phi3", Family::Phi3),
+    ("qwen3_5_text", Family::Qwen3_5),
     ("gpt2", Family::Gpt2),
 ];
 
@@ -97,6 +100,7 @@ impl Family {
             Family::Olmo2 => "Olmo2ForSequenceClassification",
             Family::Olmo3 => "Olmo3ForSequenceClassification",
             Family::Phi3 => "Phi3ForSequenceClassification",
+            Family::Qwen3_5 => "Qwen3_5TextForSequenceClassification",
             Family::Gpt2 => "GPT2ForSequenceClassification",
         }
     }
@@ -151,6 +155,26 @@ pub enum AttnKind {
     Full,
     /// The last `sliding_window` tokens (the query's own included).
     Sliding,
+    /// Gated DeltaNet linear attention: a fixed-size state per head instead of keys and values.
+    Linear,
+}
+
+/// The Gated DeltaNet layers of a hybrid model (Qwen3.5): heads and sizes of its linear attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearAttnConfig {
+    /// Width of the causal depthwise convolution over q, k and v.
+    pub conv_kernel: i64,
+    pub num_key_heads: i64,
+    pub num_value_heads: i64,
+    pub key_head_dim: i64,
+    pub value_head_dim: i64,
+}
+
+impl LinearAttnConfig {
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_dim(&self) -> i64 {
+        2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+    }
 }
 
 /// A routed mixture of experts (Qwen3-MoE).
@@ -221,12 +245,29 @@ pub struct ArchConfig {
     /// Per layer, full or sliding attention.
     pub layer_types: Vec<AttnKind>,
     pub moe: Option<MoeConfig>,
+    /// The linear-attention layers' sizes, for a model whose `layer_types` has some.
+    pub linear_attn: Option<LinearAttnConfig>,
+    /// Attention output multiplied by `sigmoid(gate)`, the gate projected with the queries
+    /// (`q_proj` twice as wide, per head `[q; gate]`: Qwen3.5).
+    pub attn_output_gate: bool,
 }
 
 impl ArchConfig {
     /// Whether layer `i` attends through the sliding window.
     pub fn is_sliding(&self, i: usize) -> bool {
         self.sliding_window.is_some() && self.layer_types.get(i) == Some(&AttnKind::Sliding)
+    }
+
+    /// Whether layer `i` is a linear-attention (Gated DeltaNet) layer.
+    pub fn is_linear(&self, i: usize) -> bool {
+        self.layer_types.get(i) == Some(&AttnKind::Linear)
+    }
+
+    /// Whether a later forward may append to a cache this model filled, with masked slots left
+    /// between (a multi-turn session): not with a sliding window (slots are what it counts) nor
+    /// with linear attention (its state cannot skip a masked slot's convolution window).
+    pub fn continues_with_gaps(&self) -> bool {
+        self.sliding_window.is_none() && self.linear_attn.is_none()
     }
 }
 
@@ -270,6 +311,14 @@ pub struct HfConfig {
     pub mlp_only_layers: Option<Vec<i64>>,
     pub output_router_logits: Option<bool>,
     pub router_aux_loss_coef: Option<f64>,
+    // Gated DeltaNet (Qwen3.5).
+    pub linear_conv_kernel_dim: Option<i64>,
+    pub linear_key_head_dim: Option<i64>,
+    pub linear_value_head_dim: Option<i64>,
+    pub linear_num_key_heads: Option<i64>,
+    pub linear_num_value_heads: Option<i64>,
+    pub full_attention_interval: Option<i64>,
+    pub attn_output_gate: Option<bool>,
     // Gemma.
     pub hidden_activation: Option<String>,
     pub query_pre_attn_scalar: Option<f64>,
@@ -429,6 +478,8 @@ pub(crate) fn rotary_decoder(path: &Path, hf: &HfConfig, family: Family, d: Defa
         sliding_window: None,
         layer_types: vec![AttnKind::Full; num_layers as usize],
         moe: None,
+        linear_attn: None,
+        attn_output_gate: false,
     })
 }
 

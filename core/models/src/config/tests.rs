@@ -106,3 +106,41 @@ fn resolves_olmo3_with_legacy_rope_keys() {
     assert_eq!(sliding, [true, true, true, false, true]);
     assert_eq!((a.qk_norm, a.layout), (QkNorm::Projection, BlockLayout::PostNorm));
 }
+
+/// A Qwen3.5 text config as the Hub's checkpoints write it (multimodal RoPE keys, the
+/// multi-token-prediction keys, the output gate) resolves with transformers' defaults.
+#[test]
+fn resolves_qwen3_5_hybrid_layers() {
+    let json = r#"{"model_type":"qwen3_5_text","vocab_size":10,"hidden_size":16,"num_hidden_layers":8,
+        "num_attention_heads":2,"num_key_value_heads":1,"head_dim":16,"intermediate_size":32,
+        "attn_output_gate":true,"mtp_num_hidden_layers":1,"mtp_use_dedicated_embeddings":false,
+        "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":8,"linear_value_head_dim":4,
+        "rope_parameters":{"rope_type":"default","rope_theta":10000000,"partial_rotary_factor":0.25,
+        "mrope_section":[11,11,10],"mrope_interleaved":true}}"#;
+    let (_d, cfg) = write_config(json);
+    let a = cfg.unwrap().arch;
+    // No `layer_types`: every fourth layer full attention, the others linear.
+    let linear: Vec<bool> = (0..8).map(|i| a.is_linear(i)).collect();
+    assert_eq!(linear, [true, true, true, false, true, true, true, false]);
+    assert_eq!(a.rotary_dim, 4);
+    assert_eq!(a.rope.as_ref().unwrap().theta, 1e7);
+    assert!(a.attn_output_gate && a.norm == NormKind::Gemma && a.qk_norm == QkNorm::PerHead);
+    let l = a.linear_attn.unwrap();
+    assert_eq!((l.conv_kernel, l.conv_dim()), (4, 2 * 16 + 16));
+    assert!(!a.continues_with_gaps());
+
+    // A key of the checkpoint's vision model, a layer kind, heads that do not divide: refused by name.
+    for (edit, key) in [
+        (r#""num_hidden_layers":8,"#, r#""num_hidden_layers":8,"vision_config":{},"#),
+        (r#""attn_output_gate":true"#, r#""attn_output_gate":false"#),
+        (r#""linear_num_key_heads":2"#, r#""linear_num_key_heads":3"#),
+        (r#""num_hidden_layers":8,"#, r#""num_hidden_layers":1,"layer_types":["sliding_attention"],"#),
+    ] {
+        let (_d, cfg) = write_config(&json.replace(edit, key));
+        let e = cfg.unwrap_err().to_string();
+        let name = ["vision_config", "attn_output_gate", "linear_num_value_heads", "layer_types"]
+            .into_iter()
+            .find(|n| e.contains(&format!("config.json: {n}")));
+        assert!(name.is_some() && e.lines().count() == 1, "{e}");
+    }
+}

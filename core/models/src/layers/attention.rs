@@ -54,16 +54,19 @@ pub struct Attention {
     /// Softmax scale; `None` = 1/√head_dim.
     scale: Option<f64>,
     softcap: Option<f64>,
+    /// `q_proj` gives per head `[q; gate]` and the output is `· sigmoid(gate)` (Qwen3.5).
+    output_gate: bool,
 }
 
 impl Attention {
     /// Loads the `self_attn` scope of a layer.
     pub fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
         let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let q_out = if cfg.attn_output_gate { 2 * nh * hd } else { nh * hd };
         let qkv = if cfg.fused_qkv {
             Qkv::Fused(Linear::load(&w.pp("qkv_proj"), h, (nh + 2 * nkv) * hd, cfg.qkv_bias)?)
         } else {
-            let mut q_proj = Linear::load(&w.pp("q_proj"), h, nh * hd, cfg.qkv_bias)?;
+            let mut q_proj = Linear::load(&w.pp("q_proj"), h, q_out, cfg.qkv_bias)?;
             let mut k_proj = Linear::load(&w.pp("k_proj"), h, nkv * hd, cfg.qkv_bias)?;
             let mut v_proj = Linear::load(&w.pp("v_proj"), h, nkv * hd, cfg.qkv_bias)?;
             let fused = FusedRows::new(&mut [&mut q_proj, &mut k_proj, &mut v_proj])?;
@@ -91,6 +94,7 @@ impl Attention {
             head_dim: hd,
             scale: cfg.attn_scale,
             softcap: cfg.attn_softcap,
+            output_gate: cfg.attn_output_gate,
         })
     }
 
@@ -118,7 +122,8 @@ impl Attention {
         out
     }
 
-    /// The q, k and v projections side by side, `[b, s, (heads + 2 · kv_heads) · head_dim]`.
+    /// The q, k and v projections side by side, `[b, s, (heads + 2 · kv_heads) · head_dim]` (with
+    /// an output gate, `[b, s, (2 · heads + 2 · kv_heads) · head_dim]`: per head `[q; gate]` first).
     fn project(&self, x: &Tensor) -> Result<Tensor> {
         match &self.qkv {
             Qkv::Separate { q_proj, k_proj, v_proj, fused } => {
@@ -133,22 +138,41 @@ impl Attention {
     }
 
     /// Rotated queries and keys, `([b, heads, s, hd], [b, kv_heads, s, hd])`, from the
-    /// projections `[b, s, (heads + 2 · kv_heads) · hd]`, with the q/k norms the model has.
-    /// Without norms, q and k are rotated together (one set of kernels for both).
-    fn rotated_qk(&self, qkv: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// projections (see [`Attention::project`]), with the q/k norms the model has, and the output
+    /// gate `[b, s, heads · hd]` where the model has one. Without norms, q and k are rotated
+    /// together (one set of kernels for both).
+    fn rotated_qk(&self, qkv: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let (b, s) = (qkv.size()[0], qkv.size()[1]);
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |t: Tensor, n: i64| -> Result<Tensor> { Ok(t.f_view([b, s, n, hd])?.f_transpose(1, 2)?) };
-        let (q, k) = (qkv.f_narrow(-1, 0, nh * hd)?, qkv.f_narrow(-1, nh * hd, nkv * hd)?);
+        let (q, gate) = if self.output_gate {
+            let qg = qkv.f_narrow(-1, 0, 2 * nh * hd)?.f_view([b, s, nh, 2 * hd])?;
+            let gate = qg.f_narrow(-1, hd, hd)?.f_reshape([b, s, nh * hd])?;
+            (qg.f_narrow(-1, 0, hd)?.f_reshape([b, s, nh * hd])?, Some(gate))
+        } else {
+            (qkv.f_narrow(-1, 0, nh * hd)?, None)
+        };
+        let k = qkv.f_narrow(-1, self.q_width(), nkv * hd)?;
         let (q, k) = match (self.qk_norm, &self.q_norm, &self.k_norm) {
             (QkNorm::PerHead, Some(qn), Some(kn)) => (qn.forward(&heads(q, nh)?)?, kn.forward(&heads(k, nkv)?)?),
             (QkNorm::Projection, Some(qn), Some(kn)) => (heads(qn.forward(&q)?, nh)?, heads(kn.forward(&k)?, nkv)?),
-            _ => {
+            _ if gate.is_none() => {
                 let qk = apply_rotary(&heads(qkv.f_narrow(-1, 0, (nh + nkv) * hd)?, nh + nkv)?, cos, sin)?;
-                return Ok((qk.f_narrow(1, 0, nh)?, qk.f_narrow(1, nh, nkv)?));
+                return Ok((qk.f_narrow(1, 0, nh)?, qk.f_narrow(1, nh, nkv)?, None));
             }
+            _ => (heads(q, nh)?, heads(k, nkv)?),
         };
-        Ok((apply_rotary(&q, cos, sin)?, apply_rotary(&k, cos, sin)?))
+        Ok((apply_rotary(&q, cos, sin)?, apply_rotary(&k, cos, sin)?, gate))
+    }
+
+    /// Width of the query projection's output (with the gate where there is one).
+    fn q_width(&self) -> i64 {
+        let q = self.num_heads * self.head_dim;
+        if self.output_gate {
+            2 * q
+        } else {
+            q
+        }
     }
 
     /// # Shapes
@@ -166,8 +190,8 @@ impl Attention {
         let (b, s) = (x.size()[0], x.size()[1]);
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let qkv = self.project(x)?;
-        let (q, k) = self.rotated_qk(&qkv, cos, sin)?;
-        let v = qkv.f_narrow(-1, (nh + nkv) * hd, nkv * hd)?.f_view([b, s, nkv, hd])?.f_transpose(1, 2)?;
+        let (q, k, gate) = self.rotated_qk(&qkv, cos, sin)?;
+        let v = qkv.f_narrow(-1, self.q_width() + nkv * hd, nkv * hd)?.f_view([b, s, nkv, hd])?.f_transpose(1, 2)?;
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, &k, &v)?, // [b, kv, keys, hd]
             None => (k, v),
@@ -198,7 +222,10 @@ impl Attention {
                 Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, self.scale, gqa)?
             }
         };
-        let y = y.f_transpose(1, 2)?.f_reshape([b, s, nh * hd])?;
+        let mut y = y.f_transpose(1, 2)?.f_reshape([b, s, nh * hd])?;
+        if let Some(gate) = gate {
+            y = y.f_mul(&gate.f_sigmoid()?)?;
+        }
         self.o_proj.forward(&y)
     }
 

@@ -1,16 +1,31 @@
-//! The key/value cache of incremental decoding.
+//! The key/value cache of incremental decoding, and the state of linear-attention layers.
 
 use tch::{Kind, Tensor};
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+
+/// What one layer keeps between forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheLayer {
+    /// Keys and values, `[batch, kv_heads, max_len, head_dim]` each.
+    Attention { kv_heads: i64, head_dim: i64 },
+    /// A Gated DeltaNet layer's state: the last `conv_len` inputs of its convolution
+    /// (`[batch, conv_dim, conv_len]`, the model's dtype) and the recurrent state
+    /// (`[batch, heads, key_dim, value_dim]`, f32) — a fixed size, whatever the length.
+    Linear { conv_dim: i64, conv_len: i64, heads: i64, key_dim: i64, value_dim: i64 },
+}
 
 /// Key/value buffers for incremental decoding: preallocated and written in place ([`KvCache::new`],
 /// generation), or grown by concatenation ([`KvCache::growing`]) so that autograd can differentiate
-/// through what it holds (a shared prompt prefix computed with gradients).
+/// through what it holds (a shared prompt prefix computed with gradients). A linear-attention
+/// layer keeps its state instead ([`CacheLayer::Linear`]), overwritten by each forward.
 #[derive(Debug)]
 pub struct KvCache {
-    /// Per layer `(k, v)`, each `[batch, kv_heads, max_len, head_dim]` (growing: `[.., len, ..]`).
+    /// Per layer `(k, v)`, each `[batch, kv_heads, max_len, head_dim]` (growing: `[.., len, ..]`),
+    /// or for a linear-attention layer `(conv state, recurrent state)` (see [`CacheLayer`]).
     layers: Vec<(Tensor, Tensor)>,
+    /// Whether any layer is a linear-attention one.
+    has_linear: bool,
     len: i64,
     max_len: i64,
     growing: bool,
@@ -31,19 +46,66 @@ impl KvCache {
         kind: Kind,
         device: tch::Device,
     ) -> Result<Self> {
-        let mut layers = Vec::with_capacity(num_layers as usize);
-        for _ in 0..num_layers {
-            let k = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
-            let v = Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?;
-            layers.push((k, v));
+        let layers = vec![CacheLayer::Attention { kv_heads, head_dim }; num_layers as usize];
+        Self::with_layers(&layers, batch, max_len, kind, device)
+    }
+
+    /// Allocates each layer's buffers as `layers` says (zeros: an empty cache, a zero state).
+    pub fn with_layers(
+        layers: &[CacheLayer],
+        batch: i64,
+        max_len: i64,
+        kind: Kind,
+        device: tch::Device,
+    ) -> Result<Self> {
+        let mut bufs = Vec::with_capacity(layers.len());
+        for l in layers {
+            bufs.push(match *l {
+                CacheLayer::Attention { kv_heads, head_dim } => (
+                    Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?,
+                    Tensor::f_zeros([batch, kv_heads, max_len, head_dim], (kind, device))?,
+                ),
+                CacheLayer::Linear { conv_dim, conv_len, heads, key_dim, value_dim } => (
+                    Tensor::f_zeros([batch, conv_dim, conv_len], (kind, device))?,
+                    Tensor::f_zeros([batch, heads, key_dim, value_dim], (Kind::Float, device))?,
+                ),
+            });
         }
-        Ok(KvCache { layers, len: 0, max_len, growing: false, write_slot: None })
+        let has_linear = layers.iter().any(|l| matches!(l, CacheLayer::Linear { .. }));
+        Ok(KvCache { layers: bufs, has_linear, len: 0, max_len, growing: false, write_slot: None })
+    }
+
+    /// The state of linear-attention layer `layer`: `(conv state, recurrent state)`, or `None`
+    /// before the first forward of a growing cache.
+    pub fn linear_state(&self, layer: usize) -> Option<(Tensor, Tensor)> {
+        self.layers.get(layer).filter(|(c, _)| c.defined()).map(|(c, s)| (c.shallow_clone(), s.shallow_clone()))
+    }
+
+    /// Stores the state of linear-attention layer `layer` after a forward: in place in a
+    /// preallocated cache (so a captured decode step replays into the same buffers), by
+    /// replacement in a growing one (keeping autograd's graph).
+    ///
+    /// # Shapes
+    /// `conv`: `[batch, conv_dim, conv_len]`; `state`: `[batch, heads, key_dim, value_dim]` f32
+    pub fn set_linear_state(&mut self, layer: usize, conv: &Tensor, state: &Tensor) -> Result<()> {
+        self.has_linear = true;
+        if self.growing {
+            while self.layers.len() <= layer {
+                self.layers.push((Tensor::new(), Tensor::new()));
+            }
+            self.layers[layer] = (conv.shallow_clone(), state.shallow_clone());
+            return Ok(());
+        }
+        let (c, s) = &mut self.layers[layer];
+        c.f_copy_(conv)?;
+        s.f_copy_(state)?;
+        Ok(())
     }
 
     /// An empty cache without buffers: each append concatenates (no in-place write), so the cached
     /// keys and values stay part of the autograd graph.
     pub fn growing() -> Self {
-        KvCache { layers: Vec::new(), len: 0, max_len: i64::MAX, growing: true, write_slot: None }
+        KvCache { layers: Vec::new(), has_linear: false, len: 0, max_len: i64::MAX, growing: true, write_slot: None }
     }
 
     /// Tokens already cached.
@@ -72,7 +134,7 @@ impl KvCache {
         let seq = k.size()[2];
         if let Some(slot) = &self.write_slot {
             if seq != 1 || self.growing {
-                return Err(crate::error::ModelError::Input(format!(
+                return Err(ModelError::Input(format!(
                     "a decode step writes one token per row into a preallocated cache, got {seq}"
                 )));
             }
@@ -97,7 +159,7 @@ impl KvCache {
             return Ok((kb.shallow_clone(), vb.shallow_clone()));
         }
         if self.len + seq > self.max_len {
-            return Err(crate::error::ModelError::Input(format!(
+            return Err(ModelError::Input(format!(
                 "KV cache full: {} + {seq} tokens exceed its {} slots",
                 self.len, self.max_len
             )));
@@ -115,6 +177,11 @@ impl KvCache {
     /// `index`: `[batch, width]` (int64, `width <= max_len`); each buffer `[batch, kv_heads,
     /// max_len, head_dim]`
     pub fn gather_slots(&self, index: &Tensor, max_len: i64) -> Result<KvCache> {
+        if self.has_linear {
+            return Err(ModelError::Input(
+                "a linear-attention layer's state cannot drop cached slots (re-prefill instead)".into(),
+            ));
+        }
         let (b, width) = (index.size()[0], index.size()[1]);
         let mut layers = Vec::with_capacity(self.layers.len());
         for (k, v) in &self.layers {
@@ -127,7 +194,7 @@ impl KvCache {
             };
             layers.push((move_to(k)?, move_to(v)?));
         }
-        Ok(KvCache { layers, len: width, max_len, growing: false, write_slot: None })
+        Ok(KvCache { layers, has_linear: false, len: width, max_len, growing: false, write_slot: None })
     }
 
     /// Repeats every row `times` times in place (`[r0, r0, r1, r1]` for 2), keeping what is
@@ -171,7 +238,7 @@ impl KvCache {
     /// Declares the first `len` slots cached (after decode steps that wrote at a slot).
     pub fn set_len(&mut self, len: i64) -> Result<()> {
         if len < 0 || len > self.max_len {
-            return Err(crate::error::ModelError::Input(format!("cache length {len} outside 0..={}", self.max_len)));
+            return Err(ModelError::Input(format!("cache length {len} outside 0..={}", self.max_len)));
         }
         self.len = len;
         Ok(())

@@ -90,8 +90,8 @@ pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
     Ok(pos.f_where_scalarother(&seg_start.f_ge(0)?, 0)?)
 }
 
-/// What the decoder layers of one forward share: the attention masks (see [`attention_mask`]) and,
-/// for rotary models, the cos/sin tables of the positions.
+/// What the decoder layers of one forward share: the attention masks (see [`attention_mask`]),
+/// for rotary models the cos/sin tables of the positions, for linear attention the token masks.
 ///
 /// # Shapes
 /// `mask`, `sliding_mask`: `[batch, 1, seq, past + seq]` (bool); `rotary`, `rotary_local`:
@@ -105,6 +105,8 @@ pub struct LayerShared {
     pub rotary: Option<(Tensor, Tensor)>,
     /// The tables of sliding-window layers where their RoPE differs (Gemma 3).
     pub rotary_local: Option<(Tensor, Tensor)>,
+    /// What linear-attention layers read of the key mask (empty for models without them).
+    pub linear: super::LinearShared,
 }
 
 impl LayerShared {

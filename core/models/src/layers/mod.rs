@@ -1,9 +1,12 @@
 //! Building blocks shared by the model families, chosen by the resolved [`crate::ArchConfig`]:
 //! linear layers in both weight layouts, the norm variants, rotary embeddings and their scalings,
-//! attention masks (padded, packed, windowed), attention, dense and expert MLPs, the KV cache.
+//! attention masks (padded, packed, windowed), attention, Gated DeltaNet linear attention, dense
+//! and expert MLPs, the KV cache.
 
 mod attention;
 mod cache;
+pub mod delta_net;
+pub mod delta_rule;
 mod fused;
 mod linear;
 mod mask;
@@ -12,7 +15,8 @@ mod norm;
 mod rotary;
 
 pub use attention::Attention;
-pub use cache::KvCache;
+pub use cache::{CacheLayer, KvCache};
+pub use delta_net::{GatedDeltaNet, LinearShared};
 pub use fused::FusedRows;
 pub use linear::{activate, linear, Linear, FEW_ROWS};
 pub use mask::{attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, LayerShared};

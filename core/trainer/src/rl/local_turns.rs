@@ -6,7 +6,8 @@
 //! [`Session`] across its turns: a turn appends what each row's trajectory gained since the
 //! cache last saw it — the token sampled last (a decode ends before feeding it) and the
 //! observation — and continues from the cached keys and values; otherwise (or for a model with a
-//! sliding window, which counts cache slots) every turn prefills the whole context again.
+//! sliding window, which counts cache slots, or with linear attention, whose state cannot skip
+//! the padding slots a session leaves) every turn prefills the whole context again.
 
 use rlhf_generation::{batch::to_rows, generate_until, left_pad, GenerateConfig, RowWindow, Session};
 use rlhf_models::CausalLm;
@@ -60,9 +61,9 @@ pub struct LocalTurns {
 
 impl LocalTurns {
     /// Turns of `model` under settings `s` (KV reuse when `environment.kv_reuse` and the model
-    /// has no sliding window).
+    /// has neither a sliding window nor linear attention, see `ArchConfig::continues_with_gaps`).
     pub fn new(model: Option<&CausalLm>, s: &EpisodeSettings<'_>) -> LocalTurns {
-        let reuse = s.env.kv_reuse && model.is_some_and(|m| m.arch().sliding_window.is_none());
+        let reuse = s.env.kv_reuse && model.is_some_and(|m| m.arch().continues_with_gaps());
         LocalTurns { session: None, cached: Vec::new(), reuse }
     }
 

@@ -1,0 +1,247 @@
+//! The gated delta rule (Yang, Kautz & Hatamizadeh 2024, "Gated Delta Networks"), the recurrence
+//! of Gated DeltaNet linear attention. Per head, a state `S` (`[dk, dv]`) is decayed, corrected
+//! towards the new value by a delta-rule write, then read by the query:
+//!
+//! ```text
+//! S_t = exp(g_t) · S_{t−1} + β_t · k_t ⊗ (v_t − exp(g_t) · S_{t−1}ᵀ k_t)
+//! o_t = S_tᵀ q_t
+//! ```
+//!
+//! with `q`, `k` L2-normalised and `q` scaled by `dk^−½`, all in f32 whatever the model's dtype.
+//! [`recurrent`] steps through the tokens as written (decoding); [`chunked`] computes the same in
+//! chunks of [`CHUNK`] tokens (prompts and training), as the flash-linear-attention kernels and
+//! transformers' reference `torch_chunk_gated_delta_rule` do: within a chunk the writes are
+//! condensed by the UT transform (a unit lower-triangular solve) into matrix products, and only the
+//! state is carried from chunk to chunk.
+
+use tch::{Kind, Tensor};
+
+use crate::error::Result;
+
+/// Tokens per chunk of [`chunked`] (transformers' and flash-linear-attention's default).
+pub const CHUNK: i64 = 64;
+
+/// `x / √(Σ x² + 1e-6)` over the last dimension (flash-linear-attention's `l2norm`).
+fn l2norm(x: &Tensor) -> Result<Tensor> {
+    let sq = x.f_mul(x)?.f_sum_dim_intlist(-1, true, Kind::Float)?;
+    Ok(x.f_mul(&sq.f_add_scalar(1e-6)?.f_rsqrt()?)?)
+}
+
+/// q, k, v, g and β as the recurrence reads them: heads first, f32, q and k normalised, q scaled,
+/// and the key heads repeated for the value heads they serve (grouped value attention).
+///
+/// # Shapes
+/// - `q`, `k`: `[b, s, hk, dk]`; `v`: `[b, s, hv, dv]`; `g`, `beta`: `[b, s, hv]` →
+///   `q`, `k`: `[b, hv, s, dk]`; `v`: `[b, hv, s, dv]`; `g`, `beta`: `[b, hv, s]`
+fn prepare(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor) -> Result<[Tensor; 5]> {
+    let (hk, hv) = (q.size()[2], v.size()[2]);
+    let heads = |t: &Tensor| -> Result<Tensor> {
+        let t = if hv != hk { t.f_repeat_interleave_self_int(hv / hk, 2, None)? } else { t.shallow_clone() };
+        Ok(t.f_transpose(1, 2)?.f_to_kind(Kind::Float)?.f_contiguous()?)
+    };
+    let (q, k) = (l2norm(&heads(q)?)?, l2norm(&heads(k)?)?);
+    let q = q.f_mul_scalar((q.size()[3] as f64).powf(-0.5))?;
+    let v = v.f_transpose(1, 2)?.f_to_kind(Kind::Float)?.f_contiguous()?;
+    let g = g.f_transpose(1, 2)?.f_to_kind(Kind::Float)?.f_contiguous()?;
+    let beta = beta.f_transpose(1, 2)?.f_to_kind(Kind::Float)?.f_contiguous()?;
+    Ok([q, k, v, g, beta])
+}
+
+/// Zeros `[b, hv, dk, dv]` f32: the state before the first token.
+fn zero_state(k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (b, h, dk, dv) = (k.size()[0], k.size()[1], k.size()[3], v.size()[3]);
+    Ok(Tensor::f_zeros([b, h, dk, dv], (Kind::Float, k.device()))?)
+}
+
+/// The recurrence token by token (decoding, usually one token).
+///
+/// # Shapes
+/// - `q`, `k`: `[b, s, hk, dk]`; `v`: `[b, s, hv, dv]`; `g` (log decay, ≤ 0), `beta`: `[b, s, hv]`;
+///   `state`: `[b, hv, dk, dv]` f32 → (`[b, s, hv, dv]` in `v`'s dtype, the new state)
+pub fn recurrent(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let kind = v.kind();
+    let [q, k, v, g, beta] = prepare(q, k, v, g, beta)?;
+    let mut s_t = match state {
+        Some(s) => s.f_to_kind(Kind::Float)?,
+        None => zero_state(&k, &v)?,
+    };
+    let mut out = Vec::with_capacity(q.size()[2] as usize);
+    for t in 0..q.size()[2] {
+        let at = |x: &Tensor| x.f_select(2, t); // [b, h, d] or [b, h]
+        let (q_t, k_t, v_t) = (at(&q)?.f_unsqueeze(-2)?, at(&k)?.f_unsqueeze(-2)?, at(&v)?.f_unsqueeze(-2)?); // [b, h, 1, d]
+        s_t = s_t.f_mul(&at(&g)?.f_exp()?.f_view([q.size()[0], q.size()[1], 1, 1])?)?;
+        let predicted = k_t.f_matmul(&s_t)?; // [b, h, 1, dv]
+        let delta = v_t.f_sub(&predicted)?.f_mul(&at(&beta)?.f_unsqueeze(-1)?.f_unsqueeze(-1)?)?; // [b, h, 1, dv]
+        s_t = s_t.f_add(&k_t.f_transpose(-1, -2)?.f_matmul(&delta)?)?; // + k ⊗ delta
+        out.push(q_t.f_matmul(&s_t)?); // [b, h, 1, dv]
+    }
+    let o = Tensor::f_cat(&out, 2)?; // [b, h, s, dv]
+    Ok((o.f_transpose(1, 2)?.f_to_kind(kind)?.f_contiguous()?, s_t))
+}
+
+/// The recurrence chunk by chunk (prompts and training), equal to [`recurrent`] up to the order
+/// of float sums. `starts` marks the tokens that begin a new sequence of a packed row: there the
+/// state is dropped, exactly — within a chunk no token reads a write from before its sequence's
+/// start, and no chunk carries a state across one.
+///
+/// # Shapes
+/// - `q`, `k`: `[b, s, hk, dk]`; `v`: `[b, s, hv, dv]`; `g`, `beta`: `[b, s, hv]`; `state`:
+///   `[b, hv, dk, dv]` f32; `starts`: `[b, s]` bool → (`[b, s, hv, dv]` in `v`'s dtype, the state
+///   after the last token)
+pub fn chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: Option<&Tensor>,
+    starts: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let kind = v.kind();
+    let seq = q.size()[1];
+    let [q, k, v, g, beta] = prepare(q, k, v, g, beta)?;
+    let (b, h, dk, dv) = (q.size()[0], q.size()[1], q.size()[3], v.size()[3]);
+    let pad = (CHUNK - seq % CHUNK) % CHUNK;
+    let n = (seq + pad) / CHUNK;
+    // Zero tokens after the end: no decay, no write; their outputs are dropped.
+    let chunks = |x: &Tensor, d: i64| -> Result<Tensor> {
+        Ok(x.f_constant_pad_nd([0, 0, 0, pad])?.f_view([b, h, n, CHUNK, d])?)
+    };
+    let v_beta = chunks(&v.f_mul(&beta.f_unsqueeze(-1)?)?, dv)?; // [b, h, n, C, dv]
+    let k_beta = chunks(&k.f_mul(&beta.f_unsqueeze(-1)?)?, dk)?; // [b, h, n, C, dk]
+    let (q, k) = (chunks(&q, dk)?, chunks(&k, dk)?);
+    let cum = g.f_constant_pad_nd([0, pad])?.f_view([b, h, n, CHUNK])?.f_cumsum(-1, Kind::Float)?; // [b, h, n, C]
+
+    // Within a chunk, token i sees token j ≤ i decayed by exp(cum_i − cum_j).
+    let device = q.device();
+    let mut hidden = Tensor::f_ones([CHUNK, CHUNK], (Kind::Bool, device))?.f_triu(1)?; // j > i
+                                                                                       // Packed rows: `count` = starts at or before each token of its chunk; i sees j only with no
+                                                                                       // start in (j, i]; only tokens before the chunk's first start read the carried state, only
+                                                                                       // those after its last start write the state carried on.
+    let mut read_old = None;
+    let mut write_on = None;
+    if let Some(starts) = starts {
+        let starts = starts.f_to_kind(Kind::Int64)?.f_constant_pad_nd([0, pad])?.f_view([b, 1, n, CHUNK])?;
+        let count = starts.f_cumsum(-1, Kind::Int64)?; // [b, 1, n, C]
+        let other = count.f_unsqueeze(-1)?.f_ne_tensor(&count.f_unsqueeze(-2)?)?; // [b, 1, n, C, C]
+        hidden = other.f_logical_or(&hidden)?;
+        read_old = Some(count.f_eq(0)?.f_to_kind(Kind::Float)?); // [b, 1, n, C]
+        let last = count.f_narrow(-1, CHUNK - 1, 1)?;
+        write_on = Some(count.f_eq_tensor(&last)?.f_to_kind(Kind::Float)?); // [b, 1, n, C]
+    }
+    let decay =
+        cum.f_unsqueeze(-1)?.f_sub(&cum.f_unsqueeze(-2)?)?.f_masked_fill(&hidden, f64::NEG_INFINITY)?.f_exp()?; // [b, h, n, C, C]
+    let kt = k.f_transpose(-1, -2)?; // [b, h, n, dk, C]
+    let ut = k_beta.f_matmul(&kt)?.f_mul(&decay)?; // strictly lower part: the writes' interactions
+    let intra = q.f_matmul(&kt)?.f_mul(&decay)?; // [b, h, n, C, C]
+    let cum_exp = cum.f_exp()?.f_unsqueeze(-1)?; // [b, h, n, C, 1]
+    let mut decayed_k_beta = k_beta.f_mul(&cum_exp)?;
+    let mut q = q.f_mul(&cum_exp)?;
+    let last = cum.f_narrow(-1, CHUNK - 1, 1)?; // [b, h, n, 1]
+    let mut k = k.f_mul(&last.f_sub(&cum)?.f_exp()?.f_unsqueeze(-1)?)?;
+    let mut chunk_decay = last.f_exp()?.f_unsqueeze(-1)?; // [b, h, n, 1, 1]
+    if let (Some(read), Some(write)) = (&read_old, &write_on) {
+        let read = read.f_unsqueeze(-1)?;
+        decayed_k_beta = decayed_k_beta.f_mul(&read)?;
+        q = q.f_mul(&read)?;
+        k = k.f_mul(&write.f_unsqueeze(-1)?)?;
+        chunk_decay = chunk_decay.f_mul(&read.f_narrow(-2, CHUNK - 1, 1)?)?;
+    }
+    // UT transform: (I + strictly_lower(ut))⁻¹ applied to the values and to the decayed keys.
+    let new_values = ut.f_linalg_solve_triangular(&v_beta, false, true, true)?; // [b, h, n, C, dv]
+    let k_cumdecay = ut.f_linalg_solve_triangular(&decayed_k_beta, false, true, true)?; // [b, h, n, C, dk]
+
+    let mut s_t = match state {
+        Some(s) => s.f_to_kind(Kind::Float)?,
+        None => Tensor::f_zeros([b, h, dk, dv], (Kind::Float, device))?,
+    };
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let at = |x: &Tensor| x.f_select(2, i);
+        let v_new = at(&new_values)?.f_sub(&at(&k_cumdecay)?.f_matmul(&s_t)?)?; // [b, h, C, dv]
+        out.push(at(&q)?.f_matmul(&s_t)?.f_add(&at(&intra)?.f_matmul(&v_new)?)?);
+        s_t = s_t.f_mul(&at(&chunk_decay)?)?.f_add(&at(&k)?.f_transpose(-1, -2)?.f_matmul(&v_new)?)?;
+    }
+    let o = Tensor::f_cat(&out, 2)?.f_narrow(2, 0, seq)?; // [b, h, s, dv]
+    Ok((o.f_transpose(1, 2)?.f_to_kind(kind)?.f_contiguous()?, s_t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    fn inputs(b: i64, s: i64, hk: i64, hv: i64, d: i64) -> [Tensor; 5] {
+        tch::manual_seed(3);
+        let opts = (Kind::Float, Device::Cpu);
+        let q = Tensor::randn([b, s, hk, d], opts);
+        let k = Tensor::randn([b, s, hk, d], opts);
+        let v = Tensor::randn([b, s, hv, d], opts);
+        let g = Tensor::rand([b, s, hv], opts).f_mul_scalar(-0.3).unwrap();
+        let beta = Tensor::rand([b, s, hv], opts);
+        [q, k, v, g, beta]
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn chunked_equals_recurrent_over_several_chunks_and_from_a_state() {
+        let [q, k, v, g, beta] = inputs(2, 2 * CHUNK + 9, 2, 4, 8);
+        let (o_r, s_r) = recurrent(&q, &k, &v, &g, &beta, None).unwrap();
+        let (o_c, s_c) = chunked(&q, &k, &v, &g, &beta, None, None).unwrap();
+        assert!(max_diff(&o_r, &o_c) < 1e-4, "outputs differ by {}", max_diff(&o_r, &o_c));
+        assert!(max_diff(&s_r, &s_c) < 1e-4, "states differ by {}", max_diff(&s_r, &s_c));
+        // Continuing from a state: the second half after the first equals the whole.
+        let split = CHUNK + 3;
+        let part = |x: &Tensor, from: i64, len: i64| x.narrow(1, from, len);
+        let rest = q.size()[1] - split;
+        let (_, s1) = chunked(
+            &part(&q, 0, split),
+            &part(&k, 0, split),
+            &part(&v, 0, split),
+            &part(&g, 0, split),
+            &part(&beta, 0, split),
+            None,
+            None,
+        )
+        .unwrap();
+        let (o2, s2) = chunked(
+            &part(&q, split, rest),
+            &part(&k, split, rest),
+            &part(&v, split, rest),
+            &part(&g, split, rest),
+            &part(&beta, split, rest),
+            Some(&s1),
+            None,
+        )
+        .unwrap();
+        assert!(max_diff(&o2, &o_r.narrow(1, split, rest)) < 1e-4);
+        assert!(max_diff(&s2, &s_r) < 1e-4);
+    }
+
+    #[test]
+    fn packed_starts_drop_the_state_exactly() {
+        // Row 0: one sequence of 70 then one of 80 (a start inside the second chunk); each must
+        // equal the sequence run alone.
+        let (a, c) = (70, 80);
+        let [q, k, v, g, beta] = inputs(1, a + c, 1, 2, 4);
+        let starts = Tensor::zeros([1, a + c], (Kind::Bool, Device::Cpu));
+        let _ = starts.narrow(1, a, 1).fill_(1);
+        let (o, _) = chunked(&q, &k, &v, &g, &beta, None, Some(&starts)).unwrap();
+        for (from, len) in [(0, a), (a, c)] {
+            let p = |x: &Tensor| x.narrow(1, from, len);
+            let (alone, _) = recurrent(&p(&q), &p(&k), &p(&v), &p(&g), &p(&beta), None).unwrap();
+            let d = max_diff(&o.narrow(1, from, len), &alone);
+            assert!(d < 1e-4, "segment at {from} differs by {d}");
+        }
+    }
+}

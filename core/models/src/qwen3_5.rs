@@ -1,0 +1,120 @@
+//! Qwen3.5 (Qwen Team 2026), the text model — transformers' `modeling_qwen3_5.py`
+//! (`Qwen3_5ForCausalLM`, `model_type` `qwen3_5_text`). A hybrid: of every
+//! `full_attention_interval` layers (4) all but the last are **Gated DeltaNet** linear attention
+//! (Yang et al. 2024, [`crate::layers::GatedDeltaNet`]): a causal depthwise convolution over q, k
+//! and v, a gated delta-rule recurrence with a fixed-size state per head instead of a KV cache, an
+//! output RMSNorm gated by `silu(z)`. The others are Qwen3's attention with per-head q/k norms and
+//! an output gate (`o_proj(attn · sigmoid(gate))`, the gate projected with the queries), rotating
+//! only `partial_rotary_factor` (¼) of each head. Every RMSNorm but the gated one scales by
+//! `1 + w` in f32, as Gemma's. `layer_types` names each layer's kind.
+//!
+//! The rope block may carry `mrope_section` / `mrope_interleaved`, the multimodal RoPE's split of
+//! the frequencies between time, height and width: for text every token has the same position on
+//! all three axes, so each frequency rotates by the same angle whichever axis it is assigned to
+//! and the split changes nothing; it is read and set aside.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::config::rope::{self, RopeContext};
+use crate::config::{self, ArchConfig, AttnKind, Defaults, Family, HfConfig, LinearAttnConfig, NormKind, QkNorm};
+use crate::error::{ModelError, Result};
+
+/// The keys Qwen3.5 implements beyond the common rotary-decoder ones.
+pub(crate) const CONFIG_KEYS: &[&str] = &[
+    "attn_output_gate",
+    // The multi-token-prediction block, which the causal LM does not run (its `mtp.*` tensors
+    // are not loaded, see `weights::ignorable`).
+    "mtp_num_hidden_layers",
+    "mtp_use_dedicated_embeddings",
+    "layer_types",
+    "full_attention_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+];
+
+/// The multimodal RoPE's keys, inert for text (see the module docs).
+const MROPE_KEYS: &[&str] = &["mrope_section", "mrope_interleaved"];
+
+/// Resolves a `qwen3_5_text` `config.json` with transformers' defaults.
+pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
+    let defaults = Defaults { head_dim: Some(256), max_position_embeddings: 32768, ..Defaults::default() };
+    let mut hf = hf.clone();
+    if let Some(Value::Object(block)) = hf.rope_parameters.as_mut() {
+        block.retain(|k, _| !MROPE_KEYS.contains(&k.as_str()));
+    }
+    let mut arch = config::rotary_decoder(path, &hf, Family::Qwen3_5, defaults)?;
+    arch.norm = NormKind::Gemma;
+    arch.qk_norm = QkNorm::PerHead;
+    if hf.attn_output_gate == Some(false) {
+        return Err(ModelError::config(path, "attn_output_gate", "Qwen3.5 without its attention output gate"));
+    }
+    arch.attn_output_gate = true;
+    // transformers' default when neither spelling sets it.
+    arch.rotary_dim = match (&hf.rope_parameters, hf.partial_rotary_factor) {
+        (Some(b), _) if b.get("partial_rotary_factor").is_some() => rope::rotary_dim(path, &hf, arch.head_dim)?,
+        (_, Some(_)) => rope::rotary_dim(path, &hf, arch.head_dim)?,
+        _ => {
+            let mut with = hf.clone();
+            with.partial_rotary_factor = Some(0.25);
+            rope::rotary_dim(path, &with, arch.head_dim)?
+        }
+    };
+    let ctx = RopeContext {
+        max_position_embeddings: arch.max_position_embeddings,
+        original_max_override: None,
+        phi3_aliases: false,
+    };
+    let (key, block) = rope::block(path, &hf)?;
+    arch.rope = Some(rope::parse_block(path, key, block, hf.rope_theta.unwrap_or(10_000.0), ctx)?);
+    arch.layer_types = layer_types(path, &hf, arch.num_layers)?;
+    let positive = |key: &str, v: Option<i64>, default: i64| config::require(path, key, Some(v.unwrap_or(default)));
+    let linear = LinearAttnConfig {
+        conv_kernel: positive("linear_conv_kernel_dim", hf.linear_conv_kernel_dim, 4)?,
+        num_key_heads: positive("linear_num_key_heads", hf.linear_num_key_heads, 16)?,
+        num_value_heads: positive("linear_num_value_heads", hf.linear_num_value_heads, 32)?,
+        key_head_dim: positive("linear_key_head_dim", hf.linear_key_head_dim, 128)?,
+        value_head_dim: positive("linear_value_head_dim", hf.linear_value_head_dim, 128)?,
+    };
+    if linear.num_value_heads % linear.num_key_heads != 0 {
+        return Err(ModelError::config(
+            path,
+            "linear_num_value_heads",
+            format!("{} is not a multiple of linear_num_key_heads {}", linear.num_value_heads, linear.num_key_heads),
+        ));
+    }
+    arch.linear_attn = Some(linear);
+    Ok(arch)
+}
+
+/// `layer_types` (`linear_attention` / `full_attention`), or transformers' default pattern: every
+/// `full_attention_interval`-th layer full, the others linear.
+fn layer_types(path: &Path, hf: &HfConfig, n: i64) -> Result<Vec<AttnKind>> {
+    let Some(types) = &hf.layer_types else {
+        let every = config::require(path, "full_attention_interval", Some(hf.full_attention_interval.unwrap_or(4)))?;
+        return Ok((0..n).map(|i| if (i + 1) % every == 0 { AttnKind::Full } else { AttnKind::Linear }).collect());
+    };
+    if types.len() as i64 != n {
+        return Err(ModelError::config(
+            path,
+            "layer_types",
+            format!("has {} entries for num_hidden_layers = {n}", types.len()),
+        ));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            "full_attention" => Ok(AttnKind::Full),
+            "linear_attention" => Ok(AttnKind::Linear),
+            other => Err(ModelError::config(
+                path,
+                "layer_types",
+                format!("unsupported `{other}` (supported: linear_attention, full_attention)"),
+            )),
+        })
+        .collect()
+}
