@@ -140,6 +140,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen2-sliding",
     "olmo3",
     "qwen3_5",
+    "qwen3_5-vl",
 ];
 
 /// Reads the JSON file at `path`.

@@ -99,7 +99,7 @@ fn scalar_head_scores_match_transformers() {
         let out = tempfile::tempdir().unwrap();
         model.save(out.path()).unwrap();
         let saved = ModelConfig::from_dir(out.path()).unwrap();
-        let want = saved.arch.family.sequence_classification_architecture();
+        let want = saved.arch.sequence_classification_architecture();
         assert_eq!(saved.hf.architectures.as_deref(), Some(&[want.to_string()][..]), "{name}-rm");
     }
 }

@@ -20,7 +20,7 @@ pub enum Backbone {
 
 impl Backbone {
     pub(crate) fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
-        let w = w.pp(cfg.family.backbone_prefix());
+        let w = cfg.backbone_prefix().split('.').fold(w.clone(), |w, part| w.pp(part));
         Ok(match cfg.family {
             Family::Gpt2 => Backbone::Gpt2(Gpt2Model::load(&w, cfg)?),
             _ => Backbone::Decoder(DecoderModel::load(&w, cfg)?),

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::config::{keys, parse_json, read_json, ArchConfig, Family, HfConfig, ModelConfig};
+use crate::config::{keys, parse_json, read_json, ArchConfig, Family, HfConfig, ModelConfig, Multimodal};
 use crate::error::{ModelError, Result};
 
 impl ModelConfig {
@@ -20,6 +20,10 @@ impl ModelConfig {
         };
         let hf: HfConfig = parse_json(&path, &raw.to_string())?;
         let model_type = hf.model_type.as_deref().ok_or_else(|| ModelError::config(&path, "model_type", "missing"))?;
+        if let Some(mm) = MULTIMODAL.iter().find(|m| m.model_type == model_type) {
+            let (hf, arch) = text_of(&path, obj, &hf, mm)?;
+            return Ok(ModelConfig { path, raw, hf, arch });
+        }
         let family = Family::from_model_type(model_type).ok_or_else(|| {
             ModelError::config(
                 &path,
@@ -27,10 +31,74 @@ impl ModelConfig {
                 format!("unsupported `{model_type}` (supported: {})", Family::supported()),
             )
         })?;
-        check_keys(&path, obj, family)?;
+        check_keys(&path, obj, family, "")?;
         let arch = resolve(&path, &hf, family)?;
         Ok(ModelConfig { path, raw, hf, arch })
     }
+}
+
+/// Multimodal checkpoints whose language model loads as one of the text families.
+const MULTIMODAL: &[&Multimodal] = &[&crate::qwen3_5::MULTIMODAL];
+
+/// The language model of a multimodal checkpoint: its `text_config` resolved as the text family
+/// (keys checked under `text_config.`), with what only the top level says (`architectures`, the
+/// labels, `tie_word_embeddings`); every top-level key must be `text_config`, inert, or the vision
+/// model's.
+fn text_of(
+    path: &Path,
+    obj: &Map<String, Value>,
+    top: &HfConfig,
+    mm: &'static Multimodal,
+) -> Result<(HfConfig, ArchConfig)> {
+    let allowed = allowed_keys();
+    for key in obj.keys().map(String::as_str) {
+        let known = key == "text_config"
+            || key == "tie_word_embeddings"
+            || keys::INERT.contains(&key)
+            || mm.keys.contains(&key);
+        if !known && !allowed.iter().any(|a| a == key) {
+            return Err(ModelError::config(
+                path,
+                key,
+                format!(
+                    "not a key this loader implements for model_type `{}` (refused rather than ignored)",
+                    mm.model_type
+                ),
+            ));
+        }
+    }
+    let text = obj.get("text_config").and_then(Value::as_object).ok_or_else(|| {
+        ModelError::config(path, "text_config", "missing: the language model's keys are not in this config")
+    })?;
+    match text.get("model_type").and_then(Value::as_str) {
+        None => {}
+        Some(t) if t == mm.text_model_type => {}
+        Some(other) => {
+            return Err(ModelError::config(
+                path,
+                "text_config.model_type",
+                format!("`{other}` in a `{}` checkpoint (expected `{}`)", mm.model_type, mm.text_model_type),
+            ))
+        }
+    }
+    check_keys(path, text, mm.family, "text_config.")?;
+    let mut hf: HfConfig = parse_json(path, &Value::Object(text.clone()).to_string())?;
+    hf.architectures = top.architectures.clone();
+    hf.num_labels = top.num_labels.or(hf.num_labels);
+    hf.id2label = top.id2label.clone().or(hf.id2label);
+    hf.tie_word_embeddings = top.tie_word_embeddings.or(hf.tie_word_embeddings);
+    if top.pad_token_id.is_some() {
+        hf.pad_token_id = top.pad_token_id.clone();
+    }
+    let mut arch = resolve(path, &hf, mm.family)?;
+    arch.multimodal = Some(mm);
+    Ok((hf, arch))
+}
+
+/// `RLHF_ALLOW_CONFIG_KEYS`, split.
+fn allowed_keys() -> Vec<String> {
+    let allowed = std::env::var("RLHF_ALLOW_CONFIG_KEYS").unwrap_or_default();
+    allowed.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
 }
 
 /// `pad_token_id`: an integer, the first of a list, or none.
@@ -76,19 +144,18 @@ fn family_keys(family: Family) -> &'static [&'static str] {
 }
 
 /// Refuses the first key of `config` that is neither inert, implemented by `family`, nor allowed
-/// by the user (`RLHF_ALLOW_CONFIG_KEYS`).
-pub(crate) fn check_keys(path: &Path, config: &Map<String, Value>, family: Family) -> Result<()> {
-    let allowed = std::env::var("RLHF_ALLOW_CONFIG_KEYS").unwrap_or_default();
-    let allowed: Vec<&str> = allowed.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+/// by the user (`RLHF_ALLOW_CONFIG_KEYS`); errors name it after `scope` (`text_config.`).
+pub(crate) fn check_keys(path: &Path, config: &Map<String, Value>, family: Family, scope: &str) -> Result<()> {
+    let allowed = allowed_keys();
     let own = family_keys(family);
     let rotary = family != Family::Gpt2;
     for key in config.keys() {
         let k = key.as_str();
         let known = keys::INERT.contains(&k) || own.contains(&k) || (rotary && keys::ROTARY_DECODER.contains(&k));
-        if !known && !allowed.contains(&k) {
+        if !known && !allowed.iter().any(|a| a == k) {
             return Err(ModelError::config(
                 path,
-                k,
+                &format!("{scope}{k}"),
                 format!(
                     "not a key this loader implements for model_type `{}`; it may change the computation, so it is \
                      refused rather than ignored (if it does not, list it in RLHF_ALLOW_CONFIG_KEYS)",

@@ -88,6 +88,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         layer_types: vec![AttnKind::Full; num_layers as usize],
         linear_attn: None,
         attn_output_gate: false,
+        multimodal: None,
         moe: None,
     })
 }

@@ -32,6 +32,10 @@ const AUX_FILES: &[&str] = &[
     "chat_template.jinja",
     "vocab.json",
     "merges.txt",
+    // A multimodal checkpoint's processors (its vision tower is saved back too).
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
 ];
 
 pub(crate) fn check_ids(ids: &Tensor, mask: &Tensor) -> Result<()> {
@@ -42,6 +46,12 @@ pub(crate) fn check_ids(ids: &Tensor, mask: &Tensor) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// What a model of `arch` carries through from `ckpt` unchanged: a multimodal checkpoint's vision
+/// tower.
+fn passthrough(ckpt: &Checkpoint, arch: &ArchConfig) -> Vec<(String, Tensor)> {
+    arch.multimodal.map(|m| ckpt.passthrough(m.vision_prefix)).unwrap_or_default()
 }
 
 fn new_var_store(device: Device, kind: Kind) -> nn::VarStore {
@@ -61,6 +71,7 @@ fn save_dir(
     overrides: &[(&str, Value)],
     vs: &nn::VarStore,
     merged: Vec<(String, Tensor)>,
+    passthrough: &[(String, Tensor)],
     max_shard_bytes: usize,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
@@ -85,6 +96,7 @@ fn save_dir(
     let mut tensors: BTreeMap<String, Tensor> =
         vs.variables().into_iter().filter(|(n, _)| !lora::is_adapter_var(n)).collect();
     tensors.extend(merged);
+    tensors.extend(passthrough.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
     save_safetensors(dir, &tensors, max_shard_bytes)?;
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -112,6 +124,9 @@ pub struct CausalLm {
     /// [`CausalLm::set_output_head`]).
     output_head: Option<Tensor>,
     source_dir: PathBuf,
+    /// Tensors of the checkpoint this model carries through unchanged (a multimodal checkpoint's
+    /// vision tower), saved back as loaded.
+    passthrough: Vec<(String, Tensor)>,
     /// Turns LoRA dropout on (training) or off (generation, evaluation).
     training: Arc<AtomicBool>,
     /// Switches the LoRA adapters off ([`CausalLm::with_adapters_disabled`]).
@@ -140,6 +155,7 @@ impl CausalLm {
         } else {
             Some(w.pp("lm_head").get("weight", &[cfg.vocab_size, cfg.hidden_size])?)
         };
+        let passthrough = passthrough(&ckpt, cfg);
         // A tied model may still store its head (a copy of the embedding, which it reads).
         ckpt.check_all_used(|n| crate::weights::ignorable(n) || (cfg.tie_word_embeddings && n == "lm_head.weight"))?;
         Ok(CausalLm {
@@ -149,6 +165,7 @@ impl CausalLm {
             lm_head,
             output_head: None,
             source_dir: dir.to_path_buf(),
+            passthrough,
             training: Arc::default(),
             adapters_off: Arc::default(),
             gate: None,
@@ -329,13 +346,13 @@ impl CausalLm {
     /// Adds LoRA adapters to the targeted layers and freezes every other weight (see [`lora`]);
     /// a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
-        let prefix = self.config.arch.family.backbone_prefix();
+        let prefix = self.config.arch.backbone_prefix();
         adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training, &self.adapters_off)
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
     pub fn merge_lora(&mut self) -> Result<()> {
-        let prefix = self.config.arch.family.backbone_prefix();
+        let prefix = self.config.arch.backbone_prefix();
         adapters::merge_in_place(self.backbone.linears_mut(prefix))
     }
 
@@ -368,7 +385,7 @@ impl CausalLm {
     /// `adapter_model.safetensors`), loadable by PEFT and by vLLM's LoRA support on top of the
     /// base model this one was loaded from.
     pub fn save_lora_adapter(&self, dir: &Path) -> Result<()> {
-        let layers = self.backbone.linears(self.config.arch.family.backbone_prefix());
+        let layers = self.backbone.linears(self.config.arch.backbone_prefix());
         let (mut config, tensors) = adapters::peft_adapter(layers)?;
         if let Some(obj) = config.as_object_mut() {
             obj.insert("base_model_name_or_path".into(), Value::from(self.source_dir.display().to_string()));
@@ -381,8 +398,9 @@ impl CausalLm {
 
     /// [`CausalLm::save`] with an explicit shard size.
     pub fn save_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<()> {
-        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
-        save_dir(dir, &self.source_dir, &self.config.raw, self.kind(), &[], &self.vs, merged, max_shard_bytes)
+        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.backbone_prefix()))?;
+        let (raw, kind) = (&self.config.raw, self.kind());
+        save_dir(dir, &self.source_dir, raw, kind, &[], &self.vs, merged, &self.passthrough, max_shard_bytes)
     }
 }
 
@@ -394,6 +412,8 @@ pub struct ScalarHeadModel {
     backbone: Backbone,
     score: Tensor, // [1, hidden]
     source_dir: PathBuf,
+    /// As [`CausalLm`]'s: carried through, saved back as loaded.
+    passthrough: Vec<(String, Tensor)>,
     training: Arc<AtomicBool>,
     gate: crate::gate::Gate,
 }
@@ -420,6 +440,7 @@ impl ScalarHeadModel {
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let backbone = Backbone::load(&w, &config.arch)?;
         let score = w.pp("score").get("weight", &[1, config.arch.hidden_size])?;
+        let passthrough = passthrough(&ckpt, &config.arch);
         ckpt.check_all_used(crate::weights::ignorable)?;
         Ok(ScalarHeadModel {
             vs,
@@ -427,6 +448,7 @@ impl ScalarHeadModel {
             backbone,
             score,
             source_dir: dir.to_path_buf(),
+            passthrough,
             training: Arc::default(),
             gate: None,
         })
@@ -442,6 +464,7 @@ impl ScalarHeadModel {
         let backbone = Backbone::load(&w, &config.arch)?;
         let hidden = config.arch.hidden_size;
         let score = w.pp("score").new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0))?;
+        let passthrough = passthrough(&ckpt, &config.arch);
         // The language model's head is dropped on purpose.
         ckpt.check_all_used(|n| crate::weights::ignorable(n) || n == "lm_head.weight")?;
         Ok(ScalarHeadModel {
@@ -450,6 +473,7 @@ impl ScalarHeadModel {
             backbone,
             score,
             source_dir: dir.to_path_buf(),
+            passthrough,
             training: Arc::default(),
             gate: None,
         })
@@ -541,13 +565,13 @@ impl ScalarHeadModel {
     /// Adds LoRA adapters to the targeted backbone layers and freezes every other weight except
     /// the `score` head; a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
-        let prefix = self.config.arch.family.backbone_prefix();
+        let prefix = self.config.arch.backbone_prefix();
         adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training, &Arc::default())
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
     pub fn merge_lora(&mut self) -> Result<()> {
-        let prefix = self.config.arch.family.backbone_prefix();
+        let prefix = self.config.arch.backbone_prefix();
         adapters::merge_in_place(self.backbone.linears_mut(prefix))
     }
 
@@ -559,10 +583,12 @@ impl ScalarHeadModel {
     /// Saves in the `*ForSequenceClassification` layout (`num_labels = 1`, `score.weight`), LoRA
     /// merged.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let arch = self.config.arch.family.sequence_classification_architecture();
+        let arch = self.config.arch.sequence_classification_architecture();
         let pad = self.config.arch.pad_token_id.map(Value::from).unwrap_or_else(|| {
             // transformers needs a pad id to find the last token of a padded batch.
-            let eos = self.config.raw.get("eos_token_id").cloned().unwrap_or(Value::from(0));
+            let text = self.config.raw.get("text_config");
+            let eos = self.config.raw.get("eos_token_id").or(text.and_then(|t| t.get("eos_token_id")));
+            let eos = eos.cloned().unwrap_or(Value::from(0));
             match eos {
                 Value::Array(a) => a.first().cloned().unwrap_or(Value::from(0)),
                 v => v,
@@ -573,17 +599,23 @@ impl ScalarHeadModel {
             ("num_labels", Value::from(1)),
             ("id2label", serde_json::json!({"0": "LABEL_0"})),
             ("label2id", serde_json::json!({"LABEL_0": 0})),
-            ("pad_token_id", pad),
+            ("pad_token_id", pad.clone()),
         ];
-        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.family.backbone_prefix()))?;
+        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.backbone_prefix()))?;
+        // transformers reads a multimodal classifier's pad id from its text config.
+        let mut raw = self.config.raw.clone();
+        if let Some(text) = raw.get_mut("text_config").and_then(Value::as_object_mut) {
+            text.insert("pad_token_id".into(), pad);
+        }
         save_dir(
             dir,
             &self.source_dir,
-            &self.config.raw,
+            &raw,
             self.kind(),
             &overrides,
             &self.vs,
             merged,
+            &self.passthrough,
             DEFAULT_MAX_SHARD_BYTES,
         )
     }

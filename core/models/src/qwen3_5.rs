@@ -12,13 +12,19 @@
 //! the frequencies between time, height and width: for text every token has the same position on
 //! all three axes, so each frequency rotates by the same angle whichever axis it is assigned to
 //! and the split changes nothing; it is read and set aside.
+//!
+//! The Hub's checkpoints are the multimodal `qwen3_5` ([`MULTIMODAL`]): their language model loads
+//! from `text_config` and `model.language_model.*`; the vision tower is kept as loaded and saved
+//! back unchanged (prompts with images are refused until vision lands).
 
 use std::path::Path;
 
 use serde_json::Value;
 
 use crate::config::rope::{self, RopeContext};
-use crate::config::{self, ArchConfig, AttnKind, Defaults, Family, HfConfig, LinearAttnConfig, NormKind, QkNorm};
+use crate::config::{
+    self, ArchConfig, AttnKind, Defaults, Family, HfConfig, LinearAttnConfig, Multimodal, NormKind, QkNorm,
+};
 use crate::error::{ModelError, Result};
 
 /// The keys Qwen3.5 implements beyond the common rotary-decoder ones.
@@ -36,6 +42,18 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "linear_num_key_heads",
     "linear_num_value_heads",
 ];
+
+/// The Hub's Qwen3.5 checkpoints (`Qwen3_5ForConditionalGeneration`): the text model under
+/// `text_config` and `model.language_model`, the vision tower under `model.visual`.
+pub(crate) const MULTIMODAL: Multimodal = Multimodal {
+    model_type: "qwen3_5",
+    text_model_type: "qwen3_5_text",
+    family: Family::Qwen3_5,
+    language_prefix: "model.language_model",
+    vision_prefix: "model.visual.",
+    classifier: "Qwen3_5ForSequenceClassification",
+    keys: &["vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"],
+};
 
 /// The multimodal RoPE's keys, inert for text (see the module docs).
 const MROPE_KEYS: &[&str] = &["mrope_section", "mrope_interleaved"];

@@ -100,6 +100,20 @@ impl Checkpoint {
         Ok(Checkpoint { tensors, files, used: Default::default() })
     }
 
+    /// The tensors whose names start with `prefix`, as stored (on the CPU, in their dtype),
+    /// counted as used: parts of a checkpoint a model carries through unchanged.
+    pub fn passthrough(&self, prefix: &str) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self
+            .tensors
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .map(|(n, (t, _))| (n.clone(), t.shallow_clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        self.used.borrow_mut().extend(out.iter().map(|(n, _)| n.clone()));
+        out
+    }
+
     /// Refuses a checkpoint holding tensors no layer of the model took (nor `ignorable` allows),
     /// naming the first few: a config with fewer layers than its checkpoint, or a checkpoint of
     /// another architecture, would otherwise load and compute something else without a word.

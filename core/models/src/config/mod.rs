@@ -250,12 +250,46 @@ pub struct ArchConfig {
     /// Attention output multiplied by `sigmoid(gate)`, the gate projected with the queries
     /// (`q_proj` twice as wide, per head `[q; gate]`: Qwen3.5).
     pub attn_output_gate: bool,
+    /// The multimodal checkpoint this text model was read from (its `text_config`), if it was.
+    pub multimodal: Option<&'static Multimodal>,
+}
+
+/// A vision-language checkpoint whose language model loads as a text family: the `config.json`
+/// nests the text model's keys under `text_config`, its tensors sit under `language_prefix`, the
+/// vision tower's under `vision_prefix` (kept as loaded and saved back unchanged: images are not
+/// read yet).
+#[derive(Debug)]
+pub struct Multimodal {
+    /// The checkpoint's `model_type` (`qwen3_5`).
+    pub model_type: &'static str,
+    /// The `model_type` of its `text_config` (`qwen3_5_text`).
+    pub text_model_type: &'static str,
+    pub family: Family,
+    /// Where the language model's tensors are (`model.language_model`).
+    pub language_prefix: &'static str,
+    /// Where the vision tower's tensors are (`model.visual.`).
+    pub vision_prefix: &'static str,
+    /// The scalar-head architecture transformers writes for the checkpoint.
+    pub classifier: &'static str,
+    /// The top-level keys besides `text_config` and the inert ones: the vision model's.
+    pub keys: &'static [&'static str],
 }
 
 impl ArchConfig {
     /// Whether layer `i` attends through the sliding window.
     pub fn is_sliding(&self, i: usize) -> bool {
         self.sliding_window.is_some() && self.layer_types.get(i) == Some(&AttnKind::Sliding)
+    }
+
+    /// Prefix of the backbone's tensors: the family's (`model`, `transformer`), or the language
+    /// model's inside a multimodal checkpoint.
+    pub fn backbone_prefix(&self) -> &'static str {
+        self.multimodal.map_or(self.family.backbone_prefix(), |m| m.language_prefix)
+    }
+
+    /// The `architectures` entry of this model's scalar-head checkpoint.
+    pub fn sequence_classification_architecture(&self) -> &'static str {
+        self.multimodal.map_or(self.family.sequence_classification_architecture(), |m| m.classifier)
     }
 
     /// Whether layer `i` is a linear-attention (Gated DeltaNet) layer.
@@ -480,6 +514,7 @@ pub(crate) fn rotary_decoder(path: &Path, hf: &HfConfig, family: Family, d: Defa
         moe: None,
         linear_attn: None,
         attn_output_gate: false,
+        multimodal: None,
     })
 }
 
