@@ -127,7 +127,8 @@ pub fn family_models(python: &Path) -> &'static Path {
     })
 }
 
-/// The families `fixtures/make_families.py` makes.
+/// The families `fixtures/make_families.py` makes (those transformers has a classifier for with a
+/// `-rm` scalar-head model beside).
 pub const FAMILIES: &[&str] = &[
     "qwen3",
     "qwen3_moe",
@@ -141,6 +142,8 @@ pub const FAMILIES: &[&str] = &[
     "olmo3",
     "qwen3_5",
     "qwen3_5-vl",
+    "qwen3_5_moe",
+    "qwen3_5_moe-vl",
 ];
 
 /// Reads the JSON file at `path`.

@@ -38,7 +38,7 @@ impl ModelConfig {
 }
 
 /// Multimodal checkpoints whose language model loads as one of the text families.
-const MULTIMODAL: &[&Multimodal] = &[&crate::qwen3_5::MULTIMODAL];
+const MULTIMODAL: &[&Multimodal] = &[&crate::qwen3_5::MULTIMODAL, &crate::qwen3_5::MULTIMODAL_MOE];
 
 /// The language model of a multimodal checkpoint: its `text_config` resolved as the text family
 /// (keys checked under `text_config.`), with what only the top level says (`architectures`, the
@@ -121,7 +121,7 @@ fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
         Family::Olmo2 => crate::olmo2::resolve(path, hf)?,
         Family::Olmo3 => crate::olmo3::resolve(path, hf)?,
         Family::Phi3 => crate::phi3::resolve(path, hf)?,
-        Family::Qwen3_5 => crate::qwen3_5::resolve(path, hf)?,
+        Family::Qwen3_5 | Family::Qwen3_5Moe => crate::qwen3_5::resolve(path, hf, family)?,
     };
     arch.pad_token_id = pad_token_id(path, hf)?;
     arch.num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len() as i64)).unwrap_or(2);
@@ -140,6 +140,7 @@ fn family_keys(family: Family) -> &'static [&'static str] {
         Family::Olmo3 => crate::olmo3::CONFIG_KEYS,
         Family::Phi3 => crate::phi3::CONFIG_KEYS,
         Family::Qwen3_5 => crate::qwen3_5::CONFIG_KEYS,
+        Family::Qwen3_5Moe => crate::qwen3_5::MOE_CONFIG_KEYS,
     }
 }
 

@@ -1,5 +1,7 @@
 //! Qwen3.5 (Qwen Team 2026), the text model — transformers' `modeling_qwen3_5.py`
-//! (`Qwen3_5ForCausalLM`, `model_type` `qwen3_5_text`). A hybrid: of every
+//! (`Qwen3_5ForCausalLM`, `model_type` `qwen3_5_text`) — and Qwen3.5-MoE (`qwen3_5_moe_text`,
+//! `modeling_qwen3_5_moe.py`), the same layers with a routed mixture of experts and a gated shared
+//! expert as every layer's MLP ([`crate::layers::SparseMoe`]). A hybrid: of every
 //! `full_attention_interval` layers (4) all but the last are **Gated DeltaNet** linear attention
 //! (Yang et al. 2024, [`crate::layers::GatedDeltaNet`]): a causal depthwise convolution over q, k
 //! and v, a gated delta-rule recurrence with a fixed-size state per head instead of a KV cache, an
@@ -23,7 +25,7 @@ use serde_json::Value;
 
 use crate::config::rope::{self, RopeContext};
 use crate::config::{
-    self, ArchConfig, AttnKind, Defaults, Family, HfConfig, LinearAttnConfig, Multimodal, NormKind, QkNorm,
+    self, ArchConfig, AttnKind, Defaults, Family, HfConfig, LinearAttnConfig, MoeConfig, Multimodal, NormKind, QkNorm,
 };
 use crate::error::{ModelError, Result};
 
@@ -55,17 +57,52 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     keys: &["vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"],
 };
 
+/// The Hub's Qwen3.5-MoE checkpoints (`Qwen3_5MoeForConditionalGeneration`), laid out as
+/// [`MULTIMODAL`]; their experts are stacked (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).
+pub(crate) const MULTIMODAL_MOE: Multimodal = Multimodal {
+    model_type: "qwen3_5_moe",
+    text_model_type: "qwen3_5_moe_text",
+    family: Family::Qwen3_5Moe,
+    classifier: "Qwen3_5MoeForSequenceClassification",
+    ..MULTIMODAL
+};
+
+/// The keys Qwen3.5-MoE implements beyond Qwen3.5's ([`CONFIG_KEYS`]) and the common ones.
+pub(crate) const MOE_CONFIG_KEYS: &[&str] = &[
+    "attn_output_gate",
+    "mtp_num_hidden_layers",
+    "mtp_use_dedicated_embeddings",
+    "layer_types",
+    "full_attention_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "output_router_logits",
+    "router_aux_loss_coef",
+];
+
 /// The multimodal RoPE's keys, inert for text (see the module docs).
 const MROPE_KEYS: &[&str] = &["mrope_section", "mrope_interleaved"];
 
-/// Resolves a `qwen3_5_text` `config.json` with transformers' defaults.
-pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
+/// Resolves a `qwen3_5_text` or `qwen3_5_moe_text` `config.json` with transformers' defaults.
+pub(crate) fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
     let defaults = Defaults { head_dim: Some(256), max_position_embeddings: 32768, ..Defaults::default() };
     let mut hf = hf.clone();
     if let Some(Value::Object(block)) = hf.rope_parameters.as_mut() {
         block.retain(|k, _| !MROPE_KEYS.contains(&k.as_str()));
     }
-    let mut arch = config::rotary_decoder(path, &hf, Family::Qwen3_5, defaults)?;
+    let moe = family == Family::Qwen3_5Moe;
+    if moe {
+        // Every layer's MLP is the sparse block: there is no dense intermediate size.
+        hf.intermediate_size = Some(hf.moe_intermediate_size.unwrap_or(512));
+    }
+    let mut arch = config::rotary_decoder(path, &hf, family, defaults)?;
     arch.norm = NormKind::Gemma;
     arch.qk_norm = QkNorm::PerHead;
     if hf.attn_output_gate == Some(false) {
@@ -106,7 +143,39 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         ));
     }
     arch.linear_attn = Some(linear);
+    if moe {
+        arch.moe = Some(moe_config(path, &hf, arch.num_layers)?);
+    }
     Ok(arch)
+}
+
+/// Qwen3.5-MoE's experts: on every layer, `num_experts` of `moe_intermediate_size`, the top
+/// `num_experts_per_tok` always renormalised, and a shared expert of
+/// `shared_expert_intermediate_size` gated per token.
+fn moe_config(path: &Path, hf: &HfConfig, layers: i64) -> Result<MoeConfig> {
+    let num_experts = config::require(path, "num_experts", Some(hf.num_experts.unwrap_or(256)))?;
+    let top_k = config::require(path, "num_experts_per_tok", Some(hf.num_experts_per_tok.unwrap_or(8)))?;
+    if top_k > num_experts {
+        return Err(ModelError::config(
+            path,
+            "num_experts_per_tok",
+            format!("{top_k} is more than the {num_experts} experts"),
+        ));
+    }
+    let shared = hf.shared_expert_intermediate_size.unwrap_or(512);
+    Ok(MoeConfig {
+        num_experts,
+        top_k,
+        intermediate_size: config::require(
+            path,
+            "moe_intermediate_size",
+            Some(hf.moe_intermediate_size.unwrap_or(512)),
+        )?,
+        norm_topk_prob: true,
+        sparse_layers: vec![true; layers as usize],
+        aux_loss_coef: crate::qwen3_moe::aux_loss_coef(path, hf)?,
+        shared_expert_intermediate_size: Some(config::require(path, "shared_expert_intermediate_size", Some(shared))?),
+    })
 }
 
 /// `layer_types` (`linear_attention` / `full_attention`), or transformers' default pattern: every

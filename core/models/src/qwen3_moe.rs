@@ -61,24 +61,29 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
     }
     // transformers: sparse iff not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
     let sparse_layers = (0..arch.num_layers).map(|i| !dense.contains(&i) && (i + 1) % step == 0).collect();
-    // transformers adds the load-balancing loss to the training loss when `output_router_logits`.
-    let aux_loss_coef = match hf.output_router_logits {
-        Some(true) => {
-            let c = hf.router_aux_loss_coef.unwrap_or(0.001);
-            if !(c.is_finite() && c >= 0.0) {
-                return Err(ModelError::config(path, "router_aux_loss_coef", format!("must be >= 0, got {c}")));
-            }
-            Some(c)
-        }
-        _ => None,
-    };
     arch.moe = Some(MoeConfig {
         num_experts,
         top_k,
         intermediate_size,
         norm_topk_prob: hf.norm_topk_prob.unwrap_or(false),
         sparse_layers,
-        aux_loss_coef,
+        aux_loss_coef: aux_loss_coef(path, hf)?,
+        shared_expert_intermediate_size: None,
     });
     Ok(arch)
+}
+
+/// The load-balancing loss's coefficient: transformers adds it to the training loss when
+/// `output_router_logits`.
+pub(crate) fn aux_loss_coef(path: &Path, hf: &HfConfig) -> Result<Option<f64>> {
+    match hf.output_router_logits {
+        Some(true) => {
+            let c = hf.router_aux_loss_coef.unwrap_or(0.001);
+            if !(c.is_finite() && c >= 0.0) {
+                return Err(ModelError::config(path, "router_aux_loss_coef", format!("must be >= 0, got {c}")));
+            }
+            Ok(Some(c))
+        }
+        _ => Ok(None),
+    }
 }

@@ -36,7 +36,7 @@ pub fn median(xs: &[f64]) -> Option<f64> {
 
 /// Parameters that take part in a matrix multiplication per token (`N` of the module docs). A
 /// mixture of experts counts what one token uses: the router and its `top_k` experts (the active
-/// parameters), not every expert.
+/// parameters), not every expert, and a shared expert with its gate where there is one.
 pub fn matmul_params(a: &ArchConfig) -> i64 {
     let (d, attn, kv) = (a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
     let q = if a.attn_output_gate { 2 * attn } else { attn };
@@ -53,7 +53,8 @@ pub fn matmul_params(a: &ArchConfig) -> i64 {
     let mlps: i64 = (0..a.num_layers as usize)
         .map(|i| match &a.moe {
             Some(m) if m.sparse_layers.get(i) == Some(&true) => {
-                d * m.num_experts + m.top_k * 3 * d * m.intermediate_size
+                let shared = m.shared_expert_intermediate_size.map_or(0, |s| 3 * d * s + d);
+                d * m.num_experts + m.top_k * 3 * d * m.intermediate_size + shared
             }
             _ => dense,
         })

@@ -43,6 +43,8 @@ pub enum Family {
     Phi3,
     /// Qwen3.5 (text): Gated DeltaNet linear-attention layers among gated full-attention ones.
     Qwen3_5,
+    /// Qwen3.5-MoE (text): Qwen3.5 with a routed mixture of experts and a shared expert as MLP.
+    Qwen3_5Moe,
     /// GPT-2: learned positions, Conv1D weights, LayerNorm, gelu_new.
     Gpt2,
 }
@@ -60,6 +62,7 @@ const MODEL_TYPES: &[(&str, Family)] = &[
     ("olmo3", Family::Olmo3),
     ("phi3", Family::Phi3),
     ("qwen3_5_text", Family::Qwen3_5),
+    ("qwen3_5_moe_text", Family::Qwen3_5Moe),
     ("gpt2", Family::Gpt2),
 ];
 
@@ -101,6 +104,8 @@ impl Family {
             Family::Olmo3 => "Olmo3ForSequenceClassification",
             Family::Phi3 => "Phi3ForSequenceClassification",
             Family::Qwen3_5 => "Qwen3_5TextForSequenceClassification",
+            // transformers has no text-only Qwen3.5-MoE classifier; the generic head's name.
+            Family::Qwen3_5Moe => "Qwen3_5MoeForSequenceClassification",
             Family::Gpt2 => "GPT2ForSequenceClassification",
         }
     }
@@ -191,6 +196,9 @@ pub struct MoeConfig {
     pub sparse_layers: Vec<bool>,
     /// The load-balancing loss's coefficient when training adds it (`output_router_logits`).
     pub aux_loss_coef: Option<f64>,
+    /// A shared expert every token goes through, gated by `sigmoid(shared_expert_gate(x))`
+    /// (Qwen3.5-MoE), of this intermediate size.
+    pub shared_expert_intermediate_size: Option<i64>,
 }
 
 /// The resolved architecture: every value a layer needs, no options left.
@@ -352,6 +360,7 @@ pub struct HfConfig {
     pub linear_num_key_heads: Option<i64>,
     pub linear_num_value_heads: Option<i64>,
     pub full_attention_interval: Option<i64>,
+    pub shared_expert_intermediate_size: Option<i64>,
     pub attn_output_gate: Option<bool>,
     // Gemma.
     pub hidden_activation: Option<String>,

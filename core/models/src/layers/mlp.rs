@@ -1,5 +1,6 @@
 //! The MLPs of the rotary decoders: the gated MLP `down(act(gate(x)) · up(x))` with separate or
-//! fused (`gate_up_proj`, Phi-3) projections, and the routed mixture of experts of Qwen3-MoE.
+//! fused (`gate_up_proj`, Phi-3) projections, and the routed mixture of experts of Qwen3-MoE and
+//! Qwen3.5-MoE (with its gated shared expert; experts stored one by one or stacked).
 
 use std::sync::Mutex;
 
@@ -84,16 +85,51 @@ impl GatedMlp {
     }
 }
 
+/// The experts' weights, as the checkpoint stores them.
+#[derive(Debug)]
+enum Experts {
+    /// `experts.{e}.{gate,up,down}_proj.weight`, one gated MLP each.
+    Separate(Vec<GatedMlp>),
+    /// `experts.gate_up_proj: [experts, 2 · inter, hidden]` (gate rows first) and
+    /// `experts.down_proj: [experts, hidden, inter]` (Qwen3.5-MoE's Hub checkpoints). LoRA does not
+    /// adapt them (they are not linear layers of their own).
+    Stacked { gate_up: Tensor, down: Tensor, act: Activation },
+}
+
+impl Experts {
+    /// Expert `e` on its tokens, `[c, hidden]` → `[c, hidden]`.
+    fn forward(&self, e: usize, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Experts::Separate(m) => m[e].forward(x),
+            Experts::Stacked { gate_up, down, act } => {
+                let both = linear(x, &gate_up.f_select(0, e as i64)?, None)?; // [c, 2 · inter]
+                let half = both.size()[1] / 2;
+                let h = activate(&both.f_narrow(1, 0, half)?, *act)?.f_mul(&both.f_narrow(1, half, half)?)?;
+                linear(&h, &down.f_select(0, e as i64)?, None)
+            }
+        }
+    }
+}
+
+/// The shared expert every token goes through, weighted by `sigmoid(gate(x))` (Qwen3.5-MoE).
+#[derive(Debug)]
+struct SharedExpert {
+    mlp: GatedMlp,
+    gate: Linear, // [1, hidden]
+}
+
 /// Routed mixture of experts (Shazeer et al. 2017; Qwen3-MoE's `SparseMoeBlock`): a router
 /// `gate: [experts, hidden]` scores each token, softmax in f32, the top-k experts' gated MLPs run
 /// on it and their outputs are summed weighted by the (optionally renormalised) probabilities.
 /// Tokens are grouped by expert and each expert runs once on its own tokens (a gather and an
 /// index-add per expert that has any): no token goes through an expert it was not routed to, and
-/// no token is dropped.
+/// no token is dropped. Qwen3.5-MoE adds a shared expert on every token.
 #[derive(Debug)]
 pub struct SparseMoe {
     router: Tensor, // [experts, hidden]
-    experts: Vec<GatedMlp>,
+    experts: Experts,
+    shared: Option<SharedExpert>,
+    num_experts: i64,
     top_k: i64,
     norm_topk_prob: bool,
     /// Tokens routed to each expert by the forwards gradients flow through (the trained passes,
@@ -102,26 +138,52 @@ pub struct SparseMoe {
 }
 
 impl SparseMoe {
-    /// Loads `mlp.gate.weight` and `mlp.experts.{e}.{gate,up,down}_proj` from scope `w` (`mlp`).
+    /// Loads `mlp.gate.weight` and `mlp.experts.{e}.{gate,up,down}_proj` (or the stacked
+    /// `mlp.experts.{gate_up,down}_proj`) from scope `w` (`mlp`), and the shared expert
+    /// `mlp.shared_expert.*` with `mlp.shared_expert_gate.weight` where the model has one.
     pub fn load(w: &WeightLoader, cfg: &ArchConfig, moe: &MoeConfig) -> Result<Self> {
-        let router = w.pp("gate").get("weight", &[moe.num_experts, cfg.hidden_size])?;
-        let experts = (0..moe.num_experts)
-            .map(|e| GatedMlp::load(&w.pp("experts").pp(e), cfg, moe.intermediate_size))
-            .collect::<Result<Vec<_>>>()?;
+        let (h, n, inter) = (cfg.hidden_size, moe.num_experts, moe.intermediate_size);
+        let router = w.pp("gate").get("weight", &[n, h])?;
+        let ew = w.pp("experts");
+        let experts = if ew.contains("gate_up_proj") {
+            Experts::Stacked {
+                gate_up: ew.get("gate_up_proj", &[n, 2 * inter, h])?,
+                down: ew.get("down_proj", &[n, h, inter])?,
+                act: cfg.activation,
+            }
+        } else {
+            Experts::Separate((0..n).map(|e| GatedMlp::load(&ew.pp(e), cfg, inter)).collect::<Result<Vec<_>>>()?)
+        };
+        let shared = match moe.shared_expert_intermediate_size {
+            Some(size) => Some(SharedExpert {
+                mlp: GatedMlp::load(&w.pp("shared_expert"), cfg, size)?,
+                gate: Linear::load(&w.pp("shared_expert_gate"), h, 1, false)?,
+            }),
+            None => None,
+        };
         Ok(SparseMoe {
             router,
             experts,
+            shared,
+            num_experts: n,
             top_k: moe.top_k,
             norm_topk_prob: moe.norm_topk_prob,
             load: Mutex::new(vec![0; moe.num_experts as usize]),
         })
     }
 
-    /// The experts' linear layers, named `experts.{e}.{proj}` below `mlp`.
+    /// The experts' linear layers, named `experts.{e}.{proj}` below `mlp` (none when stacked),
+    /// and the shared expert's (`shared_expert.{proj}`, `shared_expert_gate`).
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut out = Vec::new();
-        for (e, m) in self.experts.iter_mut().enumerate() {
-            out.extend(m.linears_mut().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
+        if let Experts::Separate(experts) = &mut self.experts {
+            for (e, m) in experts.iter_mut().enumerate() {
+                out.extend(m.linears_mut().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
+            }
+        }
+        if let Some(s) = &mut self.shared {
+            out.extend(s.mlp.linears_mut().into_iter().map(|(n, l)| (format!("shared_expert.{n}"), l)));
+            out.push(("shared_expert_gate".to_string(), &mut s.gate));
         }
         out
     }
@@ -129,8 +191,14 @@ impl SparseMoe {
     /// [`SparseMoe::linears_mut`], shared.
     pub fn linears(&self) -> Vec<(String, &Linear)> {
         let mut out = Vec::new();
-        for (e, m) in self.experts.iter().enumerate() {
-            out.extend(m.linears().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
+        if let Experts::Separate(experts) = &self.experts {
+            for (e, m) in experts.iter().enumerate() {
+                out.extend(m.linears().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
+            }
+        }
+        if let Some(s) = &self.shared {
+            out.extend(s.mlp.linears().into_iter().map(|(n, l)| (format!("shared_expert.{n}"), l)));
+            out.push(("shared_expert_gate".to_string(), &s.gate));
         }
         out
     }
@@ -167,7 +235,7 @@ impl SparseMoe {
         let (probs, experts, weights) = self.route(&flat)?; // [n, k] each
         let choice = experts.f_reshape([-1])?; // [n·k]: slot j of token t at t·k + j
         let order = choice.f_argsort_stable(true, 0, false)?; // slots grouped by expert, in token order
-        let num_experts = self.experts.len() as i64;
+        let num_experts = self.num_experts;
         // One host copy: how many slots each expert has.
         let counts =
             Vec::<i64>::try_from(choice.f_bincount::<&Tensor>(None, num_experts)?.f_to_device(tch::Device::Cpu)?)?;
@@ -184,10 +252,13 @@ impl SparseMoe {
                 continue;
             }
             let rows = tokens.f_narrow(0, start, count)?; // [c]
-            let y = self.experts[e].forward(&flat.f_index_select(0, &rows)?)?; // [c, h]
+            let y = self.experts.forward(e, &flat.f_index_select(0, &rows)?)?; // [c, h]
             let y = y.f_mul(&slot_weights.f_narrow(0, start, count)?.f_unsqueeze(-1)?)?;
             out = out.f_index_add(0, &rows, &y)?;
             start += count;
+        }
+        if let Some(s) = &self.shared {
+            out = out.f_add(&s.gate.forward(&flat)?.f_sigmoid()?.f_mul(&s.mlp.forward(&flat)?)?)?;
         }
         Ok(out.f_reshape(shape.as_slice())?)
     }
