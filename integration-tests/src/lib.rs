@@ -144,6 +144,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen3_5-vl",
     "qwen3_5_moe",
     "qwen3_5_moe-vl",
+    "gpt_oss",
 ];
 
 /// Reads the JSON file at `path`.

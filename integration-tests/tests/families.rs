@@ -281,3 +281,37 @@ fn linear_attention_continues_across_shared_prompts_and_checkpointed_layers() {
         assert!(diff < 1e-5, "{name}: checkpointed gradient differs by {diff}");
     }
 }
+
+/// gpt-oss's released checkpoints store their experts in MXFP4: loaded, every expert weight is
+/// transformers' dequantisation bit for bit, the model computes what transformers computes with
+/// those weights, and a save writes them unquantised (no `quantization_config`) for transformers.
+#[test]
+fn gpt_oss_mxfp4_experts_dequantize_bit_exactly() {
+    let Some(python) = python() else { return };
+    let dir = family_models(&python).join("gpt_oss-mxfp4");
+    let model = load(&dir);
+    let r: HashMap<String, Tensor> =
+        Tensor::read_safetensors(dir.join("mxfp4_reference.safetensors")).unwrap().into_iter().collect();
+    let vars = model.vs.variables();
+    let mut checked = 0;
+    for (name, want) in r.iter().filter(|(n, _)| n.starts_with("deq.")) {
+        let got = &vars[&name["deq.".len()..]];
+        assert!(got.equal(want), "{name}: dequantised weights differ");
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "gate_up_proj and down_proj of 3 layers");
+    let logits = tch::no_grad(|| model.forward(&r["input_ids"], &r["attention_mask"])).unwrap();
+    let diff = masked_max_abs_diff(&logits, &r["logits"], &r["attention_mask"]);
+    println!("gpt_oss-mxfp4: max |Δlogit| = {diff:.2e}");
+    assert!(diff < TOL, "gpt_oss-mxfp4: logits differ by {diff}");
+    let out = tempfile::tempdir().unwrap();
+    model.save(out.path()).unwrap();
+    let config = rlhf_integration_tests::read_json(&out.path().join("config.json"));
+    assert!(config.get("quantization_config").is_none(), "{config}");
+    let names = tensor_names(out.path());
+    assert!(names.contains("model.layers.0.mlp.experts.gate_up_proj"));
+    assert!(!names.iter().any(|n| n.ends_with("_blocks") || n.ends_with("_scales")));
+    let theirs =
+        hf_check(&python, &["logits-many", "--models", &out.path().display().to_string(), "--ids", "5,17,42,9"]);
+    assert!(theirs.get(out.path().display().to_string().as_str()).is_some());
+}

@@ -89,6 +89,8 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         linear_attn: None,
         attn_output_gate: false,
         multimodal: None,
+        attn_sinks: false,
+        mxfp4: false,
         moe: None,
     })
 }

@@ -6,10 +6,10 @@
 //!   MLP/expert and cache building blocks.
 //! - [`decoder`]: the rotary decoder stack, assembled from the layers by the resolved config.
 //! - The families, one file each: [`llama`] (Llama, Mistral, SmolLM, Qwen2), [`qwen3`],
-//!   [`qwen3_moe`], [`qwen3_5`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`olmo3`], [`phi3`],
-//!   [`gpt2`].
+//!   [`qwen3_moe`], [`qwen3_5`], [`gpt_oss`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`olmo3`],
+//!   [`phi3`], [`gpt2`].
 //! - [`lora`]: LoRA adapters on the linear layers, merged on save.
-//! - [`model`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
+//! - [`model`] and [`scalar_head`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
 //! - [`gate`]: when a sharded model's units are gathered and freed (ZeRO stage 3).
 //! - [`prefix`]: prompts shared by several rows, computed once.
 //! - [`device`]: `cpu` / `cuda:N` and dtype parsing, loading libtorch's CUDA library on demand.
@@ -28,6 +28,7 @@ pub mod families;
 pub mod gate;
 pub mod gemma;
 pub mod gpt2;
+pub mod gpt_oss;
 pub mod layers;
 pub mod llama;
 pub mod lora;
@@ -39,6 +40,7 @@ pub mod prefix;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod scalar_head;
 pub mod weights;
 
 pub use checkpointing::Checkpointed;
@@ -48,5 +50,6 @@ pub use error::{ModelError, Result};
 pub use gate::{ParamGate, Unit};
 pub use layers::{position_ids_from_mask, KvCache};
 pub use lora::LoraConfig;
-pub use model::{last_token_index, CausalLm, ScalarHeadModel};
+pub use model::CausalLm;
 pub use prefix::SharedPrefixes;
+pub use scalar_head::{last_token_index, ScalarHeadModel};

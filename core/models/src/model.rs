@@ -48,13 +48,23 @@ pub(crate) fn check_ids(ids: &Tensor, mask: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// The `config.json` a save writes, before its dtype and overrides: the source's, without the
+/// `quantization_config` of experts dequantised at load (they are saved unquantised).
+pub(crate) fn saved_config(config: &ModelConfig) -> Value {
+    let mut raw = config.raw.clone();
+    if let (true, Some(obj)) = (config.arch.mxfp4, raw.as_object_mut()) {
+        obj.remove("quantization_config");
+    }
+    raw
+}
+
 /// What a model of `arch` carries through from `ckpt` unchanged: a multimodal checkpoint's vision
 /// tower.
-fn passthrough(ckpt: &Checkpoint, arch: &ArchConfig) -> Vec<(String, Tensor)> {
+pub(crate) fn passthrough(ckpt: &Checkpoint, arch: &ArchConfig) -> Vec<(String, Tensor)> {
     arch.multimodal.map(|m| ckpt.passthrough(m.vision_prefix)).unwrap_or_default()
 }
 
-fn new_var_store(device: Device, kind: Kind) -> nn::VarStore {
+pub(crate) fn new_var_store(device: Device, kind: Kind) -> nn::VarStore {
     let mut vs = nn::VarStore::new(device);
     vs.set_kind(kind);
     vs
@@ -63,7 +73,7 @@ fn new_var_store(device: Device, kind: Kind) -> nn::VarStore {
 /// Writes `config.json` (the source's, with dtype and the given overrides), the weights and the
 /// tokenizer files of `source_dir` into `dir`.
 #[allow(clippy::too_many_arguments)]
-fn save_dir(
+pub(crate) fn save_dir(
     dir: &Path,
     source_dir: &Path,
     raw: &Value,
@@ -399,234 +409,7 @@ impl CausalLm {
     /// [`CausalLm::save`] with an explicit shard size.
     pub fn save_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<()> {
         let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.backbone_prefix()))?;
-        let (raw, kind) = (&self.config.raw, self.kind());
-        save_dir(dir, &self.source_dir, raw, kind, &[], &self.vs, merged, &self.passthrough, max_shard_bytes)
+        let (raw, kind) = (saved_config(&self.config), self.kind());
+        save_dir(dir, &self.source_dir, &raw, kind, &[], &self.vs, merged, &self.passthrough, max_shard_bytes)
     }
-}
-
-/// A backbone with a scalar head `score.weight: [1, hidden]` (no bias), transformers'
-/// `*ForSequenceClassification` with `num_labels = 1`. Used as reward model and critic.
-pub struct ScalarHeadModel {
-    pub vs: nn::VarStore,
-    pub config: ModelConfig,
-    backbone: Backbone,
-    score: Tensor, // [1, hidden]
-    source_dir: PathBuf,
-    /// As [`CausalLm`]'s: carried through, saved back as loaded.
-    passthrough: Vec<(String, Tensor)>,
-    training: Arc<AtomicBool>,
-    gate: crate::gate::Gate,
-}
-
-impl std::fmt::Debug for ScalarHeadModel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScalarHeadModel").field("source_dir", &self.source_dir).finish()
-    }
-}
-
-impl ScalarHeadModel {
-    /// Loads a `*ForSequenceClassification` checkpoint with one label.
-    pub fn from_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
-        let config = ModelConfig::from_dir(dir)?;
-        if config.arch.num_labels != 1 {
-            return Err(ModelError::config(
-                &config.path,
-                "num_labels",
-                format!("a scalar head needs num_labels = 1, got {}", config.arch.num_labels),
-            ));
-        }
-        let ckpt = Checkpoint::from_dir(dir)?;
-        let vs = new_var_store(device, kind);
-        let w = WeightLoader::new(&ckpt, &vs, kind);
-        let backbone = Backbone::load(&w, &config.arch)?;
-        let score = w.pp("score").get("weight", &[1, config.arch.hidden_size])?;
-        let passthrough = passthrough(&ckpt, &config.arch);
-        ckpt.check_all_used(crate::weights::ignorable)?;
-        Ok(ScalarHeadModel {
-            vs,
-            config,
-            backbone,
-            score,
-            source_dir: dir.to_path_buf(),
-            passthrough,
-            training: Arc::default(),
-            gate: None,
-        })
-    }
-
-    /// Builds a scalar-head model from a causal-LM checkpoint: the backbone is copied, the LM head
-    /// dropped, and a fresh `score` head drawn from N(0, 1/(hidden + 1)²) (OpenRLHF's critic init).
-    pub fn from_causal_lm_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
-        let config = ModelConfig::from_dir(dir)?;
-        let ckpt = Checkpoint::from_dir(dir)?;
-        let vs = new_var_store(device, kind);
-        let w = WeightLoader::new(&ckpt, &vs, kind);
-        let backbone = Backbone::load(&w, &config.arch)?;
-        let hidden = config.arch.hidden_size;
-        let score = w.pp("score").new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0))?;
-        let passthrough = passthrough(&ckpt, &config.arch);
-        // The language model's head is dropped on purpose.
-        ckpt.check_all_used(|n| crate::weights::ignorable(n) || n == "lm_head.weight")?;
-        Ok(ScalarHeadModel {
-            vs,
-            config,
-            backbone,
-            score,
-            source_dir: dir.to_path_buf(),
-            passthrough,
-            training: Arc::default(),
-            gate: None,
-        })
-    }
-
-    /// Device of the parameters.
-    pub fn device(&self) -> Device {
-        self.vs.device()
-    }
-
-    /// Floating dtype of the parameters.
-    pub fn kind(&self) -> Kind {
-        self.vs.kind()
-    }
-
-    /// The resolved architecture.
-    pub fn arch(&self) -> &ArchConfig {
-        &self.config.arch
-    }
-
-    /// Stops gradient tracking on every parameter.
-    pub fn freeze(&mut self) {
-        self.vs.freeze();
-    }
-
-    /// Per-token scalar outputs (critic values), in fp32.
-    ///
-    /// # Shapes
-    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
-    pub fn values(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
-        check_ids(input_ids, attention_mask)?;
-        let pos = position_ids_from_mask(attention_mask)?;
-        let h = self.backbone.forward(input_ids, &pos, attention_mask, None, &self.gate)?;
-        Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
-    }
-
-    /// [`ScalarHeadModel::values`] from a checkpointed pass of the backbone (see
-    /// [`CausalLm::hidden_states_checkpointed`]); after the loss has been backpropagated, hand the
-    /// pass to [`ScalarHeadModel::backward_checkpointed`].
-    ///
-    /// # Shapes
-    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
-    pub fn values_checkpointed(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Checkpointed)> {
-        check_ids(input_ids, attention_mask)?;
-        let pos = position_ids_from_mask(attention_mask)?;
-        let ck = checkpointing::forward(&self.backbone, &self.gate, input_ids, &pos, attention_mask)?;
-        let v = ck.hidden().f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?;
-        Ok((v, ck))
-    }
-
-    /// [`ScalarHeadModel::values_checkpointed`] when `checkpointed`, else
-    /// [`ScalarHeadModel::values`] (with no pass to hand back).
-    ///
-    /// # Shapes
-    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
-    pub fn values_pass(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: &Tensor,
-        checkpointed: bool,
-    ) -> Result<(Tensor, Option<Checkpointed>)> {
-        if checkpointed {
-            let (v, ck) = self.values_checkpointed(input_ids, attention_mask)?;
-            return Ok((v, Some(ck)));
-        }
-        Ok((self.values(input_ids, attention_mask)?, None))
-    }
-
-    /// See [`CausalLm::set_gate`].
-    pub fn set_gate(&mut self, gate: crate::gate::Gate) {
-        self.gate = gate;
-    }
-
-    /// See [`CausalLm::backward_checkpointed`].
-    pub fn backward_checkpointed(&self, ck: &Checkpointed) -> Result<()> {
-        checkpointing::backward(&self.backbone, ck)
-    }
-
-    /// One score per sequence, read at its last non-pad token (works for left and right padding).
-    ///
-    /// # Shapes
-    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch]`
-    pub fn scores(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
-        let values = self.values(input_ids, attention_mask)?;
-        let last = last_token_index(attention_mask)?;
-        Ok(values.f_gather(1, &last.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?)
-    }
-
-    /// Adds LoRA adapters to the targeted backbone layers and freezes every other weight except
-    /// the `score` head; a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
-    pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
-        let prefix = self.config.arch.backbone_prefix();
-        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training, &Arc::default())
-    }
-
-    /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
-    pub fn merge_lora(&mut self) -> Result<()> {
-        let prefix = self.config.arch.backbone_prefix();
-        adapters::merge_in_place(self.backbone.linears_mut(prefix))
-    }
-
-    /// Training mode turns LoRA dropout on; the default is off.
-    pub fn set_training(&self, on: bool) {
-        self.training.store(on, Ordering::Relaxed);
-    }
-
-    /// Saves in the `*ForSequenceClassification` layout (`num_labels = 1`, `score.weight`), LoRA
-    /// merged.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        let arch = self.config.arch.sequence_classification_architecture();
-        let pad = self.config.arch.pad_token_id.map(Value::from).unwrap_or_else(|| {
-            // transformers needs a pad id to find the last token of a padded batch.
-            let text = self.config.raw.get("text_config");
-            let eos = self.config.raw.get("eos_token_id").or(text.and_then(|t| t.get("eos_token_id")));
-            let eos = eos.cloned().unwrap_or(Value::from(0));
-            match eos {
-                Value::Array(a) => a.first().cloned().unwrap_or(Value::from(0)),
-                v => v,
-            }
-        });
-        let overrides = [
-            ("architectures", serde_json::json!([arch])),
-            ("num_labels", Value::from(1)),
-            ("id2label", serde_json::json!({"0": "LABEL_0"})),
-            ("label2id", serde_json::json!({"LABEL_0": 0})),
-            ("pad_token_id", pad.clone()),
-        ];
-        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.backbone_prefix()))?;
-        // transformers reads a multimodal classifier's pad id from its text config.
-        let mut raw = self.config.raw.clone();
-        if let Some(text) = raw.get_mut("text_config").and_then(Value::as_object_mut) {
-            text.insert("pad_token_id".into(), pad);
-        }
-        save_dir(
-            dir,
-            &self.source_dir,
-            &raw,
-            self.kind(),
-            &overrides,
-            &self.vs,
-            merged,
-            &self.passthrough,
-            DEFAULT_MAX_SHARD_BYTES,
-        )
-    }
-}
-
-/// Index of the last 1 in each row of a mask.
-///
-/// # Shapes
-/// - `mask`: `[batch, seq]` → `[batch]` (int64)
-pub fn last_token_index(mask: &Tensor) -> Result<Tensor> {
-    let seq = mask.size()[1];
-    let idx = Tensor::f_arange(seq, (Kind::Int64, mask.device()))?;
-    Ok(mask.f_to_kind(Kind::Int64)?.f_mul(&idx)?.f_argmax(-1, false)?)
 }

@@ -175,6 +175,7 @@ fn moe_config(path: &Path, hf: &HfConfig, layers: i64) -> Result<MoeConfig> {
         sparse_layers: vec![true; layers as usize],
         aux_loss_coef: crate::qwen3_moe::aux_loss_coef(path, hf)?,
         shared_expert_intermediate_size: Some(config::require(path, "shared_expert_intermediate_size", Some(shared))?),
+        gpt_oss: None,
     })
 }
 

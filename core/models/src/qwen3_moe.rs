@@ -69,6 +69,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         sparse_layers,
         aux_loss_coef: aux_loss_coef(path, hf)?,
         shared_expert_intermediate_size: None,
+        gpt_oss: None,
     });
     Ok(arch)
 }

@@ -255,6 +255,30 @@ impl<'a> WeightLoader<'a> {
         Ok(self.path.f_var_copy(name, t)?)
     }
 
+    /// Loads a trainable variable `name` of the given shape `[experts, in, out]` from its MXFP4
+    /// parts `{name}_blocks` and `{name}_scales` ([`dequantize_mxfp4`]).
+    pub fn get_mxfp4(&self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let full = self.full_name(name);
+        let blocks = self.ckpt.get(&format!("{full}_blocks"), &[-1, -1, -1, 16])?;
+        let scales = self.ckpt.get(&format!("{full}_scales"), &[-1, -1, -1])?;
+        let file = self.ckpt.tensors.get(&format!("{full}_blocks")).map(|(_, f)| f.clone()).unwrap_or_default();
+        let bad = |message: String| ModelError::Safetensors { path: file.clone(), message };
+        if blocks.kind() != Kind::Uint8 || scales.kind() != Kind::Uint8 || blocks.size()[..3] != scales.size()[..] {
+            return Err(bad(format!(
+                "{full}: MXFP4 blocks {:?} {:?} and scales {:?} {:?} must be U8, blocks [.., groups, 16] over scales [.., groups]",
+                blocks.kind(),
+                blocks.size(),
+                scales.kind(),
+                scales.size()
+            )));
+        }
+        let t = dequantize_mxfp4(blocks, scales)?;
+        if t.size() != shape {
+            return Err(bad(format!("{full}: MXFP4 weight dequantises to {:?}, expected {shape:?}", t.size())));
+        }
+        Ok(self.path.f_var_copy(name, &t)?)
+    }
+
     /// Registers a fresh variable (not in the checkpoint) drawn from N(0, std²), e.g. a new score head.
     pub fn new_normal(&self, name: &str, shape: &[i64], std: f64) -> Result<Tensor> {
         let t = Tensor::f_randn(shape, (Kind::Float, Device::Cpu))?.f_mul_scalar(std)?;
@@ -270,6 +294,31 @@ impl<'a> WeightLoader<'a> {
     pub fn device(&self) -> Device {
         self.path.device()
     }
+}
+
+/// The values of an FP4 (e2m1) code: 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the same negated.
+const FP4_VALUES: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// MXFP4 (OCP Microscaling): each byte of `blocks` holds two FP4 codes (low nibble first), each
+/// group of 32 values one power-of-two scale `2^(scale − 127)`. Returns the experts' weights as
+/// gpt-oss computes with them, `[experts, in, out]` in f32 (exact: every value is a small
+/// integer multiple of a power of two), as transformers' `convert_moe_packed_tensors` does.
+///
+/// # Shapes
+/// - `blocks`: `[experts, out, groups, 16]` u8; `scales`: `[experts, out, groups]` u8 →
+///   `[experts, groups · 32, out]`
+pub fn dequantize_mxfp4(blocks: &Tensor, scales: &Tensor) -> Result<Tensor> {
+    let size = blocks.size();
+    let (e, out, groups) = (size[0], size[1], size[2]);
+    let lut = Tensor::f_from_slice(&FP4_VALUES)?;
+    let b = blocks.f_to_kind(Kind::Int64)?;
+    let lo = lut.f_index_select(0, &b.f_bitwise_and(15)?.f_flatten(0, -1)?)?;
+    let hi = lut.f_index_select(0, &b.f_bitwise_right_shift_tensor_scalar(4)?.f_flatten(0, -1)?)?;
+    // [.., 16, 2] → 32 values per group, low nibble first.
+    let values = Tensor::f_stack(&[lo, hi], -1)?.f_view([e, out, groups, 32])?;
+    let exp = scales.f_to_kind(Kind::Int)?.f_sub_scalar(127)?.f_unsqueeze(-1)?; // [e, out, groups, 1]
+    let w = values.f_ldexp(&exp)?.f_view([e, out, groups * 32])?;
+    Ok(w.f_transpose(1, 2)?.f_contiguous()?)
 }
 
 /// Copies a tensor's bytes to host memory in its own dtype.

@@ -7,6 +7,7 @@
 //! computation is never ignored in silence; [`rope`] reads rotary scaling from both spellings
 //! transformers has used.
 
+pub mod blocks;
 pub mod keys;
 pub mod rope;
 
@@ -16,6 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
+pub use blocks::{GptOssMoe, LinearAttnConfig, MoeConfig, Multimodal};
 pub use rope::{RopeConfig, RopeScaling};
 
 /// The model families this crate implements.
@@ -45,6 +47,9 @@ pub enum Family {
     Qwen3_5,
     /// Qwen3.5-MoE (text): Qwen3.5 with a routed mixture of experts and a shared expert as MLP.
     Qwen3_5Moe,
+    /// gpt-oss: attention sinks, alternating sliding and full layers, biased experts with a
+    /// clamped SwiGLU, YaRN.
+    GptOss,
     /// GPT-2: learned positions, Conv1D weights, LayerNorm, gelu_new.
     Gpt2,
 }
@@ -63,6 +68,7 @@ const MODEL_TYPES: &[(&str, Family)] = &[
     ("phi3", Family::Phi3),
     ("qwen3_5_text", Family::Qwen3_5),
     ("qwen3_5_moe_text", Family::Qwen3_5Moe),
+    ("gpt_oss", Family::GptOss),
     ("gpt2", Family::Gpt2),
 ];
 
@@ -106,6 +112,7 @@ impl Family {
             Family::Qwen3_5 => "Qwen3_5TextForSequenceClassification",
             // transformers has no text-only Qwen3.5-MoE classifier; the generic head's name.
             Family::Qwen3_5Moe => "Qwen3_5MoeForSequenceClassification",
+            Family::GptOss => "GptOssForSequenceClassification",
             Family::Gpt2 => "GPT2ForSequenceClassification",
         }
     }
@@ -162,43 +169,6 @@ pub enum AttnKind {
     Sliding,
     /// Gated DeltaNet linear attention: a fixed-size state per head instead of keys and values.
     Linear,
-}
-
-/// The Gated DeltaNet layers of a hybrid model (Qwen3.5): heads and sizes of its linear attention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinearAttnConfig {
-    /// Width of the causal depthwise convolution over q, k and v.
-    pub conv_kernel: i64,
-    pub num_key_heads: i64,
-    pub num_value_heads: i64,
-    pub key_head_dim: i64,
-    pub value_head_dim: i64,
-}
-
-impl LinearAttnConfig {
-    /// Channels of the convolution: q, k and v side by side.
-    pub fn conv_dim(&self) -> i64 {
-        2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
-    }
-}
-
-/// A routed mixture of experts (Qwen3-MoE).
-#[derive(Debug, Clone, PartialEq)]
-pub struct MoeConfig {
-    pub num_experts: i64,
-    /// Experts each token is routed to.
-    pub top_k: i64,
-    /// Intermediate size of each expert.
-    pub intermediate_size: i64,
-    /// Renormalise the top-k routing weights to sum to 1.
-    pub norm_topk_prob: bool,
-    /// For each layer, whether its MLP is the sparse block (else a dense MLP).
-    pub sparse_layers: Vec<bool>,
-    /// The load-balancing loss's coefficient when training adds it (`output_router_logits`).
-    pub aux_loss_coef: Option<f64>,
-    /// A shared expert every token goes through, gated by `sigmoid(shared_expert_gate(x))`
-    /// (Qwen3.5-MoE), of this intermediate size.
-    pub shared_expert_intermediate_size: Option<i64>,
 }
 
 /// The resolved architecture: every value a layer needs, no options left.
@@ -260,27 +230,12 @@ pub struct ArchConfig {
     pub attn_output_gate: bool,
     /// The multimodal checkpoint this text model was read from (its `text_config`), if it was.
     pub multimodal: Option<&'static Multimodal>,
-}
-
-/// A vision-language checkpoint whose language model loads as a text family: the `config.json`
-/// nests the text model's keys under `text_config`, its tensors sit under `language_prefix`, the
-/// vision tower's under `vision_prefix` (kept as loaded and saved back unchanged: images are not
-/// read yet).
-#[derive(Debug)]
-pub struct Multimodal {
-    /// The checkpoint's `model_type` (`qwen3_5`).
-    pub model_type: &'static str,
-    /// The `model_type` of its `text_config` (`qwen3_5_text`).
-    pub text_model_type: &'static str,
-    pub family: Family,
-    /// Where the language model's tensors are (`model.language_model`).
-    pub language_prefix: &'static str,
-    /// Where the vision tower's tensors are (`model.visual.`).
-    pub vision_prefix: &'static str,
-    /// The scalar-head architecture transformers writes for the checkpoint.
-    pub classifier: &'static str,
-    /// The top-level keys besides `text_config` and the inert ones: the vision model's.
-    pub keys: &'static [&'static str],
+    /// A learned logit per head that takes part in the softmax and attends to nothing
+    /// (`self_attn.sinks`, gpt-oss).
+    pub attn_sinks: bool,
+    /// The checkpoint stores its experts in MXFP4 (`quantization_config.quant_method = mxfp4`):
+    /// dequantised at load, saved back unquantised.
+    pub mxfp4: bool,
 }
 
 impl ArchConfig {
@@ -362,6 +317,10 @@ pub struct HfConfig {
     pub full_attention_interval: Option<i64>,
     pub shared_expert_intermediate_size: Option<i64>,
     pub attn_output_gate: Option<bool>,
+    // gpt-oss.
+    pub swiglu_alpha: Option<f64>,
+    pub swiglu_limit: Option<f64>,
+    pub quantization_config: Option<Value>,
     // Gemma.
     pub hidden_activation: Option<String>,
     pub query_pre_attn_scalar: Option<f64>,
@@ -524,6 +483,8 @@ pub(crate) fn rotary_decoder(path: &Path, hf: &HfConfig, family: Family, d: Defa
         linear_attn: None,
         attn_output_gate: false,
         multimodal: None,
+        attn_sinks: false,
+        mxfp4: false,
     })
 }
 

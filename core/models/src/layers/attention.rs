@@ -1,7 +1,8 @@
 //! Self-attention of the rotary decoders: grouped key/value heads, separate or fused (`qkv_proj`,
 //! Phi-3) projections, optional q/k RMSNorm per head (Qwen3, Gemma 3) or over the whole projection
-//! (OLMo 2), a softmax scale of its own (Gemma's `query_pre_attn_scalar`), and soft-capped scores
-//! (Gemma 2), which `scaled_dot_product_attention` cannot compute, through an eager path.
+//! (OLMo 2), a softmax scale of its own (Gemma's `query_pre_attn_scalar`), an output gate
+//! (Qwen3.5), and soft-capped scores (Gemma 2) or attention sinks (gpt-oss), which
+//! `scaled_dot_product_attention` cannot compute, through an eager path.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -56,6 +57,8 @@ pub struct Attention {
     softcap: Option<f64>,
     /// `q_proj` gives per head `[q; gate]` and the output is `· sigmoid(gate)` (Qwen3.5).
     output_gate: bool,
+    /// Per head, a logit that joins the softmax and attends to nothing (`sinks: [heads]`, gpt-oss).
+    sinks: Option<Tensor>,
 }
 
 impl Attention {
@@ -95,6 +98,7 @@ impl Attention {
             scale: cfg.attn_scale,
             softcap: cfg.attn_softcap,
             output_gate: cfg.attn_output_gate,
+            sinks: if cfg.attn_sinks { Some(w.get("sinks", &[nh])?) } else { None },
         })
     }
 
@@ -196,12 +200,13 @@ impl Attention {
             Some((cache, layer)) => cache.append(layer, &k, &v)?, // [b, kv, keys, hd]
             None => (k, v),
         };
-        let y = match self.softcap {
-            Some(cap) => self.eager(&q, &k, &v, mask, cap)?,
+        let eager = self.softcap.is_some() || self.sinks.is_some();
+        let y = match () {
+            _ if eager => self.eager(&q, &k, &v, mask)?,
             // One query per row with grouped keys: the `heads / kv_heads` queries that share a key
             // head are attended as that head's rows ([b, kv, groups, hd]), so every SDPA kernel
             // takes them without `enable_gqa` and the keys are read once per group.
-            None if s == 1 && nh != nkv => {
+            _ if s == 1 && nh != nkv => {
                 let grouped = q.f_reshape([b, nkv, nh / nkv, hd])?;
                 log_sdpa_choice(&grouped, &k, &v, mask, self.scale, false, true);
                 let y = Tensor::f_scaled_dot_product_attention(
@@ -216,7 +221,7 @@ impl Attention {
                 )?;
                 y.f_reshape([b, nh, 1, hd])?
             }
-            None => {
+            _ => {
                 let gqa = nh != nkv;
                 log_sdpa_choice(&q, &k, &v, mask, self.scale, gqa, s == 1);
                 Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, self.scale, gqa)?
@@ -229,12 +234,13 @@ impl Attention {
         self.o_proj.forward(&y)
     }
 
-    /// Attention with soft-capped scores, as transformers' `eager_attention_forward`:
-    /// `softmax(cap · tanh(q kᵀ · scale / cap) + mask)` in f32, then `· v`.
+    /// Attention with soft-capped scores or sinks, as transformers' `eager_attention_forward`:
+    /// `softmax(cap · tanh(q kᵀ · scale / cap) + mask)` in f32, then `· v`; with sinks, each head's
+    /// sink logit is one more column of the softmax, dropped after it (gpt-oss).
     ///
     /// # Shapes
     /// - `q`: `[b, heads, s, hd]`; `k`, `v`: `[b, kv_heads, t, hd]`; `mask`: `[b, 1, s, t]` → `[b, heads, s, hd]`
-    fn eager(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, cap: f64) -> Result<Tensor> {
+    fn eager(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let groups = self.num_heads / self.num_kv_heads;
         let (k, v) = if groups > 1 {
             (k.f_repeat_interleave_self_int(groups, 1, None)?, v.f_repeat_interleave_self_int(groups, 1, None)?)
@@ -242,10 +248,20 @@ impl Attention {
             (k.shallow_clone(), v.shallow_clone())
         };
         let scale = self.scale.unwrap_or(1.0 / (self.head_dim as f64).sqrt());
-        let scores = q.f_matmul(&k.f_transpose(2, 3)?)?.f_mul_scalar(scale)?; // [b, h, s, t]
-        let scores = scores.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?;
+        let mut scores = q.f_matmul(&k.f_transpose(2, 3)?)?.f_mul_scalar(scale)?; // [b, h, s, t]
+        if let Some(cap) = self.softcap {
+            scores = scores.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?;
+        }
         let scores = scores.f_masked_fill(&mask.f_logical_not()?, f64::NEG_INFINITY)?;
-        let probs = scores.f_softmax(-1, Kind::Float)?.f_to_kind(q.kind())?;
-        Ok(probs.f_matmul(&v)?)
+        let probs = match &self.sinks {
+            Some(sinks) => {
+                let (b, h, s, t) = (scores.size()[0], scores.size()[1], scores.size()[2], scores.size()[3]);
+                let sink = sinks.f_to_kind(scores.kind())?.f_view([1, h, 1, 1])?.f_expand([b, h, s, 1], false)?;
+                let all = Tensor::f_cat(&[&scores, &sink], -1)?.f_softmax(-1, Kind::Float)?; // [b, h, s, t + 1]
+                all.f_narrow(-1, 0, t)?
+            }
+            None => scores.f_softmax(-1, Kind::Float)?,
+        };
+        Ok(probs.f_to_kind(q.kind())?.f_matmul(&v)?)
     }
 }

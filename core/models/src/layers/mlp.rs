@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use tch::{Kind, Tensor};
 
 use super::{activate, linear, FusedRows, Linear};
-use crate::config::{Activation, ArchConfig, MoeConfig};
+use crate::config::{Activation, ArchConfig, GptOssMoe, MoeConfig};
 use crate::error::Result;
 use crate::weights::WeightLoader;
 
@@ -94,6 +94,10 @@ enum Experts {
     /// `experts.down_proj: [experts, hidden, inter]` (Qwen3.5-MoE's Hub checkpoints). LoRA does not
     /// adapt them (they are not linear layers of their own).
     Stacked { gate_up: Tensor, down: Tensor, act: Activation },
+    /// gpt-oss's: `experts.gate_up_proj: [experts, hidden, 2 · inter]` (gate and up interleaved,
+    /// `x · W`), `experts.down_proj: [experts, inter, hidden]`, each with a bias
+    /// (`*_bias: [experts, out]`), and the clamped SwiGLU of [`GptOssMoe`].
+    GptOss { gate_up: Tensor, gate_up_bias: Tensor, down: Tensor, down_bias: Tensor, swiglu: GptOssMoe },
 }
 
 impl Experts {
@@ -106,6 +110,16 @@ impl Experts {
                 let half = both.size()[1] / 2;
                 let h = activate(&both.f_narrow(1, 0, half)?, *act)?.f_mul(&both.f_narrow(1, half, half)?)?;
                 linear(&h, &down.f_select(0, e as i64)?, None)
+            }
+            Experts::GptOss { gate_up, gate_up_bias, down, down_bias, swiglu } => {
+                let e = e as i64;
+                let both = x.f_matmul(&gate_up.f_select(0, e)?)?.f_add(&gate_up_bias.f_select(0, e)?)?; // [c, 2 · inter]
+                let n = both.size()[1];
+                let gate = both.f_slice(1, 0, n, 2)?.f_clamp_max(swiglu.limit)?;
+                let up = both.f_slice(1, 1, n, 2)?.f_clamp(-swiglu.limit, swiglu.limit)?;
+                let glu = gate.f_mul(&gate.f_mul_scalar(swiglu.alpha)?.f_sigmoid()?)?;
+                let h = up.f_add_scalar(1.0)?.f_mul(&glu)?;
+                Ok(h.f_matmul(&down.f_select(0, e)?)?.f_add(&down_bias.f_select(0, e)?)?)
             }
         }
     }
@@ -127,6 +141,9 @@ struct SharedExpert {
 #[derive(Debug)]
 pub struct SparseMoe {
     router: Tensor, // [experts, hidden]
+    /// gpt-oss's router bias `[experts]`; it also softmaxes the top-k logits instead of taking
+    /// the top-k probabilities.
+    router_bias: Option<Tensor>,
     experts: Experts,
     shared: Option<SharedExpert>,
     num_experts: i64,
@@ -143,8 +160,35 @@ impl SparseMoe {
     /// `mlp.shared_expert.*` with `mlp.shared_expert_gate.weight` where the model has one.
     pub fn load(w: &WeightLoader, cfg: &ArchConfig, moe: &MoeConfig) -> Result<Self> {
         let (h, n, inter) = (cfg.hidden_size, moe.num_experts, moe.intermediate_size);
-        let router = w.pp("gate").get("weight", &[n, h])?;
         let ew = w.pp("experts");
+        if let Some(swiglu) = moe.gpt_oss {
+            let r = w.pp("router");
+            let weight = |name: &str, shape: &[i64]| {
+                if ew.contains(name) {
+                    ew.get(name, shape)
+                } else {
+                    ew.get_mxfp4(name, shape)
+                }
+            };
+            let experts = Experts::GptOss {
+                gate_up: weight("gate_up_proj", &[n, h, 2 * inter])?,
+                gate_up_bias: ew.get("gate_up_proj_bias", &[n, 2 * inter])?,
+                down: weight("down_proj", &[n, inter, h])?,
+                down_bias: ew.get("down_proj_bias", &[n, h])?,
+                swiglu,
+            };
+            return Ok(SparseMoe {
+                router: r.get("weight", &[n, h])?,
+                router_bias: Some(r.get("bias", &[n])?),
+                experts,
+                shared: None,
+                num_experts: n,
+                top_k: moe.top_k,
+                norm_topk_prob: false,
+                load: Mutex::new(vec![0; n as usize]),
+            });
+        }
+        let router = w.pp("gate").get("weight", &[n, h])?;
         let experts = if ew.contains("gate_up_proj") {
             Experts::Stacked {
                 gate_up: ew.get("gate_up_proj", &[n, 2 * inter, h])?,
@@ -163,6 +207,7 @@ impl SparseMoe {
         };
         Ok(SparseMoe {
             router,
+            router_bias: None,
             experts,
             shared,
             num_experts: n,
@@ -217,8 +262,13 @@ impl SparseMoe {
     /// # Shapes
     /// - `x`: `[tokens, hidden]` → `([tokens, experts] f32, [tokens, k] int64, [tokens, k])`
     pub fn route(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let logits = linear(x, &self.router, None)?; // [n, E]
+        let logits = linear(x, &self.router, self.router_bias.as_ref())?; // [n, E]
         let probs = logits.f_softmax(-1, Kind::Float)?;
+        if self.router_bias.is_some() {
+            // gpt-oss: the top-k logits, softmaxed in the logits' dtype.
+            let (top, experts) = logits.f_topk(self.top_k, -1, true, true)?;
+            return Ok((probs, experts, top.f_softmax(-1, top.kind())?.f_to_kind(x.kind())?));
+        }
         let (mut weights, experts) = probs.f_topk(self.top_k, -1, true, true)?;
         if self.norm_topk_prob {
             weights = weights.f_div(&weights.f_sum_dim_intlist(-1, true, Kind::Float)?)?;
@@ -266,6 +316,7 @@ impl SparseMoe {
 
 /// A layer's MLP: dense, or a routed mixture of experts.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer, built once: the size is not worth a box
 pub enum Mlp {
     Dense(GatedMlp),
     Sparse(SparseMoe),

@@ -1,0 +1,73 @@
+//! The parts of a resolved architecture beyond the rotary decoder's: linear attention, mixtures
+//! of experts, and the multimodal checkpoints a text model is read from.
+
+use super::Family;
+
+/// The Gated DeltaNet layers of a hybrid model (Qwen3.5): heads and sizes of its linear attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearAttnConfig {
+    /// Width of the causal depthwise convolution over q, k and v.
+    pub conv_kernel: i64,
+    pub num_key_heads: i64,
+    pub num_value_heads: i64,
+    pub key_head_dim: i64,
+    pub value_head_dim: i64,
+}
+
+impl LinearAttnConfig {
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_dim(&self) -> i64 {
+        2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+    }
+}
+
+/// A routed mixture of experts (Qwen3-MoE).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: i64,
+    /// Experts each token is routed to.
+    pub top_k: i64,
+    /// Intermediate size of each expert.
+    pub intermediate_size: i64,
+    /// Renormalise the top-k routing weights to sum to 1.
+    pub norm_topk_prob: bool,
+    /// For each layer, whether its MLP is the sparse block (else a dense MLP).
+    pub sparse_layers: Vec<bool>,
+    /// The load-balancing loss's coefficient when training adds it (`output_router_logits`).
+    pub aux_loss_coef: Option<f64>,
+    /// A shared expert every token goes through, gated by `sigmoid(shared_expert_gate(x))`
+    /// (Qwen3.5-MoE), of this intermediate size.
+    pub shared_expert_intermediate_size: Option<i64>,
+    /// gpt-oss's experts and router, where they are its (see [`GptOssMoe`]).
+    pub gpt_oss: Option<GptOssMoe>,
+}
+
+/// gpt-oss's mixture of experts: a router with a bias whose top-k logits are softmaxed, and
+/// biased experts stored stacked `[experts, in, out]` with gate and up interleaved, computing
+/// `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)` for `g = min(gate, limit)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GptOssMoe {
+    pub alpha: f64,
+    pub limit: f64,
+}
+
+/// A vision-language checkpoint whose language model loads as a text family: the `config.json`
+/// nests the text model's keys under `text_config`, its tensors sit under `language_prefix`, the
+/// vision tower's under `vision_prefix` (kept as loaded and saved back unchanged: images are not
+/// read yet).
+#[derive(Debug)]
+pub struct Multimodal {
+    /// The checkpoint's `model_type` (`qwen3_5`).
+    pub model_type: &'static str,
+    /// The `model_type` of its `text_config` (`qwen3_5_text`).
+    pub text_model_type: &'static str,
+    pub family: Family,
+    /// Where the language model's tensors are (`model.language_model`).
+    pub language_prefix: &'static str,
+    /// Where the vision tower's tensors are (`model.visual.`).
+    pub vision_prefix: &'static str,
+    /// The scalar-head architecture transformers writes for the checkpoint.
+    pub classifier: &'static str,
+    /// The top-level keys besides `text_config` and the inert ones: the vision model's.
+    pub keys: &'static [&'static str],
+}
