@@ -145,6 +145,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen3_5_moe",
     "qwen3_5_moe-vl",
     "gpt_oss",
+    "qwen3_next",
 ];
 
 /// Reads the JSON file at `path`.

@@ -84,7 +84,7 @@ fn every_check_runs_and_a_broken_fixture_fails_only_its_own() {
 
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("**No GPU found**"), "{md}");
-    assert!(md.contains("**14 passed, 2 failed, 1 skipped**"), "{md}");
+    assert!(md.contains("**16 passed, 2 failed, 1 skipped**"), "{md}");
     assert!(md.contains("| check-device qwen2 f32 | cpu | **FAIL** |"), "{md}");
     assert!(md.contains("| grpo f32 | cpu | pass |"), "{md}");
     // The work files are gone; the logs stay.

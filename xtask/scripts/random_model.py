@@ -1,9 +1,12 @@
 """A randomly initialised decoder with its own byte-level BPE tokenizer of the same vocabulary, for
 benchmarks: `python random_model.py OUT_DIR [--family qwen2|qwen3|qwen3_moe|llama] [--hidden 256
 --layers 4 --heads 8 --kv-heads 2 --mlp 704 --vocab 512] [--head-dim D] [--experts E --top-k K
---expert-mlp M]`. Qwen2 (the default) has the shape of a Qwen2 block at toy scale; qwen3 adds
-per-head q/k norms (and `--head-dim`); qwen3_moe replaces every MLP by E experts of `--expert-mlp`,
-K routed per token; llama is the same shape without the Qwen biases, for a like-for-like ratio.
+--expert-mlp M] [--linear-heads K,V --linear-head-dim D]`. Qwen2 (the default) has the shape of a
+Qwen2 block at toy scale; qwen3 adds per-head q/k norms (and `--head-dim`); qwen3_moe replaces every
+MLP by E experts of `--expert-mlp`, K routed per token; qwen3_5 makes three layers of every four
+Gated DeltaNet linear attention (`--linear-heads` key and value heads of `--linear-head-dim`) and
+the fourth gated attention; llama is the same shape without the Qwen biases, for a like-for-like
+ratio.
 
 The tokenizer is trained at run time (Hugging Face `tokenizers`, byte-level BPE) on sums written as
 the built-in addition task writes them, so every prompt and every sampled id decodes; the model's
@@ -27,7 +30,9 @@ ap.add_argument("--kv-heads", type=int, default=2)
 ap.add_argument("--mlp", type=int, default=704)
 ap.add_argument("--vocab", type=int, default=512)
 ap.add_argument("--seed", type=int, default=0)
-ap.add_argument("--family", default="qwen2", choices=["qwen2", "qwen3", "qwen3_moe", "llama"])
+ap.add_argument("--family", default="qwen2", choices=["qwen2", "qwen3", "qwen3_moe", "qwen3_5", "llama"])
+ap.add_argument("--linear-heads", default="8,16")
+ap.add_argument("--linear-head-dim", type=int, default=64)
 ap.add_argument("--head-dim", type=int, default=None)
 ap.add_argument("--experts", type=int, default=8)
 ap.add_argument("--top-k", type=int, default=2)
@@ -68,12 +73,17 @@ common = dict(
 )
 if args.head_dim is not None:
     common["head_dim"] = args.head_dim
-elif args.family in ("qwen3", "qwen3_moe"):
+elif args.family in ("qwen3", "qwen3_moe", "qwen3_5"):
     common["head_dim"] = args.hidden // args.heads
 if args.family == "qwen3_moe":
     common.update(num_experts=args.experts, num_experts_per_tok=args.top_k, norm_topk_prob=True,
                   moe_intermediate_size=args.expert_mlp or args.mlp // args.top_k)
+if args.family == "qwen3_5":
+    k_heads, v_heads = (int(x) for x in args.linear_heads.split(","))
+    common.update(linear_num_key_heads=k_heads, linear_num_value_heads=v_heads,
+                  linear_key_head_dim=args.linear_head_dim, linear_value_head_dim=args.linear_head_dim)
 classes = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+           "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
 config_cls, model_cls = (getattr(transformers, c) for c in classes[args.family])
 cfg = config_cls(**common)

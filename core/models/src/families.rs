@@ -121,7 +121,7 @@ fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
         Family::Olmo2 => crate::olmo2::resolve(path, hf)?,
         Family::Olmo3 => crate::olmo3::resolve(path, hf)?,
         Family::Phi3 => crate::phi3::resolve(path, hf)?,
-        Family::Qwen3_5 | Family::Qwen3_5Moe => crate::qwen3_5::resolve(path, hf, family)?,
+        Family::Qwen3_5 | Family::Qwen3_5Moe | Family::Qwen3Next => crate::qwen3_5::resolve(path, hf, family)?,
         Family::GptOss => crate::gpt_oss::resolve(path, hf)?,
     };
     arch.pad_token_id = pad_token_id(path, hf)?;
@@ -142,6 +142,7 @@ fn family_keys(family: Family) -> &'static [&'static str] {
         Family::Phi3 => crate::phi3::CONFIG_KEYS,
         Family::Qwen3_5 => crate::qwen3_5::CONFIG_KEYS,
         Family::Qwen3_5Moe => crate::qwen3_5::MOE_CONFIG_KEYS,
+        Family::Qwen3Next => crate::qwen3_5::NEXT_CONFIG_KEYS,
         Family::GptOss => crate::gpt_oss::CONFIG_KEYS,
     }
 }

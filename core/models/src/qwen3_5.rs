@@ -1,7 +1,9 @@
 //! Qwen3.5 (Qwen Team 2026), the text model — transformers' `modeling_qwen3_5.py`
 //! (`Qwen3_5ForCausalLM`, `model_type` `qwen3_5_text`) — and Qwen3.5-MoE (`qwen3_5_moe_text`,
 //! `modeling_qwen3_5_moe.py`), the same layers with a routed mixture of experts and a gated shared
-//! expert as every layer's MLP ([`crate::layers::SparseMoe`]). A hybrid: of every
+//! expert as every layer's MLP ([`crate::layers::SparseMoe`]) — and Qwen3-Next (`qwen3_next`,
+//! `modeling_qwen3_next.py`), Qwen3.5-MoE's layers with the linear attention's input projections
+//! grouped by key head and Qwen3-MoE's choice of dense layers. A hybrid: of every
 //! `full_attention_interval` layers (4) all but the last are **Gated DeltaNet** linear attention
 //! (Yang et al. 2024, [`crate::layers::GatedDeltaNet`]): a causal depthwise convolution over q, k
 //! and v, a gated delta-rule recurrence with a fixed-size state per head instead of a KV cache, an
@@ -87,6 +89,26 @@ pub(crate) const MOE_CONFIG_KEYS: &[&str] = &[
     "router_aux_loss_coef",
 ];
 
+/// The keys Qwen3-Next implements: Qwen3.5-MoE's and Qwen3-MoE's choice of dense layers.
+pub(crate) const NEXT_CONFIG_KEYS: &[&str] = &[
+    "layer_types",
+    "full_attention_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "output_router_logits",
+    "router_aux_loss_coef",
+];
+
 /// The multimodal RoPE's keys, inert for text (see the module docs).
 const MROPE_KEYS: &[&str] = &["mrope_section", "mrope_interleaved"];
 
@@ -97,10 +119,13 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<Arch
     if let Some(Value::Object(block)) = hf.rope_parameters.as_mut() {
         block.retain(|k, _| !MROPE_KEYS.contains(&k.as_str()));
     }
-    let moe = family == Family::Qwen3_5Moe;
+    let (moe, next) = (family == Family::Qwen3_5Moe, family == Family::Qwen3Next);
     if moe {
         // Every layer's MLP is the sparse block: there is no dense intermediate size.
         hf.intermediate_size = Some(hf.moe_intermediate_size.unwrap_or(512));
+    }
+    if next {
+        hf.intermediate_size = Some(hf.intermediate_size.unwrap_or(5632));
     }
     let mut arch = config::rotary_decoder(path, &hf, family, defaults)?;
     arch.norm = NormKind::Gemma;
@@ -134,6 +159,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<Arch
         num_value_heads: positive("linear_num_value_heads", hf.linear_num_value_heads, 32)?,
         key_head_dim: positive("linear_key_head_dim", hf.linear_key_head_dim, 128)?,
         value_head_dim: positive("linear_value_head_dim", hf.linear_value_head_dim, 128)?,
+        grouped_projections: next,
     };
     if linear.num_value_heads % linear.num_key_heads != 0 {
         return Err(ModelError::config(
@@ -144,17 +170,40 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<Arch
     }
     arch.linear_attn = Some(linear);
     if moe {
-        arch.moe = Some(moe_config(path, &hf, arch.num_layers)?);
+        arch.moe = Some(moe_config(path, &hf, arch.num_layers, false)?);
+    }
+    if next {
+        arch.moe = Some(next_moe_config(path, &hf, arch.num_layers)?);
     }
     Ok(arch)
+}
+
+/// Qwen3-Next's experts: Qwen3.5-MoE's with `norm_topk_prob` as the config says (true by default)
+/// and, as in Qwen3-MoE, a dense MLP on the layers in `mlp_only_layers` and all but every
+/// `decoder_sparse_step`-th.
+fn next_moe_config(path: &Path, hf: &HfConfig, layers: i64) -> Result<MoeConfig> {
+    let mut moe = moe_config(path, hf, layers, true)?;
+    moe.norm_topk_prob = hf.norm_topk_prob.unwrap_or(true);
+    let step = config::require(path, "decoder_sparse_step", Some(hf.decoder_sparse_step.unwrap_or(1)))?;
+    let dense = hf.mlp_only_layers.clone().unwrap_or_default();
+    if let Some(bad) = dense.iter().find(|&&i| i < 0 || i >= layers) {
+        return Err(ModelError::config(
+            path,
+            "mlp_only_layers",
+            format!("layer {bad} is not one of the {layers} layers"),
+        ));
+    }
+    moe.sparse_layers = (0..layers).map(|i| !dense.contains(&i) && (i + 1) % step == 0).collect();
+    Ok(moe)
 }
 
 /// Qwen3.5-MoE's experts: on every layer, `num_experts` of `moe_intermediate_size`, the top
 /// `num_experts_per_tok` always renormalised, and a shared expert of
 /// `shared_expert_intermediate_size` gated per token.
-fn moe_config(path: &Path, hf: &HfConfig, layers: i64) -> Result<MoeConfig> {
-    let num_experts = config::require(path, "num_experts", Some(hf.num_experts.unwrap_or(256)))?;
-    let top_k = config::require(path, "num_experts_per_tok", Some(hf.num_experts_per_tok.unwrap_or(8)))?;
+fn moe_config(path: &Path, hf: &HfConfig, layers: i64, next: bool) -> Result<MoeConfig> {
+    let (default_experts, default_k) = if next { (512, 10) } else { (256, 8) };
+    let num_experts = config::require(path, "num_experts", Some(hf.num_experts.unwrap_or(default_experts)))?;
+    let top_k = config::require(path, "num_experts_per_tok", Some(hf.num_experts_per_tok.unwrap_or(default_k)))?;
     if top_k > num_experts {
         return Err(ModelError::config(
             path,

@@ -12,6 +12,9 @@ pub struct LinearAttnConfig {
     pub num_value_heads: i64,
     pub key_head_dim: i64,
     pub value_head_dim: i64,
+    /// The input projections grouped by key head (`in_proj_qkvz`, `in_proj_ba`: Qwen3-Next)
+    /// rather than one per part (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`: Qwen3.5).
+    pub grouped_projections: bool,
 }
 
 impl LinearAttnConfig {

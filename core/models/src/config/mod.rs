@@ -47,6 +47,9 @@ pub enum Family {
     Qwen3_5,
     /// Qwen3.5-MoE (text): Qwen3.5 with a routed mixture of experts and a shared expert as MLP.
     Qwen3_5Moe,
+    /// Qwen3-Next: Qwen3.5-MoE's layers with the linear attention's projections grouped by key
+    /// head (`in_proj_qkvz`, `in_proj_ba`) and Qwen3-MoE's choice of dense layers.
+    Qwen3Next,
     /// gpt-oss: attention sinks, alternating sliding and full layers, biased experts with a
     /// clamped SwiGLU, YaRN.
     GptOss,
@@ -68,6 +71,7 @@ const MODEL_TYPES: &[(&str, Family)] = &[
     ("phi3", Family::Phi3),
     ("qwen3_5_text", Family::Qwen3_5),
     ("qwen3_5_moe_text", Family::Qwen3_5Moe),
+    ("qwen3_next", Family::Qwen3Next),
     ("gpt_oss", Family::GptOss),
     ("gpt2", Family::Gpt2),
 ];
@@ -113,6 +117,7 @@ impl Family {
             // transformers has no text-only Qwen3.5-MoE classifier; the generic head's name.
             Family::Qwen3_5Moe => "Qwen3_5MoeForSequenceClassification",
             Family::GptOss => "GptOssForSequenceClassification",
+            Family::Qwen3Next => "Qwen3NextForSequenceClassification",
             Family::Gpt2 => "GPT2ForSequenceClassification",
         }
     }

@@ -20,14 +20,48 @@ use crate::config::{Activation, ArchConfig, LinearAttnConfig};
 use crate::error::{ModelError, Result};
 use crate::weights::WeightLoader;
 
+/// The input projections, as the checkpoint stores them.
+#[derive(Debug)]
+enum Projections {
+    /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, each part whole.
+    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, each grouped by key head (per key head its
+    /// q, k, then the v and z of the value heads it serves; its b's, then its a's).
+    Grouped { qkvz: Linear, ba: Linear },
+}
+
+impl Projections {
+    fn parts(&self) -> Vec<&Linear> {
+        match self {
+            Projections::Split { qkv, z, b, a } => vec![qkv, z, b, a],
+            Projections::Grouped { qkvz, ba } => vec![qkvz, ba],
+        }
+    }
+
+    fn named_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        match self {
+            Projections::Split { qkv, z, b, a } => {
+                vec![("in_proj_qkv", qkv), ("in_proj_z", z), ("in_proj_b", b), ("in_proj_a", a)]
+            }
+            Projections::Grouped { qkvz, ba } => vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)],
+        }
+    }
+
+    fn named(&self) -> Vec<(&'static str, &Linear)> {
+        match self {
+            Projections::Split { qkv, z, b, a } => {
+                vec![("in_proj_qkv", qkv), ("in_proj_z", z), ("in_proj_b", b), ("in_proj_a", a)]
+            }
+            Projections::Grouped { qkvz, ba } => vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)],
+        }
+    }
+}
+
 /// A Gated DeltaNet layer (`linear_attn`).
 #[derive(Debug)]
 pub struct GatedDeltaNet {
-    in_proj_qkv: Linear,
-    in_proj_z: Linear,
-    in_proj_b: Linear,
-    in_proj_a: Linear,
-    /// The four input projections in one buffer (one GEMM).
+    proj: Projections,
+    /// The input projections in one buffer (one GEMM).
     fused: Option<FusedRows>,
     conv_weight: Tensor, // [conv_dim, 1, kernel]
     dt_bias: Tensor,     // [value_heads]
@@ -79,16 +113,21 @@ impl GatedDeltaNet {
         let l = cfg.linear_attn.ok_or_else(|| ModelError::Input("linear attention without its sizes".into()))?;
         let h = cfg.hidden_size;
         let value_dim = l.num_value_heads * l.value_head_dim;
-        let mut in_proj_qkv = Linear::load(&w.pp("in_proj_qkv"), h, l.conv_dim(), false)?;
-        let mut in_proj_z = Linear::load(&w.pp("in_proj_z"), h, value_dim, false)?;
-        let mut in_proj_b = Linear::load(&w.pp("in_proj_b"), h, l.num_value_heads, false)?;
-        let mut in_proj_a = Linear::load(&w.pp("in_proj_a"), h, l.num_value_heads, false)?;
-        let fused = FusedRows::new(&mut [&mut in_proj_qkv, &mut in_proj_z, &mut in_proj_b, &mut in_proj_a])?;
+        let (proj, fused) = if l.grouped_projections {
+            let mut qkvz = Linear::load(&w.pp("in_proj_qkvz"), h, l.conv_dim() + value_dim, false)?;
+            let mut ba = Linear::load(&w.pp("in_proj_ba"), h, 2 * l.num_value_heads, false)?;
+            let fused = FusedRows::new(&mut [&mut qkvz, &mut ba])?;
+            (Projections::Grouped { qkvz, ba }, fused)
+        } else {
+            let mut qkv = Linear::load(&w.pp("in_proj_qkv"), h, l.conv_dim(), false)?;
+            let mut z = Linear::load(&w.pp("in_proj_z"), h, value_dim, false)?;
+            let mut b = Linear::load(&w.pp("in_proj_b"), h, l.num_value_heads, false)?;
+            let mut a = Linear::load(&w.pp("in_proj_a"), h, l.num_value_heads, false)?;
+            let fused = FusedRows::new(&mut [&mut qkv, &mut z, &mut b, &mut a])?;
+            (Projections::Split { qkv, z, b, a }, fused)
+        };
         Ok(GatedDeltaNet {
-            in_proj_qkv,
-            in_proj_z,
-            in_proj_b,
-            in_proj_a,
+            proj,
             fused,
             conv_weight: w.pp("conv1d").get("weight", &[l.conv_dim(), 1, l.conv_kernel])?,
             dt_bias: w.get("dt_bias", &[l.num_value_heads])?,
@@ -124,34 +163,49 @@ impl GatedDeltaNet {
 
     /// The linear layers with their names below `linear_attn`.
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
-        vec![
-            ("in_proj_qkv", &mut self.in_proj_qkv),
-            ("in_proj_z", &mut self.in_proj_z),
-            ("in_proj_b", &mut self.in_proj_b),
-            ("in_proj_a", &mut self.in_proj_a),
-            ("out_proj", &mut self.out_proj),
-        ]
+        let mut out = self.proj.named_mut();
+        out.push(("out_proj", &mut self.out_proj));
+        out
     }
 
     /// [`GatedDeltaNet::linears_mut`], shared.
     pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        vec![
-            ("in_proj_qkv", &self.in_proj_qkv),
-            ("in_proj_z", &self.in_proj_z),
-            ("in_proj_b", &self.in_proj_b),
-            ("in_proj_a", &self.in_proj_a),
-            ("out_proj", &self.out_proj),
-        ]
+        let mut out = self.proj.named();
+        out.push(("out_proj", &self.out_proj));
+        out
     }
 
-    /// The four input projections side by side, `[b, s, conv_dim + value_dim + 2 · heads]`.
+    /// The input projections side by side in Qwen3.5's order, `[b, s, conv_dim + value_dim +
+    /// 2 · heads]`: q, k, v (each all heads), z, β's and a's inputs.
     fn project(&self, x: &Tensor) -> Result<Tensor> {
-        let parts = [&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a];
-        if let Some(all) = FusedRows::try_forward(self.fused.as_ref(), &parts, x)? {
+        let parts = self.proj.parts();
+        let all = match FusedRows::try_forward(self.fused.as_ref(), &parts, x)? {
+            Some(all) => all,
+            None => Tensor::f_cat(&parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?, -1)?,
+        };
+        if matches!(self.proj, Projections::Split { .. }) {
             return Ok(all);
         }
-        let outs = parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?;
-        Ok(Tensor::f_cat(&outs, -1)?)
+        // Grouped by key head: per key head [q; k; v·rep; z·rep], then per key head [b·rep; a·rep].
+        let l = &self.cfg;
+        let (b, s) = (x.size()[0], x.size()[1]);
+        let (hk, dk, rep, dv) =
+            (l.num_key_heads, l.key_head_dim, l.num_value_heads / l.num_key_heads, l.value_head_dim);
+        let width = 2 * dk + 2 * rep * dv;
+        let qkvz = all.f_narrow(-1, 0, hk * width)?.f_view([b, s, hk, width])?;
+        let ba = all.f_narrow(-1, hk * width, 2 * l.num_value_heads)?.f_view([b, s, hk, 2 * rep])?;
+        let part = |t: &Tensor, from: i64, len: i64| -> Result<Tensor> {
+            Ok(t.f_narrow(-1, from, len)?.f_reshape([b, s, hk * len])?)
+        };
+        let pieces = [
+            part(&qkvz, 0, dk)?,
+            part(&qkvz, dk, dk)?,
+            part(&qkvz, 2 * dk, rep * dv)?,
+            part(&qkvz, 2 * dk + rep * dv, rep * dv)?,
+            part(&ba, 0, rep)?,
+            part(&ba, rep, rep)?,
+        ];
+        Ok(Tensor::f_cat(&pieces, -1)?)
     }
 
     /// The causal depthwise convolution and its activation; with a cache state, continued from
