@@ -186,12 +186,16 @@ pub(super) fn run_train(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<Train
         _ if b.device.is_cuda() => "n/a (unknown GPU: pass --peak-tflops)".into(),
         _ => "n/a (CPU: pass --peak-tflops)".into(),
     };
+    // A hybrid model's linear-attention layers add their recurrence (3× its forward FLOPs).
+    let linear = 3.0 * report::linear_attn_flops(arch, 64);
+    let linear_text = if linear > 0.0 { format!(" + linear attention {linear:.4e}") } else { String::new() };
     println!(
-        "       MFU {mfu_text}; model FLOPs/token = 6·N + 12·L·H·T = {:.4e} (N = {} matmul params, L = {}, \
-         H = {}, T = {seq})",
+        "       MFU {mfu_text}; model FLOPs/token = 6·N + 12·L·H·T{} = {:.4e} (N = {} matmul params, L = {} \
+         attention layers, H = {}, T = {seq})",
+        linear_text,
         flops_per_token,
         fmt_count(n as u64),
-        arch.num_layers,
+        report::attention_layers(arch),
         arch.num_heads * arch.head_dim
     );
     Ok(TrainResult { tokens_per_s, step_s, flops_per_token, mfu, peak_tflops: peak })

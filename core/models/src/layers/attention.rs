@@ -141,32 +141,40 @@ impl Attention {
         }
     }
 
-    /// Rotated queries and keys, `([b, heads, s, hd], [b, kv_heads, s, hd])`, from the
-    /// projections (see [`Attention::project`]), with the q/k norms the model has, and the output
-    /// gate `[b, s, heads · hd]` where the model has one. Without norms, q and k are rotated
-    /// together (one set of kernels for both).
-    fn rotated_qk(&self, qkv: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    /// Rotated queries and keys, `([b, heads, s, hd], [b, kv_heads, s, hd])`, the values
+    /// `[b, s, kv_heads · hd]` and, where the model has one, the output gate `[b, s, heads · hd]`,
+    /// from the projections (see [`Attention::project`]), with the q/k norms the model has.
+    /// Without norms, q and k are rotated together (one set of kernels for both). The parts are
+    /// taken with one `split_with_sizes` each, whose backward is one `cat`: a `narrow` per part
+    /// would each write its gradient into a zeroed tensor of the whole projection's size.
+    fn split_rotated(
+        &self,
+        qkv: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
         let (b, s) = (qkv.size()[0], qkv.size()[1]);
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let heads = |t: Tensor, n: i64| -> Result<Tensor> { Ok(t.f_view([b, s, n, hd])?.f_transpose(1, 2)?) };
+        let heads = |t: &Tensor, n: i64| -> Result<Tensor> { Ok(t.f_view([b, s, n, hd])?.f_transpose(1, 2)?) };
+        if self.q_norm.is_none() && !self.output_gate {
+            let [qk, v] = two(qkv.f_split_with_sizes([(nh + nkv) * hd, nkv * hd], -1)?)?;
+            let [q, k] = two(apply_rotary(&heads(&qk, nh + nkv)?, cos, sin)?.f_split_with_sizes([nh, nkv], 1)?)?;
+            return Ok((q, k, v, None));
+        }
+        let parts = qkv.f_split_with_sizes([self.q_width(), nkv * hd, nkv * hd], -1)?;
         let (q, gate) = if self.output_gate {
-            let qg = qkv.f_narrow(-1, 0, 2 * nh * hd)?.f_view([b, s, nh, 2 * hd])?;
-            let gate = qg.f_narrow(-1, hd, hd)?.f_reshape([b, s, nh * hd])?;
-            (qg.f_narrow(-1, 0, hd)?.f_reshape([b, s, nh * hd])?, Some(gate))
+            let [q, gate] = two(parts[0].f_view([b, s, nh, 2 * hd])?.f_split_with_sizes([hd, hd], -1)?)?;
+            (q.f_reshape([b, s, nh * hd])?, Some(gate.f_reshape([b, s, nh * hd])?))
         } else {
-            (qkv.f_narrow(-1, 0, nh * hd)?, None)
+            (parts[0].shallow_clone(), None)
         };
-        let k = qkv.f_narrow(-1, self.q_width(), nkv * hd)?;
+        let k = &parts[1];
         let (q, k) = match (self.qk_norm, &self.q_norm, &self.k_norm) {
-            (QkNorm::PerHead, Some(qn), Some(kn)) => (qn.forward(&heads(q, nh)?)?, kn.forward(&heads(k, nkv)?)?),
-            (QkNorm::Projection, Some(qn), Some(kn)) => (heads(qn.forward(&q)?, nh)?, heads(kn.forward(&k)?, nkv)?),
-            _ if gate.is_none() => {
-                let qk = apply_rotary(&heads(qkv.f_narrow(-1, 0, (nh + nkv) * hd)?, nh + nkv)?, cos, sin)?;
-                return Ok((qk.f_narrow(1, 0, nh)?, qk.f_narrow(1, nh, nkv)?, None));
-            }
-            _ => (heads(q, nh)?, heads(k, nkv)?),
+            (QkNorm::PerHead, Some(qn), Some(kn)) => (qn.forward(&heads(&q, nh)?)?, kn.forward(&heads(k, nkv)?)?),
+            (QkNorm::Projection, Some(qn), Some(kn)) => (heads(&qn.forward(&q)?, nh)?, heads(&kn.forward(k)?, nkv)?),
+            _ => (heads(&q, nh)?, heads(k, nkv)?),
         };
-        Ok((apply_rotary(&q, cos, sin)?, apply_rotary(&k, cos, sin)?, gate))
+        Ok((apply_rotary(&q, cos, sin)?, apply_rotary(&k, cos, sin)?, parts[2].shallow_clone(), gate))
     }
 
     /// Width of the query projection's output (with the gate where there is one).
@@ -194,8 +202,8 @@ impl Attention {
         let (b, s) = (x.size()[0], x.size()[1]);
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let qkv = self.project(x)?;
-        let (q, k, gate) = self.rotated_qk(&qkv, cos, sin)?;
-        let v = qkv.f_narrow(-1, self.q_width() + nkv * hd, nkv * hd)?.f_view([b, s, nkv, hd])?.f_transpose(1, 2)?;
+        let (q, k, v, gate) = self.split_rotated(&qkv, cos, sin)?;
+        let v = v.f_view([b, s, nkv, hd])?.f_transpose(1, 2)?;
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, &k, &v)?, // [b, kv, keys, hd]
             None => (k, v),
@@ -264,4 +272,10 @@ impl Attention {
         };
         Ok(probs.f_to_kind(q.kind())?.f_matmul(&v)?)
     }
+}
+
+/// The two parts of a split.
+fn two(parts: Vec<Tensor>) -> Result<[Tensor; 2]> {
+    <[Tensor; 2]>::try_from(parts)
+        .map_err(|p| crate::error::ModelError::Input(format!("expected 2 parts, got {}", p.len())))
 }

@@ -72,13 +72,18 @@ pub fn recurrent(
         Some(s) => s.f_to_kind(Kind::Float)?,
         None => zero_state(&k, &v)?,
     };
-    let mut out = Vec::with_capacity(q.size()[2] as usize);
-    for t in 0..q.size()[2] {
-        let at = |x: &Tensor| x.f_select(2, t); // [b, h, d] or [b, h]
-        let (q_t, k_t, v_t) = (at(&q)?.f_unsqueeze(-2)?, at(&k)?.f_unsqueeze(-2)?, at(&v)?.f_unsqueeze(-2)?); // [b, h, 1, d]
-        s_t = s_t.f_mul(&at(&g)?.f_exp()?.f_view([q.size()[0], q.size()[1], 1, 1])?)?;
+    let (b, h) = (q.size()[0], q.size()[1]);
+    // One view per token (a single backward for all of them, where per-token selects would each
+    // scatter into a full-size gradient).
+    let (qs, ks, vs) = (q.f_split(1, 2)?, k.f_split(1, 2)?, v.f_split(1, 2)?); // [b, h, 1, d] each
+    let decays = g.f_exp()?.f_view([b, h, -1, 1, 1])?.f_unbind(2)?; // [b, h, 1, 1] each
+    let rates = beta.f_view([b, h, -1, 1, 1])?.f_unbind(2)?; // [b, h, 1, 1] each
+    let mut out = Vec::with_capacity(qs.len());
+    for t in 0..qs.len() {
+        let (q_t, k_t, v_t) = (&qs[t], &ks[t], &vs[t]);
+        s_t = s_t.f_mul(&decays[t])?;
         let predicted = k_t.f_matmul(&s_t)?; // [b, h, 1, dv]
-        let delta = v_t.f_sub(&predicted)?.f_mul(&at(&beta)?.f_unsqueeze(-1)?.f_unsqueeze(-1)?)?; // [b, h, 1, dv]
+        let delta = v_t.f_sub(&predicted)?.f_mul(&rates[t])?; // [b, h, 1, dv]
         s_t = s_t.f_add(&k_t.f_transpose(-1, -2)?.f_matmul(&delta)?)?; // + k ⊗ delta
         out.push(q_t.f_matmul(&s_t)?); // [b, h, 1, dv]
     }
@@ -162,12 +167,15 @@ pub fn chunked(
         Some(s) => s.f_to_kind(Kind::Float)?,
         None => Tensor::f_zeros([b, h, dk, dv], (Kind::Float, device))?,
     };
+    // One view per chunk (a single backward each, see `recurrent`).
+    let chunks_of = |x: &Tensor| x.f_unbind(2);
+    let (values, reads, queries) = (chunks_of(&new_values)?, chunks_of(&k_cumdecay)?, chunks_of(&q)?);
+    let (intras, decays, keys) = (chunks_of(&intra)?, chunks_of(&chunk_decay)?, chunks_of(&k)?);
     let mut out = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let at = |x: &Tensor| x.f_select(2, i);
-        let v_new = at(&new_values)?.f_sub(&at(&k_cumdecay)?.f_matmul(&s_t)?)?; // [b, h, C, dv]
-        out.push(at(&q)?.f_matmul(&s_t)?.f_add(&at(&intra)?.f_matmul(&v_new)?)?);
-        s_t = s_t.f_mul(&at(&chunk_decay)?)?.f_add(&at(&k)?.f_transpose(-1, -2)?.f_matmul(&v_new)?)?;
+    for i in 0..n as usize {
+        let v_new = values[i].f_sub(&reads[i].f_matmul(&s_t)?)?; // [b, h, C, dv]
+        out.push(queries[i].f_matmul(&s_t)?.f_add(&intras[i].f_matmul(&v_new)?)?);
+        s_t = s_t.f_mul(&decays[i])?.f_add(&keys[i].f_transpose(-1, -2)?.f_matmul(&v_new)?)?;
     }
     let o = Tensor::f_cat(&out, 2)?.f_narrow(2, 0, seq)?; // [b, h, s, dv]
     Ok((o.f_transpose(1, 2)?.f_to_kind(kind)?.f_contiguous()?, s_t))

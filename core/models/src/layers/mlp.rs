@@ -59,9 +59,10 @@ impl GatedMlp {
             }
             GateUp::Fused(l) => l.forward(x)?,
         };
+        // One split (one `cat` backward), not two narrows (each a zeroed full-size gradient).
         let half = both.size()[both.dim() - 1] / 2;
-        let (gate, up) = (both.f_narrow(-1, 0, half)?, both.f_narrow(-1, half, half)?);
-        self.down_proj.forward(&activate(&gate, self.act)?.f_mul(&up)?)
+        let parts = both.f_split_with_sizes([half, half], -1)?;
+        self.down_proj.forward(&activate(&parts[0], self.act)?.f_mul(&parts[1])?)
     }
 
     /// The linear layers with their names below `mlp`.
