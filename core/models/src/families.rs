@@ -130,8 +130,11 @@ fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
 }
 
 /// The keys `family` implements (beyond [`keys::INERT`]).
-fn family_keys(family: Family) -> &'static [&'static str] {
-    match family {
+fn family_keys(family: Family) -> Vec<&'static str> {
+    use crate::qwen3_5::{CONFIG_KEYS as HYBRID, MOE_KEYS, NEXT_KEYS};
+    let keys: &[&str] = match family {
+        Family::Qwen3_5Moe => return [HYBRID, MOE_KEYS].concat(),
+        Family::Qwen3Next => return [HYBRID, MOE_KEYS, NEXT_KEYS].concat(),
         Family::Gpt2 => crate::gpt2::CONFIG_KEYS,
         Family::Llama | Family::Mistral | Family::Qwen2 => crate::llama::CONFIG_KEYS,
         Family::Qwen3 => crate::qwen3::CONFIG_KEYS,
@@ -140,11 +143,10 @@ fn family_keys(family: Family) -> &'static [&'static str] {
         Family::Olmo2 => crate::olmo2::CONFIG_KEYS,
         Family::Olmo3 => crate::olmo3::CONFIG_KEYS,
         Family::Phi3 => crate::phi3::CONFIG_KEYS,
-        Family::Qwen3_5 => crate::qwen3_5::CONFIG_KEYS,
-        Family::Qwen3_5Moe => crate::qwen3_5::MOE_CONFIG_KEYS,
-        Family::Qwen3Next => crate::qwen3_5::NEXT_CONFIG_KEYS,
+        Family::Qwen3_5 => HYBRID,
         Family::GptOss => crate::gpt_oss::CONFIG_KEYS,
-    }
+    };
+    keys.to_vec()
 }
 
 /// Refuses the first key of `config` that is neither inert, implemented by `family`, nor allowed

@@ -69,18 +69,8 @@ pub(crate) const MULTIMODAL_MOE: Multimodal = Multimodal {
     ..MULTIMODAL
 };
 
-/// The keys Qwen3.5-MoE implements beyond Qwen3.5's ([`CONFIG_KEYS`]) and the common ones.
-pub(crate) const MOE_CONFIG_KEYS: &[&str] = &[
-    "attn_output_gate",
-    "mtp_num_hidden_layers",
-    "mtp_use_dedicated_embeddings",
-    "layer_types",
-    "full_attention_interval",
-    "linear_conv_kernel_dim",
-    "linear_key_head_dim",
-    "linear_value_head_dim",
-    "linear_num_key_heads",
-    "linear_num_value_heads",
+/// The keys Qwen3.5-MoE implements beyond Qwen3.5's ([`CONFIG_KEYS`]): its experts.
+pub(crate) const MOE_KEYS: &[&str] = &[
     "num_experts",
     "num_experts_per_tok",
     "moe_intermediate_size",
@@ -89,25 +79,9 @@ pub(crate) const MOE_CONFIG_KEYS: &[&str] = &[
     "router_aux_loss_coef",
 ];
 
-/// The keys Qwen3-Next implements: Qwen3.5-MoE's and Qwen3-MoE's choice of dense layers.
-pub(crate) const NEXT_CONFIG_KEYS: &[&str] = &[
-    "layer_types",
-    "full_attention_interval",
-    "linear_conv_kernel_dim",
-    "linear_key_head_dim",
-    "linear_value_head_dim",
-    "linear_num_key_heads",
-    "linear_num_value_heads",
-    "num_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "shared_expert_intermediate_size",
-    "norm_topk_prob",
-    "decoder_sparse_step",
-    "mlp_only_layers",
-    "output_router_logits",
-    "router_aux_loss_coef",
-];
+/// The keys Qwen3-Next implements beyond Qwen3.5-MoE's: Qwen3-MoE's choice of dense layers and
+/// renormalisation.
+pub(crate) const NEXT_KEYS: &[&str] = &["norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"];
 
 /// The multimodal RoPE's keys, inert for text (see the module docs).
 const MROPE_KEYS: &[&str] = &["mrope_section", "mrope_interleaved"];
@@ -231,27 +205,10 @@ fn moe_config(path: &Path, hf: &HfConfig, layers: i64, next: bool) -> Result<Moe
 /// `layer_types` (`linear_attention` / `full_attention`), or transformers' default pattern: every
 /// `full_attention_interval`-th layer full, the others linear.
 fn layer_types(path: &Path, hf: &HfConfig, n: i64) -> Result<Vec<AttnKind>> {
-    let Some(types) = &hf.layer_types else {
-        let every = config::require(path, "full_attention_interval", Some(hf.full_attention_interval.unwrap_or(4)))?;
-        return Ok((0..n).map(|i| if (i + 1) % every == 0 { AttnKind::Full } else { AttnKind::Linear }).collect());
-    };
-    if types.len() as i64 != n {
-        return Err(ModelError::config(
-            path,
-            "layer_types",
-            format!("has {} entries for num_hidden_layers = {n}", types.len()),
-        ));
+    let kinds = [("linear_attention", AttnKind::Linear), ("full_attention", AttnKind::Full)];
+    if let Some(types) = config::layer_kinds(path, hf, n, &kinds)? {
+        return Ok(types);
     }
-    types
-        .iter()
-        .map(|t| match t.as_str() {
-            "full_attention" => Ok(AttnKind::Full),
-            "linear_attention" => Ok(AttnKind::Linear),
-            other => Err(ModelError::config(
-                path,
-                "layer_types",
-                format!("unsupported `{other}` (supported: linear_attention, full_attention)"),
-            )),
-        })
-        .collect()
+    let every = config::require(path, "full_attention_interval", Some(hf.full_attention_interval.unwrap_or(4)))?;
+    Ok((0..n).map(|i| if (i + 1) % every == 0 { AttnKind::Full } else { AttnKind::Linear }).collect())
 }

@@ -508,6 +508,16 @@ pub(crate) fn sliding_window_value(path: &Path, hf: &HfConfig) -> Result<Option<
 
 /// `layer_types` as written (`full_attention` / `sliding_attention`, one per layer), if present.
 pub(crate) fn layer_types_value(path: &Path, hf: &HfConfig, num_layers: i64) -> Result<Option<Vec<AttnKind>>> {
+    layer_kinds(path, hf, num_layers, &[("full_attention", AttnKind::Full), ("sliding_attention", AttnKind::Sliding)])
+}
+
+/// `layer_types` as written, each entry one of `kinds` (name, kind), if present.
+pub(crate) fn layer_kinds(
+    path: &Path,
+    hf: &HfConfig,
+    num_layers: i64,
+    kinds: &[(&str, AttnKind)],
+) -> Result<Option<Vec<AttnKind>>> {
     let Some(types) = &hf.layer_types else { return Ok(None) };
     if types.len() as i64 != num_layers {
         return Err(ModelError::config(
@@ -516,15 +526,15 @@ pub(crate) fn layer_types_value(path: &Path, hf: &HfConfig, num_layers: i64) -> 
             format!("has {} entries for num_hidden_layers = {num_layers}", types.len()),
         ));
     }
+    let names: Vec<&str> = kinds.iter().map(|(n, _)| *n).collect();
     types
         .iter()
-        .map(|t| match t.as_str() {
-            "full_attention" => Ok(AttnKind::Full),
-            "sliding_attention" => Ok(AttnKind::Sliding),
-            other => Err(ModelError::config(
+        .map(|t| match kinds.iter().find(|(n, _)| n == t) {
+            Some((_, kind)) => Ok(*kind),
+            None => Err(ModelError::config(
                 path,
                 "layer_types",
-                format!("unsupported `{other}` (supported: full_attention, sliding_attention)"),
+                format!("unsupported `{t}` (supported: {})", names.join(", ")),
             )),
         })
         .collect::<Result<Vec<_>>>()

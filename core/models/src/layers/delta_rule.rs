@@ -47,10 +47,13 @@ fn prepare(q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor) -> Res
     Ok([q, k, v, g, beta])
 }
 
-/// Zeros `[b, hv, dk, dv]` f32: the state before the first token.
-fn zero_state(k: &Tensor, v: &Tensor) -> Result<Tensor> {
+/// The state before the first token, in f32: `state`, or zeros `[b, hv, dk, dv]`.
+fn initial_state(state: Option<&Tensor>, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     let (b, h, dk, dv) = (k.size()[0], k.size()[1], k.size()[3], v.size()[3]);
-    Ok(Tensor::f_zeros([b, h, dk, dv], (Kind::Float, k.device()))?)
+    Ok(match state {
+        Some(s) => s.f_to_kind(Kind::Float)?,
+        None => Tensor::f_zeros([b, h, dk, dv], (Kind::Float, k.device()))?,
+    })
 }
 
 /// The recurrence token by token (decoding, usually one token).
@@ -68,10 +71,7 @@ pub fn recurrent(
 ) -> Result<(Tensor, Tensor)> {
     let kind = v.kind();
     let [q, k, v, g, beta] = prepare(q, k, v, g, beta)?;
-    let mut s_t = match state {
-        Some(s) => s.f_to_kind(Kind::Float)?,
-        None => zero_state(&k, &v)?,
-    };
+    let mut s_t = initial_state(state, &k, &v)?;
     let (b, h) = (q.size()[0], q.size()[1]);
     // One view per token (a single backward for all of them, where per-token selects would each
     // scatter into a full-size gradient).
@@ -163,10 +163,7 @@ pub fn chunked(
     let new_values = ut.f_linalg_solve_triangular(&v_beta, false, true, true)?; // [b, h, n, C, dv]
     let k_cumdecay = ut.f_linalg_solve_triangular(&decayed_k_beta, false, true, true)?; // [b, h, n, C, dk]
 
-    let mut s_t = match state {
-        Some(s) => s.f_to_kind(Kind::Float)?,
-        None => Tensor::f_zeros([b, h, dk, dv], (Kind::Float, device))?,
-    };
+    let mut s_t = initial_state(state, &k.f_view([b, h, -1, dk])?, &v)?;
     // One view per chunk (a single backward each, see `recurrent`).
     let chunks_of = |x: &Tensor| x.f_unbind(2);
     let (values, reads, queries) = (chunks_of(&new_values)?, chunks_of(&k_cumdecay)?, chunks_of(&q)?);
