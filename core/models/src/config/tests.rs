@@ -144,3 +144,33 @@ fn resolves_qwen3_5_hybrid_layers() {
         assert!(name.is_some() && e.lines().count() == 1, "{e}");
     }
 }
+
+/// The Hub's multimodal Qwen3.5 config: the language model from `text_config` (its keys checked
+/// under that name), the vision model's keys allowed at the top level, anything else refused.
+#[test]
+fn resolves_the_text_model_of_a_multimodal_qwen3_5_and_refuses_what_it_does_not_read() {
+    let text = r#"{"model_type":"qwen3_5_text","vocab_size":10,"hidden_size":16,"num_hidden_layers":4,
+        "num_attention_heads":2,"num_key_value_heads":1,"head_dim":16,"intermediate_size":32,
+        "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":8,"linear_value_head_dim":4}"#;
+    let json = format!(
+        r#"{{"model_type":"qwen3_5","architectures":["Qwen3_5ForConditionalGeneration"],"text_config":{text},
+        "vision_config":{{"depth":1}},"image_token_id":5,"tie_word_embeddings":true}}"#
+    );
+    let (_d, cfg) = write_config(&json);
+    let a = cfg.unwrap().arch;
+    assert_eq!((a.family, a.backbone_prefix(), a.tie_word_embeddings), (Family::Qwen3_5, "model.language_model", true));
+    assert_eq!(a.sequence_classification_architecture(), "Qwen3_5ForSequenceClassification");
+    for (edit, name) in [
+        (json.replace(r#""image_token_id":5"#, r#""image_token_id":5,"clip_qkv":8"#), "config.json: clip_qkv"),
+        (json.replace(r#""hidden_size":16"#, r#""hidden_size":16,"clip_qkv":8"#), "config.json: text_config.clip_qkv"),
+        (
+            json.replace(r#""model_type":"qwen3_5_text""#, r#""model_type":"qwen3""#),
+            "config.json: text_config.model_type",
+        ),
+        (json.replace(&format!(r#""text_config":{text},"#), ""), "config.json: text_config: missing"),
+    ] {
+        let (_d, cfg) = write_config(&edit);
+        let e = cfg.unwrap_err().to_string();
+        assert!(e.contains(name) && e.lines().count() == 1, "{name}: {e}");
+    }
+}
