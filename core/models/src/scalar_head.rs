@@ -49,38 +49,37 @@ impl ScalarHeadModel {
                 format!("a scalar head needs num_labels = 1, got {}", config.arch.num_labels),
             ));
         }
-        let ckpt = Checkpoint::from_dir(dir)?;
-        let vs = new_var_store(device, kind);
-        let w = WeightLoader::new(&ckpt, &vs, kind);
-        let backbone = Backbone::load(&w, &config.arch)?;
-        let score = w.pp("score").get("weight", &[1, config.arch.hidden_size])?;
-        let passthrough = passthrough(&ckpt, &config.arch);
-        ckpt.check_all_used(crate::weights::ignorable)?;
-        Ok(ScalarHeadModel {
-            vs,
-            config,
-            backbone,
-            score,
-            source_dir: dir.to_path_buf(),
-            passthrough,
-            training: Arc::default(),
-            gate: None,
-        })
+        let hidden = config.arch.hidden_size;
+        Self::load(dir, config, device, kind, |w| w.get("weight", &[1, hidden]), crate::weights::ignorable)
     }
 
     /// Builds a scalar-head model from a causal-LM checkpoint: the backbone is copied, the LM head
     /// dropped, and a fresh `score` head drawn from N(0, 1/(hidden + 1)²) (OpenRLHF's critic init).
     pub fn from_causal_lm_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
+        let hidden = config.arch.hidden_size;
+        let score = |w: &WeightLoader| w.new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0));
+        // The language model's head is dropped on purpose.
+        Self::load(dir, config, device, kind, score, |n| crate::weights::ignorable(n) || n == "lm_head.weight")
+    }
+
+    /// The backbone of `dir`'s checkpoint, the `score` head `score` makes from the `score` scope,
+    /// and the parts carried through; every other tensor must be used or `ignorable`.
+    fn load(
+        dir: &Path,
+        config: ModelConfig,
+        device: Device,
+        kind: Kind,
+        score: impl FnOnce(&WeightLoader) -> Result<Tensor>,
+        ignorable: impl Fn(&str) -> bool,
+    ) -> Result<Self> {
         let ckpt = Checkpoint::from_dir(dir)?;
         let vs = new_var_store(device, kind);
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let backbone = Backbone::load(&w, &config.arch)?;
-        let hidden = config.arch.hidden_size;
-        let score = w.pp("score").new_normal("weight", &[1, hidden], 1.0 / (hidden as f64 + 1.0))?;
+        let score = score(&w.pp("score"))?;
         let passthrough = passthrough(&ckpt, &config.arch);
-        // The language model's head is dropped on purpose.
-        ckpt.check_all_used(|n| crate::weights::ignorable(n) || n == "lm_head.weight")?;
+        ckpt.check_all_used(ignorable)?;
         Ok(ScalarHeadModel {
             vs,
             config,

@@ -263,6 +263,18 @@ impl<'a> WeightLoader<'a> {
         let scales = self.ckpt.get(&format!("{full}_scales"), &[-1, -1, -1])?;
         let file = self.ckpt.tensors.get(&format!("{full}_blocks")).map(|(_, f)| f.clone()).unwrap_or_default();
         let bad = |message: String| ModelError::Safetensors { path: file.clone(), message };
+        // Checked before dequantising (which allocates 8 bytes per stored byte): `[experts, in,
+        // out]` is stored as `[experts, out, in / 32, 16]`.
+        let [experts, fan_in, fan_out] = *shape else {
+            return Err(bad(format!("{full}: an MXFP4 weight is [experts, in, out], asked for {shape:?}")));
+        };
+        let stored = [experts, fan_out, fan_in / 32, 16];
+        if fan_in % 32 != 0 || blocks.size() != stored {
+            return Err(bad(format!(
+                "{full}: MXFP4 blocks {:?}, expected {stored:?} for a {shape:?} weight",
+                blocks.size()
+            )));
+        }
         if blocks.kind() != Kind::Uint8 || scales.kind() != Kind::Uint8 || blocks.size()[..3] != scales.size()[..] {
             return Err(bad(format!(
                 "{full}: MXFP4 blocks {:?} {:?} and scales {:?} {:?} must be U8, blocks [.., groups, 16] over scales [.., groups]",
@@ -272,11 +284,7 @@ impl<'a> WeightLoader<'a> {
                 scales.size()
             )));
         }
-        let t = dequantize_mxfp4(blocks, scales)?;
-        if t.size() != shape {
-            return Err(bad(format!("{full}: MXFP4 weight dequantises to {:?}, expected {shape:?}", t.size())));
-        }
-        Ok(self.path.f_var_copy(name, &t)?)
+        Ok(self.path.f_var_copy(name, &dequantize_mxfp4(blocks, scales)?)?)
     }
 
     /// Registers a fresh variable (not in the checkpoint) drawn from N(0, std²), e.g. a new score head.
@@ -413,4 +421,39 @@ pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     text.push('\n');
     let mut f = std::fs::File::create(path).map_err(|e| ModelError::io(path, e))?;
     f.write_all(text.as_bytes()).map_err(|e| ModelError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two FP4 codes per byte, low nibble first, times `2^(scale − 127)`; and blocks of another
+    /// shape than the weight asked for are refused, naming the tensor, before anything is
+    /// dequantised.
+    #[test]
+    fn mxfp4_dequantises_by_hand_and_refuses_a_mismatched_shape() {
+        // One expert, one output row, one group: bytes 0x21 (codes 1, 2 → 0.5, 1.0) and 0xF8
+        // (codes 8, 15 → −0, −6), the other 14 bytes zero; scale 128 → ×2.
+        let mut bytes = [0u8; 16];
+        bytes[0] = 0x21;
+        bytes[1] = 0xF8;
+        let blocks = Tensor::from_slice(&bytes).view([1, 1, 1, 16]);
+        let scales = Tensor::from_slice(&[128u8]).view([1, 1, 1]);
+        let w = dequantize_mxfp4(&blocks, &scales).unwrap(); // [1, 32, 1]
+        assert_eq!(w.size(), [1, 32, 1]);
+        let v = Vec::<f32>::try_from(w.flatten(0, -1)).unwrap();
+        assert_eq!(&v[..4], &[1.0, 2.0, -0.0, -12.0]);
+        assert!(v[4..].iter().all(|&x| x == 0.0));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SINGLE_FILE);
+        Tensor::write_safetensors(&[("e.w_blocks", &blocks), ("e.w_scales", &scales)], &path).unwrap();
+        let ckpt = Checkpoint::from_dir(dir.path()).unwrap();
+        let vs = nn::VarStore::new(Device::Cpu);
+        let loader = WeightLoader::new(&ckpt, &vs, Kind::Float).pp("e");
+        let t = loader.get_mxfp4("w", &[1, 32, 1]).unwrap();
+        assert!(t.equal(&w));
+        let e = loader.get_mxfp4("w", &[1, 64, 1]).unwrap_err().to_string();
+        assert!(e.contains("e.w: MXFP4 blocks [1, 1, 1, 16], expected [1, 1, 2, 16]"), "{e}");
+    }
 }

@@ -271,7 +271,8 @@ impl GatedDeltaNet {
             <[Tensor; 4]>::try_from(parts).map_err(|_| ModelError::Input("projection split".into()))?;
         let mixed = mixed.f_transpose(1, 2)?; // [b, conv_dim, s]
         let beta = beta.f_sigmoid()?; // [b, s, hv]
-                                      // g = −exp(A_log) · softplus(a + dt_bias), in f32.
+
+        // g = −exp(A_log) · softplus(a + dt_bias), in f32.
         let g = a
             .f_to_kind(Kind::Float)?
             .f_add(&self.dt_bias)?

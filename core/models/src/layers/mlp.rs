@@ -101,26 +101,43 @@ enum Experts {
     GptOss { gate_up: Tensor, gate_up_bias: Tensor, down: Tensor, down_bias: Tensor, swiglu: GptOssMoe },
 }
 
+/// Each stacked tensor's experts as views, taken once per forward with `unbind` (one backward
+/// for all experts, where a `select` per expert would each write a zeroed gradient of the whole
+/// stack). Empty for [`Experts::Separate`].
+struct ExpertViews(Vec<Vec<Tensor>>);
+
 impl Experts {
+    /// The per-expert views of the stacked tensors (see [`ExpertViews`]).
+    fn views(&self) -> Result<ExpertViews> {
+        let stacks: Vec<&Tensor> = match self {
+            Experts::Separate(_) => Vec::new(),
+            Experts::Stacked { gate_up, down, .. } => vec![gate_up, down],
+            Experts::GptOss { gate_up, gate_up_bias, down, down_bias, .. } => {
+                vec![gate_up, gate_up_bias, down, down_bias]
+            }
+        };
+        Ok(ExpertViews(stacks.into_iter().map(|t| t.f_unbind(0)).collect::<std::result::Result<_, _>>()?))
+    }
+
     /// Expert `e` on its tokens, `[c, hidden]` → `[c, hidden]`.
-    fn forward(&self, e: usize, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, e: usize, x: &Tensor, views: &ExpertViews) -> Result<Tensor> {
+        let v = |i: usize| &views.0[i][e];
         match self {
             Experts::Separate(m) => m[e].forward(x),
-            Experts::Stacked { gate_up, down, act } => {
-                let both = linear(x, &gate_up.f_select(0, e as i64)?, None)?; // [c, 2 · inter]
+            Experts::Stacked { act, .. } => {
+                let both = linear(x, v(0), None)?; // [c, 2 · inter]
                 let half = both.size()[1] / 2;
-                let h = activate(&both.f_narrow(1, 0, half)?, *act)?.f_mul(&both.f_narrow(1, half, half)?)?;
-                linear(&h, &down.f_select(0, e as i64)?, None)
+                let parts = both.f_split_with_sizes([half, half], 1)?;
+                linear(&activate(&parts[0], *act)?.f_mul(&parts[1])?, v(1), None)
             }
-            Experts::GptOss { gate_up, gate_up_bias, down, down_bias, swiglu } => {
-                let e = e as i64;
-                let both = x.f_matmul(&gate_up.f_select(0, e)?)?.f_add(&gate_up_bias.f_select(0, e)?)?; // [c, 2 · inter]
-                let n = both.size()[1];
-                let gate = both.f_slice(1, 0, n, 2)?.f_clamp_max(swiglu.limit)?;
-                let up = both.f_slice(1, 1, n, 2)?.f_clamp(-swiglu.limit, swiglu.limit)?;
+            Experts::GptOss { swiglu, .. } => {
+                let both = x.f_matmul(v(0))?.f_add(v(1))?; // [c, 2 · inter], gate and up interleaved
+                let pairs = both.f_view([both.size()[0], -1, 2])?.f_unbind(-1)?;
+                let gate = pairs[0].f_clamp_max(swiglu.limit)?;
+                let up = pairs[1].f_clamp(-swiglu.limit, swiglu.limit)?;
                 let glu = gate.f_mul(&gate.f_mul_scalar(swiglu.alpha)?.f_sigmoid()?)?;
                 let h = up.f_add_scalar(1.0)?.f_mul(&glu)?;
-                Ok(h.f_matmul(&down.f_select(0, e)?)?.f_add(&down_bias.f_select(0, e)?)?)
+                Ok(h.f_matmul(v(2))?.f_add(v(3))?)
             }
         }
     }
@@ -297,13 +314,14 @@ impl SparseMoe {
         let tokens = order.f_div_scalar_mode(self.top_k, "floor")?; // [n·k]
         let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?; // [n·k]
         let mut out = flat.f_zeros_like()?;
+        let views = self.experts.views()?;
         let mut start = 0;
         for (e, &count) in counts.iter().enumerate() {
             if count == 0 {
                 continue;
             }
             let rows = tokens.f_narrow(0, start, count)?; // [c]
-            let y = self.experts.forward(e, &flat.f_index_select(0, &rows)?)?; // [c, h]
+            let y = self.experts.forward(e, &flat.f_index_select(0, &rows)?, &views)?; // [c, h]
             let y = y.f_mul(&slot_weights.f_narrow(0, start, count)?.f_unsqueeze(-1)?)?;
             out = out.f_index_add(0, &rows, &y)?;
             start += count;
