@@ -315,3 +315,141 @@ fn gpt_oss_mxfp4_experts_dequantize_bit_exactly() {
         hf_check(&python, &["logits-many", "--models", &out.path().display().to_string(), "--ids", "5,17,42,9"]);
     assert!(theirs.get(out.path().display().to_string().as_str()).is_some());
 }
+
+/// A copy of fixture `name` whose config sets `output_router_logits: true` (in `text_config`
+/// where the checkpoint nests the language model's keys), without its references.
+fn with_router_aux_loss(root: &Path, name: &str) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(root.join(name)).unwrap() {
+        let e = e.unwrap();
+        if !e.file_name().to_string_lossy().starts_with("reference") {
+            std::fs::copy(e.path(), out.path().join(e.file_name())).unwrap();
+        }
+    }
+    let path = out.path().join("config.json");
+    let mut config = rlhf_integration_tests::read_json(&path);
+    let text = match config.get_mut("text_config") {
+        Some(t) => t,
+        None => &mut config,
+    };
+    text["output_router_logits"] = serde_json::json!(true);
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    out
+}
+
+/// Zeroes every gradient, runs `f` (which backpropagates), and returns the gradients of the
+/// variables whose names end with each suffix.
+fn grads_after(model: &CausalLm, suffixes: &[&str], f: impl FnOnce()) -> Vec<Tensor> {
+    for (_, t) in model.vs.variables() {
+        let mut g = t.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    f();
+    let vars = model.vs.variables();
+    suffixes
+        .iter()
+        .map(|s| {
+            let (_, t) = vars.iter().find(|(n, _)| n.ends_with(s)).unwrap_or_else(|| panic!("no variable *{s}"));
+            t.grad().copy()
+        })
+        .collect()
+}
+
+/// The mixture-of-experts load-balancing loss (`output_router_logits: true`) of a left-padded
+/// batch is transformers' `aux_loss`, with its gradients (a router, the embeddings), from a plain
+/// pass and from a checkpointed one; a pass computing a shared prompt once gives the loss and the
+/// gradients of the whole rows.
+#[test]
+fn moe_load_balancing_loss_matches_transformers() {
+    let Some(root) = models() else { return };
+    for name in ["qwen3_moe", "qwen3_moe-step", "qwen3_5_moe-vl", "gpt_oss", "qwen3_next"] {
+        let r = reference(&root.join(name));
+        let dir = with_router_aux_loss(root, name);
+        let model = load(dir.path());
+        assert!(model.router_aux_loss_coef().is_some_and(|c| c > 0.0), "{name}");
+        let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
+        let pos = rlhf_models::position_ids_from_mask(mask).unwrap();
+        let layer = r["aux_router_layer"].int64_value(&[0]);
+        let router = if name == "gpt_oss" { "mlp.router.weight" } else { "mlp.gate.weight" };
+        let suffixes = [format!("layers.{layer}.{router}"), "embed_tokens.weight".to_string()];
+        let suffixes: Vec<&str> = suffixes.iter().map(String::as_str).collect();
+        let want = [&r["aux_grad_router"], &r["aux_grad_embed"]];
+        let check = |how: &str, aux: f64, grads: Vec<Tensor>| {
+            let want_aux = r["aux_loss"].double_value(&[0]);
+            println!("{name} ({how}): aux {aux:.6} vs transformers {want_aux:.6}");
+            assert!((aux - want_aux).abs() < 1e-5 * want_aux.abs().max(1.0), "{name} ({how}): aux {aux} vs {want_aux}");
+            for ((s, got), want) in suffixes.iter().zip(&grads).zip(want) {
+                let scale = want.abs().max().double_value(&[]);
+                let diff = (got - want).abs().max().double_value(&[]);
+                assert!(
+                    scale > 0.0 && diff < 1e-4 * scale,
+                    "{name} ({how}): ∂aux/∂{s} differs by {diff} (max {scale})"
+                );
+            }
+        };
+        let mut aux = 0.0;
+        let grads = grads_after(&model, &suffixes, || {
+            let (_, a) = model.hidden_states_with_aux(ids, mask, &pos).unwrap();
+            let a = a.expect("aux loss");
+            aux = a.double_value(&[]);
+            a.backward();
+        });
+        check("plain", aux, grads);
+        let grads = grads_after(&model, &suffixes, || {
+            let ck = model.hidden_states_checkpointed(ids, mask, &pos).unwrap();
+            let a = ck.aux_loss().expect("aux loss");
+            aux = a.double_value(&[]);
+            a.backward();
+            model.backward_checkpointed(&ck).unwrap();
+        });
+        check("checkpointed", aux, grads);
+    }
+
+    // Two prompts each held by two rows: the prompt computed once counts for both rows.
+    let dir = with_router_aux_loss(root, "qwen3_moe");
+    let model = load(dir.path());
+    let ids = Tensor::from_slice(&[
+        5i64, 17, 42, 9, 101, 7, 3, 64, 12, 250, //
+        5, 17, 42, 9, 101, 7, 8, 33, 0, 0, //
+        0, 0, 77, 21, 60, 14, 90, 91, 92, 93, //
+        0, 0, 77, 21, 60, 14, 4, 0, 0, 0,
+    ])
+    .view([4, 10]);
+    let mask = ids.ne(0).to_kind(Kind::Int64);
+    let p = 6;
+    let pos = rlhf_models::position_ids_from_mask(&mask).unwrap();
+    let prefix = rlhf_models::SharedPrefixes::find(&ids, &mask, p).unwrap();
+    assert!(prefix.any_shared());
+    let suffixes = ["layers.2.mlp.gate.weight", "embed_tokens.weight"];
+    let run = |f: &dyn Fn() -> f64| {
+        let mut aux = 0.0;
+        let grads = grads_after(&model, &suffixes, || aux = f());
+        (aux, grads)
+    };
+    let (aux, grads) = run(&|| {
+        let a = model.hidden_states_with_aux(&ids, &mask, &pos).unwrap().1.unwrap();
+        a.backward();
+        a.double_value(&[])
+    });
+    let shared = run(&|| {
+        let a = model.hidden_states_after_prefix_with_aux(&ids, &mask, &prefix).unwrap().1.unwrap();
+        a.backward();
+        a.double_value(&[])
+    });
+    let shared_ck = run(&|| {
+        let ck = model.hidden_states_checkpointed_after_prefix(&ids, &mask, &prefix).unwrap();
+        let a = ck.aux_loss().unwrap();
+        a.backward();
+        model.backward_checkpointed(&ck).unwrap();
+        a.double_value(&[])
+    });
+    for (how, (a, g)) in [("shared prompts", shared), ("shared prompts, checkpointed", shared_ck)] {
+        assert!((a - aux).abs() < 1e-6, "{how}: aux {a} vs {aux}");
+        for ((s, got), want) in suffixes.iter().zip(&g).zip(&grads) {
+            let diff = (got - want).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{how}: ∂aux/∂{s} differs by {diff}");
+        }
+    }
+}

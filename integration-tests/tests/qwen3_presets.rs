@@ -74,4 +74,28 @@ fn the_qwen3_moe_preset_learns_at_zero_stage_3_and_logs_expert_load() {
     // 4 experts: shares in units of the balanced one lie in [0, 4], the largest at least 1.
     assert!((1.0..=4.0).contains(&max) && (0.0..=1.0).contains(&min), "moe/load_max {max}, moe/load_min {min}");
     assert!(last["moe/experts_idle"].as_f64().is_some());
+
+    // The same model with `output_router_logits: true`: the load-balancing loss joins the loss,
+    // and a checkpointed pass computes what a plain one computes.
+    let model = dir.path().join("aux-model");
+    rlhf_integration_tests::copy_dir(&dir.path().join("r/builtin-model"), &model);
+    let mut config = rlhf_integration_tests::read_json(&model.join("config.json"));
+    config["output_router_logits"] = serde_json::json!(true);
+    config["router_aux_loss_coef"] = serde_json::json!(0.5);
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let actor = format!("model.actor=\"{}\"", model.display());
+    let first = |name: &str, extra: &[&str]| {
+        let run_dir = dir.path().join(name);
+        run("grpo-qwen3-moe.toml", &run_dir, &[&["--set", "train.steps=2", "--set", &actor], extra].concat());
+        metrics(&run_dir).into_iter().find(|l| l["step"] == 1).unwrap()
+    };
+    let (plain, ck) = (first("aux", &[]), first("aux-ck", &["--set", "train.gradient_checkpointing=true"]));
+    let aux = plain["loss/aux"].as_f64().unwrap();
+    // 2 of 4 experts per token: 2 when balanced, at most 4 (E = 4).
+    assert!((1.5..=4.0).contains(&aux), "loss/aux {aux}");
+    assert_eq!(plain["reward"], ck["reward"]);
+    for key in ["loss/aux", "loss/total"] {
+        let (a, b) = (plain[key].as_f64().unwrap(), ck[key].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-5 * a.abs().max(1.0), "{key}: {a} plain, {b} checkpointed");
+    }
 }

@@ -42,6 +42,10 @@ pub struct TokenLogProbs {
     pub logprobs: Tensor,
     /// Entropy of the same distributions, fp32, `[batch, seq - from]`.
     pub entropy: Option<Tensor>,
+    /// A training pass's mixture-of-experts load-balancing loss (`[]` f32, unweighted; with a
+    /// gradient) where the model computes it ([`CausalLm::router_aux_loss_coef`]): add it times
+    /// that coefficient to the loss built on the log-probs. `None` otherwise.
+    pub aux_loss: Option<Tensor>,
 }
 
 /// Log-probs of the tokens at positions `from..seq`, each predicted from its prefix.
@@ -95,7 +99,9 @@ pub fn token_logprobs_checkpointed(
             (model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?, input_ids.shallow_clone(), from)
         }
     };
-    head_pass(model, Layers::Checkpointed(Box::new(layers)), ids, from, opts)
+    let aux = layers.aux_loss().map(Tensor::shallow_clone);
+    let (lp, pass) = head_pass(model, Layers::Checkpointed(Box::new(layers)), ids, from, opts)?;
+    Ok((TokenLogProbs { aux_loss: aux, ..lp }, pass))
 }
 
 /// The head of a training pass over `layers`: log-probs (and entropy) computed without a graph,
@@ -113,7 +119,7 @@ fn head_pass(
             // One chunk: the graph keeps the logits a recompute would make anyway, so the head
             // stays in the layers' graph and the loss's backward goes through both.
             let lp = from_hidden(model, hidden, &ids, from, opts)?;
-            let leaves = TokenLogProbs { logprobs: Tensor::new(), entropy: None };
+            let leaves = TokenLogProbs { logprobs: Tensor::new(), entropy: None, aux_loss: None };
             return Ok((lp, LogProbPass { layers, ids, from, opts, leaves }));
         }
     }
@@ -121,10 +127,12 @@ fn head_pass(
     let out = TokenLogProbs {
         logprobs: lp.logprobs.f_detach()?.f_set_requires_grad(true)?,
         entropy: lp.entropy.map(|e| e.f_detach()?.f_set_requires_grad(true)).transpose()?,
+        aux_loss: None,
     };
     let leaves = TokenLogProbs {
         logprobs: out.logprobs.shallow_clone(),
         entropy: out.entropy.as_ref().map(Tensor::shallow_clone),
+        aux_loss: None,
     };
     Ok((out, LogProbPass { layers, ids, from, opts, leaves }))
 }
@@ -238,16 +246,19 @@ pub fn token_logprobs_pass(
         return token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts);
     }
     check_from(input_ids, from)?;
-    let (hidden, ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
-        Some(prefix) => {
-            (model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?, after_prefix(input_ids, from)?, 1)
-        }
+    let ((hidden, aux), ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
+        Some(prefix) => (
+            model.hidden_states_after_prefix_with_aux(input_ids, attention_mask, &prefix)?,
+            after_prefix(input_ids, from)?,
+            1,
+        ),
         None => {
             let positions = position_ids_from_mask(attention_mask)?;
-            (model.hidden_states(input_ids, attention_mask, &positions, None)?, input_ids.shallow_clone(), from)
+            (model.hidden_states_with_aux(input_ids, attention_mask, &positions)?, input_ids.shallow_clone(), from)
         }
     };
-    head_pass(model, Layers::Graph(hidden), ids, from, opts)
+    let (lp, pass) = head_pass(model, Layers::Graph(hidden), ids, from, opts)?;
+    Ok((TokenLogProbs { aux_loss: aux, ..lp }, pass))
 }
 
 /// With [`LogProbOptions::share_prefix`], the rows' shared first `from` tokens — `None` when
@@ -307,7 +318,7 @@ fn from_hidden(
     }
     let logprobs = Tensor::f_cat(&lps, 0)?.f_view([batch, n])?;
     let entropy = if opts.entropy { Some(Tensor::f_cat(&ents, 0)?.f_view([batch, n])?) } else { None };
-    Ok(TokenLogProbs { logprobs, entropy })
+    Ok(TokenLogProbs { logprobs, entropy, aux_loss: None })
 }
 
 /// The head's input rows, positions `from − 1 .. seq − 1` of `hidden`, and the tokens they

@@ -8,7 +8,7 @@ use crate::decoder::DecoderModel;
 use crate::error::Result;
 use crate::gate::{gated, Gate};
 use crate::gpt2::Gpt2Model;
-use crate::layers::{KvCache, LayerShared, Linear};
+use crate::layers::{KvCache, LayerShared, Linear, RouterStats};
 use crate::weights::WeightLoader;
 
 /// A decoder stack of one of the supported families.
@@ -37,18 +37,36 @@ impl Backbone {
         ids: &Tensor,
         pos: &Tensor,
         key_mask: &Tensor,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
         gate: &Gate,
     ) -> Result<Tensor> {
+        Ok(self.forward_routed(ids, pos, key_mask, cache, gate, None)?.0)
+    }
+
+    /// [`Backbone::forward`], and in a model that computes the load-balancing loss the routing
+    /// statistics of the pass ([`crate::layers::load_balance`]), each row's tokens counted
+    /// `rows[b]` times where given (`[batch]`: the rows a shared prompt stands for).
+    pub(crate) fn forward_routed(
+        &self,
+        ids: &Tensor,
+        pos: &Tensor,
+        key_mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        gate: &Gate,
+        rows: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<RouterStats>)> {
         let past = cache.as_ref().map_or(0, |c| c.len());
-        let (mut h, shared) = self.embed(ids, pos, key_mask, past)?;
+        let (mut h, mut shared) = self.embed(ids, pos, key_mask, past)?;
+        if let (Some(record), Some(rows)) = (shared.router.as_mut(), rows) {
+            record.scale_rows(rows)?;
+        }
         for i in 0..self.num_layers() {
             h = gated(gate, i, || self.layer(i, &h, &shared, cache.as_deref_mut()))?;
         }
         if let Some(c) = cache {
             c.advance(ids.size()[1]);
         }
-        self.final_norm(&h)
+        Ok((self.final_norm(&h)?, shared.router.and_then(|r| r.take())))
     }
 
     /// One capture-safe decode step: embeddings, every layer writing its keys and values at cache

@@ -18,6 +18,12 @@
 //! of both is recomputed together (the rows' attention reads the prompts' keys and values of the
 //! same layer) and one backward gives the gradients of both inputs.
 //!
+//! A model that computes the mixture-of-experts load-balancing loss records its routing in the
+//! forward ([`crate::layers::load_balance`]): the loss is handed out as a leaf
+//! ([`Checkpointed::aux_loss`]) for the caller to add to its own, and each layer's recomputation
+//! backpropagates its share of it, `Σₑ (∂aux/∂pₑ) · pₑ,layer` times the gradient the caller's loss
+//! left on the leaf.
+//!
 //! The recomputed forward must equal the first: nothing random may run in it (LoRA dropout is
 //! refused by the trainer's config check).
 //!
@@ -32,7 +38,7 @@ use tch::{Kind, Tensor};
 use crate::backbone::Backbone;
 use crate::error::{ModelError, Result};
 use crate::gate::{gated, gather, prefetch, release, Gate, Unit};
-use crate::layers::{KvCache, LayerShared};
+use crate::layers::{KvCache, LayerShared, RouterStats};
 
 /// Rows of one checkpointed forward: their inputs and what their layers share.
 #[derive(Debug)]
@@ -88,6 +94,8 @@ pub struct Checkpointed {
     prefix: Option<SharedPart>,
     /// The final hidden states, a leaf requiring a gradient.
     hidden: Tensor,
+    /// The load-balancing loss, in a model that computes it.
+    aux: Option<AuxLeaf>,
     /// The gate of the model's sharded parameters, if any (the backward uses the forward's).
     gate: Gate,
 }
@@ -100,6 +108,36 @@ impl Checkpointed {
     pub fn hidden(&self) -> &Tensor {
         &self.hidden
     }
+
+    /// The mixture-of-experts load-balancing loss of the pass (`[]` f32, a leaf that requires a
+    /// gradient) in a model that computes it (`output_router_logits`): add it, weighted, to the
+    /// loss built on [`Checkpointed::hidden`].
+    pub fn aux_loss(&self) -> Option<&Tensor> {
+        self.aux.as_ref().map(|a| &a.loss)
+    }
+}
+
+/// The load-balancing loss of a checkpointed pass: its value as a leaf, and `∂aux/∂p` (`[experts]`)
+/// to weight the probabilities each layer's recomputation records.
+#[derive(Debug)]
+struct AuxLeaf {
+    loss: Tensor,
+    grad_of_probs: Tensor,
+}
+
+impl AuxLeaf {
+    /// The leaf of a forward's routing statistics (of both segments of a shared-prefix pass).
+    fn of(stats: impl IntoIterator<Item = Option<RouterStats>>) -> Result<Option<AuxLeaf>> {
+        RouterStats::sum(stats)?
+            .map(|s| Ok(AuxLeaf { loss: s.loss()?.f_set_requires_grad(true)?, grad_of_probs: s.grad_of_probs()? }))
+            .transpose()
+    }
+}
+
+/// For each distinct prefix, how many rows hold it (`of_row`: `[batch]` → `[prefixes]`): the
+/// weight of its tokens in the routing statistics.
+pub(crate) fn rows_per_prefix(of_row: &Tensor, prefixes: i64) -> Result<Tensor> {
+    Ok(of_row.f_bincount::<&Tensor>(None, prefixes)?)
 }
 
 /// Runs `backbone` without a graph, keeping the layer inputs.
@@ -124,7 +162,8 @@ pub(crate) fn forward(
         let hidden = backbone.final_norm(rows.top())?;
         Ok((rows, hidden))
     })?;
-    Ok(Checkpointed { rows, prefix: None, hidden: hidden.f_set_requires_grad(true)?, gate: gate.clone() })
+    let aux = AuxLeaf::of([rows.shared.router.as_ref().and_then(|r| r.take())])?;
+    Ok(Checkpointed { rows, prefix: None, hidden: hidden.f_set_requires_grad(true)?, aux, gate: gate.clone() })
 }
 
 /// [`forward`] with each distinct prefix computed once: `prefix_*` are the distinct prefixes
@@ -147,6 +186,9 @@ pub(crate) fn forward_after_prefix(
     prefetch(gate, Unit::Layer(0))?;
     let (prefixes, rows, hidden) = tch::no_grad(|| -> Result<_> {
         let mut pre = Segment::embed(backbone, p_ids, p_pos, p_mask, 0)?;
+        if let Some(record) = pre.shared.router.as_mut() {
+            record.scale_rows(&rows_per_prefix(of_row, p_ids.size()[0])?)?;
+        }
         let mut rows = Segment::embed(backbone, ids, positions, key_mask, p)?;
         for i in 0..backbone.num_layers() {
             let (np, nr) = gated(gate, i, || {
@@ -158,8 +200,10 @@ pub(crate) fn forward_after_prefix(
         let hidden = final_pair(backbone, pre.top(), rows.top(), of_row)?;
         Ok((pre, rows, hidden))
     })?;
+    let taken = |s: &Segment| s.shared.router.as_ref().and_then(|r| r.take());
+    let aux = AuxLeaf::of([taken(&prefixes), taken(&rows)])?;
     let prefix = Some(SharedPart { prefixes, of_row: of_row.shallow_clone() });
-    Ok(Checkpointed { rows, prefix, hidden: hidden.f_set_requires_grad(true)?, gate: gate.clone() })
+    Ok(Checkpointed { rows, prefix, hidden: hidden.f_set_requires_grad(true)?, aux, gate: gate.clone() })
 }
 
 /// [`forward_after_prefix`] without keeping the layer inputs or making a leaf: the layers of both
@@ -167,23 +211,28 @@ pub(crate) fn forward_after_prefix(
 /// plain forward whatever the prefix sharing).
 ///
 /// # Shapes
-/// → `[batch, seq − p + 1, hidden]`
+/// → `[batch, seq − p + 1, hidden]`, and the routing statistics of both segments (see
+/// [`crate::backbone::Backbone::forward_routed`])
 pub(crate) fn forward_after_prefix_plain(
     backbone: &Backbone,
     gate: &Gate,
     prefix: (&Tensor, &Tensor, &Tensor),
     rest: (&Tensor, &Tensor, &Tensor),
     of_row: &Tensor,
-) -> Result<Tensor> {
+) -> Result<(Tensor, Option<RouterStats>)> {
     let (p_ids, p_pos, p_mask) = prefix;
     let (ids, positions, key_mask) = rest;
     let p = p_ids.size()[1];
-    let (mut hp, pre_shared) = backbone.embed(p_ids, p_pos, p_mask, 0)?;
+    let (mut hp, mut pre_shared) = backbone.embed(p_ids, p_pos, p_mask, 0)?;
+    if let Some(record) = pre_shared.router.as_mut() {
+        record.scale_rows(&rows_per_prefix(of_row, p_ids.size()[0])?)?;
+    }
     let (mut hr, rows_shared) = backbone.embed(ids, positions, key_mask, p)?;
     for i in 0..backbone.num_layers() {
         (hp, hr) = gated(gate, i, || layer_pair(backbone, i, (&hp, &pre_shared), (&hr, &rows_shared), of_row))?;
     }
-    final_pair(backbone, &hp, &hr, of_row)
+    let stats = RouterStats::sum([&pre_shared, &rows_shared].map(|s| s.router.as_ref().and_then(|r| r.take())))?;
+    Ok((final_pair(backbone, &hp, &hr, of_row)?, stats))
 }
 
 /// Layer `i` of the prefixes `[u, p, hidden]`, then of the rows `[batch, s, hidden]` attending to
@@ -222,7 +271,26 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
             ck.rows.inputs.len().saturating_sub(1)
         )));
     }
-    let g = ck.hidden.grad();
+    let mut g = ck.hidden.grad();
+    // The load-balancing loss's weights `∂L/∂aux · ∂aux/∂p`, where the caller's loss used it.
+    let aux = match &ck.aux {
+        Some(a) if a.loss.grad().defined() => Some(a.grad_of_probs.f_mul(&a.loss.grad())?),
+        _ => None,
+    };
+    if !g.defined() && aux.is_some() {
+        g = ck.hidden.f_zeros_like()?;
+    }
+    // Each layer's share of the load-balancing loss, backpropagated with its outputs (gradient 1).
+    let one = Tensor::f_ones([], (Kind::Float, ck.hidden.device()))?;
+    let with_aux = |mut y: Vec<Tensor>, segments: &[&Segment]| -> Result<Vec<Tensor>> {
+        let stats: Vec<RouterStats> = segments.iter().filter_map(|s| s.shared.router.as_ref()?.take()).collect();
+        if let Some(w) = &aux {
+            for s in &stats {
+                y.push(s.probs.f_mul(w)?.f_sum(Kind::Float)?);
+            }
+        }
+        Ok(y)
+    };
     let gate = &ck.gate;
     // Layer `i`'s recomputation and backward between gathering it (the layer below prefetched
     // meanwhile) and reducing its gradients.
@@ -249,8 +317,8 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
         None => {
             let mut g = through(&[&ck.rows.inputs[layers]], &[&g], |x| Ok(vec![backbone.final_norm(x[0])?]))?;
             for i in (0..layers).rev() {
-                let f = |x: &[&Tensor]| Ok(vec![backbone.layer(i, x[0], &ck.rows.shared, None)?]);
-                g = layer_back(i, &|| through(&[&ck.rows.inputs[i]], &[&g[0]], f))?;
+                let f = |x: &[&Tensor]| with_aux(vec![backbone.layer(i, x[0], &ck.rows.shared, None)?], &[&ck.rows]);
+                g = layer_back(i, &|| through(&[&ck.rows.inputs[i]], &[&g[0], &one], f))?;
             }
             vjp(&[ck.rows.embeddings(backbone)?], &[&g[0]])?;
         }
@@ -260,9 +328,10 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
             for i in (0..layers).rev() {
                 let f = |x: &[&Tensor]| {
                     let (yp, yr) = layer_pair(backbone, i, (x[0], &pre.shared), (x[1], &ck.rows.shared), of_row)?;
-                    Ok(vec![yp, yr])
+                    with_aux(vec![yp, yr], &[pre, &ck.rows])
                 };
-                g = layer_back(i, &|| through(&[&pre.inputs[i], &ck.rows.inputs[i]], &[&g[0], &g[1]], f))?;
+                let gs = [&g[0], &g[1], &one, &one];
+                g = layer_back(i, &|| through(&[&pre.inputs[i], &ck.rows.inputs[i]], &gs, f))?;
             }
             // Tied embeddings are used three times (LM head, rows, prefixes); one plain backward
             // sums their gradients in that order, and so do these separate calls, bit for bit.
@@ -293,7 +362,8 @@ fn through(x: &[&Tensor], g: &[&Tensor], f: impl Fn(&[&Tensor]) -> Result<Vec<Te
 }
 
 /// Backpropagates each `g` from its `y`: the gradient of `Σ y ⊙ g` with respect to `y` is `g`.
-/// Outputs without a graph (embeddings that do not train, under LoRA) are skipped.
+/// Outputs without a graph (embeddings that do not train, under LoRA) are skipped, and so are
+/// gradients without an output (`g` may be longer than `y`).
 fn vjp(y: &[Tensor], g: &[&Tensor]) -> Result<()> {
     let mut total: Option<Tensor> = None;
     for (y, g) in y.iter().zip(g).filter(|(y, _)| y.requires_grad()) {

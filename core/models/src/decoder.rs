@@ -20,7 +20,7 @@ use crate::config::{ArchConfig, BlockLayout};
 use crate::error::{ModelError, Result};
 use crate::layers::{
     step_attention_mask, windowed_attention_mask, Attention, CacheLayer, GatedDeltaNet, GatedMlp, KvCache, LayerShared,
-    Linear, LinearShared, Mlp, RmsNorm, Rotary, SparseMoe,
+    Linear, LinearShared, Mlp, RmsNorm, Rotary, RouterRecord, SparseMoe,
 };
 use crate::weights::WeightLoader;
 
@@ -95,6 +95,9 @@ pub struct DecoderModel {
     rotary_local: Option<Rotary>,
     embed_scale: Option<f64>,
     sliding_window: Option<i64>,
+    /// Whether a forward records the routing for the load-balancing loss
+    /// (`output_router_logits`, [`crate::layers::load_balance`]).
+    router_aux: bool,
 }
 
 impl DecoderModel {
@@ -150,6 +153,7 @@ impl DecoderModel {
             rotary_local,
             embed_scale: cfg.embed_scale,
             sliding_window: cfg.sliding_window,
+            router_aux: cfg.moe.as_ref().is_some_and(|m| m.aux_loss_coef.is_some()),
         })
     }
 
@@ -220,7 +224,8 @@ impl DecoderModel {
         } else {
             LinearShared::default()
         };
-        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear }))
+        let router = if self.router_aux { Some(RouterRecord::new(&key_mask.f_narrow(1, past, seq)?)?) } else { None };
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router }))
     }
 
     /// Whether some layer is a linear-attention one.
@@ -259,7 +264,7 @@ impl DecoderModel {
             _ => None,
         };
         let linear = LinearShared::default();
-        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear }))
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router: None }))
     }
 
     /// The embeddings (scaled where the family scales them) and the rotary tables of the positions.
@@ -324,7 +329,7 @@ impl DecoderModel {
         };
         let h = h.f_add(&apply(&n.post_attention, a)?)?;
         let x = apply(&n.pre_feedforward, h.shallow_clone())?;
-        let m = apply(&n.post_feedforward, block.mlp.forward(&x)?)?;
+        let m = apply(&n.post_feedforward, block.mlp.forward(&x, shared.router.as_ref())?)?;
         Ok(h.f_add(&m)?)
     }
 

@@ -214,7 +214,14 @@ impl Gpt2Model {
         let mask = attention_mask(key_mask, past, s)?;
         Ok((
             tok.f_add(&pos)?,
-            LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None, linear: Default::default() },
+            LayerShared {
+                mask,
+                sliding_mask: None,
+                rotary: None,
+                rotary_local: None,
+                linear: Default::default(),
+                router: None,
+            },
         ))
     }
 
@@ -242,7 +249,14 @@ impl Gpt2Model {
         let mask = step_attention_mask(key_mask, slot, None)?;
         Ok((
             tok.f_add(&pos)?,
-            LayerShared { mask, sliding_mask: None, rotary: None, rotary_local: None, linear: Default::default() },
+            LayerShared {
+                mask,
+                sliding_mask: None,
+                rotary: None,
+                rotary_local: None,
+                linear: Default::default(),
+                router: None,
+            },
         ))
     }
 

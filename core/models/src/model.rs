@@ -235,6 +235,32 @@ impl CausalLm {
         self.backbone.forward(input_ids, position_ids, attention_mask, cache, &self.gate)
     }
 
+    /// [`CausalLm::hidden_states`] without a cache, and the mixture-of-experts load-balancing
+    /// loss of the pass (`[]` f32, with its graph) where the model computes it
+    /// ([`CausalLm::router_aux_loss_coef`]; padding does not count).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`, `position_ids`: `[batch, seq]`; returns `[batch, seq, hidden]`
+    pub fn hidden_states_with_aux(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        position_ids: &Tensor,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        check_ids(input_ids, attention_mask)?;
+        let (h, stats) =
+            self.backbone.forward_routed(input_ids, position_ids, attention_mask, None, &self.gate, None)?;
+        Ok((h, stats.map(|s| s.loss()).transpose()?))
+    }
+
+    /// The weight of the mixture-of-experts load-balancing loss (Switch Transformers' auxiliary
+    /// loss, [`crate::layers::load_balance`]) in the training loss, where the config asks for it
+    /// (`output_router_logits: true`, `router_aux_loss_coef`); the training passes then return
+    /// the loss ([`CausalLm::hidden_states_with_aux`], [`Checkpointed::aux_loss`]).
+    pub fn router_aux_loss_coef(&self) -> Option<f64> {
+        self.config.arch.moe.as_ref().and_then(|m| m.aux_loss_coef)
+    }
+
     /// [`CausalLm::hidden_states`] (without a cache) as a checkpointed pass: no autograd graph,
     /// each layer's input kept; build the loss from [`Checkpointed::hidden`], backpropagate it,
     /// then hand the pass to [`CausalLm::backward_checkpointed`] (see [`crate::checkpointing`]).

@@ -16,7 +16,7 @@ use tch::{Kind, Tensor};
 
 use crate::checkpointing::{self, Checkpointed};
 use crate::error::{ModelError, Result};
-use crate::layers::{position_ids_from_mask, KvCache};
+use crate::layers::{position_ids_from_mask, KvCache, RouterStats};
 use crate::model::{check_ids, CausalLm};
 
 /// Which rows of a batch share their first `len` tokens (ids and mask both).
@@ -127,19 +127,35 @@ impl CausalLm {
         attention_mask: &Tensor,
         prefix: &SharedPrefixes,
     ) -> Result<Tensor> {
+        Ok(self.hidden_states_after_prefix_with_aux(input_ids, attention_mask, prefix)?.0)
+    }
+
+    /// [`CausalLm::hidden_states_after_prefix`], and the load-balancing loss of the pass as
+    /// [`CausalLm::hidden_states_with_aux`] gives it for the whole rows (a shared prompt's tokens
+    /// count once for each row that holds it).
+    pub fn hidden_states_after_prefix_with_aux(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        prefix: &SharedPrefixes,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let Split { prefixes: (p_ids, p_pos, p_mask), rest: (ids, pos, mask), of_row } =
             Split::new(input_ids, attention_mask, prefix)?;
-        if self.gate.is_some() {
+        let (hidden, stats) = if self.gate.is_some() {
             // Sharded layers: each gathered once for both segments.
             let (pre, rest) = ((&p_ids, &p_pos, &p_mask), (&ids, &pos, &mask));
-            return checkpointing::forward_after_prefix_plain(&self.backbone, &self.gate, pre, rest, &of_row);
-        }
-        let mut cache = KvCache::growing();
-        let hp = self.backbone.forward(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None)?; // [u, p, h]
-        cache.select_rows(&of_row)?;
-        let hr = self.backbone.forward(&ids, &pos, &mask, Some(&mut cache), &None)?; // [batch, rest, h]
-        let last = hp.f_narrow(1, prefix.len - 1, 1)?.f_index_select(0, &of_row)?; // [batch, 1, h]
-        Ok(Tensor::f_cat(&[&last, &hr], 1)?)
+            checkpointing::forward_after_prefix_plain(&self.backbone, &self.gate, pre, rest, &of_row)?
+        } else {
+            let mut cache = KvCache::growing();
+            let rows = checkpointing::rows_per_prefix(&of_row, p_ids.size()[0])?; // [u]
+            let (hp, sp) =
+                self.backbone.forward_routed(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None, Some(&rows))?; // [u, p, h]
+            cache.select_rows(&of_row)?;
+            let (hr, sr) = self.backbone.forward_routed(&ids, &pos, &mask, Some(&mut cache), &None, None)?; // [batch, rest, h]
+            let last = hp.f_narrow(1, prefix.len - 1, 1)?.f_index_select(0, &of_row)?; // [batch, 1, h]
+            (Tensor::f_cat(&[&last, &hr], 1)?, RouterStats::sum([sp, sr])?)
+        };
+        Ok((hidden, stats.map(|s| s.loss()).transpose()?))
     }
 
     /// [`CausalLm::hidden_states_after_prefix`] as a checkpointed pass (see

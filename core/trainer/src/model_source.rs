@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+use tch::Tensor;
+
 use crate::error::{Result, TrainerError};
 
 /// The directory of the model `spec` names for config key `key` (named in errors).
@@ -13,18 +15,26 @@ pub fn resolve(spec: &str, key: &str) -> Result<PathBuf> {
     rlhf_hub::resolve_model(spec).map_err(|e| TrainerError::Config(format!("{key}: {e}")))
 }
 
-/// Refuses to train a model whose `config.json` asks for something in training that this trainer
-/// does not do: transformers' load-balancing loss of a mixture of experts
-/// (`output_router_logits: true`) — generation and evaluation of such a model are fine.
-pub fn check_trainable(config: &rlhf_models::ModelConfig) -> Result<()> {
-    if config.arch.moe.as_ref().is_some_and(|m| m.aux_loss_coef.is_some()) {
-        return Err(TrainerError::Config(format!(
-            "{}: output_router_logits: true adds transformers' load-balancing loss to the training loss, which this \
-             trainer does not compute; set it to false to train without it (the expert load is logged as moe/*)",
-            config.path.display()
-        )));
+/// `loss` plus the mixture-of-experts load-balancing loss `aux` of the pass that made it
+/// ([`rlhf_generation::TokenLogProbs::aux_loss`]), weighted by
+/// the model's `router_aux_loss_coef` times `share` (the micro-batch's share of the optimizer
+/// step, as `loss` is scaled), as transformers and TRL add it where the config sets
+/// `output_router_logits`; the unweighted value goes into `metrics` as `loss/aux`. `loss`
+/// unchanged where the model does not compute it.
+pub fn with_router_aux_loss(
+    loss: Tensor,
+    aux: Option<&Tensor>,
+    model: &rlhf_models::CausalLm,
+    share: f64,
+    metrics: &mut crate::metrics::StepMetrics,
+) -> Result<Tensor> {
+    match (aux, model.router_aux_loss_coef()) {
+        (Some(aux), Some(coef)) => {
+            metrics.add("loss/aux", aux.double_value(&[]));
+            Ok(loss.f_add(&aux.f_mul_scalar(coef * share)?)?)
+        }
+        _ => Ok(loss),
     }
-    Ok(())
 }
 
 /// The tokenizer of `dir` with the configured chat template keyword arguments

@@ -107,6 +107,9 @@ pub struct LayerShared {
     pub rotary_local: Option<(Tensor, Tensor)>,
     /// What linear-attention layers read of the key mask (empty for models without them).
     pub linear: super::LinearShared,
+    /// Where the sparse layers add their routing for the load-balancing loss, in a model that
+    /// computes it (see [`super::load_balance`]).
+    pub router: Option<super::RouterRecord>,
 }
 
 impl LayerShared {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
 
-use super::{activate, linear, FusedRows, Linear};
+use super::{activate, linear, FusedRows, Linear, RouterRecord};
 use crate::config::{Activation, ArchConfig, GptOssMoe, MoeConfig};
 use crate::error::Result;
 use crate::weights::WeightLoader;
@@ -294,13 +294,18 @@ impl SparseMoe {
         Ok((probs, experts, weights.f_to_kind(x.kind())?))
     }
 
+    /// Adds this layer's routing to `router` where the forward records it.
+    ///
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
         let shape = x.size();
         let hidden = shape[shape.len() - 1];
         let flat = x.f_reshape([-1, hidden])?; // [n, h]
         let (probs, experts, weights) = self.route(&flat)?; // [n, k] each
+        if let Some(r) = router {
+            r.add(&probs, &experts)?;
+        }
         let choice = experts.f_reshape([-1])?; // [n·k]: slot j of token t at t·k + j
         let order = choice.f_argsort_stable(true, 0, false)?; // slots grouped by expert, in token order
         let num_experts = self.num_experts;
@@ -342,12 +347,14 @@ pub enum Mlp {
 }
 
 impl Mlp {
+    /// A sparse layer adds its routing to `router` where the forward records it.
+    ///
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
         match self {
             Mlp::Dense(m) => m.forward(x),
-            Mlp::Sparse(m) => m.forward(x),
+            Mlp::Sparse(m) => m.forward(x, router),
         }
     }
 

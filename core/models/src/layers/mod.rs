@@ -1,7 +1,7 @@
 //! Building blocks shared by the model families, chosen by the resolved [`crate::ArchConfig`]:
 //! linear layers in both weight layouts, the norm variants, rotary embeddings and their scalings,
 //! attention masks (padded, packed, windowed), attention, Gated DeltaNet linear attention, dense
-//! and expert MLPs, the KV cache.
+//! and expert MLPs with their load-balancing loss, the KV cache.
 
 mod attention;
 mod cache;
@@ -9,6 +9,7 @@ pub mod delta_net;
 pub mod delta_rule;
 mod fused;
 mod linear;
+pub mod load_balance;
 mod mask;
 mod mlp;
 mod norm;
@@ -19,6 +20,7 @@ pub use cache::{CacheLayer, KvCache};
 pub use delta_net::{GatedDeltaNet, LinearShared};
 pub use fused::FusedRows;
 pub use linear::{activate, linear, Linear, FEW_ROWS};
+pub use load_balance::{RouterRecord, RouterStats};
 pub use mask::{attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, LayerShared};
 pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};

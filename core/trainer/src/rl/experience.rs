@@ -195,10 +195,15 @@ pub fn compute(
         let detached = TokenLogProbs {
             logprobs: lp.logprobs.f_detach()?,
             entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,
+            aux_loss: None,
         };
         // An entropy the loss does not use would keep its part of the graph (the `[rows, vocab]`
         // probabilities) alive until the step ends.
-        let policy = TokenLogProbs { logprobs: lp.logprobs, entropy: lp.entropy.filter(|_| entropy_grad) };
+        let policy = TokenLogProbs {
+            logprobs: lp.logprobs,
+            entropy: lp.entropy.filter(|_| entropy_grad),
+            aux_loss: lp.aux_loss,
+        };
         (detached, Some(policy), Some(ck))
     } else {
         (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None, None)

@@ -18,6 +18,7 @@ use crate::data::SplitMix;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
+use crate::model_source::with_router_aux_loss;
 use crate::optim::ema_update;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
@@ -151,6 +152,8 @@ fn micro_loss(
                     Some(e) if req.entropy => Some(own(e)?),
                     _ => None,
                 },
+                // The reused pass is the step's one micro-batch: its load-balancing loss is this one's.
+                aux_loss: p.aux_loss.as_ref().map(Tensor::shallow_clone),
             }
         }
         None => {
@@ -168,6 +171,7 @@ fn micro_loss(
         None => None,
     };
     let action_mask = pick(&batch.action_mask, &idx)?;
+    let aux = lp.aux_loss;
     let mb = Minibatch {
         logprobs: lp.logprobs,
         old_logprobs: pick(&batch.old_logprobs, &idx)?,
@@ -186,7 +190,8 @@ fn micro_loss(
         behavior_logprobs: pick_opt(&batch.behavior_logprobs, &idx)?,
     };
     let out = algo.loss(&mb)?;
-    let mut loss = out.loss;
+    // Divided by the step's micro-batches with the plugin's loss (TRL's `aux / accumulation steps`).
+    let mut loss = with_router_aux_loss(out.loss, aux.as_ref(), actor, 1.0, local)?;
     if let Some(ptx_loss) =
         ptx.map(|p| p.loss(actor, rng, part.minibatch_len, part.mine.clone())).transpose()?.flatten()
     {

@@ -160,7 +160,6 @@ fn warmed_up_actor(
     kind: Kind,
 ) -> Result<(CausalLm, PathBuf)> {
     let actor = CausalLm::from_dir(&actor_dir, device, kind)?;
-    crate::model_source::check_trainable(&actor.config)?;
     tok.check_fits_vocab(actor.arch().vocab_size)?;
     if cfg.warmup.steps == 0 {
         return Ok((actor, actor_dir));

@@ -8,6 +8,8 @@ use tch::Tensor;
 use crate::config::WarmupConfig;
 use crate::data::SplitMix;
 use crate::error::Result;
+use crate::metrics::StepMetrics;
+use crate::model_source::with_router_aux_loss;
 use crate::optim::{Optim, OptimConfig, Schedule};
 
 /// Trains `actor` for `w.steps` AdamW steps on random batches of `pairs`; returns the last loss.
@@ -52,8 +54,9 @@ pub fn sft_warmup(
         let mask = Tensor::f_from_slice(&mask)?.f_view([batch.len() as i64, t - 1])?.f_to_device(actor.device())?;
         let (ids, attn) = (&padded.input_ids, &padded.attention_mask);
         let (lp, pass) = token_logprobs_pass(actor, ids, attn, 1, LogProbOptions::default(), false)?;
-        let loss = masked_nll_mean(&lp.logprobs, &mask)?;
-        last = loss.double_value(&[]);
+        let nll = masked_nll_mean(&lp.logprobs, &mask)?;
+        last = nll.double_value(&[]);
+        let loss = with_router_aux_loss(nll, lp.aux_loss.as_ref(), actor, 1.0, &mut StepMetrics::default())?;
         loss.f_backward()?;
         pass.backward(actor)?;
         opt.step()?;

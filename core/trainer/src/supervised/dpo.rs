@@ -34,6 +34,7 @@ use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
+use crate::model_source::with_router_aux_loss;
 use crate::train_engine::TrainEngine;
 
 /// The settings of [`dpo_loss`].
@@ -188,21 +189,27 @@ fn collate(pairs: &[&SplitPair], pad: i64, device: Device) -> Result<DpoBatch> {
 
 /// Summed response log-probs of every row, `([B] chosen, [B] rejected)`.
 fn response_logps(model: &CausalLm, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
-    Ok(response_logps_pass(model, b, false)?.0)
+    Ok(response_logps_pass(model, b, false)?.logps)
 }
 
-/// [`response_logps`], from a checkpointed pass when `checkpointed` (`train.gradient_checkpointing`),
-/// returned for [`LogProbPass::backward`] once the loss is backpropagated.
-fn response_logps_pass(
-    model: &CausalLm,
-    b: &DpoBatch,
-    checkpointed: bool,
-) -> Result<((Tensor, Tensor), Option<LogProbPass>)> {
+/// A training pass over a batch of pairs.
+struct PolicyPass {
+    /// Summed response log-probs, `([B] chosen, [B] rejected)`.
+    logps: (Tensor, Tensor),
+    /// The load-balancing loss where the model computes it.
+    aux: Option<Tensor>,
+    /// To hand to [`LogProbPass::backward`] once the loss is backpropagated.
+    pass: LogProbPass,
+}
+
+/// [`response_logps`] as a training pass, checkpointed when `checkpointed`
+/// (`train.gradient_checkpointing`).
+fn response_logps_pass(model: &CausalLm, b: &DpoBatch, checkpointed: bool) -> Result<PolicyPass> {
     let opts = LogProbOptions::default();
-    let (lp, ck) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, 1, opts, checkpointed)?;
+    let (lp, pass) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, 1, opts, checkpointed)?;
     let sums = lp.logprobs.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
     let n = sums.size()[0] / 2;
-    Ok(((sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?), Some(ck)))
+    Ok(PolicyPass { logps: (sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?), aux: lp.aux_loss, pass })
 }
 
 /// Where the reference log-probs come from.
@@ -254,11 +261,7 @@ impl DpoTask {
     /// policy's summed response log-probs (chosen, rejected; detached), the batch's tokens, and
     /// with `train.gradient_checkpointing` on the train split the policy's checkpointed pass.
     #[allow(clippy::type_complexity)]
-    fn forward(
-        &self,
-        split: Split,
-        items: &[usize],
-    ) -> Result<(DpoLossOut, (Tensor, Tensor), usize, Option<LogProbPass>)> {
+    fn forward(&self, split: Split, items: &[usize]) -> Result<(DpoLossOut, (Tensor, Tensor), usize, PolicyPass)> {
         let pairs = match split {
             Split::Train => &self.train,
             Split::Eval => &self.eval,
@@ -266,7 +269,8 @@ impl DpoTask {
         let batch: Vec<&SplitPair> = items.iter().map(|&i| &pairs[i]).collect();
         let b = collate(&batch, self.pad, self.policy.device())?;
         let checkpointed = self.checkpointing && matches!(split, Split::Train);
-        let ((c, r), ck) = response_logps_pass(&self.policy, &b, checkpointed)?;
+        let policy = response_logps_pass(&self.policy, &b, checkpointed)?;
+        let (c, r) = &policy.logps;
         let reference = match &self.reference {
             Reference::Free => None,
             Reference::Model(m) => Some(tch::no_grad(|| response_logps(m, &b))?),
@@ -284,8 +288,9 @@ impl DpoTask {
             }
         };
         let refs = reference.as_ref().map(|(a, b)| (a, b));
-        let out = dpo_loss(&self.params, &c, &r, refs, &b.chosen_lens, &b.rejected_lens)?;
-        Ok((out, (c.f_detach()?, r.f_detach()?), b.tokens, ck))
+        let out = dpo_loss(&self.params, c, r, refs, &b.chosen_lens, &b.rejected_lens)?;
+        let detached = (c.f_detach()?, r.f_detach()?);
+        Ok((out, detached, b.tokens, policy))
     }
 }
 
@@ -317,16 +322,16 @@ impl PhaseTask for DpoTask {
 
     fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>> {
         self.policy.set_training(true);
-        let (out, _, tokens, ck) = self.forward(Split::Train, items)?;
+        let (out, _, tokens, policy) = self.forward(Split::Train, items)?;
         let sum = out.losses.f_sum(Kind::Float)?; // scalar
         let value = sum.double_value(&[]);
+        let share = items.len() as f64 / total_weight;
+        let loss = with_router_aux_loss(sum.f_div_scalar(total_weight)?, policy.aux.as_ref(), &self.policy, share, m)?;
         if value.is_finite() {
-            sum.f_div_scalar(total_weight)?.f_backward()?;
+            loss.f_backward()?;
         }
         // Also without a loss: a sharded model's pass gathers and reduces with the other ranks.
-        if let Some(ck) = &ck {
-            ck.backward(&self.policy)?;
-        }
+        policy.pass.backward(&self.policy)?;
         if !value.is_finite() {
             return Ok(None);
         }
@@ -428,7 +433,6 @@ fn dpo_in(
     let opts = PairOptions::of(d);
     let (train, eval) = pair_sets(&splits, |src, report| build_split_pairs(src, &tok, &opts, report))?;
     let mut policy = CausalLm::from_dir(&model_dir, device, kind)?;
-    crate::model_source::check_trainable(&policy.config)?;
     tok.check_fits_vocab(policy.arch().vocab_size)?;
     let t = &cfg.train.common();
     let pad = i64::from(tok.pad_token_id());

@@ -193,7 +193,6 @@ fn rm_in(
     let opts = PairOptions::of(d);
     let (train, eval) = pair_sets(&splits, |src, report| build_pairs(src, &tok, &opts, report))?;
     let mut model = ScalarHeadModel::from_causal_lm_dir(&model_dir, device, kind)?;
-    crate::model_source::check_trainable(&model.config)?;
     tok.check_fits_vocab(model.arch().vocab_size)?;
     if model.apply_lora(&cfg.model.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);

@@ -25,6 +25,7 @@ use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
+use crate::model_source::with_router_aux_loss;
 use crate::train_engine::TrainEngine;
 
 /// Where a finished SFT run left its outputs.
@@ -78,7 +79,7 @@ impl PhaseTask for SftTask {
         items.iter().map(|&i| self.train[i].target_count()).sum::<usize>() as f64
     }
 
-    fn micro_step(&mut self, items: &[usize], total_weight: f64, _m: &mut StepMetrics) -> Result<Option<MicroOut>> {
+    fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>> {
         self.model.set_training(true);
         let batch: Vec<&SftExample> = items.iter().map(|&i| &self.train[i]).collect();
         let b = collate(&batch, self.pad, self.model.device())?;
@@ -86,8 +87,10 @@ impl PhaseTask for SftTask {
         let (lp, ck) = token_logprobs_pass(&self.model, &b.input_ids, &b.attention_mask, 1, opts, self.checkpointing)?;
         let nll = masked_nll_sum(&lp.logprobs, &b.target_mask)?; // scalar
         let value = nll.double_value(&[]);
+        let share = self.weight(items) / total_weight;
+        let loss = with_router_aux_loss(nll.f_div_scalar(total_weight)?, lp.aux_loss.as_ref(), &self.model, share, m)?;
         if value.is_finite() {
-            nll.f_div_scalar(total_weight)?.f_backward()?;
+            loss.f_backward()?;
         }
         // Also without a loss: a sharded model's pass gathers and reduces with the other ranks.
         ck.backward(&self.model)?;
@@ -189,7 +192,6 @@ fn sft_in(
         tracing::info!("packing: {train_examples} examples into {} rows of up to {} tokens", train.len(), d.max_len);
     }
     let mut model = CausalLm::from_dir(&model_dir, device, kind)?;
-    crate::model_source::check_trainable(&model.config)?;
     tok.check_fits_vocab(model.arch().vocab_size)?;
     if model.apply_lora(&cfg.model.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&model.vs);
