@@ -1,19 +1,14 @@
-//! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2` and
-//! `qwen3`: `model.safetensors` (dequantised), `config.json` (`LlamaForCausalLM`,
-//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`), `generation_config.json`, `tokenizer.json`,
-//! `tokenizer_config.json`. Qwen2's q/k/v biases and Qwen3's per-head q/k norms
-//! (`attn_q_norm`, `attn_k_norm`) map to their transformers names.
+//! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2`,
+//! `qwen3` and `qwen3moe`: `model.safetensors` (dequantised), `config.json` (`LlamaForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`), `generation_config.json`,
+//! `tokenizer.json`, `tokenizer_config.json`. Qwen2's q/k/v biases and Qwen3's per-head q/k norms
+//! (`attn_q_norm`, `attn_k_norm`) map to their transformers names; Qwen3-MoE's router
+//! (`ffn_gate_inp`) to `mlp.gate`, and its stacked experts (`ffn_{gate,up,down}_exps`,
+//! `[experts, out, in]`) are split into transformers' one tensor per expert
+//! (`mlp.experts.{e}.{gate,up,down}_proj`). llama.cpp's Qwen3-MoE always renormalises the top-k
+//! routing weights (`norm_topk_prob: true`, as transformers' GGUF loader sets it).
 //!
-//! Two things differ between llama.cpp's layout and transformers' besides names:
-//!
-//! - Dimensions are stored innermost first, so a GGUF `[in, out]` is the HF `[out, in]` weight;
-//!   the data is already row-major for that shape and only the dims are reversed.
-//! - llama.cpp's HF→GGUF converter permutes the rows of `q_proj` and `k_proj` (per head, it
-//!   interleaves the two halves that transformers' `rotate_half` pairs up, because ggml's rope
-//!   pairs neighbours). Viewing a head's rows as `[2, head_dim/2]` in HF and `[head_dim/2, 2]` in
-//!   GGUF, HF row `(h, i, r)` was stored at GGUF row `(h, r, i)`; [`unpermute_rows`] undoes it.
-//!   Only for `llama`: Qwen's converter keeps transformers' order (ggml's NeoX-style rope pairs
-//!   the halves as `rotate_half` does).
+//! How llama.cpp's tensor layout maps to transformers' is in [`crate::layout`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +17,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
+use crate::layout::{hf_name, unpermute_rows, Rope, EXPERT};
 use crate::reader::{GgufFile, TensorInfo};
 use crate::tokenizer::{self, SpecialIds};
 
@@ -63,10 +59,11 @@ impl OutDtype {
 pub const OUTPUT_FILES: [&str; 5] =
     ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"];
 
-/// Hyper-parameters from `<architecture>.*` metadata (Llama, Qwen2 and Qwen3 share them).
+/// Hyper-parameters from `<architecture>.*` metadata (Llama, Qwen2, Qwen3 and Qwen3-MoE share
+/// them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaParams {
-    /// llama.cpp's name: `llama`, `qwen2` or `qwen3`.
+    /// llama.cpp's name: `llama`, `qwen2`, `qwen3` or `qwen3moe`.
     pub architecture: String,
     pub hidden_size: u64,
     pub intermediate_size: u64,
@@ -81,6 +78,16 @@ pub struct LlamaParams {
     pub max_position_embeddings: Option<u64>,
     pub vocab_size: u64,
     pub tie_word_embeddings: bool,
+    /// The mixture of experts of a `qwen3moe` file.
+    pub moe: Option<MoeParams>,
+}
+
+/// A `qwen3moe` file's experts (`expert_count`, `expert_used_count`, `expert_feed_forward_length`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeParams {
+    pub num_experts: u64,
+    pub num_experts_per_tok: u64,
+    pub moe_intermediate_size: u64,
 }
 
 /// What an import did.
@@ -107,30 +114,23 @@ const LAYER_TENSORS: u64 = 9;
 /// importer index rows with it).
 const MAX_DIM: u64 = 1 << 31;
 
-/// Which rows to un-permute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rope {
-    None,
-    /// Un-permute with this many heads.
-    Heads(u64),
-}
-
 struct Planned<'a> {
     info: &'a TensorInfo,
+    /// With `{e}` for the expert where the tensor stacks the experts (`shape[0]` of them), each
+    /// written as a tensor of its own.
     hf_name: String,
     shape: Vec<usize>,
     rope: Rope,
 }
 
 impl LlamaParams {
-    /// Reads the hyper-parameters of a `general.architecture = "llama"`, `"qwen2"` or `"qwen3"` file.
+    /// Reads the hyper-parameters of a `general.architecture = "llama"`, `"qwen2"`, `"qwen3"` or
+    /// `"qwen3moe"` file.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let path = g.path();
         let arch = architecture(g)?;
         let k = |name: &str| format!("{arch}.{name}");
-        if g.opt_u64(&k("expert_count"))?.unwrap_or(0) > 0 {
-            return Err(GgufError::unsupported(path, "mixture-of-experts models are not supported"));
-        }
+        let moe = Self::moe_from_gguf(g, arch)?;
         let hidden = g.req_u64(&k("embedding_length"))?;
         let heads = g.req_u64(&k("attention.head_count"))?;
         let kv_heads = g.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(heads);
@@ -234,7 +234,12 @@ impl LlamaParams {
                 ));
             }
         }
-        let intermediate = g.req_u64(&k("feed_forward_length"))?;
+        // A mixture of experts has no dense MLP: its `feed_forward_length` is informational.
+        let intermediate = match (g.opt_u64(&k("feed_forward_length"))?, moe) {
+            (Some(n), _) => n,
+            (None, Some(m)) => m.moe_intermediate_size,
+            (None, None) => g.req_u64(&k("feed_forward_length"))?,
+        };
         for (key, n) in [("embedding_length", hidden), ("feed_forward_length", intermediate)] {
             if n == 0 || n > MAX_DIM {
                 return Err(GgufError::metadata(path, &k(key), format!("{n} (expected 1 to {MAX_DIM})")));
@@ -254,15 +259,55 @@ impl LlamaParams {
             max_position_embeddings: g.opt_u64(&k("context_length"))?,
             vocab_size,
             tie_word_embeddings: g.tensor("output.weight").is_none(),
+            moe,
         })
     }
 
-    /// `config.json` for `LlamaForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM`.
+    /// The experts of a `qwen3moe` file; any other architecture with experts is refused.
+    fn moe_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<MoeParams>> {
+        let path = g.path();
+        let k = |name: &str| format!("{arch}.{name}");
+        let experts = g.opt_u64(&k("expert_count"))?.unwrap_or(0);
+        if arch != "qwen3moe" {
+            if experts > 0 {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("mixture-of-experts `{arch}` models are not supported (qwen3moe is)"),
+                ));
+            }
+            return Ok(None);
+        }
+        let used = g.req_u64(&k("expert_used_count"))?;
+        let ffn = g.req_u64(&k("expert_feed_forward_length"))?;
+        // Experts multiply into every expert tensor's shape: bounded before anything is built.
+        if experts == 0 || experts > 1 << 16 {
+            return Err(GgufError::metadata(path, &k("expert_count"), format!("{experts} (expected 1 to 65536)")));
+        }
+        if used == 0 || used > experts {
+            return Err(GgufError::metadata(
+                path,
+                &k("expert_used_count"),
+                format!("{used} (expected 1 to the {experts} experts)"),
+            ));
+        }
+        if ffn == 0 || ffn > MAX_DIM {
+            return Err(GgufError::metadata(
+                path,
+                &k("expert_feed_forward_length"),
+                format!("{ffn} (expected 1 to {MAX_DIM})"),
+            ));
+        }
+        Ok(Some(MoeParams { num_experts: experts, num_experts_per_tok: used, moe_intermediate_size: ffn }))
+    }
+
+    /// `config.json` for `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` or
+    /// `Qwen3MoeForCausalLM`.
     pub fn hf_config(&self, special: &SpecialIds, dtype: OutDtype) -> Value {
         let eos = eos_value(special);
         let (class, model_type) = match self.architecture.as_str() {
             "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
             "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
+            "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
             _ => ("LlamaForCausalLM", "llama"),
         };
         let mut config = json!({
@@ -292,6 +337,19 @@ impl LlamaParams {
         let extra = match model_type {
             "llama" => json!({"attention_bias": false, "mlp_bias": false, "pretraining_tp": 1}),
             "qwen3" => json!({"attention_bias": false, "use_sliding_window": false}),
+            "qwen3_moe" => {
+                let m = self.moe.expect("a qwen3moe file has experts");
+                json!({
+                    "attention_bias": false,
+                    "use_sliding_window": false,
+                    "num_experts": m.num_experts,
+                    "num_experts_per_tok": m.num_experts_per_tok,
+                    "moe_intermediate_size": m.moe_intermediate_size,
+                    "norm_topk_prob": true,
+                    "decoder_sparse_step": 1,
+                    "mlp_only_layers": [],
+                })
+            }
             _ => json!({"use_sliding_window": false}),
         };
         if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
@@ -313,98 +371,19 @@ fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if !["llama", "qwen2", "qwen3"].contains(&arch) {
+    if !["llama", "qwen2", "qwen3", "qwen3moe"].contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3)"
+                 qwen3; qwen3moe)"
             ),
         ));
     }
     Ok(arch)
 }
 
-/// Restores transformers' row order of a `q_proj`/`k_proj` weight stored by llama.cpp (see the
-/// module docs): `data` is row-major `[rows, cols]` with `rows = n_head · head_dim`.
-pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
-    assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
-    let head_dim = rows / n_head;
-    let half = head_dim / 2;
-    let mut out = vec![0.0; data.len()];
-    for h in 0..n_head {
-        for i in 0..2 {
-            for r in 0..half {
-                let hf = h * head_dim + i * half + r;
-                let gguf = h * head_dim + 2 * r + i;
-                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gguf * cols..(gguf + 1) * cols]);
-            }
-        }
-    }
-    out
-}
-
-/// The inverse of [`unpermute_rows`]: what llama.cpp's converter does to an HF weight.
-pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
-    assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
-    let head_dim = rows / n_head;
-    let half = head_dim / 2;
-    let mut out = vec![0.0; data.len()];
-    for h in 0..n_head {
-        for i in 0..2 {
-            for r in 0..half {
-                let hf = h * head_dim + i * half + r;
-                let gguf = h * head_dim + 2 * r + i;
-                out[gguf * cols..(gguf + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
-            }
-        }
-    }
-    out
-}
-
-/// The HF name of a GGUF tensor, and whether its rows need un-permuting.
-fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
-    let llama = p.architecture == "llama";
-    // llama.cpp permutes q/k rows for `llama` only.
-    let heads = |n: u64| if llama { Rope::Heads(n) } else { Rope::None };
-    let (h, inter) = (p.hidden_size, p.intermediate_size);
-    let (q_rows, kv_rows) = (p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim);
-    let top = match name {
-        "token_embd.weight" => Some(("model.embed_tokens.weight".to_owned(), vec![p.vocab_size, h])),
-        "output_norm.weight" => Some(("model.norm.weight".to_owned(), vec![h])),
-        "output.weight" => Some(("lm_head.weight".to_owned(), vec![p.vocab_size, h])),
-        _ => None,
-    };
-    if let Some((n, shape)) = top {
-        return Some((n, Rope::None, shape));
-    }
-    let rest = name.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let layer: u64 = layer.parse().ok()?;
-    if layer >= p.num_hidden_layers {
-        return None;
-    }
-    let (suffix, rope, shape) = match rest {
-        "attn_norm.weight" => ("input_layernorm.weight", Rope::None, vec![h]),
-        "ffn_norm.weight" => ("post_attention_layernorm.weight", Rope::None, vec![h]),
-        "attn_q.weight" => ("self_attn.q_proj.weight", heads(p.num_attention_heads), vec![q_rows, h]),
-        "attn_k.weight" => ("self_attn.k_proj.weight", heads(p.num_key_value_heads), vec![kv_rows, h]),
-        "attn_q.bias" if p.architecture == "qwen2" => ("self_attn.q_proj.bias", Rope::None, vec![q_rows]),
-        "attn_k.bias" if p.architecture == "qwen2" => ("self_attn.k_proj.bias", Rope::None, vec![kv_rows]),
-        "attn_v.bias" if p.architecture == "qwen2" => ("self_attn.v_proj.bias", Rope::None, vec![kv_rows]),
-        "attn_q_norm.weight" if p.architecture == "qwen3" => ("self_attn.q_norm.weight", Rope::None, vec![p.head_dim]),
-        "attn_k_norm.weight" if p.architecture == "qwen3" => ("self_attn.k_norm.weight", Rope::None, vec![p.head_dim]),
-        "attn_v.weight" => ("self_attn.v_proj.weight", Rope::None, vec![kv_rows, h]),
-        "attn_output.weight" => ("self_attn.o_proj.weight", Rope::None, vec![h, q_rows]),
-        "ffn_gate.weight" => ("mlp.gate_proj.weight", Rope::None, vec![inter, h]),
-        "ffn_up.weight" => ("mlp.up_proj.weight", Rope::None, vec![inter, h]),
-        "ffn_down.weight" => ("mlp.down_proj.weight", Rope::None, vec![h, inter]),
-        _ => return None,
-    };
-    Some((format!("model.layers.{layer}.{suffix}"), rope, shape))
-}
-
-/// Imports a `llama`, `qwen2` or `qwen3` GGUF into `out` (created if needed; existing files of the same names are
+/// Imports a `llama`, `qwen2`, `qwen3` or `qwen3moe` GGUF into `out` (created if needed; existing files of the same names are
 /// overwritten). Everything is checked — architecture, tensor names, shapes, types, tokenizer —
 /// before the first file is written.
 pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportSummary> {
@@ -455,19 +434,28 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
     let own: &[&str] = match arch.as_str() {
         "qwen2" => &["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
         "qwen3" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight"],
+        "qwen3moe" => &[
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "mlp.gate.weight",
+            "mlp.experts.{e}.gate_proj.weight",
+            "mlp.experts.{e}.up_proj.weight",
+            "mlp.experts.{e}.down_proj.weight",
+        ],
         _ => &[],
     };
+    let dense: &[&str] = match params.moe {
+        Some(_) => &[],
+        None => &["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"],
+    };
     for l in 0..params.num_hidden_layers {
-        for s in own.iter().copied().chain([
+        for s in own.iter().chain(dense).copied().chain([
             "input_layernorm.weight",
             "post_attention_layernorm.weight",
             "self_attn.q_proj.weight",
             "self_attn.k_proj.weight",
             "self_attn.v_proj.weight",
             "self_attn.o_proj.weight",
-            "mlp.gate_proj.weight",
-            "mlp.up_proj.weight",
-            "mlp.down_proj.weight",
         ]) {
             required.push(format!("model.layers.{l}.{s}"));
         }
@@ -493,11 +481,19 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
             values = unpermute_rows(&values, p.shape[0], p.shape[1], n_head as usize);
         }
         parameters += values.len() as u64;
-        let bytes = match dtype {
+        let bytes = |values: &[f32]| match dtype {
             OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
         };
-        buffers.push((p.hf_name.clone(), p.shape.clone(), bytes));
+        if p.hf_name.contains(EXPERT) {
+            // `[experts, out, in]`, one `[out, in]` tensor per expert.
+            let per = values.len() / p.shape[0];
+            for (e, chunk) in values.chunks(per).enumerate() {
+                buffers.push((p.hf_name.replace(EXPERT, &e.to_string()), p.shape[1..].to_vec(), bytes(chunk)));
+            }
+        } else {
+            buffers.push((p.hf_name.clone(), p.shape.clone(), bytes(&values)));
+        }
     }
 
     std::fs::create_dir_all(out).map_err(|e| GgufError::io(out, e))?;
@@ -515,6 +511,7 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
     let info = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
     safetensors::tensor::serialize_to_file(views, &info, &weights)
         .map_err(|e| GgufError::io(&weights, std::io::Error::other(format!("{e:?}"))))?;
+    let written = buffers.len();
     drop(buffers);
 
     let mut generation = serde_json::Map::new();
@@ -541,7 +538,7 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
         architecture: arch,
         params,
         dtype,
-        tensors: planned.len(),
+        tensors: written,
         parameters,
         source_types: types,
         special: tok.special,

@@ -23,6 +23,7 @@
 mod dequant;
 mod error;
 mod import;
+mod layout;
 mod meta;
 mod reader;
 pub mod tokenizer;
@@ -31,7 +32,8 @@ mod writer;
 
 pub use dequant::dequantize;
 pub use error::{GgufError, Result};
-pub use import::{import_llama, permute_rows, unpermute_rows, ImportSummary, LlamaParams, OutDtype, OUTPUT_FILES};
+pub use import::{import_llama, ImportSummary, LlamaParams, MoeParams, OutDtype, OUTPUT_FILES};
+pub use layout::{permute_rows, unpermute_rows};
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 pub use types::{GgmlType, Value, ValueType};
 pub use writer::GgufWriter;

@@ -1,0 +1,117 @@
+//! llama.cpp's tensor names and layout, and transformers' for the same weights.
+//!
+//! Two things differ between llama.cpp's layout and transformers' besides names:
+//!
+//! - Dimensions are stored innermost first, so a GGUF `[in, out]` is the HF `[out, in]` weight;
+//!   the data is already row-major for that shape and only the dims are reversed.
+//! - llama.cpp's HF→GGUF converter permutes the rows of `q_proj` and `k_proj` (per head, it
+//!   interleaves the two halves that transformers' `rotate_half` pairs up, because ggml's rope
+//!   pairs neighbours). Viewing a head's rows as `[2, head_dim/2]` in HF and `[head_dim/2, 2]` in
+//!   GGUF, HF row `(h, i, r)` was stored at GGUF row `(h, r, i)`; [`unpermute_rows`] undoes it.
+//!   Only for `llama`: Qwen's converter keeps transformers' order (ggml's NeoX-style rope pairs
+//!   the halves as `rotate_half` does).
+
+use crate::import::LlamaParams;
+
+/// Which rows to un-permute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rope {
+    None,
+    /// Un-permute with this many heads.
+    Heads(u64),
+}
+
+/// The placeholder of the expert index in a stacked tensor's HF name.
+pub(crate) const EXPERT: &str = "{e}";
+
+/// Restores transformers' row order of a `q_proj`/`k_proj` weight stored by llama.cpp (see the
+/// module docs): `data` is row-major `[rows, cols]` with `rows = n_head · head_dim`.
+pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
+    let head_dim = rows / n_head;
+    let half = head_dim / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..n_head {
+        for i in 0..2 {
+            for r in 0..half {
+                let hf = h * head_dim + i * half + r;
+                let gguf = h * head_dim + 2 * r + i;
+                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gguf * cols..(gguf + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of [`unpermute_rows`]: what llama.cpp's converter does to an HF weight.
+pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
+    let head_dim = rows / n_head;
+    let half = head_dim / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..n_head {
+        for i in 0..2 {
+            for r in 0..half {
+                let hf = h * head_dim + i * half + r;
+                let gguf = h * head_dim + 2 * r + i;
+                out[gguf * cols..(gguf + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The HF name of a GGUF tensor, and whether its rows need un-permuting.
+pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
+    let llama = p.architecture == "llama";
+    let qk_norm = matches!(p.architecture.as_str(), "qwen3" | "qwen3moe");
+    // llama.cpp permutes q/k rows for `llama` only.
+    let heads = |n: u64| if llama { Rope::Heads(n) } else { Rope::None };
+    let (h, inter) = (p.hidden_size, p.intermediate_size);
+    let (q_rows, kv_rows) = (p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim);
+    let top = match name {
+        "token_embd.weight" => Some(("model.embed_tokens.weight".to_owned(), vec![p.vocab_size, h])),
+        "output_norm.weight" => Some(("model.norm.weight".to_owned(), vec![h])),
+        "output.weight" => Some(("lm_head.weight".to_owned(), vec![p.vocab_size, h])),
+        _ => None,
+    };
+    if let Some((n, shape)) = top {
+        return Some((n, Rope::None, shape));
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: u64 = layer.parse().ok()?;
+    if layer >= p.num_hidden_layers {
+        return None;
+    }
+    let (suffix, rope, shape) = match rest {
+        "attn_norm.weight" => ("input_layernorm.weight", Rope::None, vec![h]),
+        "ffn_norm.weight" => ("post_attention_layernorm.weight", Rope::None, vec![h]),
+        "attn_q.weight" => ("self_attn.q_proj.weight", heads(p.num_attention_heads), vec![q_rows, h]),
+        "attn_k.weight" => ("self_attn.k_proj.weight", heads(p.num_key_value_heads), vec![kv_rows, h]),
+        "attn_q.bias" if p.architecture == "qwen2" => ("self_attn.q_proj.bias", Rope::None, vec![q_rows]),
+        "attn_k.bias" if p.architecture == "qwen2" => ("self_attn.k_proj.bias", Rope::None, vec![kv_rows]),
+        "attn_v.bias" if p.architecture == "qwen2" => ("self_attn.v_proj.bias", Rope::None, vec![kv_rows]),
+        "attn_q_norm.weight" if qk_norm => ("self_attn.q_norm.weight", Rope::None, vec![p.head_dim]),
+        "attn_k_norm.weight" if qk_norm => ("self_attn.k_norm.weight", Rope::None, vec![p.head_dim]),
+        "attn_v.weight" => ("self_attn.v_proj.weight", Rope::None, vec![kv_rows, h]),
+        "attn_output.weight" => ("self_attn.o_proj.weight", Rope::None, vec![h, q_rows]),
+        "ffn_gate.weight" if p.moe.is_none() => ("mlp.gate_proj.weight", Rope::None, vec![inter, h]),
+        "ffn_up.weight" if p.moe.is_none() => ("mlp.up_proj.weight", Rope::None, vec![inter, h]),
+        "ffn_down.weight" if p.moe.is_none() => ("mlp.down_proj.weight", Rope::None, vec![h, inter]),
+        _ => match (rest, p.moe) {
+            ("ffn_gate_inp.weight", Some(m)) => ("mlp.gate.weight", Rope::None, vec![m.num_experts, h]),
+            ("ffn_gate_exps.weight", Some(m)) => {
+                ("mlp.experts.{e}.gate_proj.weight", Rope::None, vec![m.num_experts, m.moe_intermediate_size, h])
+            }
+            ("ffn_up_exps.weight", Some(m)) => {
+                ("mlp.experts.{e}.up_proj.weight", Rope::None, vec![m.num_experts, m.moe_intermediate_size, h])
+            }
+            ("ffn_down_exps.weight", Some(m)) => {
+                ("mlp.experts.{e}.down_proj.weight", Rope::None, vec![m.num_experts, h, m.moe_intermediate_size])
+            }
+            _ => return None,
+        },
+    };
+    Some((format!("model.layers.{layer}.{suffix}"), rope, shape))
+}
