@@ -27,24 +27,23 @@ pub(crate) const EXPERT: &str = "{e}";
 /// Restores transformers' row order of a `q_proj`/`k_proj` weight stored by llama.cpp (see the
 /// module docs): `data` is row-major `[rows, cols]` with `rows = n_head · head_dim`.
 pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
-    assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
-    let head_dim = rows / n_head;
-    let half = head_dim / 2;
-    let mut out = vec![0.0; data.len()];
-    for h in 0..n_head {
-        for i in 0..2 {
-            for r in 0..half {
-                let hf = h * head_dim + i * half + r;
-                let gguf = h * head_dim + 2 * r + i;
-                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gguf * cols..(gguf + 1) * cols]);
-            }
-        }
-    }
-    out
+    move_rows(data, rows, cols, n_head, |hf, gguf| (gguf, hf))
 }
 
 /// The inverse of [`unpermute_rows`]: what llama.cpp's converter does to an HF weight.
 pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    move_rows(data, rows, cols, n_head, |hf, gguf| (hf, gguf))
+}
+
+/// Copies each row of `data` (`[rows, cols]`) to its place: `from_to(hf, gguf)` gives the source
+/// and destination of the row transformers stores at `hf` and llama.cpp at `gguf`.
+fn move_rows(
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+    n_head: usize,
+    from_to: impl Fn(usize, usize) -> (usize, usize),
+) -> Vec<f32> {
     assert!(n_head > 0 && rows % (2 * n_head) == 0 && data.len() == rows * cols, "bad q/k shape");
     let head_dim = rows / n_head;
     let half = head_dim / 2;
@@ -52,9 +51,8 @@ pub fn permute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Ve
     for h in 0..n_head {
         for i in 0..2 {
             for r in 0..half {
-                let hf = h * head_dim + i * half + r;
-                let gguf = h * head_dim + 2 * r + i;
-                out[gguf * cols..(gguf + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
+                let (from, to) = from_to(h * head_dim + i * half + r, h * head_dim + 2 * r + i);
+                out[to * cols..(to + 1) * cols].copy_from_slice(&data[from * cols..(from + 1) * cols]);
             }
         }
     }

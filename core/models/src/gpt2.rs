@@ -212,17 +212,7 @@ impl Gpt2Model {
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
         let mask = attention_mask(key_mask, past, s)?;
-        Ok((
-            tok.f_add(&pos)?,
-            LayerShared {
-                mask,
-                sliding_mask: None,
-                rotary: None,
-                rotary_local: None,
-                linear: Default::default(),
-                router: None,
-            },
-        ))
+        Ok((tok.f_add(&pos)?, LayerShared::attention_only(mask)))
     }
 
     /// [`Gpt2Model::embed`] for a capture-safe decode step (see [`step_attention_mask`]).
@@ -247,17 +237,7 @@ impl Gpt2Model {
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         let pos = Tensor::f_embedding(&self.wpe, position_ids, -1, false, false)?;
         let mask = step_attention_mask(key_mask, slot, None)?;
-        Ok((
-            tok.f_add(&pos)?,
-            LayerShared {
-                mask,
-                sliding_mask: None,
-                rotary: None,
-                rotary_local: None,
-                linear: Default::default(),
-                router: None,
-            },
-        ))
+        Ok((tok.f_add(&pos)?, LayerShared::attention_only(mask)))
     }
 
     /// Decoder layers.

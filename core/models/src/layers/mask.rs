@@ -113,6 +113,19 @@ pub struct LayerShared {
 }
 
 impl LayerShared {
+    /// What the layers of a model with neither rotary embeddings, sliding windows, linear
+    /// attention nor experts share: the attention mask (GPT-2).
+    pub fn attention_only(mask: Tensor) -> Self {
+        LayerShared {
+            mask,
+            sliding_mask: None,
+            rotary: None,
+            rotary_local: None,
+            linear: Default::default(),
+            router: None,
+        }
+    }
+
     /// The mask of a layer that slides or not.
     pub fn mask_for(&self, sliding: bool) -> &Tensor {
         match (&self.sliding_mask, sliding) {
