@@ -1,43 +1,81 @@
-//! A GGUF imported, then loaded, computes what transformers computes reading the same file: a
-//! tiny random Qwen3-MoE written as llama.cpp writes `qwen3moe` (stacked experts, the router as
-//! `ffn_gate_inp`) by `fixtures/gguf_qwen3moe.py`, against transformers' own GGUF loader.
+//! A GGUF imported, then loaded, computes what transformers computes reading the same file
+//! (`fixtures/gguf_models.py` writes tiny random models as llama.cpp's converter does, and
+//! transformers reads them with its own GGUF loader): a Qwen3-MoE (`qwen3moe`: stacked experts,
+//! the router as `ffn_gate_inp`) and a Gemma 3 (`gemma3`: norms stored plus one, every sixth layer
+//! global, a SentencePiece vocabulary whose merges are rebuilt from the token order).
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-use rlhf_gguf::{import_llama, GgufFile, OutDtype};
+use rlhf_gguf::{import_llama, GgufFile, ImportSummary, OutDtype};
 use rlhf_integration_tests::{fixtures, python, read_json};
 use rlhf_models::CausalLm;
 use tch::{Device, Kind, Tensor};
+
+/// Writes the `arch` fixture into `dir` and imports it into `dir/imported`.
+fn imported(python: &Path, arch: &str, dir: &Path) -> (PathBuf, ImportSummary) {
+    let out = std::process::Command::new(python)
+        .arg(fixtures().join("gguf_models.py"))
+        .args(["--arch", arch, "--out"])
+        .arg(dir)
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let file = GgufFile::open(&dir.join(format!("{arch}.gguf"))).unwrap();
+    let model_dir = dir.join("imported");
+    let summary = import_llama(&file, &model_dir, OutDtype::F32).unwrap();
+    (model_dir, summary)
+}
+
+/// The imported model's logits of the reference batch against transformers'.
+fn check_logits(arch: &str, dir: &Path, model_dir: &Path) {
+    let model = CausalLm::from_dir(model_dir, Device::Cpu, Kind::Float).unwrap();
+    let r: HashMap<String, Tensor> =
+        Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect();
+    let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
+    let logits = tch::no_grad(|| model.forward(ids, mask)).unwrap();
+    let real = mask.to_kind(Kind::Bool).unsqueeze(-1);
+    let diff = (&logits - &r["logits"]).abs().masked_fill(&real.logical_not(), 0.0).max().double_value(&[]);
+    println!("{arch} GGUF: max |Δlogit| vs transformers reading the file = {diff:.2e}");
+    assert!(diff < 1e-4, "{arch}: logits differ by {diff}");
+}
 
 #[test]
 fn a_qwen3moe_gguf_imports_to_the_logits_transformers_reads_from_it() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(&python)
-        .arg(fixtures().join("gguf_qwen3moe.py"))
-        .arg("--out")
-        .arg(dir.path())
-        .env("CUDA_VISIBLE_DEVICES", "")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let file = GgufFile::open(&dir.path().join("qwen3moe.gguf")).unwrap();
-    let model_dir = dir.path().join("imported");
-    let summary = import_llama(&file, &model_dir, OutDtype::F32).unwrap();
+    let (model_dir, summary) = imported(&python, "qwen3moe", dir.path());
     // Per layer: 2 norms, q/k/v/o, q/k norms, the router, 3 × 4 experts; embeddings, norm, head.
     assert_eq!(summary.tensors, 2 * (2 + 4 + 2 + 1 + 12) + 3);
     let config = read_json(&model_dir.join("config.json"));
     assert_eq!(config["architectures"][0], "Qwen3MoeForCausalLM");
     assert_eq!((config["num_experts"].as_u64(), config["moe_intermediate_size"].as_u64()), (Some(4), Some(16)));
     assert_eq!(config["norm_topk_prob"], true);
+    check_logits("qwen3moe", dir.path(), &model_dir);
+}
 
-    let model = CausalLm::from_dir(&model_dir, Device::Cpu, Kind::Float).unwrap();
-    let r: HashMap<String, Tensor> =
-        Tensor::read_safetensors(dir.path().join("reference.safetensors")).unwrap().into_iter().collect();
-    let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
-    let logits = tch::no_grad(|| model.forward(ids, mask)).unwrap();
-    let real = mask.to_kind(Kind::Bool).unsqueeze(-1);
-    let diff = (&logits - &r["logits"]).abs().masked_fill(&real.logical_not(), 0.0).max().double_value(&[]);
-    println!("qwen3moe GGUF: max |Δlogit| vs transformers reading the file = {diff:.2e}");
-    assert!(diff < 1e-4, "logits differ by {diff}");
+#[test]
+fn a_gemma3_gguf_imports_to_the_logits_and_tokens_transformers_reads_from_it() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (model_dir, _) = imported(&python, "gemma3", dir.path());
+    let config = read_json(&model_dir.join("config.json"));
+    assert_eq!(
+        (config["architectures"][0].as_str(), config["model_type"].as_str()),
+        (Some("Gemma3ForCausalLM"), Some("gemma3_text"))
+    );
+    let types: Vec<&str> = config["layer_types"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(types.iter().filter(|t| **t == "full_attention").count(), 1, "{types:?}");
+    check_logits("gemma3", dir.path(), &model_dir);
+
+    // The SentencePiece vocabulary tokenizes and decodes as transformers' tokenizer read from the file.
+    let tok = rlhf_tokenizer::HfTokenizer::from_dir(&model_dir).unwrap();
+    let cases = read_json(&dir.path().join("tokens.json"));
+    for case in cases.as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(tok.encode(text, true).unwrap(), want, "{text:?}");
+        assert_eq!(tok.decode(&want, true).unwrap(), case["decoded"].as_str().unwrap(), "{text:?}");
+    }
 }

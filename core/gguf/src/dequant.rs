@@ -7,9 +7,13 @@
 //! | `Q8_0` | 34 | `f16 d`, 32 × `i8 q` | `d · q[j]` |
 //! | `Q4_0` | 18 | `f16 d`, 16 bytes of nibbles | `d · (n_j − 8)` |
 //! | `Q4_1` | 20 | `f16 d`, `f16 m`, 16 bytes of nibbles | `d · n_j + m` |
+//! | `Q5_0` | 22 | `f16 d`, 4 bytes of fifth bits, 16 bytes of nibbles | `(n_j + 16·h_j − 16) · d` |
+//! | `Q5_1` | 24 | `f16 d`, `f16 m`, 4 bytes of fifth bits, 16 bytes of nibbles | `(n_j + 16·h_j) · d + m` |
 //!
 //! where the nibble `n_j` is the low four bits of byte `j` for `j < 16` and the high four bits
-//! of byte `j − 16` for `j ≥ 16`.
+//! of byte `j − 16` for `j ≥ 16`, and the fifth bit `h_j` is bit `j` of the little-endian `u32`
+//! before the nibbles. llama.cpp quantises to Q5_0 and Q8_0 the tensors of a K-quant file whose
+//! rows are not a multiple of 256 (Gemma 3 270M's 640).
 //!
 //! The K-quants (256 elements per block, in sub-blocks with their own scales):
 //!
@@ -68,6 +72,25 @@ pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, String
                 let qs = &block[4..];
                 out.extend(qs.iter().map(|&q| d * f32::from(q & 0x0f) + m));
                 out.extend(qs.iter().map(|&q| d * f32::from(q >> 4) + m));
+            }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let with_min = t == GgmlType::Q5_1;
+            for block in data.chunks_exact(t.block_bytes() as usize) {
+                // As ggml: the 5-bit integer (minus 16 for Q5_0) times `d`, plus `m` for Q5_1.
+                let d = f16_at(block, 0);
+                let (m, rest) = if with_min { (Some(f16_at(block, 2)), &block[4..]) } else { (None, &block[2..]) };
+                let qh = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                let qs = &rest[4..];
+                let value = |n: u8, j: usize| {
+                    let x = i32::from(n) | (((qh >> j) & 1) as i32) << 4;
+                    match m {
+                        Some(m) => x as f32 * d + m,
+                        None => (x - 16) as f32 * d,
+                    }
+                };
+                out.extend(qs.iter().enumerate().map(|(j, &q)| value(q & 0x0f, j)));
+                out.extend(qs.iter().enumerate().map(|(j, &q)| value(q >> 4, j + 16)));
             }
         }
         GgmlType::Q4_K | GgmlType::Q5_K => {

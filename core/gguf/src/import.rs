@@ -17,7 +17,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
-use crate::layout::{hf_name, unpermute_rows, Rope, EXPERT};
+use crate::layout::{hf_name, norm_shifted, required_names, unpermute_rows, Rope, EXPERT};
 use crate::reader::{GgufFile, TensorInfo};
 use crate::tokenizer::{self, SpecialIds};
 
@@ -80,6 +80,8 @@ pub struct LlamaParams {
     pub tie_word_embeddings: bool,
     /// The mixture of experts of a `qwen3moe` file.
     pub moe: Option<MoeParams>,
+    /// A `gemma3` file's window of its sliding layers (`attention.sliding_window`).
+    pub sliding_window: Option<u64>,
 }
 
 /// A `qwen3moe` file's experts (`expert_count`, `expert_used_count`, `expert_feed_forward_length`).
@@ -260,6 +262,7 @@ impl LlamaParams {
             vocab_size,
             tie_word_embeddings: g.tensor("output.weight").is_none(),
             moe,
+            sliding_window: if arch == "gemma3" { Some(g.req_u64(&k("attention.sliding_window"))?) } else { None },
         })
     }
 
@@ -308,6 +311,7 @@ impl LlamaParams {
             "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
             "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
             "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+            "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
             _ => ("LlamaForCausalLM", "llama"),
         };
         let mut config = json!({
@@ -350,12 +354,38 @@ impl LlamaParams {
                     "mlp_only_layers": [],
                 })
             }
+            "gemma3_text" => self.gemma3_keys(),
             _ => json!({"use_sliding_window": false}),
         };
         if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+            if model_type == "gemma3_text" {
+                c.remove("hidden_act"); // Gemma names it `hidden_activation`
+            }
             c.extend(e.clone());
         }
         config
+    }
+
+    /// What a `gemma3_text` config adds, as llama.cpp's Gemma 3 computes: every sixth layer full
+    /// attention, the others sliding with RoPE base 10000 (the file's `rope.freq_base` and scaling
+    /// are the full layers'), GELU (tanh), queries scaled by `1/√head_dim` (by `1/√(hidden/heads)`
+    /// for the 62-layer 27B, as llama.cpp special-cases it), no soft-capping.
+    fn gemma3_keys(&self) -> Value {
+        let layer_types: Vec<&str> = (0..self.num_hidden_layers)
+            .map(|i| if i % 6 == 5 { "full_attention" } else { "sliding_attention" })
+            .collect();
+        let scalar =
+            if self.num_hidden_layers == 62 { self.hidden_size / self.num_attention_heads } else { self.head_dim };
+        json!({
+            "hidden_activation": "gelu_pytorch_tanh",
+            "layer_types": layer_types,
+            "sliding_window": self.sliding_window,
+            "rope_local_base_freq": 10000.0,
+            "query_pre_attn_scalar": scalar,
+            "final_logit_softcapping": null,
+            "attn_logit_softcapping": null,
+            "attention_bias": false,
+        })
     }
 }
 
@@ -371,12 +401,12 @@ fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if !["llama", "qwen2", "qwen3", "qwen3moe"].contains(&arch) {
+    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"].contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3; qwen3moe)"
+                 qwen3; qwen3moe; gemma3)"
             ),
         ));
     }
@@ -390,129 +420,16 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
     let path = g.path();
     let arch = architecture(g)?.to_owned();
     let params = LlamaParams::from_gguf(g)?;
-
-    // Plan: every tensor must be known, of the right shape and dequantisable.
-    let mut planned = Vec::with_capacity(g.tensors.len());
-    let mut unknown = Vec::new();
-    let mut types: Vec<(String, usize)> = Vec::new();
-    for info in &g.tensors {
-        let Some((hf, rope, expected)) = hf_name(&info.name, &params) else {
-            unknown.push(info.name.clone());
-            continue;
-        };
-        let shape: Vec<u64> = info.dims.iter().rev().copied().collect();
-        if shape != expected {
-            return Err(GgufError::invalid(
-                path,
-                format!("tensor `{}` has shape {shape:?} (dims reversed), expected {expected:?} for `{hf}`", info.name),
-            ));
-        }
-        if !info.ggml_type.can_dequantize() {
-            return Err(GgufError::unsupported(
-                path,
-                format!(
-                    "tensor `{}` is {}, which this importer cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
-                    info.name, info.ggml_type
-                ),
-            ));
-        }
-        match types.iter_mut().find(|(t, _)| t == info.ggml_type.name()) {
-            Some((_, n)) => *n += 1,
-            None => types.push((info.ggml_type.name().to_owned(), 1)),
-        }
-        planned.push(Planned { info, hf_name: hf, shape: shape.iter().map(|&d| d as usize).collect(), rope });
-    }
-    if !unknown.is_empty() {
-        unknown.truncate(10);
-        return Err(GgufError::unsupported(
-            path,
-            format!("tensors with no {arch} counterpart in transformers: {}", unknown.join(", ")),
-        ));
-    }
-    let have: HashMap<&str, ()> = planned.iter().map(|p| (p.hf_name.as_str(), ())).collect();
-    let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
-    let own: &[&str] = match arch.as_str() {
-        "qwen2" => &["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
-        "qwen3" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight"],
-        "qwen3moe" => &[
-            "self_attn.q_norm.weight",
-            "self_attn.k_norm.weight",
-            "mlp.gate.weight",
-            "mlp.experts.{e}.gate_proj.weight",
-            "mlp.experts.{e}.up_proj.weight",
-            "mlp.experts.{e}.down_proj.weight",
-        ],
-        _ => &[],
-    };
-    let dense: &[&str] = match params.moe {
-        Some(_) => &[],
-        None => &["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"],
-    };
-    for l in 0..params.num_hidden_layers {
-        for s in own.iter().chain(dense).copied().chain([
-            "input_layernorm.weight",
-            "post_attention_layernorm.weight",
-            "self_attn.q_proj.weight",
-            "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight",
-        ]) {
-            required.push(format!("model.layers.{l}.{s}"));
-        }
-    }
-    if let Some(missing) = required.iter().find(|n| !have.contains_key(n.as_str())) {
-        return Err(GgufError::invalid(path, format!("no tensor for `{missing}`")));
-    }
-
-    let tok = tokenizer::build(g, params.max_position_embeddings)?;
+    let (planned, types) = plan(g, &params)?;
+    let tok = tokenizer::build(g, &arch, params.max_position_embeddings)?;
     if tok.n_tokens as u64 > params.vocab_size {
         return Err(GgufError::invalid(
             path,
             format!("{} tokens but the embedding has only {} rows", tok.n_tokens, params.vocab_size),
         ));
     }
-
-    // Convert.
-    let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(planned.len());
-    let mut parameters = 0u64;
-    for p in &planned {
-        let mut values = g.dequantize(p.info)?;
-        if let Rope::Heads(n_head) = p.rope {
-            values = unpermute_rows(&values, p.shape[0], p.shape[1], n_head as usize);
-        }
-        parameters += values.len() as u64;
-        let bytes = |values: &[f32]| match dtype {
-            OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-        };
-        if p.hf_name.contains(EXPERT) {
-            // `[experts, out, in]`, one `[out, in]` tensor per expert.
-            let per = values.len() / p.shape[0];
-            for (e, chunk) in values.chunks(per).enumerate() {
-                buffers.push((p.hf_name.replace(EXPERT, &e.to_string()), p.shape[1..].to_vec(), bytes(chunk)));
-            }
-        } else {
-            buffers.push((p.hf_name.clone(), p.shape.clone(), bytes(&values)));
-        }
-    }
-
     std::fs::create_dir_all(out).map_err(|e| GgufError::io(out, e))?;
-    let st_dtype = match dtype {
-        OutDtype::F32 => Dtype::F32,
-        OutDtype::Bf16 => Dtype::BF16,
-    };
-    let mut views = Vec::with_capacity(buffers.len());
-    for (name, shape, bytes) in &buffers {
-        let view = TensorView::new(st_dtype, shape.clone(), bytes)
-            .map_err(|e| GgufError::invalid(path, format!("tensor `{name}`: {e:?}")))?;
-        views.push((name.as_str(), view));
-    }
-    let weights = out.join("model.safetensors");
-    let info = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
-    safetensors::tensor::serialize_to_file(views, &info, &weights)
-        .map_err(|e| GgufError::io(&weights, std::io::Error::other(format!("{e:?}"))))?;
-    let written = buffers.len();
-    drop(buffers);
+    let (weights, written, parameters) = write_weights(g, &planned, &params, dtype, out)?;
 
     let mut generation = serde_json::Map::new();
     if let Some(b) = tok.special.bos {
@@ -545,4 +462,106 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
         duplicate_tokens: tok.duplicate_tokens,
         files,
     })
+}
+
+/// GGUF tensor types and how many tensors had each.
+type TypeCounts = Vec<(String, usize)>;
+
+/// Every tensor of the file with its HF name, checked: known, of the right shape, dequantisable;
+/// and every tensor the architecture needs present. With the count of each GGUF tensor type.
+fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, TypeCounts)> {
+    let path = g.path();
+    let mut planned = Vec::with_capacity(g.tensors.len());
+    let mut unknown = Vec::new();
+    let mut types: TypeCounts = Vec::new();
+    for info in &g.tensors {
+        let Some((hf, rope, expected)) = hf_name(&info.name, params) else {
+            unknown.push(info.name.clone());
+            continue;
+        };
+        let shape: Vec<u64> = info.dims.iter().rev().copied().collect();
+        if shape != expected {
+            return Err(GgufError::invalid(
+                path,
+                format!("tensor `{}` has shape {shape:?} (dims reversed), expected {expected:?} for `{hf}`", info.name),
+            ));
+        }
+        if !info.ggml_type.can_dequantize() {
+            return Err(GgufError::unsupported(
+                path,
+                format!(
+                    "tensor `{}` is {}, which this importer cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                    info.name, info.ggml_type
+                ),
+            ));
+        }
+        match types.iter_mut().find(|(t, _)| t == info.ggml_type.name()) {
+            Some((_, n)) => *n += 1,
+            None => types.push((info.ggml_type.name().to_owned(), 1)),
+        }
+        planned.push(Planned { info, hf_name: hf, shape: shape.iter().map(|&d| d as usize).collect(), rope });
+    }
+    if !unknown.is_empty() {
+        unknown.truncate(10);
+        return Err(GgufError::unsupported(
+            path,
+            format!("tensors with no {} counterpart in transformers: {}", params.architecture, unknown.join(", ")),
+        ));
+    }
+    let have: HashMap<&str, ()> = planned.iter().map(|p| (p.hf_name.as_str(), ())).collect();
+    if let Some(missing) = required_names(params).iter().find(|n| !have.contains_key(n.as_str())) {
+        return Err(GgufError::invalid(path, format!("no tensor for `{missing}`")));
+    }
+    Ok((planned, types))
+}
+
+/// Dequantises (un-permuting, un-shifting and splitting where the layout says) and writes
+/// `out/model.safetensors`; returns its path, the tensors written and their elements.
+fn write_weights(
+    g: &GgufFile,
+    planned: &[Planned],
+    params: &LlamaParams,
+    dtype: OutDtype,
+    out: &Path,
+) -> Result<(PathBuf, usize, u64)> {
+    let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(planned.len());
+    let mut parameters = 0u64;
+    for p in planned {
+        let mut values = g.dequantize(p.info)?;
+        if let Rope::Heads(n_head) = p.rope {
+            values = unpermute_rows(&values, p.shape[0], p.shape[1], n_head as usize);
+        }
+        if norm_shifted(&p.hf_name, params) {
+            values.iter_mut().for_each(|v| *v -= 1.0);
+        }
+        parameters += values.len() as u64;
+        let bytes = |values: &[f32]| match dtype {
+            OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        };
+        if p.hf_name.contains(EXPERT) {
+            // `[experts, out, in]`, one `[out, in]` tensor per expert.
+            let per = values.len() / p.shape[0];
+            for (e, chunk) in values.chunks(per).enumerate() {
+                buffers.push((p.hf_name.replace(EXPERT, &e.to_string()), p.shape[1..].to_vec(), bytes(chunk)));
+            }
+        } else {
+            buffers.push((p.hf_name.clone(), p.shape.clone(), bytes(&values)));
+        }
+    }
+    let st_dtype = match dtype {
+        OutDtype::F32 => Dtype::F32,
+        OutDtype::Bf16 => Dtype::BF16,
+    };
+    let mut views = Vec::with_capacity(buffers.len());
+    for (name, shape, bytes) in &buffers {
+        let view = TensorView::new(st_dtype, shape.clone(), bytes)
+            .map_err(|e| GgufError::invalid(g.path(), format!("tensor `{name}`: {e:?}")))?;
+        views.push((name.as_str(), view));
+    }
+    let weights = out.join("model.safetensors");
+    let info = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
+    safetensors::tensor::serialize_to_file(views, &info, &weights)
+        .map_err(|e| GgufError::io(&weights, std::io::Error::other(format!("{e:?}"))))?;
+    Ok((weights, buffers.len(), parameters))
 }

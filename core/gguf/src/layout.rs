@@ -8,8 +8,9 @@
 //!   interleaves the two halves that transformers' `rotate_half` pairs up, because ggml's rope
 //!   pairs neighbours). Viewing a head's rows as `[2, head_dim/2]` in HF and `[head_dim/2, 2]` in
 //!   GGUF, HF row `(h, i, r)` was stored at GGUF row `(h, r, i)`; [`unpermute_rows`] undoes it.
-//!   Only for `llama`: Qwen's converter keeps transformers' order (ggml's NeoX-style rope pairs
-//!   the halves as `rotate_half` does).
+//!   Only for `llama`: Qwen's and Gemma's converters keep transformers' order (ggml's NeoX-style
+//!   rope pairs the halves as `rotate_half` does).
+//! - Gemma's RMSNorm weights are stored plus one ([`norm_shifted`]).
 
 use crate::import::LlamaParams;
 
@@ -59,10 +60,17 @@ fn move_rows(
     out
 }
 
+/// Whether llama.cpp stores this HF tensor as `1 + w` (Gemma's norms scale by `1 + w`, ggml's by
+/// `w`: its converter adds the one, the importer takes it off again).
+pub(crate) fn norm_shifted(hf_name: &str, p: &LlamaParams) -> bool {
+    p.architecture == "gemma3" && hf_name.ends_with("norm.weight")
+}
+
 /// The HF name of a GGUF tensor, and whether its rows need un-permuting.
 pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
     let llama = p.architecture == "llama";
-    let qk_norm = matches!(p.architecture.as_str(), "qwen3" | "qwen3moe");
+    let gemma = p.architecture == "gemma3";
+    let qk_norm = matches!(p.architecture.as_str(), "qwen3" | "qwen3moe" | "gemma3");
     // llama.cpp permutes q/k rows for `llama` only.
     let heads = |n: u64| if llama { Rope::Heads(n) } else { Rope::None };
     let (h, inter) = (p.hidden_size, p.intermediate_size);
@@ -84,7 +92,11 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<
     }
     let (suffix, rope, shape) = match rest {
         "attn_norm.weight" => ("input_layernorm.weight", Rope::None, vec![h]),
+        // Gemma 3's sandwich: llama.cpp's `ffn_norm` is the norm before the MLP.
+        "ffn_norm.weight" if gemma => ("pre_feedforward_layernorm.weight", Rope::None, vec![h]),
         "ffn_norm.weight" => ("post_attention_layernorm.weight", Rope::None, vec![h]),
+        "post_attention_norm.weight" if gemma => ("post_attention_layernorm.weight", Rope::None, vec![h]),
+        "post_ffw_norm.weight" if gemma => ("post_feedforward_layernorm.weight", Rope::None, vec![h]),
         "attn_q.weight" => ("self_attn.q_proj.weight", heads(p.num_attention_heads), vec![q_rows, h]),
         "attn_k.weight" => ("self_attn.k_proj.weight", heads(p.num_key_value_heads), vec![kv_rows, h]),
         "attn_q.bias" if p.architecture == "qwen2" => ("self_attn.q_proj.bias", Rope::None, vec![q_rows]),
@@ -112,4 +124,45 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<
         },
     };
     Some((format!("model.layers.{layer}.{suffix}"), rope, shape))
+}
+
+/// The HF tensors a file of this architecture must have (`{e}` standing for every expert).
+pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
+    let own: &[&str] = match p.architecture.as_str() {
+        "qwen2" => &["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
+        "qwen3" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight"],
+        "gemma3" => &[
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "pre_feedforward_layernorm.weight",
+            "post_feedforward_layernorm.weight",
+        ],
+        "qwen3moe" => &[
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "mlp.gate.weight",
+            "mlp.experts.{e}.gate_proj.weight",
+            "mlp.experts.{e}.up_proj.weight",
+            "mlp.experts.{e}.down_proj.weight",
+        ],
+        _ => &[],
+    };
+    let dense: &[&str] = match p.moe {
+        Some(_) => &[],
+        None => &["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"],
+    };
+    let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
+    for l in 0..p.num_hidden_layers {
+        for s in own.iter().chain(dense).copied().chain([
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+        ]) {
+            required.push(format!("model.layers.{l}.{s}"));
+        }
+    }
+    required
 }

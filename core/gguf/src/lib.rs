@@ -1,6 +1,6 @@
-//! GGUF files (llama.cpp's checkpoint format): reading, dequantisation, and import of Llama, Qwen2
-//! and Qwen3 models into Hugging Face checkpoint directories that `rlhf-models` and transformers
-//! load.
+//! GGUF files (llama.cpp's checkpoint format): reading, dequantisation, and import of Llama, Qwen2,
+//! Qwen3, Qwen3-MoE and Gemma 3 models into Hugging Face checkpoint directories that `rlhf-models`
+//! and transformers load.
 //!
 //! ```no_run
 //! use rlhf_gguf::{import_llama, GgufFile, OutDtype};
@@ -17,8 +17,8 @@
 //! regex, indexmap and num_enum's proc-macro stack — for a format that takes a few hundred lines.
 //! The crate has no tch dependency, so `cargo xtask` can use it.
 //!
-//! Dequantisation covers F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K; files with other
-//! types (Q2_K, Q3_K, IQ) can be read, and their tensors are refused with the type named.
+//! Dequantisation covers F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; files
+//! with other types (Q2_K, Q3_K, IQ) can be read, and their tensors are refused with the type named.
 
 mod dequant;
 mod error;
@@ -26,6 +26,7 @@ mod import;
 mod layout;
 mod meta;
 mod reader;
+mod spm;
 pub mod tokenizer;
 mod types;
 mod writer;

@@ -1,7 +1,8 @@
 //! `tokenizer.json` and `tokenizer_config.json` from a GGUF's `tokenizer.*` metadata.
 //!
-//! Only byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`, used by GPT-2, SmolLM,
-//! Llama 3, ...) are built. The tokens are already spelled in the byte-level alphabet and the
+//! Byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`, used by GPT-2, SmolLM,
+//! Llama 3, Qwen, ...) and Gemma's SentencePiece vocabulary (`llama` in a `gemma3` file,
+//! [`crate::spm`]) are built. The byte-level tokens are already spelled in the byte-level alphabet and the
 //! merges are given, so the BPE model is the file's data as it is. What the GGUF keeps only as a
 //! name is the pre-tokenizer (`tokenizer.ggml.pre`): llama.cpp maps that name to its split regexes,
 //! and [`pre_tokenizer`] maps it to the `tokenizers` pre-tokenizer that splits the same way.
@@ -86,35 +87,33 @@ fn ignore_merges(pre: &str) -> bool {
 const KNOWN_PRE: &str = "gpt-2, mpt, olmo, jais, smollm, starcoder, refact, command-r, codeshell, exaone, minerva, \
                          llama3, llama-v3, llama-bpe, smaug-bpe, falcon3, dbrx, qwen2";
 
-/// Builds `tokenizer.json` and `tokenizer_config.json` from the file's metadata.
-pub fn build(g: &GgufFile, model_max_length: Option<u64>) -> Result<TokenizerFiles> {
+/// The model side of `tokenizer.json` for one kind of vocabulary.
+struct Backend {
+    /// `model`, `normalizer`, `pre_tokenizer`, `decoder`.
+    parts: Vec<(&'static str, Value)>,
+    /// The post-processor before BOS/EOS are added (`ByteLevel` for byte-level vocabularies).
+    post: Option<Value>,
+    /// Whether token `i`'s spelling is in the model's vocabulary (user-defined tokens are added
+    /// only then, as transformers does).
+    in_vocab: Box<dyn Fn(&str) -> bool>,
+    duplicate_tokens: usize,
+    /// Whether BOS is added when the file does not say (SentencePiece vocabularies: yes).
+    add_bos_default: bool,
+    /// Whether the declared special tokens (BOS, EOS, UNK, PAD) are special added tokens whatever
+    /// their type (SentencePiece vocabularies: transformers' tokenizer classes add them).
+    declared_are_special: bool,
+    /// Token spellings transformers' tokenizer class adds as special tokens besides the file's
+    /// control tokens (Gemma's `<mask>`).
+    class_specials: &'static [&'static str],
+}
+
+/// A byte-level BPE (`gpt2`): the file's tokens and merges as they are, the pre-tokenizer of
+/// `tokenizer.ggml.pre`.
+fn byte_level(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
     let path = g.path();
-    let model = g.opt_str("tokenizer.ggml.model")?.ok_or_else(|| {
-        GgufError::metadata(path, "tokenizer.ggml.model", "missing: the file has no tokenizer to import")
-    })?;
-    if model != "gpt2" {
-        return Err(GgufError::unsupported(
-            path,
-            format!("tokenizer.ggml.model `{model}` is not supported (only `gpt2`, byte-level BPE)"),
-        ));
-    }
-    let tokens = g
-        .opt_str_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| GgufError::metadata(path, "tokenizer.ggml.tokens", "missing"))?;
     let merges = g
         .opt_str_array("tokenizer.ggml.merges")?
         .ok_or_else(|| GgufError::metadata(path, "tokenizer.ggml.merges", "missing (a BPE vocabulary needs them)"))?;
-    let n = tokens.len();
-    let token_types = g.opt_int_array("tokenizer.ggml.token_type")?;
-    if let Some(types) = &token_types {
-        if types.len() != n {
-            return Err(GgufError::metadata(
-                path,
-                "tokenizer.ggml.token_type",
-                format!("has {} entries for {n} tokens", types.len()),
-            ));
-        }
-    }
     let pre_name = g.opt_str("tokenizer.ggml.pre")?.ok_or_else(|| {
         GgufError::metadata(
             path,
@@ -126,39 +125,6 @@ pub fn build(g: &GgufFile, model_max_length: Option<u64>) -> Result<TokenizerFil
     let pre = pre_tokenizer(pre_name, add_prefix_space).ok_or_else(|| {
         GgufError::unsupported(path, format!("tokenizer.ggml.pre `{pre_name}` is not supported (known: {KNOWN_PRE})"))
     })?;
-
-    let id = |key: &str| -> Result<Option<u32>> {
-        match g.opt_u64(key)? {
-            None => Ok(None),
-            Some(v) if (v as usize) < n => Ok(Some(v as u32)),
-            Some(v) => Err(GgufError::metadata(path, key, format!("id {v} is outside the {n} tokens"))),
-        }
-    };
-    let eos = id("tokenizer.ggml.eos_token_id")?;
-    let special = SpecialIds {
-        bos: id("tokenizer.ggml.bos_token_id")?,
-        eos,
-        unk: id("tokenizer.ggml.unknown_token_id")?,
-        pad: id("tokenizer.ggml.padding_token_id")?,
-        eot: id("tokenizer.ggml.eot_token_id")?.filter(|&t| Some(t) != eos),
-    };
-    let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-    let add_eos = g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-
-    // Without token types, at least the declared special tokens must stay whole.
-    let declared: Vec<u32> =
-        [special.bos, special.eos, special.unk, special.pad, special.eot].into_iter().flatten().collect();
-    let kind = |i: usize| -> Option<bool> {
-        match &token_types {
-            Some(types) => match types[i] {
-                TOKEN_TYPE_CONTROL => Some(true),
-                TOKEN_TYPE_USER_DEFINED => Some(false),
-                _ => None,
-            },
-            None => declared.contains(&(i as u32)).then_some(true),
-        }
-    };
-
     let mut vocab = Map::new();
     let mut duplicate_tokens = 0;
     for (i, token) in tokens.iter().enumerate() {
@@ -182,7 +148,75 @@ pub fn build(g: &GgufFile, model_max_length: Option<u64>) -> Result<TokenizerFil
             }
         }
     }
+    let model = json!({
+        "type": "BPE",
+        "dropout": null,
+        "unk_token": null,
+        "continuing_subword_prefix": null,
+        "end_of_word_suffix": null,
+        "fuse_unk": false,
+        "byte_fallback": false,
+        "ignore_merges": ignore_merges(pre_name),
+        "vocab": vocab,
+        "merges": merge_pairs,
+    });
+    let decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
+    Ok(Backend {
+        parts: vec![("model", model), ("normalizer", Value::Null), ("pre_tokenizer", pre), ("decoder", decoder)],
+        post: Some(
+            json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": false, "use_regex": true}),
+        ),
+        in_vocab: Box::new(|_| true),
+        duplicate_tokens,
+        add_bos_default: false,
+        declared_are_special: false,
+        class_specials: &[],
+    })
+}
 
+/// Gemma's SentencePiece vocabulary (see [`crate::spm`]).
+fn gemma(tokens: &[&str], unk: Option<u32>) -> Backend {
+    let respelled = crate::spm::respell(tokens);
+    let vocab = crate::spm::Vocab::new(&respelled);
+    let duplicate_tokens = tokens.len() - vocab.order.len();
+    let unk = unk.map_or("<unk>", |i| tokens[i as usize]);
+    let parts = crate::spm::gemma_backend(&vocab, unk).into_iter().collect();
+    let ids = vocab.ids;
+    Backend {
+        parts,
+        post: None,
+        in_vocab: Box::new(move |t| ids.contains_key(t)),
+        duplicate_tokens,
+        add_bos_default: true,
+        declared_are_special: true,
+        class_specials: &["<mask>"],
+    }
+}
+
+/// The added tokens (`tokenizer.json`'s list and `tokenizer_config.json`'s decoder map): control
+/// tokens special, user-defined ones plain; a SentencePiece vocabulary's declared special tokens
+/// special too (transformers' tokenizer classes add them), and so is any declared token when the
+/// file gives no types.
+fn added(
+    tokens: &[&str],
+    token_types: Option<&[i64]>,
+    special: &SpecialIds,
+    backend: &Backend,
+) -> (Vec<Value>, Map<String, Value>) {
+    let declared: Vec<u32> =
+        [special.bos, special.eos, special.unk, special.pad, special.eot].into_iter().flatten().collect();
+    let kind = |i: usize| -> Option<bool> {
+        let named = declared.contains(&(i as u32)) || backend.class_specials.contains(&tokens[i]);
+        match token_types {
+            Some(types) => match types[i] {
+                TOKEN_TYPE_CONTROL => Some(true),
+                TOKEN_TYPE_USER_DEFINED => (backend.in_vocab)(tokens[i]).then_some(false),
+                _ if named && backend.declared_are_special => Some(true),
+                _ => None,
+            },
+            None => named.then_some(true),
+        }
+    };
     let mut added_tokens = Vec::new();
     let mut added_tokens_decoder = Map::new();
     for (i, token) in tokens.iter().enumerate() {
@@ -199,62 +233,111 @@ pub fn build(g: &GgufFile, model_max_length: Option<u64>) -> Result<TokenizerFil
             }),
         );
     }
+    (added_tokens, added_tokens_decoder)
+}
 
-    let byte_level_post =
-        json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": false, "use_regex": true});
-    let post_processor = match (add_bos.then_some(special.bos).flatten(), add_eos.then_some(special.eos).flatten()) {
-        (None, None) => byte_level_post,
-        (bos, eos) => {
-            let piece = |id: u32| json!({"SpecialToken": {"id": tokens[id as usize], "type_id": 0}});
-            let wrap = |name: &str, type_id: u32| -> Vec<Value> {
-                let mut out: Vec<Value> = bos.map(piece).into_iter().collect();
-                out.push(json!({"Sequence": {"id": name, "type_id": type_id}}));
-                out.extend(eos.map(piece));
-                out
-            };
-            let single = wrap("A", 0);
-            let mut pair = wrap("A", 0);
-            pair.extend(wrap("B", 1));
-            let specials: Map<String, Value> = [bos, eos]
-                .into_iter()
-                .flatten()
-                .map(|id| {
-                    let t = tokens[id as usize];
-                    (t.to_owned(), json!({"id": t, "ids": [id], "tokens": [t]}))
-                })
-                .collect();
-            json!({
-                "type": "Sequence",
-                "processors": [
-                    byte_level_post,
-                    {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials},
-                ],
-            })
+/// The post-processor: `base` (if any), then BOS / EOS around each sequence where added.
+fn post_processor(tokens: &[&str], (bos, eos): (Option<u32>, Option<u32>), base: Option<&Value>) -> Value {
+    if bos.is_none() && eos.is_none() {
+        return base.cloned().unwrap_or(Value::Null);
+    }
+    let piece = |id: u32| json!({"SpecialToken": {"id": tokens[id as usize], "type_id": 0}});
+    let wrap = |name: &str, type_id: u32| -> Vec<Value> {
+        let mut out: Vec<Value> = bos.map(piece).into_iter().collect();
+        out.push(json!({"Sequence": {"id": name, "type_id": type_id}}));
+        out.extend(eos.map(piece));
+        out
+    };
+    let single = wrap("A", 0);
+    let mut pair = wrap("A", 0);
+    pair.extend(wrap("B", 1));
+    let specials: Map<String, Value> = [bos, eos]
+        .into_iter()
+        .flatten()
+        .map(|id| {
+            let t = tokens[id as usize];
+            (t.to_owned(), json!({"id": t, "ids": [id], "tokens": [t]}))
+        })
+        .collect();
+    let template = json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials});
+    match base {
+        Some(post) => json!({"type": "Sequence", "processors": [post, template]}),
+        None => template,
+    }
+}
+
+/// Builds `tokenizer.json` and `tokenizer_config.json` from the metadata of a file of llama.cpp
+/// architecture `architecture`: a byte-level BPE (`gpt2`), or Gemma's SentencePiece vocabulary
+/// (`llama` in a `gemma3` file).
+pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) -> Result<TokenizerFiles> {
+    let path = g.path();
+    let model = g.opt_str("tokenizer.ggml.model")?.ok_or_else(|| {
+        GgufError::metadata(path, "tokenizer.ggml.model", "missing: the file has no tokenizer to import")
+    })?;
+    let tokens = g
+        .opt_str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| GgufError::metadata(path, "tokenizer.ggml.tokens", "missing"))?;
+    let n = tokens.len();
+    let token_types = g.opt_int_array("tokenizer.ggml.token_type")?;
+    if let Some(types) = &token_types {
+        if types.len() != n {
+            return Err(GgufError::metadata(
+                path,
+                "tokenizer.ggml.token_type",
+                format!("has {} entries for {n} tokens", types.len()),
+            ));
+        }
+    }
+    let id = |key: &str| -> Result<Option<u32>> {
+        match g.opt_u64(key)? {
+            None => Ok(None),
+            Some(v) if (v as usize) < n => Ok(Some(v as u32)),
+            Some(v) => Err(GgufError::metadata(path, key, format!("id {v} is outside the {n} tokens"))),
         }
     };
+    let eos = id("tokenizer.ggml.eos_token_id")?;
+    let special = SpecialIds {
+        bos: id("tokenizer.ggml.bos_token_id")?,
+        eos,
+        unk: id("tokenizer.ggml.unknown_token_id")?,
+        pad: id("tokenizer.ggml.padding_token_id")?,
+        eot: id("tokenizer.ggml.eot_token_id")?.filter(|&t| Some(t) != eos),
+    };
+    let backend = match model {
+        "gpt2" => byte_level(g, &tokens)?,
+        "llama" if architecture == "gemma3" => gemma(&tokens, special.unk),
+        _ => {
+            return Err(GgufError::unsupported(
+                path,
+                format!(
+                    "tokenizer.ggml.model `{model}` is not supported for `{architecture}` (`gpt2`, byte-level BPE; \
+                     `llama`, SentencePiece, for gemma3)"
+                ),
+            ))
+        }
+    };
+    let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(backend.add_bos_default);
+    let add_eos = g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+    let add_prefix_space = g.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(false);
 
-    let tokenizer_json = json!({
+    // Control tokens are special, user-defined ones plain added tokens; a SentencePiece
+    // vocabulary's declared special tokens are special too (transformers' tokenizer classes add
+    // them), and so is any token the file gives no types for.
+    let (added_tokens, added_tokens_decoder) = added(&tokens, token_types.as_deref(), &special, &backend);
+    let bos_eos = (add_bos.then_some(special.bos).flatten(), add_eos.then_some(special.eos).flatten());
+    let post_processor = post_processor(&tokens, bos_eos, backend.post.as_ref());
+
+    let mut tokenizer_json = json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
         "added_tokens": added_tokens,
-        "normalizer": null,
-        "pre_tokenizer": pre,
         "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {
-            "type": "BPE",
-            "dropout": null,
-            "unk_token": null,
-            "continuing_subword_prefix": null,
-            "end_of_word_suffix": null,
-            "fuse_unk": false,
-            "byte_fallback": false,
-            "ignore_merges": ignore_merges(pre_name),
-            "vocab": vocab,
-            "merges": merge_pairs,
-        },
     });
+    if let Some(t) = tokenizer_json.as_object_mut() {
+        t.extend(backend.parts.into_iter().map(|(k, v)| (k.to_owned(), v)));
+    }
+    let duplicate_tokens = backend.duplicate_tokens;
 
     let text = |id: Option<u32>| id.map(|i| Value::String(tokens[i as usize].to_owned()));
     let mut config = Map::new();

@@ -303,7 +303,7 @@ impl GgmlType {
     /// Whether [`crate::dequantize`] handles it.
     pub fn can_dequantize(self) -> bool {
         use GgmlType::*;
-        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q4_K | Q5_K | Q6_K)
+        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
     }
 }
 
