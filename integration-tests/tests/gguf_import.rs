@@ -1,8 +1,10 @@
 //! A GGUF imported, then loaded, computes what transformers computes reading the same file
 //! (`fixtures/gguf_models.py` writes tiny random models as llama.cpp's converter does, and
 //! transformers reads them with its own GGUF loader): a Qwen3-MoE (`qwen3moe`: stacked experts,
-//! the router as `ffn_gate_inp`) and a Gemma 3 (`gemma3`: norms stored plus one, every sixth layer
-//! global, a SentencePiece vocabulary whose merges are rebuilt from the token order).
+//! the router as `ffn_gate_inp`), a Gemma 3 (`gemma3`: norms stored plus one, every sixth layer
+//! global, a SentencePiece vocabulary whose merges are rebuilt from the token order) and a Llama
+//! (`llama`: q/k rows permuted by llama.cpp's converter, a Llama 2-style SentencePiece vocabulary
+//! whose merges are rebuilt from the scores).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -68,10 +70,23 @@ fn a_gemma3_gguf_imports_to_the_logits_and_tokens_transformers_reads_from_it() {
     let types: Vec<&str> = config["layer_types"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     assert_eq!(types.iter().filter(|t| **t == "full_attention").count(), 1, "{types:?}");
     check_logits("gemma3", dir.path(), &model_dir);
+    check_tokens(dir.path(), &model_dir);
+}
 
-    // The SentencePiece vocabulary tokenizes and decodes as transformers' tokenizer read from the file.
-    let tok = rlhf_tokenizer::HfTokenizer::from_dir(&model_dir).unwrap();
-    let cases = read_json(&dir.path().join("tokens.json"));
+#[test]
+fn a_llama_gguf_with_a_sentencepiece_vocabulary_imports_to_what_transformers_reads_from_it() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (model_dir, _) = imported(&python, "llama", dir.path());
+    check_logits("llama", dir.path(), &model_dir);
+    check_tokens(dir.path(), &model_dir);
+}
+
+/// The imported vocabulary tokenizes (BOS added) and decodes as transformers' tokenizer read from
+/// the same file (`tokens.json`).
+fn check_tokens(dir: &Path, model_dir: &Path) {
+    let tok = rlhf_tokenizer::HfTokenizer::from_dir(model_dir).unwrap();
+    let cases = read_json(&dir.join("tokens.json"));
     for case in cases.as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();

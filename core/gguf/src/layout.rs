@@ -12,7 +12,7 @@
 //!   rope pairs the halves as `rotate_half` does).
 //! - Gemma's RMSNorm weights are stored plus one ([`norm_shifted`]).
 
-use crate::import::LlamaParams;
+use crate::params::LlamaParams;
 
 /// Which rows to un-permute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,6 +25,7 @@ mod error;
 mod import;
 mod layout;
 mod meta;
+mod params;
 mod reader;
 mod spm;
 pub mod tokenizer;
@@ -33,8 +34,9 @@ mod writer;
 
 pub use dequant::dequantize;
 pub use error::{GgufError, Result};
-pub use import::{import_llama, ImportSummary, LlamaParams, MoeParams, OutDtype, OUTPUT_FILES};
+pub use import::{import_llama, ImportSummary, OUTPUT_FILES};
 pub use layout::{permute_rows, unpermute_rows};
+pub use params::{LlamaParams, MoeParams, OutDtype};
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 pub use types::{GgmlType, Value, ValueType};
 pub use writer::GgufWriter;

@@ -44,6 +44,15 @@ impl GgufFile {
         self.typed(key, "an array of strings", |v| v.as_array()?.iter().map(Value::as_str).collect())
     }
 
+    /// An array of numbers as `f32` (SentencePiece scores), if the key is present.
+    pub fn opt_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        let number = |x: &Value| match *x {
+            Value::F32(v) => Some(v),
+            ref other => other.as_f64().map(|f| f as f32),
+        };
+        self.typed(key, "an array of numbers", |v| v.as_array()?.iter().map(number).collect())
+    }
+
     /// An array of integers, if the key is present.
     pub fn opt_int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
         self.typed(key, "an array of integers", |v| {

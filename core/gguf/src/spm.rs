@@ -1,13 +1,14 @@
-//! Gemma's SentencePiece vocabulary (`tokenizer.ggml.model = "llama"` in a `gemma3` file) as the
-//! `tokenizers` BPE that transformers builds from the same file (`GemmaTokenizer`: byte fallback,
-//! spaces written `▁` by the normalizer, no prefix space).
+//! SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`) as the `tokenizers` BPE that
+//! transformers builds from the same file: Llama's (`LlamaTokenizer`: byte fallback, `▁` prepended
+//! to the text and written for spaces by `Metaspace`, stripped again when decoding) and Gemma's
+//! (`GemmaTokenizer`: byte fallback, spaces written `▁` by the normalizer, no prefix space).
 //!
-//! The file lists tokens but no merges. As transformers does, tokens made only of two or more
-//! spaces are respelled with `▁` (the file stores real spaces, the model looks them up as `▁`),
-//! and the merges are rebuilt from the vocabulary: every split of a token into two tokens of the
-//! vocabulary is a merge, ranked by the position of the merged token in the file (Gemma's scores
-//! do not follow its merge order, its token order does), then by the longer left and the longer
-//! right piece.
+//! The files list tokens and scores but no merges; the merges are rebuilt from the vocabulary:
+//! every split of a token into two tokens of the vocabulary is a merge, ranked by the merged
+//! token's score, then by the longer left and the longer right piece (transformers'
+//! `generate_merges`). Gemma's scores do not follow its merge order, its token order does, so
+//! there the score is the position; and tokens made only of two or more spaces, stored with real
+//! spaces, are respelled with `▁` as the model looks them up.
 
 use std::collections::HashMap;
 
@@ -47,15 +48,15 @@ impl Vocab {
         Vocab { ids, order }
     }
 
-    /// The merges (transformers' `generate_merges` with the token positions as scores): for each
-    /// token in order, its splits into two tokens of the vocabulary (ordered by the pieces' ids),
-    /// then all of them ranked by the merged token's position, the left piece's length and the
-    /// right piece's length, each first-largest-wins with ties kept in order.
-    pub(crate) fn merges(&self) -> Vec<(String, String)> {
-        // (rank key, left, right): the key is (−id of the merged token, |left|, |right|).
-        let mut merges: Vec<((i64, usize, usize), &str, &str)> = Vec::new();
+    /// The merges (transformers' `generate_merges`, `score` giving a token's score from its id):
+    /// for each token in order, its splits into two tokens of the vocabulary (ordered by the
+    /// pieces' ids), then all of them ranked by the merged token's score, the left piece's length
+    /// and the right piece's length, each largest first, ties kept in order.
+    pub(crate) fn merges(&self, score: impl Fn(usize) -> f64) -> Vec<(String, String)> {
+        // (rank key, left, right): the key is (score of the merged token, |left|, |right|).
+        let mut merges: Vec<((f64, usize, usize), &str, &str)> = Vec::new();
         for token in &self.order {
-            let score = -(self.ids[token] as i64);
+            let score = score(self.ids[token]);
             let mut local: Vec<(&str, &str)> = token
                 .char_indices()
                 .skip(1)
@@ -66,47 +67,66 @@ impl Vocab {
             merges.extend(local.into_iter().map(|(l, r)| ((score, l.chars().count(), r.chars().count()), l, r)));
         }
         // Descending and stable, as Python's `sorted(reverse=True)`.
-        merges.sort_by_key(|m| std::cmp::Reverse(m.0));
+        merges.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
         merges.into_iter().map(|(_, l, r)| (l.to_owned(), r.to_owned())).collect()
     }
 }
 
+/// The byte-fallback BPE model of a vocabulary.
+fn bpe(vocab: &Vocab, merges: Vec<(String, String)>, unk: Option<&str>) -> Value {
+    let ids: serde_json::Map<String, Value> = vocab.order.iter().map(|t| (t.clone(), json!(vocab.ids[t]))).collect();
+    let merges: Vec<Value> = merges.into_iter().map(|(l, r)| json!([l, r])).collect();
+    json!({
+        "type": "BPE",
+        "dropout": null,
+        "unk_token": unk,
+        "continuing_subword_prefix": null,
+        "end_of_word_suffix": null,
+        "fuse_unk": true,
+        "byte_fallback": true,
+        "ignore_merges": false,
+        "vocab": ids,
+        "merges": merges,
+    })
+}
+
+/// `▁` back to spaces, byte tokens back to bytes.
+fn decoders() -> Vec<Value> {
+    vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ]
+}
+
+/// `tokenizer.json`'s model, normalizer, pre-tokenizer and decoder for a Llama-style vocabulary
+/// (`scores` by token id).
+pub(crate) fn llama_backend(vocab: &Vocab, scores: &[f32]) -> [(&'static str, Value); 4] {
+    let merges = vocab.merges(|id| f64::from(scores[id]));
+    let mut decoder = decoders();
+    decoder.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    [
+        ("model", bpe(vocab, merges, None)),
+        ("normalizer", Value::Null),
+        (
+            "pre_tokenizer",
+            json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first", "split": false}),
+        ),
+        ("decoder", json!({"type": "Sequence", "decoders": decoder})),
+    ]
+}
+
 /// `tokenizer.json`'s model, normalizer, pre-tokenizer and decoder for Gemma's vocabulary.
 pub(crate) fn gemma_backend(vocab: &Vocab, unk: &str) -> [(&'static str, Value); 4] {
-    let ids: serde_json::Map<String, Value> = vocab.order.iter().map(|t| (t.clone(), json!(vocab.ids[t]))).collect();
-    let merges: Vec<Value> = vocab.merges().into_iter().map(|(l, r)| json!([l, r])).collect();
+    let merges = vocab.merges(|id| -(id as f64));
     [
-        (
-            "model",
-            json!({
-                "type": "BPE",
-                "dropout": null,
-                "unk_token": unk,
-                "continuing_subword_prefix": null,
-                "end_of_word_suffix": null,
-                "fuse_unk": true,
-                "byte_fallback": true,
-                "ignore_merges": false,
-                "vocab": ids,
-                "merges": merges,
-            }),
-        ),
+        ("model", bpe(vocab, merges, Some(unk))),
         ("normalizer", json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"})),
         (
             "pre_tokenizer",
             json!({"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false}),
         ),
-        (
-            "decoder",
-            json!({
-                "type": "Sequence",
-                "decoders": [
-                    {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                    {"type": "ByteFallback"},
-                    {"type": "Fuse"},
-                ],
-            }),
-        ),
+        ("decoder", json!({"type": "Sequence", "decoders": decoders()})),
     ]
 }
 
@@ -120,7 +140,7 @@ mod tests {
         let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc", "  "].iter().map(|s| s.to_string()).collect();
         let vocab = Vocab::new(&respell(&tokens.iter().map(String::as_str).collect::<Vec<_>>()));
         assert!(vocab.ids.contains_key("\u{2581}\u{2581}"));
-        let got = vocab.merges();
+        let got = vocab.merges(|id| -(id as f64));
         let want = [("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")];
         assert_eq!(got, want.map(|(l, r)| (l.to_owned(), r.to_owned())));
     }

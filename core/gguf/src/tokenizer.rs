@@ -1,8 +1,8 @@
 //! `tokenizer.json` and `tokenizer_config.json` from a GGUF's `tokenizer.*` metadata.
 //!
 //! Byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`, used by GPT-2, SmolLM,
-//! Llama 3, Qwen, ...) and Gemma's SentencePiece vocabulary (`llama` in a `gemma3` file,
-//! [`crate::spm`]) are built. The byte-level tokens are already spelled in the byte-level alphabet and the
+//! Llama 3, Qwen, ...) and SentencePiece vocabularies (`llama`: Llama 2 and Mistral in `llama`
+//! files, Gemma's in `gemma3` files; [`crate::spm`]) are built. The byte-level tokens are already spelled in the byte-level alphabet and the
 //! merges are given, so the BPE model is the file's data as it is. What the GGUF keeps only as a
 //! name is the pre-tokenizer (`tokenizer.ggml.pre`): llama.cpp maps that name to its split regexes,
 //! and [`pre_tokenizer`] maps it to the `tokenizers` pre-tokenizer that splits the same way.
@@ -266,9 +266,39 @@ fn post_processor(tokens: &[&str], (bos, eos): (Option<u32>, Option<u32>), base:
     }
 }
 
+/// A Llama-style SentencePiece vocabulary (see [`crate::spm`]): the file's tokens, merges from
+/// its scores.
+fn llama_spm(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
+    let path = g.path();
+    let scores = g.opt_f32_array("tokenizer.ggml.scores")?.ok_or_else(|| {
+        GgufError::metadata(path, "tokenizer.ggml.scores", "missing (a SentencePiece vocabulary needs them)")
+    })?;
+    if scores.len() != tokens.len() {
+        return Err(GgufError::metadata(
+            path,
+            "tokenizer.ggml.scores",
+            format!("has {} entries for {} tokens", scores.len(), tokens.len()),
+        ));
+    }
+    let owned: Vec<String> = tokens.iter().map(|t| (*t).to_owned()).collect();
+    let vocab = crate::spm::Vocab::new(&owned);
+    let duplicate_tokens = tokens.len() - vocab.order.len();
+    let parts = crate::spm::llama_backend(&vocab, &scores).into_iter().collect();
+    let ids = vocab.ids;
+    Ok(Backend {
+        parts,
+        post: None,
+        in_vocab: Box::new(move |t| ids.contains_key(t)),
+        duplicate_tokens,
+        add_bos_default: true,
+        declared_are_special: true,
+        class_specials: &[],
+    })
+}
+
 /// Builds `tokenizer.json` and `tokenizer_config.json` from the metadata of a file of llama.cpp
-/// architecture `architecture`: a byte-level BPE (`gpt2`), or Gemma's SentencePiece vocabulary
-/// (`llama` in a `gemma3` file).
+/// architecture `architecture`: a byte-level BPE (`gpt2`), or a SentencePiece vocabulary (`llama`
+/// in a `llama` file: Llama 2, Mistral; in a `gemma3` file: Gemma's).
 pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) -> Result<TokenizerFiles> {
     let path = g.path();
     let model = g.opt_str("tokenizer.ggml.model")?.ok_or_else(|| {
@@ -306,12 +336,13 @@ pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) ->
     let backend = match model {
         "gpt2" => byte_level(g, &tokens)?,
         "llama" if architecture == "gemma3" => gemma(&tokens, special.unk),
+        "llama" if architecture == "llama" => llama_spm(g, &tokens)?,
         _ => {
             return Err(GgufError::unsupported(
                 path,
                 format!(
                     "tokenizer.ggml.model `{model}` is not supported for `{architecture}` (`gpt2`, byte-level BPE; \
-                     `llama`, SentencePiece, for gemma3)"
+                     `llama`, SentencePiece, for llama and gemma3)"
                 ),
             ))
         }

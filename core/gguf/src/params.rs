@@ -1,0 +1,370 @@
+//! The hyper-parameters of a GGUF file's model (`<architecture>.*` metadata), checked against the
+//! file, and the transformers `config.json` they make.
+
+use serde_json::{json, Value};
+
+use crate::error::{GgufError, Result};
+use crate::reader::GgufFile;
+use crate::tokenizer::SpecialIds;
+
+/// The dtype of the written safetensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutDtype {
+    F32,
+    Bf16,
+}
+
+impl OutDtype {
+    /// `f32` or `bf16`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" | "float32" => Some(OutDtype::F32),
+            "bf16" | "bfloat16" => Some(OutDtype::Bf16),
+            _ => None,
+        }
+    }
+
+    /// `f32` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutDtype::F32 => "f32",
+            OutDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// transformers' name (`config.json`'s `dtype`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            OutDtype::F32 => "float32",
+            OutDtype::Bf16 => "bfloat16",
+        }
+    }
+}
+
+/// Hyper-parameters from `<architecture>.*` metadata (Llama, Qwen2, Qwen3 and Qwen3-MoE share
+/// them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaParams {
+    /// llama.cpp's name: `llama`, `qwen2`, `qwen3` or `qwen3moe`.
+    pub architecture: String,
+    pub hidden_size: u64,
+    pub intermediate_size: u64,
+    pub num_hidden_layers: u64,
+    pub num_attention_heads: u64,
+    pub num_key_value_heads: u64,
+    pub head_dim: u64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    /// `{"rope_type": "linear", "factor": f}` or none.
+    pub rope_scaling: Option<Value>,
+    pub max_position_embeddings: Option<u64>,
+    pub vocab_size: u64,
+    pub tie_word_embeddings: bool,
+    /// The mixture of experts of a `qwen3moe` file.
+    pub moe: Option<MoeParams>,
+    /// A `gemma3` file's window of its sliding layers (`attention.sliding_window`).
+    pub sliding_window: Option<u64>,
+}
+
+/// A `qwen3moe` file's experts (`expert_count`, `expert_used_count`, `expert_feed_forward_length`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeParams {
+    pub num_experts: u64,
+    pub num_experts_per_tok: u64,
+    pub moe_intermediate_size: u64,
+}
+
+/// Tensors every layer has (norms, q/k/v/o, gate/up/down): a block count is at most the file's
+/// tensors over this.
+const LAYER_TENSORS: u64 = 9;
+/// The largest size a hyper-parameter may give one dimension of a weight (2^31: libtorch and the
+/// importer index rows with it).
+const MAX_DIM: u64 = 1 << 31;
+
+impl LlamaParams {
+    /// Reads the hyper-parameters of a `general.architecture = "llama"`, `"qwen2"`, `"qwen3"` or
+    /// `"qwen3moe"` file.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let path = g.path();
+        let arch = architecture(g)?;
+        let k = |name: &str| format!("{arch}.{name}");
+        let moe = Self::moe_from_gguf(g, arch)?;
+        let hidden = g.req_u64(&k("embedding_length"))?;
+        let heads = g.req_u64(&k("attention.head_count"))?;
+        let kv_heads = g.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(GgufError::metadata(
+                path,
+                &k("attention.head_count_kv"),
+                format!("{kv_heads} key/value heads do not divide {heads} heads"),
+            ));
+        }
+        let head_dim = match g.opt_u64(&k("attention.key_length"))? {
+            Some(d) => d,
+            None if hidden % heads == 0 => hidden / heads,
+            None => {
+                return Err(GgufError::metadata(
+                    path,
+                    &k("attention.head_count"),
+                    format!("{heads} heads do not divide the embedding length {hidden}"),
+                ))
+            }
+        };
+        if let Some(v) = g.opt_u64(&k("attention.value_length"))? {
+            if v != head_dim {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("value length {v} differs from key length {head_dim}"),
+                ));
+            }
+        }
+        if head_dim % 2 != 0 {
+            return Err(GgufError::unsupported(path, format!("odd head dimension {head_dim}")));
+        }
+        if let Some(rot) = g.opt_u64(&k("rope.dimension_count"))? {
+            if rot != head_dim {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("partial rotary embeddings ({rot} of {head_dim} dimensions) are not supported"),
+                ));
+            }
+        }
+        let rope_scaling = match g.opt_str(&k("rope.scaling.type"))? {
+            None | Some("none") => None,
+            Some("linear") => {
+                let factor = g.opt_f64(&k("rope.scaling.factor"))?.ok_or_else(|| {
+                    GgufError::metadata(path, &k("rope.scaling.factor"), "missing for linear scaling")
+                })?;
+                (factor != 1.0).then(|| json!({"rope_type": "linear", "factor": factor}))
+            }
+            Some(other) => {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("rope scaling `{other}` is not supported (none, linear)"),
+                ))
+            }
+        };
+        if g.tensor("rope_freqs.weight").is_some() {
+            return Err(GgufError::unsupported(
+                path,
+                "the file has `rope_freqs.weight` (Llama 3.1-style rope scaling), which is not supported",
+            ));
+        }
+        let embed =
+            g.tensor("token_embd.weight").ok_or_else(|| GgufError::invalid(path, "no `token_embd.weight` tensor"))?;
+        if embed.dims.len() != 2 || embed.dims[0] != hidden {
+            return Err(GgufError::invalid(
+                path,
+                format!("`token_embd.weight` has dims {:?}, expected [{hidden}, vocab]", embed.dims),
+            ));
+        }
+        let vocab_size = embed.dims[1];
+        if let Some(v) = g.opt_u64(&k("vocab_size"))? {
+            if v != vocab_size {
+                return Err(GgufError::metadata(
+                    path,
+                    &k("vocab_size"),
+                    format!("{v}, but `token_embd.weight` has {vocab_size} rows"),
+                ));
+            }
+        }
+        // Sizes multiply into shapes and name every layer's tensors: each is checked against the
+        // file before anything is built from it (a block count of 1e10 would otherwise build
+        // names for 1e10 layers, and head counts of 2^32 overflow `heads × head_dim`).
+        let layers = g.req_u64(&k("block_count"))?;
+        let needed = layers.checked_mul(LAYER_TENSORS);
+        if layers == 0 || needed.is_none_or(|n| n > g.tensors.len() as u64) {
+            return Err(GgufError::metadata(
+                path,
+                &k("block_count"),
+                format!(
+                    "{layers} layers, but the file has {} tensors (each layer has at least {LAYER_TENSORS})",
+                    g.tensors.len()
+                ),
+            ));
+        }
+        for (key, n) in [("attention.head_count", heads), ("attention.head_count_kv", kv_heads)] {
+            if n.checked_mul(head_dim).is_none_or(|rows| rows > MAX_DIM) {
+                return Err(GgufError::metadata(
+                    path,
+                    &k(key),
+                    format!("{n} heads of dimension {head_dim} give more than {MAX_DIM} rows"),
+                ));
+            }
+        }
+        // A mixture of experts has no dense MLP: its `feed_forward_length` is informational.
+        let intermediate = match (g.opt_u64(&k("feed_forward_length"))?, moe) {
+            (Some(n), _) => n,
+            (None, Some(m)) => m.moe_intermediate_size,
+            (None, None) => g.req_u64(&k("feed_forward_length"))?,
+        };
+        for (key, n) in [("embedding_length", hidden), ("feed_forward_length", intermediate)] {
+            if n == 0 || n > MAX_DIM {
+                return Err(GgufError::metadata(path, &k(key), format!("{n} (expected 1 to {MAX_DIM})")));
+            }
+        }
+        Ok(LlamaParams {
+            architecture: arch.to_string(),
+            hidden_size: hidden,
+            intermediate_size: intermediate,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            rms_norm_eps: g.opt_f64(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+            rope_theta: g.opt_f64(&k("rope.freq_base"))?.unwrap_or(10000.0),
+            rope_scaling,
+            max_position_embeddings: g.opt_u64(&k("context_length"))?,
+            vocab_size,
+            tie_word_embeddings: g.tensor("output.weight").is_none(),
+            moe,
+            sliding_window: if arch == "gemma3" { Some(g.req_u64(&k("attention.sliding_window"))?) } else { None },
+        })
+    }
+
+    /// The experts of a `qwen3moe` file; any other architecture with experts is refused.
+    fn moe_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<MoeParams>> {
+        let path = g.path();
+        let k = |name: &str| format!("{arch}.{name}");
+        let experts = g.opt_u64(&k("expert_count"))?.unwrap_or(0);
+        if arch != "qwen3moe" {
+            if experts > 0 {
+                return Err(GgufError::unsupported(
+                    path,
+                    format!("mixture-of-experts `{arch}` models are not supported (qwen3moe is)"),
+                ));
+            }
+            return Ok(None);
+        }
+        let used = g.req_u64(&k("expert_used_count"))?;
+        let ffn = g.req_u64(&k("expert_feed_forward_length"))?;
+        // Experts multiply into every expert tensor's shape: bounded before anything is built.
+        if experts == 0 || experts > 1 << 16 {
+            return Err(GgufError::metadata(path, &k("expert_count"), format!("{experts} (expected 1 to 65536)")));
+        }
+        if used == 0 || used > experts {
+            return Err(GgufError::metadata(
+                path,
+                &k("expert_used_count"),
+                format!("{used} (expected 1 to the {experts} experts)"),
+            ));
+        }
+        if ffn == 0 || ffn > MAX_DIM {
+            return Err(GgufError::metadata(
+                path,
+                &k("expert_feed_forward_length"),
+                format!("{ffn} (expected 1 to {MAX_DIM})"),
+            ));
+        }
+        Ok(Some(MoeParams { num_experts: experts, num_experts_per_tok: used, moe_intermediate_size: ffn }))
+    }
+
+    /// `config.json` for `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` or
+    /// `Qwen3MoeForCausalLM`.
+    pub fn hf_config(&self, special: &SpecialIds, dtype: OutDtype) -> Value {
+        let eos = eos_value(special);
+        let (class, model_type) = match self.architecture.as_str() {
+            "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
+            "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
+            "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+            "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
+            _ => ("LlamaForCausalLM", "llama"),
+        };
+        let mut config = json!({
+            "architectures": [class],
+            "model_type": model_type,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings.unwrap_or(2048),
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_cache": true,
+            "bos_token_id": special.bos,
+            "eos_token_id": eos,
+            "pad_token_id": special.pad,
+            "dtype": dtype.torch_name(),
+        });
+        let extra = match model_type {
+            "llama" => json!({"attention_bias": false, "mlp_bias": false, "pretraining_tp": 1}),
+            "qwen3" => json!({"attention_bias": false, "use_sliding_window": false}),
+            "qwen3_moe" => {
+                let m = self.moe.expect("a qwen3moe file has experts");
+                json!({
+                    "attention_bias": false,
+                    "use_sliding_window": false,
+                    "num_experts": m.num_experts,
+                    "num_experts_per_tok": m.num_experts_per_tok,
+                    "moe_intermediate_size": m.moe_intermediate_size,
+                    "norm_topk_prob": true,
+                    "decoder_sparse_step": 1,
+                    "mlp_only_layers": [],
+                })
+            }
+            "gemma3_text" => self.gemma3_keys(),
+            _ => json!({"use_sliding_window": false}),
+        };
+        if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+            if model_type == "gemma3_text" {
+                c.remove("hidden_act"); // Gemma names it `hidden_activation`
+            }
+            c.extend(e.clone());
+        }
+        config
+    }
+
+    /// What a `gemma3_text` config adds, as llama.cpp's Gemma 3 computes: every sixth layer full
+    /// attention, the others sliding with RoPE base 10000 (the file's `rope.freq_base` and scaling
+    /// are the full layers'), GELU (tanh), queries scaled by `1/√head_dim` (by `1/√(hidden/heads)`
+    /// for the 62-layer 27B, as llama.cpp special-cases it), no soft-capping.
+    fn gemma3_keys(&self) -> Value {
+        let layer_types: Vec<&str> = (0..self.num_hidden_layers)
+            .map(|i| if i % 6 == 5 { "full_attention" } else { "sliding_attention" })
+            .collect();
+        let scalar =
+            if self.num_hidden_layers == 62 { self.hidden_size / self.num_attention_heads } else { self.head_dim };
+        json!({
+            "hidden_activation": "gelu_pytorch_tanh",
+            "layer_types": layer_types,
+            "sliding_window": self.sliding_window,
+            "rope_local_base_freq": 10000.0,
+            "query_pre_attn_scalar": scalar,
+            "final_logit_softcapping": null,
+            "attn_logit_softcapping": null,
+            "attention_bias": false,
+        })
+    }
+}
+
+/// `eos_token_id`: one id, or `[eos, eot]` when the file names a separate end-of-turn token.
+pub(crate) fn eos_value(special: &SpecialIds) -> Value {
+    match (special.eos, special.eot) {
+        (Some(e), Some(t)) => json!([e, t]),
+        (e, t) => json!(e.or(t)),
+    }
+}
+
+pub(crate) fn architecture(g: &GgufFile) -> Result<&str> {
+    let arch = g
+        .opt_str("general.architecture")?
+        .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
+    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"].contains(&arch) {
+        return Err(GgufError::unsupported(
+            g.path(),
+            format!(
+                "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
+                 qwen3; qwen3moe; gemma3)"
+            ),
+        ));
+    }
+    Ok(arch)
+}
