@@ -4,7 +4,8 @@
 //! the router as `ffn_gate_inp`), a Gemma 3 (`gemma3`: norms stored plus one, every sixth layer
 //! global, a SentencePiece vocabulary whose merges are rebuilt from the token order) and a Llama
 //! (`llama`: q/k rows permuted by llama.cpp's converter, a Llama 2-style SentencePiece vocabulary
-//! whose merges are rebuilt from the scores).
+//! whose merges are rebuilt from the scores) and a Phi-3 (`phi3`: fused q/k/v and gate/up, that
+//! vocabulary with Phi-3's own normalizer and chat tokens).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -82,7 +83,21 @@ fn a_llama_gguf_with_a_sentencepiece_vocabulary_imports_to_what_transformers_rea
     check_tokens(dir.path(), &model_dir);
 }
 
-/// The imported vocabulary tokenizes (BOS added) and decodes as transformers' tokenizer read from
+#[test]
+fn a_phi3_gguf_imports_its_fused_projections_and_vocabulary_as_transformers_reads_them() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (model_dir, _) = imported(&python, "phi3", dir.path());
+    let config = read_json(&model_dir.join("config.json"));
+    assert_eq!(
+        (config["architectures"][0].as_str(), config["sliding_window"].as_u64()),
+        (Some("Phi3ForCausalLM"), Some(64))
+    );
+    check_logits("phi3", dir.path(), &model_dir);
+    check_tokens(dir.path(), &model_dir);
+}
+
+/// The imported vocabulary tokenizes (BOS added where the file says) and decodes as transformers' tokenizer read from
 /// the same file (`tokens.json`).
 fn check_tokens(dir: &Path, model_dir: &Path) {
     let tok = rlhf_tokenizer::HfTokenizer::from_dir(model_dir).unwrap();

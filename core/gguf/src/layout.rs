@@ -70,6 +70,7 @@ pub(crate) fn norm_shifted(hf_name: &str, p: &LlamaParams) -> bool {
 pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
     let llama = p.architecture == "llama";
     let gemma = p.architecture == "gemma3";
+    let phi3 = p.architecture == "phi3";
     let qk_norm = matches!(p.architecture.as_str(), "qwen3" | "qwen3moe" | "gemma3");
     // llama.cpp permutes q/k rows for `llama` only.
     let heads = |n: u64| if llama { Rope::Heads(n) } else { Rope::None };
@@ -105,8 +106,11 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<
         "attn_q_norm.weight" if qk_norm => ("self_attn.q_norm.weight", Rope::None, vec![p.head_dim]),
         "attn_k_norm.weight" if qk_norm => ("self_attn.k_norm.weight", Rope::None, vec![p.head_dim]),
         "attn_v.weight" => ("self_attn.v_proj.weight", Rope::None, vec![kv_rows, h]),
+        // Phi-3's fused projections: `[q; k; v]` rows and `[gate; up]` rows, as transformers stores them.
+        "attn_qkv.weight" if phi3 => ("self_attn.qkv_proj.weight", Rope::None, vec![q_rows + 2 * kv_rows, h]),
+        "ffn_up.weight" if phi3 => ("mlp.gate_up_proj.weight", Rope::None, vec![2 * inter, h]),
         "attn_output.weight" => ("self_attn.o_proj.weight", Rope::None, vec![h, q_rows]),
-        "ffn_gate.weight" if p.moe.is_none() => ("mlp.gate_proj.weight", Rope::None, vec![inter, h]),
+        "ffn_gate.weight" if p.moe.is_none() && !phi3 => ("mlp.gate_proj.weight", Rope::None, vec![inter, h]),
         "ffn_up.weight" if p.moe.is_none() => ("mlp.up_proj.weight", Rope::None, vec![inter, h]),
         "ffn_down.weight" if p.moe.is_none() => ("mlp.down_proj.weight", Rope::None, vec![h, inter]),
         _ => match (rest, p.moe) {
@@ -145,20 +149,26 @@ pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
             "mlp.experts.{e}.up_proj.weight",
             "mlp.experts.{e}.down_proj.weight",
         ],
+        "phi3" => &["self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight"],
         _ => &[],
     };
-    let dense: &[&str] = match p.moe {
-        Some(_) => &[],
-        None => &["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"],
-    };
-    let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
-    for l in 0..p.num_hidden_layers {
-        for s in own.iter().chain(dense).copied().chain([
-            "input_layernorm.weight",
-            "post_attention_layernorm.weight",
+    let separate: &[&str] = match (p.architecture.as_str(), p.moe) {
+        ("phi3", _) => &[],
+        (_, Some(_)) => &["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
+        (_, None) => &[
             "self_attn.q_proj.weight",
             "self_attn.k_proj.weight",
             "self_attn.v_proj.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ],
+    };
+    let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
+    for l in 0..p.num_hidden_layers {
+        for s in own.iter().chain(separate).copied().chain([
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
             "self_attn.o_proj.weight",
         ]) {
             required.push(format!("model.layers.{l}.{s}"));

@@ -62,8 +62,11 @@ pub struct LlamaParams {
     pub tie_word_embeddings: bool,
     /// The mixture of experts of a `qwen3moe` file.
     pub moe: Option<MoeParams>,
-    /// A `gemma3` file's window of its sliding layers (`attention.sliding_window`).
+    /// A `gemma3` or `phi3` file's window of its sliding layers (`attention.sliding_window`).
     pub sliding_window: Option<u64>,
+    /// The context the model was trained at before its RoPE was scaled
+    /// (`rope.scaling.original_context_length`; Phi-3's `original_max_position_embeddings`).
+    pub original_context_length: Option<u64>,
 }
 
 /// A `qwen3moe` file's experts (`expert_count`, `expert_used_count`, `expert_feed_forward_length`).
@@ -144,6 +147,13 @@ impl LlamaParams {
                 ))
             }
         };
+        if g.tensor("rope_factors_long.weight").is_some() || g.tensor("rope_factors_short.weight").is_some() {
+            return Err(GgufError::unsupported(
+                path,
+                "the file has `rope_factors_long.weight` / `rope_factors_short.weight` (LongRoPE, Phi-3 128k), which is not \
+                 imported yet",
+            ));
+        }
         if g.tensor("rope_freqs.weight").is_some() {
             return Err(GgufError::unsupported(
                 path,
@@ -172,13 +182,15 @@ impl LlamaParams {
         // file before anything is built from it (a block count of 1e10 would otherwise build
         // names for 1e10 layers, and head counts of 2^32 overflow `heads × head_dim`).
         let layers = g.req_u64(&k("block_count"))?;
-        let needed = layers.checked_mul(LAYER_TENSORS);
+        // Phi-3's fused q/k/v and gate/up leave 6 tensors a layer.
+        let per_layer = if arch == "phi3" { 6 } else { LAYER_TENSORS };
+        let needed = layers.checked_mul(per_layer);
         if layers == 0 || needed.is_none_or(|n| n > g.tensors.len() as u64) {
             return Err(GgufError::metadata(
                 path,
                 &k("block_count"),
                 format!(
-                    "{layers} layers, but the file has {} tensors (each layer has at least {LAYER_TENSORS})",
+                    "{layers} layers, but the file has {} tensors (each layer has at least {per_layer})",
                     g.tensors.len()
                 ),
             ));
@@ -218,7 +230,12 @@ impl LlamaParams {
             vocab_size,
             tie_word_embeddings: g.tensor("output.weight").is_none(),
             moe,
-            sliding_window: if arch == "gemma3" { Some(g.req_u64(&k("attention.sliding_window"))?) } else { None },
+            sliding_window: match arch {
+                "gemma3" => Some(g.req_u64(&k("attention.sliding_window"))?),
+                "phi3" => g.opt_u64(&k("attention.sliding_window"))?,
+                _ => None,
+            },
+            original_context_length: g.opt_u64(&k("rope.scaling.original_context_length"))?,
         })
     }
 
@@ -268,6 +285,7 @@ impl LlamaParams {
             "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
             "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
             "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
+            "phi3" => ("Phi3ForCausalLM", "phi3"),
             _ => ("LlamaForCausalLM", "llama"),
         };
         let mut config = json!({
@@ -311,6 +329,12 @@ impl LlamaParams {
                 })
             }
             "gemma3_text" => self.gemma3_keys(),
+            "phi3" => json!({
+                "sliding_window": self.sliding_window,
+                "original_max_position_embeddings": self.original_context_length
+                    .or(self.max_position_embeddings)
+                    .unwrap_or(4096),
+            }),
             _ => json!({"use_sliding_window": false}),
         };
         if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
@@ -357,12 +381,12 @@ pub(crate) fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"].contains(&arch) {
+    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"].contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3; qwen3moe; gemma3)"
+                 qwen3; qwen3moe; gemma3; phi3)"
             ),
         ));
     }

@@ -100,18 +100,27 @@ fn decoders() -> Vec<Value> {
 }
 
 /// `tokenizer.json`'s model, normalizer, pre-tokenizer and decoder for a Llama-style vocabulary
-/// (`scores` by token id).
-pub(crate) fn llama_backend(vocab: &Vocab, scores: &[f32]) -> [(&'static str, Value); 4] {
+/// (`scores` by token id). Phi-3's (`phi3`) writes the prefix and the spaces with a normalizer
+/// instead of `Metaspace`, as transformers rebuilds it (it differs on text starting with a space).
+pub(crate) fn llama_backend(vocab: &Vocab, scores: &[f32], phi3: bool) -> [(&'static str, Value); 4] {
     let merges = vocab.merges(|id| f64::from(scores[id]));
     let mut decoder = decoders();
     decoder.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    let (normalizer, pre_tokenizer) = if phi3 {
+        let normalizer = json!({"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u{2581}"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        ]});
+        (normalizer, Value::Null)
+    } else {
+        let metaspace =
+            json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first", "split": false});
+        (Value::Null, metaspace)
+    };
     [
         ("model", bpe(vocab, merges, None)),
-        ("normalizer", Value::Null),
-        (
-            "pre_tokenizer",
-            json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first", "split": false}),
-        ),
+        ("normalizer", normalizer),
+        ("pre_tokenizer", pre_tokenizer),
         ("decoder", json!({"type": "Sequence", "decoders": decoder})),
     ]
 }

@@ -268,7 +268,7 @@ fn post_processor(tokens: &[&str], (bos, eos): (Option<u32>, Option<u32>), base:
 
 /// A Llama-style SentencePiece vocabulary (see [`crate::spm`]): the file's tokens, merges from
 /// its scores.
-fn llama_spm(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
+fn llama_spm(g: &GgufFile, tokens: &[&str], phi3: bool) -> Result<Backend> {
     let path = g.path();
     let scores = g.opt_f32_array("tokenizer.ggml.scores")?.ok_or_else(|| {
         GgufError::metadata(path, "tokenizer.ggml.scores", "missing (a SentencePiece vocabulary needs them)")
@@ -283,7 +283,7 @@ fn llama_spm(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
     let owned: Vec<String> = tokens.iter().map(|t| (*t).to_owned()).collect();
     let vocab = crate::spm::Vocab::new(&owned);
     let duplicate_tokens = tokens.len() - vocab.order.len();
-    let parts = crate::spm::llama_backend(&vocab, &scores).into_iter().collect();
+    let parts = crate::spm::llama_backend(&vocab, &scores, phi3).into_iter().collect();
     let ids = vocab.ids;
     Ok(Backend {
         parts,
@@ -336,13 +336,13 @@ pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) ->
     let backend = match model {
         "gpt2" => byte_level(g, &tokens)?,
         "llama" if architecture == "gemma3" => gemma(&tokens, special.unk),
-        "llama" if architecture == "llama" => llama_spm(g, &tokens)?,
+        "llama" if matches!(architecture, "llama" | "phi3") => llama_spm(g, &tokens, architecture == "phi3")?,
         _ => {
             return Err(GgufError::unsupported(
                 path,
                 format!(
                     "tokenizer.ggml.model `{model}` is not supported for `{architecture}` (`gpt2`, byte-level BPE; \
-                     `llama`, SentencePiece, for llama and gemma3)"
+                     `llama`, SentencePiece, for llama, phi3 and gemma3)"
                 ),
             ))
         }
