@@ -59,19 +59,23 @@ fn a_qwen3moe_gguf_imports_to_the_logits_transformers_reads_from_it() {
 }
 
 #[test]
-fn a_gemma3_gguf_imports_to_the_logits_and_tokens_transformers_reads_from_it() {
+fn gemma2_and_gemma3_ggufs_import_to_the_logits_and_tokens_transformers_reads_from_them() {
     let Some(python) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (model_dir, _) = imported(&python, "gemma3", dir.path());
-    let config = read_json(&model_dir.join("config.json"));
-    assert_eq!(
-        (config["architectures"][0].as_str(), config["model_type"].as_str()),
-        (Some("Gemma3ForCausalLM"), Some("gemma3_text"))
-    );
-    let types: Vec<&str> = config["layer_types"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
-    assert_eq!(types.iter().filter(|t| **t == "full_attention").count(), 1, "{types:?}");
-    check_logits("gemma3", dir.path(), &model_dir);
-    check_tokens(dir.path(), &model_dir);
+    for (arch, class, model_type, full_layers) in
+        [("gemma2", "Gemma2ForCausalLM", "gemma2", 3), ("gemma3", "Gemma3ForCausalLM", "gemma3_text", 1)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let (model_dir, _) = imported(&python, arch, dir.path());
+        let config = read_json(&model_dir.join("config.json"));
+        assert_eq!(
+            (config["architectures"][0].as_str(), config["model_type"].as_str()),
+            (Some(class), Some(model_type))
+        );
+        let types: Vec<&str> = config["layer_types"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        assert_eq!(types.iter().filter(|t| **t == "full_attention").count(), full_layers, "{arch}: {types:?}");
+        check_logits(arch, dir.path(), &model_dir);
+        check_tokens(dir.path(), &model_dir);
+    }
 }
 
 #[test]

@@ -63,13 +63,13 @@ fn move_rows(
 /// Whether llama.cpp stores this HF tensor as `1 + w` (Gemma's norms scale by `1 + w`, ggml's by
 /// `w`: its converter adds the one, the importer takes it off again).
 pub(crate) fn norm_shifted(hf_name: &str, p: &LlamaParams) -> bool {
-    p.architecture == "gemma3" && hf_name.ends_with("norm.weight")
+    matches!(p.architecture.as_str(), "gemma2" | "gemma3") && hf_name.ends_with("norm.weight")
 }
 
 /// The HF name of a GGUF tensor, and whether its rows need un-permuting.
 pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
     let llama = p.architecture == "llama";
-    let gemma = p.architecture == "gemma3";
+    let gemma = matches!(p.architecture.as_str(), "gemma2" | "gemma3");
     let phi3 = p.architecture == "phi3";
     let qk_norm = matches!(p.architecture.as_str(), "qwen3" | "qwen3moe" | "gemma3");
     // llama.cpp permutes q/k rows for `llama` only.
@@ -135,6 +135,7 @@ pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
     let own: &[&str] = match p.architecture.as_str() {
         "qwen2" => &["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
         "qwen3" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight"],
+        "gemma2" => &["pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"],
         "gemma3" => &[
             "self_attn.q_norm.weight",
             "self_attn.k_norm.weight",

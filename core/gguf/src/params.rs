@@ -67,6 +67,9 @@ pub struct LlamaParams {
     /// The context the model was trained at before its RoPE was scaled
     /// (`rope.scaling.original_context_length`; Phi-3's `original_max_position_embeddings`).
     pub original_context_length: Option<u64>,
+    /// Gemma 2's soft-capping of attention scores and of the final logits
+    /// (`attn_logit_softcapping`, `final_logit_softcapping`).
+    pub softcaps: (Option<f64>, Option<f64>),
 }
 
 /// A `qwen3moe` file's experts (`expert_count`, `expert_used_count`, `expert_feed_forward_length`).
@@ -231,11 +234,12 @@ impl LlamaParams {
             tie_word_embeddings: g.tensor("output.weight").is_none(),
             moe,
             sliding_window: match arch {
-                "gemma3" => Some(g.req_u64(&k("attention.sliding_window"))?),
+                "gemma2" | "gemma3" => Some(g.req_u64(&k("attention.sliding_window"))?),
                 "phi3" => g.opt_u64(&k("attention.sliding_window"))?,
                 _ => None,
             },
             original_context_length: g.opt_u64(&k("rope.scaling.original_context_length"))?,
+            softcaps: (g.opt_f64(&k("attn_logit_softcapping"))?, g.opt_f64(&k("final_logit_softcapping"))?),
         })
     }
 
@@ -284,6 +288,7 @@ impl LlamaParams {
             "qwen2" => ("Qwen2ForCausalLM", "qwen2"),
             "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
             "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+            "gemma2" => ("Gemma2ForCausalLM", "gemma2"),
             "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
             "phi3" => ("Phi3ForCausalLM", "phi3"),
             _ => ("LlamaForCausalLM", "llama"),
@@ -328,7 +333,7 @@ impl LlamaParams {
                     "mlp_only_layers": [],
                 })
             }
-            "gemma3_text" => self.gemma3_keys(),
+            "gemma2" | "gemma3_text" => self.gemma_keys(),
             "phi3" => json!({
                 "sliding_window": self.sliding_window,
                 "original_max_position_embeddings": self.original_context_length
@@ -338,7 +343,7 @@ impl LlamaParams {
             _ => json!({"use_sliding_window": false}),
         };
         if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
-            if model_type == "gemma3_text" {
+            if model_type.starts_with("gemma") {
                 c.remove("hidden_act"); // Gemma names it `hidden_activation`
             }
             c.extend(e.clone());
@@ -346,26 +351,36 @@ impl LlamaParams {
         config
     }
 
-    /// What a `gemma3_text` config adds, as llama.cpp's Gemma 3 computes: every sixth layer full
-    /// attention, the others sliding with RoPE base 10000 (the file's `rope.freq_base` and scaling
-    /// are the full layers'), GELU (tanh), queries scaled by `1/√head_dim` (by `1/√(hidden/heads)`
-    /// for the 62-layer 27B, as llama.cpp special-cases it), no soft-capping.
-    fn gemma3_keys(&self) -> Value {
+    /// What a Gemma config adds, as llama.cpp computes these models: Gemma 3 has every sixth layer
+    /// full attention and the others sliding with RoPE base 10000 (the file's `rope.freq_base` and
+    /// scaling are the full layers'), no soft-capping; Gemma 2 alternates sliding and full layers,
+    /// one RoPE, and soft-caps as the file says (50 and 30 where it does not). Both use GELU (tanh) and scale queries by
+    /// `1/√head_dim` — by `1/√(hidden/heads)` for the 27B models (46 layers for Gemma 2, 62 for
+    /// Gemma 3), as llama.cpp special-cases them.
+    fn gemma_keys(&self) -> Value {
+        let gemma3 = self.architecture == "gemma3";
+        let (pattern, large) = if gemma3 { (6, 62) } else { (2, 46) };
         let layer_types: Vec<&str> = (0..self.num_hidden_layers)
-            .map(|i| if i % 6 == 5 { "full_attention" } else { "sliding_attention" })
+            .map(|i| if i % pattern == pattern - 1 { "full_attention" } else { "sliding_attention" })
             .collect();
         let scalar =
-            if self.num_hidden_layers == 62 { self.hidden_size / self.num_attention_heads } else { self.head_dim };
-        json!({
+            if self.num_hidden_layers == large { self.hidden_size / self.num_attention_heads } else { self.head_dim };
+        // llama.cpp's defaults where a Gemma 2 file does not say.
+        let softcaps =
+            if gemma3 { self.softcaps } else { (self.softcaps.0.or(Some(50.0)), self.softcaps.1.or(Some(30.0))) };
+        let mut keys = json!({
             "hidden_activation": "gelu_pytorch_tanh",
             "layer_types": layer_types,
             "sliding_window": self.sliding_window,
-            "rope_local_base_freq": 10000.0,
             "query_pre_attn_scalar": scalar,
-            "final_logit_softcapping": null,
-            "attn_logit_softcapping": null,
+            "attn_logit_softcapping": softcaps.0,
+            "final_logit_softcapping": softcaps.1,
             "attention_bias": false,
-        })
+        });
+        if gemma3 {
+            keys["rope_local_base_freq"] = json!(10000.0);
+        }
+        keys
     }
 }
 
@@ -381,12 +396,12 @@ pub(crate) fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"].contains(&arch) {
+    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"].contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3; qwen3moe; gemma3; phi3)"
+                 qwen3; qwen3moe; gemma2; gemma3; phi3)"
             ),
         ));
     }

@@ -335,14 +335,14 @@ pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) ->
     };
     let backend = match model {
         "gpt2" => byte_level(g, &tokens)?,
-        "llama" if architecture == "gemma3" => gemma(&tokens, special.unk),
+        "llama" if matches!(architecture, "gemma2" | "gemma3") => gemma(&tokens, special.unk),
         "llama" if matches!(architecture, "llama" | "phi3") => llama_spm(g, &tokens, architecture == "phi3")?,
         _ => {
             return Err(GgufError::unsupported(
                 path,
                 format!(
                     "tokenizer.ggml.model `{model}` is not supported for `{architecture}` (`gpt2`, byte-level BPE; \
-                     `llama`, SentencePiece, for llama, phi3 and gemma3)"
+                     `llama`, SentencePiece, for llama, phi3, gemma2 and gemma3)"
                 ),
             ))
         }
