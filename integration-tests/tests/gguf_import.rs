@@ -5,7 +5,8 @@
 //! global, a SentencePiece vocabulary whose merges are rebuilt from the token order) and a Llama
 //! (`llama`: q/k rows permuted by llama.cpp's converter, a Llama 2-style SentencePiece vocabulary
 //! whose merges are rebuilt from the scores) and a Phi-3 (`phi3`: fused q/k/v and gate/up, that
-//! vocabulary with Phi-3's own normalizer and chat tokens).
+//! vocabulary with Phi-3's own normalizer and chat tokens); and an OLMo 2 (`olmo2`), which
+//! transformers cannot read from a GGUF, against the model written.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,8 @@ fn imported(python: &Path, arch: &str, dir: &Path) -> (PathBuf, ImportSummary) {
     (model_dir, summary)
 }
 
-/// The imported model's logits of the reference batch against transformers'.
+/// The imported model's logits of the reference batch against transformers' (for OLMo 2, those
+/// of the model written).
 fn check_logits(arch: &str, dir: &Path, model_dir: &Path) {
     let model = CausalLm::from_dir(model_dir, Device::Cpu, Kind::Float).unwrap();
     let r: HashMap<String, Tensor> =
@@ -40,7 +42,7 @@ fn check_logits(arch: &str, dir: &Path, model_dir: &Path) {
     let logits = tch::no_grad(|| model.forward(ids, mask)).unwrap();
     let real = mask.to_kind(Kind::Bool).unsqueeze(-1);
     let diff = (&logits - &r["logits"]).abs().masked_fill(&real.logical_not(), 0.0).max().double_value(&[]);
-    println!("{arch} GGUF: max |Δlogit| vs transformers reading the file = {diff:.2e}");
+    println!("{arch} GGUF: max |Δlogit| vs the reference = {diff:.2e}");
     assert!(diff < 1e-4, "{arch}: logits differ by {diff}");
 }
 
@@ -85,6 +87,15 @@ fn a_llama_gguf_with_a_sentencepiece_vocabulary_imports_to_what_transformers_rea
     let (model_dir, _) = imported(&python, "llama", dir.path());
     check_logits("llama", dir.path(), &model_dir);
     check_tokens(dir.path(), &model_dir);
+}
+
+#[test]
+fn an_olmo2_gguf_imports_to_the_logits_of_the_model_written() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (model_dir, _) = imported(&python, "olmo2", dir.path());
+    assert_eq!(read_json(&model_dir.join("config.json"))["architectures"][0], "Olmo2ForCausalLM");
+    check_logits("olmo2", dir.path(), &model_dir);
 }
 
 #[test]

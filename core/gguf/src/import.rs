@@ -1,8 +1,8 @@
 //! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2`,
-//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3` and `phi3`: `model.safetensors` (dequantised),
-//! `config.json` (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
-//! `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`;
-//! [`crate::params`]), `generation_config.json`, `tokenizer.json`,
+//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3` and `olmo2`: `model.safetensors`
+//! (dequantised), `config.json` (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
+//! `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`,
+//! `Olmo2ForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
 //! `tokenizer_config.json` ([`crate::tokenizer`]). Qwen2's q/k/v biases and Qwen3's per-head q/k norms
 //! (`attn_q_norm`, `attn_k_norm`) map to their transformers names; Qwen3-MoE's router
 //! (`ffn_gate_inp`) to `mlp.gate`, and its stacked experts (`ffn_{gate,up,down}_exps`,
@@ -54,9 +54,10 @@ struct Planned<'a> {
     rope: Rope,
 }
 
-/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3` or `phi3` GGUF into `out` (created if needed; existing files of the same names are
-/// overwritten). Everything is checked — architecture, tensor names, shapes, types, tokenizer —
-/// before the first file is written.
+/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3` or `olmo2` GGUF into
+/// `out` (created if needed; existing files of the same names are overwritten). Everything is
+/// checked — architecture, tensor names, shapes, types, tokenizer — before the first file is
+/// written.
 pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportSummary> {
     let path = g.path();
     let arch = architecture(g)?.to_owned();

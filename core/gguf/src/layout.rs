@@ -71,6 +71,7 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<
     let llama = p.architecture == "llama";
     let gemma = matches!(p.architecture.as_str(), "gemma2" | "gemma3");
     let phi3 = p.architecture == "phi3";
+    let olmo2 = p.architecture == "olmo2";
     let qk_norm = matches!(p.architecture.as_str(), "qwen3" | "qwen3moe" | "gemma3");
     // llama.cpp permutes q/k rows for `llama` only.
     let heads = |n: u64| if llama { Rope::Heads(n) } else { Rope::None };
@@ -96,8 +97,11 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<
         // Gemma 3's sandwich: llama.cpp's `ffn_norm` is the norm before the MLP.
         "ffn_norm.weight" if gemma => ("pre_feedforward_layernorm.weight", Rope::None, vec![h]),
         "ffn_norm.weight" => ("post_attention_layernorm.weight", Rope::None, vec![h]),
-        "post_attention_norm.weight" if gemma => ("post_attention_layernorm.weight", Rope::None, vec![h]),
-        "post_ffw_norm.weight" if gemma => ("post_feedforward_layernorm.weight", Rope::None, vec![h]),
+        "post_attention_norm.weight" if gemma || olmo2 => ("post_attention_layernorm.weight", Rope::None, vec![h]),
+        "post_ffw_norm.weight" if gemma || olmo2 => ("post_feedforward_layernorm.weight", Rope::None, vec![h]),
+        // OLMo 2's q/k norms span all heads.
+        "attn_q_norm.weight" if olmo2 => ("self_attn.q_norm.weight", Rope::None, vec![q_rows]),
+        "attn_k_norm.weight" if olmo2 => ("self_attn.k_norm.weight", Rope::None, vec![kv_rows]),
         "attn_q.weight" => ("self_attn.q_proj.weight", heads(p.num_attention_heads), vec![q_rows, h]),
         "attn_k.weight" => ("self_attn.k_proj.weight", heads(p.num_key_value_heads), vec![kv_rows, h]),
         "attn_q.bias" if p.architecture == "qwen2" => ("self_attn.q_proj.bias", Rope::None, vec![q_rows]),
@@ -151,8 +155,11 @@ pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
             "mlp.experts.{e}.down_proj.weight",
         ],
         "phi3" => &["self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight"],
+        "olmo2" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_feedforward_layernorm.weight"],
         _ => &[],
     };
+    // OLMo 2 normalises after attention and after the MLP only.
+    let input_norm: &[&str] = if p.architecture == "olmo2" { &[] } else { &["input_layernorm.weight"] };
     let separate: &[&str] = match (p.architecture.as_str(), p.moe) {
         ("phi3", _) => &[],
         (_, Some(_)) => &["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
@@ -167,11 +174,13 @@ pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
     };
     let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
     for l in 0..p.num_hidden_layers {
-        for s in own.iter().chain(separate).copied().chain([
-            "input_layernorm.weight",
-            "post_attention_layernorm.weight",
-            "self_attn.o_proj.weight",
-        ]) {
+        for s in own
+            .iter()
+            .chain(separate)
+            .chain(input_norm)
+            .copied()
+            .chain(["post_attention_layernorm.weight", "self_attn.o_proj.weight"])
+        {
             required.push(format!("model.layers.{l}.{s}"));
         }
     }

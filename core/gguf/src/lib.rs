@@ -1,6 +1,6 @@
 //! GGUF files (llama.cpp's checkpoint format): reading, dequantisation, and import of Llama, Qwen2,
-//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3 and Phi-3 models into Hugging Face checkpoint directories
-//! that `rlhf-models` and transformers load.
+//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3 and OLMo 2 models into Hugging Face checkpoint
+//! directories that `rlhf-models` and transformers load.
 //!
 //! ```no_run
 //! use rlhf_gguf::{import_llama, GgufFile, OutDtype};

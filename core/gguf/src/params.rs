@@ -291,6 +291,7 @@ impl LlamaParams {
             "gemma2" => ("Gemma2ForCausalLM", "gemma2"),
             "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
             "phi3" => ("Phi3ForCausalLM", "phi3"),
+            "olmo2" => ("Olmo2ForCausalLM", "olmo2"),
             _ => ("LlamaForCausalLM", "llama"),
         };
         let mut config = json!({
@@ -334,6 +335,7 @@ impl LlamaParams {
                 })
             }
             "gemma2" | "gemma3_text" => self.gemma_keys(),
+            "olmo2" => json!({"attention_bias": false}),
             "phi3" => json!({
                 "sliding_window": self.sliding_window,
                 "original_max_position_embeddings": self.original_context_length
@@ -396,12 +398,12 @@ pub(crate) fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"].contains(&arch) {
+    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2"].contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3; qwen3moe; gemma2; gemma3; phi3)"
+                 qwen3; qwen3moe; gemma2; gemma3; phi3; olmo2)"
             ),
         ));
     }
