@@ -26,7 +26,7 @@ fn imported(python: &Path, arch: &str, dir: &Path) -> (PathBuf, ImportSummary) {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let file = GgufFile::open(&dir.join(format!("{arch}.gguf"))).unwrap();
+    let file = GgufFile::open(&dir.join(format!("{arch}.gguf"))).unwrap(); // `phi3-long.gguf` too
     let model_dir = dir.join("imported");
     let summary = import_llama(&file, &model_dir, OutDtype::F32).unwrap();
     (model_dir, summary)
@@ -110,6 +110,18 @@ fn a_phi3_gguf_imports_its_fused_projections_and_vocabulary_as_transformers_read
     );
     check_logits("phi3", dir.path(), &model_dir);
     check_tokens(dir.path(), &model_dir);
+}
+
+#[test]
+fn a_phi3_gguf_with_long_rope_factors_and_partial_rotary_imports_to_the_model_written() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (model_dir, _) = imported(&python, "phi3-long", dir.path());
+    let config = read_json(&model_dir.join("config.json"));
+    assert_eq!(config["rope_scaling"]["long_factor"], serde_json::json!([2.0, 4.0]));
+    assert_eq!(config["partial_rotary_factor"], 0.5);
+    // A row of 40 tokens, past the original context of 16: the long factors.
+    check_logits("phi3-long", dir.path(), &model_dir);
 }
 
 /// The imported vocabulary tokenizes (BOS added where the file says) and decodes as transformers' tokenizer read from

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
 use crate::layout::{hf_name, norm_shifted, required_names, unpermute_rows, Rope, EXPERT};
-use crate::params::{architecture, eos_value, LlamaParams, OutDtype};
+use crate::params::{architecture, eos_value, LlamaParams, OutDtype, ROPE_FACTORS};
 use crate::reader::{GgufFile, TensorInfo};
 use crate::tokenizer::{self, SpecialIds};
 
@@ -117,6 +117,9 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
     let mut unknown = Vec::new();
     let mut types: TypeCounts = Vec::new();
     for info in &g.tensors {
+        if params.architecture == "phi3" && ROPE_FACTORS.contains(&info.name.as_str()) {
+            continue; // read into the config's `rope_scaling`
+        }
         let Some((hf, rope, expected)) = hf_name(&info.name, params) else {
             unknown.push(info.name.clone());
             continue;

@@ -55,8 +55,12 @@ pub struct LlamaParams {
     pub head_dim: u64,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
-    /// `{"rope_type": "linear", "factor": f}` or none.
+    /// `{"rope_type": "linear", "factor": f}`, Phi-3's `{"rope_type": "longrope", "long_factor",
+    /// "short_factor"}` (from its factor tensors), or none.
     pub rope_scaling: Option<Value>,
+    /// Dimensions of each head that RoPE rotates (`rope.dimension_count`; less than `head_dim`
+    /// only for Phi-3).
+    pub rotary_dim: u64,
     pub max_position_embeddings: Option<u64>,
     pub vocab_size: u64,
     pub tie_word_embeddings: bool,
@@ -127,15 +131,19 @@ impl LlamaParams {
         if head_dim % 2 != 0 {
             return Err(GgufError::unsupported(path, format!("odd head dimension {head_dim}")));
         }
-        if let Some(rot) = g.opt_u64(&k("rope.dimension_count"))? {
-            if rot != head_dim {
-                return Err(GgufError::unsupported(
-                    path,
-                    format!("partial rotary embeddings ({rot} of {head_dim} dimensions) are not supported"),
-                ));
-            }
+        let rotary_dim = g.opt_u64(&k("rope.dimension_count"))?.unwrap_or(head_dim);
+        // Phi-3 (Phi-4-mini) rotates the first dimensions of each head, as transformers'
+        // `partial_rotary_factor` does; for the other architectures it is refused.
+        if rotary_dim != head_dim && (arch != "phi3" || rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
+        {
+            return Err(GgufError::unsupported(
+                path,
+                format!("partial rotary embeddings ({rotary_dim} of {head_dim} dimensions) are not supported"),
+            ));
         }
+        let long_rope = if arch == "phi3" { long_rope_factors(g, rotary_dim)? } else { None };
         let rope_scaling = match g.opt_str(&k("rope.scaling.type"))? {
+            _ if long_rope.is_some() => long_rope,
             None | Some("none") => None,
             Some("linear") => {
                 let factor = g.opt_f64(&k("rope.scaling.factor"))?.ok_or_else(|| {
@@ -150,11 +158,10 @@ impl LlamaParams {
                 ))
             }
         };
-        if g.tensor("rope_factors_long.weight").is_some() || g.tensor("rope_factors_short.weight").is_some() {
+        if arch != "phi3" && (g.tensor(ROPE_FACTORS[0]).is_some() || g.tensor(ROPE_FACTORS[1]).is_some()) {
             return Err(GgufError::unsupported(
                 path,
-                "the file has `rope_factors_long.weight` / `rope_factors_short.weight` (LongRoPE, Phi-3 128k), which is not \
-                 imported yet",
+                "the file has LongRoPE factor tensors (`rope_factors_long.weight`), which only phi3 files are read with",
             ));
         }
         if g.tensor("rope_freqs.weight").is_some() {
@@ -229,6 +236,7 @@ impl LlamaParams {
             rms_norm_eps: g.opt_f64(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
             rope_theta: g.opt_f64(&k("rope.freq_base"))?.unwrap_or(10000.0),
             rope_scaling,
+            rotary_dim,
             max_position_embeddings: g.opt_u64(&k("context_length"))?,
             vocab_size,
             tie_word_embeddings: g.tensor("output.weight").is_none(),
@@ -338,6 +346,7 @@ impl LlamaParams {
             "olmo2" => json!({"attention_bias": false}),
             "phi3" => json!({
                 "sliding_window": self.sliding_window,
+                "partial_rotary_factor": self.rotary_dim as f64 / self.head_dim as f64,
                 "original_max_position_embeddings": self.original_context_length
                     .or(self.max_position_embeddings)
                     .unwrap_or(4096),
@@ -384,6 +393,37 @@ impl LlamaParams {
         }
         keys
     }
+}
+
+/// Phi-3's LongRoPE factor tensors, which its converter writes for the 128k models (read as
+/// [`LlamaParams::rope_scaling`], not imported as weights).
+pub(crate) const ROPE_FACTORS: [&str; 2] = ["rope_factors_long.weight", "rope_factors_short.weight"];
+
+/// Phi-3's LongRoPE as transformers' `rope_scaling` — the per-frequency factors of long and short
+/// contexts, `rotary_dim / 2` of each, as `f32` tensors — or `None` where the file has neither.
+fn long_rope_factors(g: &GgufFile, rotary_dim: u64) -> Result<Option<Value>> {
+    let [long, short] = ROPE_FACTORS.map(|n| g.tensor(n));
+    let (long, short) = match (long, short) {
+        (None, None) => return Ok(None),
+        (Some(l), Some(s)) => (l, s),
+        _ => return Err(GgufError::invalid(g.path(), "the file has only one of the two LongRoPE factor tensors")),
+    };
+    let mut factors = Vec::with_capacity(2);
+    for info in [long, short] {
+        if info.dims != [rotary_dim / 2] {
+            return Err(GgufError::invalid(
+                g.path(),
+                format!(
+                    "`{}` has dims {:?}, expected [{}] (half the rotary dimensions)",
+                    info.name,
+                    info.dims,
+                    rotary_dim / 2
+                ),
+            ));
+        }
+        factors.push(g.dequantize(info)?.into_iter().map(f64::from).collect::<Vec<f64>>());
+    }
+    Ok(Some(json!({"rope_type": "longrope", "long_factor": factors[0], "short_factor": factors[1]})))
 }
 
 /// `eos_token_id`: one id, or `[eos, eot]` when the file names a separate end-of-turn token.
