@@ -178,18 +178,29 @@ fn byte_level(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
 fn gemma(tokens: &[&str], unk: Option<u32>) -> Backend {
     let respelled = crate::spm::respell(tokens);
     let vocab = crate::spm::Vocab::new(&respelled);
-    let duplicate_tokens = tokens.len() - vocab.order.len();
     let unk = unk.map_or("<unk>", |i| tokens[i as usize]);
-    let parts = crate::spm::gemma_backend(&vocab, unk).into_iter().collect();
+    let parts = crate::spm::gemma_backend(&vocab, unk);
+    sentencepiece(tokens.len(), vocab, parts, &["<mask>"])
+}
+
+/// A SentencePiece vocabulary's [`Backend`]: BOS added by default, the declared special tokens
+/// (and `class_specials`) special.
+fn sentencepiece(
+    n_tokens: usize,
+    vocab: crate::spm::Vocab,
+    parts: [(&'static str, Value); 4],
+    class_specials: &'static [&'static str],
+) -> Backend {
+    let duplicate_tokens = n_tokens - vocab.order.len();
     let ids = vocab.ids;
     Backend {
-        parts,
+        parts: parts.into_iter().collect(),
         post: None,
         in_vocab: Box::new(move |t| ids.contains_key(t)),
         duplicate_tokens,
         add_bos_default: true,
         declared_are_special: true,
-        class_specials: &["<mask>"],
+        class_specials,
     }
 }
 
@@ -282,18 +293,8 @@ fn llama_spm(g: &GgufFile, tokens: &[&str], phi3: bool) -> Result<Backend> {
     }
     let owned: Vec<String> = tokens.iter().map(|t| (*t).to_owned()).collect();
     let vocab = crate::spm::Vocab::new(&owned);
-    let duplicate_tokens = tokens.len() - vocab.order.len();
-    let parts = crate::spm::llama_backend(&vocab, &scores, phi3).into_iter().collect();
-    let ids = vocab.ids;
-    Ok(Backend {
-        parts,
-        post: None,
-        in_vocab: Box::new(move |t| ids.contains_key(t)),
-        duplicate_tokens,
-        add_bos_default: true,
-        declared_are_special: true,
-        class_specials: &[],
-    })
+    let parts = crate::spm::llama_backend(&vocab, &scores, phi3);
+    Ok(sentencepiece(tokens.len(), vocab, parts, &[]))
 }
 
 /// Builds `tokenizer.json` and `tokenizer_config.json` from the metadata of a file of llama.cpp
