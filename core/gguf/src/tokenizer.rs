@@ -9,6 +9,8 @@
 //! Control tokens (`token_type` 3) become special added tokens and user-defined ones (4) plain
 //! added tokens, so both are matched whole in text as llama.cpp does.
 
+use std::collections::HashMap;
+
 use serde_json::{json, Map, Value};
 
 use crate::error::{GgufError, Result};
@@ -93,15 +95,12 @@ struct Backend {
     parts: Vec<(&'static str, Value)>,
     /// The post-processor before BOS/EOS are added (`ByteLevel` for byte-level vocabularies).
     post: Option<Value>,
-    /// Whether token `i`'s spelling is in the model's vocabulary (user-defined tokens are added
-    /// only then, as transformers does).
-    in_vocab: Box<dyn Fn(&str) -> bool>,
+    /// A SentencePiece vocabulary's token ids (`None` for a byte-level one). Such a vocabulary adds
+    /// BOS where the file does not say, makes the declared special tokens (BOS, EOS, UNK, PAD)
+    /// special whatever their type (transformers' tokenizer classes add them), and adds a
+    /// user-defined token only where its spelling is in the vocabulary, as transformers does.
+    spm_vocab: Option<HashMap<String, usize>>,
     duplicate_tokens: usize,
-    /// Whether BOS is added when the file does not say (SentencePiece vocabularies: yes).
-    add_bos_default: bool,
-    /// Whether the declared special tokens (BOS, EOS, UNK, PAD) are special added tokens whatever
-    /// their type (SentencePiece vocabularies: transformers' tokenizer classes add them).
-    declared_are_special: bool,
     /// Token spellings transformers' tokenizer class adds as special tokens besides the file's
     /// control tokens (Gemma's `<mask>`).
     class_specials: &'static [&'static str],
@@ -166,10 +165,8 @@ fn byte_level(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
         post: Some(
             json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": false, "use_regex": true}),
         ),
-        in_vocab: Box::new(|_| true),
+        spm_vocab: None,
         duplicate_tokens,
-        add_bos_default: false,
-        declared_are_special: false,
         class_specials: &[],
     })
 }
@@ -191,15 +188,11 @@ fn sentencepiece(
     parts: [(&'static str, Value); 4],
     class_specials: &'static [&'static str],
 ) -> Backend {
-    let duplicate_tokens = n_tokens - vocab.order.len();
-    let ids = vocab.ids;
     Backend {
         parts: parts.into_iter().collect(),
         post: None,
-        in_vocab: Box::new(move |t| ids.contains_key(t)),
-        duplicate_tokens,
-        add_bos_default: true,
-        declared_are_special: true,
+        duplicate_tokens: n_tokens - vocab.order.len(),
+        spm_vocab: Some(vocab.ids),
         class_specials,
     }
 }
@@ -221,8 +214,10 @@ fn added(
         match token_types {
             Some(types) => match types[i] {
                 TOKEN_TYPE_CONTROL => Some(true),
-                TOKEN_TYPE_USER_DEFINED => (backend.in_vocab)(tokens[i]).then_some(false),
-                _ if named && backend.declared_are_special => Some(true),
+                TOKEN_TYPE_USER_DEFINED => {
+                    backend.spm_vocab.as_ref().is_none_or(|v| v.contains_key(tokens[i])).then_some(false)
+                }
+                _ if named && backend.spm_vocab.is_some() => Some(true),
                 _ => None,
             },
             None => named.then_some(true),
@@ -348,7 +343,7 @@ pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) ->
             ))
         }
     };
-    let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(backend.add_bos_default);
+    let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(backend.spm_vocab.is_some());
     let add_eos = g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let add_prefix_space = g.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(false);
 

@@ -11,6 +11,27 @@ use crate::gpt2::Gpt2Model;
 use crate::layers::{KvCache, LayerShared, Linear, RouterStats};
 use crate::weights::WeightLoader;
 
+/// Whether a forward records its routing for the load-balancing loss: only a training pass does
+/// (generation, evaluation and reference passes would compute statistics nobody reads).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Routing<'a> {
+    Off,
+    /// Recorded, each row's tokens counted `rows[b]` times where given.
+    Record(Option<&'a Tensor>),
+}
+
+impl Routing<'_> {
+    /// Drops or weights the record [`Backbone::embed`] made.
+    pub(crate) fn apply(self, shared: &mut LayerShared) -> Result<()> {
+        match (self, shared.router.as_mut()) {
+            (Routing::Off, _) => shared.router = None,
+            (Routing::Record(Some(rows)), Some(record)) => record.scale_rows(rows)?,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 /// A decoder stack of one of the supported families.
 #[derive(Debug)]
 pub enum Backbone {
@@ -40,26 +61,24 @@ impl Backbone {
         cache: Option<&mut KvCache>,
         gate: &Gate,
     ) -> Result<Tensor> {
-        Ok(self.forward_routed(ids, pos, key_mask, cache, gate, None)?.0)
+        Ok(self.run(ids, pos, key_mask, cache, gate, Routing::Off)?.0)
     }
 
-    /// [`Backbone::forward`], and in a model that computes the load-balancing loss the routing
-    /// statistics of the pass ([`crate::layers::load_balance`]), each row's tokens counted
-    /// `rows[b]` times where given (`[batch]`: the rows a shared prompt stands for).
-    pub(crate) fn forward_routed(
+    /// [`Backbone::forward`], recording the routing as `routing` says: in a training pass of a model
+    /// that computes the load-balancing loss, also the routing statistics of the pass
+    /// ([`crate::layers::load_balance`]).
+    pub(crate) fn run(
         &self,
         ids: &Tensor,
         pos: &Tensor,
         key_mask: &Tensor,
         mut cache: Option<&mut KvCache>,
         gate: &Gate,
-        rows: Option<&Tensor>,
+        routing: Routing,
     ) -> Result<(Tensor, Option<RouterStats>)> {
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (mut h, mut shared) = self.embed(ids, pos, key_mask, past)?;
-        if let (Some(record), Some(rows)) = (shared.router.as_mut(), rows) {
-            record.scale_rows(rows)?;
-        }
+        routing.apply(&mut shared)?;
         for i in 0..self.num_layers() {
             h = gated(gate, i, || self.layer(i, &h, &shared, cache.as_deref_mut()))?;
         }

@@ -35,7 +35,7 @@
 
 use tch::{Kind, Tensor};
 
-use crate::backbone::Backbone;
+use crate::backbone::{Backbone, Routing};
 use crate::error::{ModelError, Result};
 use crate::gate::{gated, gather, prefetch, release, Gate, Unit};
 use crate::layers::{KvCache, LayerShared, RouterStats};
@@ -186,9 +186,7 @@ pub(crate) fn forward_after_prefix(
     prefetch(gate, Unit::Layer(0))?;
     let (prefixes, rows, hidden) = tch::no_grad(|| -> Result<_> {
         let mut pre = Segment::embed(backbone, p_ids, p_pos, p_mask, 0)?;
-        if let Some(record) = pre.shared.router.as_mut() {
-            record.scale_rows(&rows_per_prefix(of_row, p_ids.size()[0])?)?;
-        }
+        Routing::Record(Some(&rows_per_prefix(of_row, p_ids.size()[0])?)).apply(&mut pre.shared)?;
         let mut rows = Segment::embed(backbone, ids, positions, key_mask, p)?;
         for i in 0..backbone.num_layers() {
             let (np, nr) = gated(gate, i, || {
@@ -211,23 +209,27 @@ pub(crate) fn forward_after_prefix(
 /// plain forward whatever the prefix sharing).
 ///
 /// # Shapes
-/// → `[batch, seq − p + 1, hidden]`, and the routing statistics of both segments (see
-/// [`crate::backbone::Backbone::forward_routed`])
+/// → `[batch, seq − p + 1, hidden]`, and with `record` (a training pass) the routing statistics
+/// of both segments (see [`crate::backbone::Backbone::run`])
 pub(crate) fn forward_after_prefix_plain(
     backbone: &Backbone,
     gate: &Gate,
     prefix: (&Tensor, &Tensor, &Tensor),
     rest: (&Tensor, &Tensor, &Tensor),
     of_row: &Tensor,
+    record: bool,
 ) -> Result<(Tensor, Option<RouterStats>)> {
     let (p_ids, p_pos, p_mask) = prefix;
     let (ids, positions, key_mask) = rest;
     let p = p_ids.size()[1];
     let (mut hp, mut pre_shared) = backbone.embed(p_ids, p_pos, p_mask, 0)?;
-    if let Some(record) = pre_shared.router.as_mut() {
-        record.scale_rows(&rows_per_prefix(of_row, p_ids.size()[0])?)?;
+    let (mut hr, mut rows_shared) = backbone.embed(ids, positions, key_mask, p)?;
+    if record {
+        Routing::Record(Some(&rows_per_prefix(of_row, p_ids.size()[0])?)).apply(&mut pre_shared)?;
+    } else {
+        Routing::Off.apply(&mut pre_shared)?;
+        Routing::Off.apply(&mut rows_shared)?;
     }
-    let (mut hr, rows_shared) = backbone.embed(ids, positions, key_mask, p)?;
     for i in 0..backbone.num_layers() {
         (hp, hr) = gated(gate, i, || layer_pair(backbone, i, (&hp, &pre_shared), (&hr, &rows_shared), of_row))?;
     }

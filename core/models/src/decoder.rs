@@ -95,8 +95,9 @@ pub struct DecoderModel {
     rotary_local: Option<Rotary>,
     embed_scale: Option<f64>,
     sliding_window: Option<i64>,
-    /// Whether a forward records the routing for the load-balancing loss
-    /// (`output_router_logits`, [`crate::layers::load_balance`]).
+    /// Whether [`DecoderModel::embed`] makes a record for the routing of the load-balancing loss
+    /// (`output_router_logits`, [`crate::layers::load_balance`]; dropped again outside training
+    /// passes, [`crate::backbone::Routing`]).
     router_aux: bool,
 }
 

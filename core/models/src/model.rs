@@ -11,7 +11,7 @@ use serde_json::Value;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::adapters;
-use crate::backbone::Backbone;
+use crate::backbone::{Backbone, Routing};
 use crate::checkpointing::{self, Checkpointed};
 use crate::config::{ArchConfig, ModelConfig};
 use crate::device::dtype_name;
@@ -249,7 +249,7 @@ impl CausalLm {
     ) -> Result<(Tensor, Option<Tensor>)> {
         check_ids(input_ids, attention_mask)?;
         let (h, stats) =
-            self.backbone.forward_routed(input_ids, position_ids, attention_mask, None, &self.gate, None)?;
+            self.backbone.run(input_ids, position_ids, attention_mask, None, &self.gate, Routing::Record(None))?;
         Ok((h, stats.map(|s| s.loss()).transpose()?))
     }
 

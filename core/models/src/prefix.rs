@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use tch::{Kind, Tensor};
 
+use crate::backbone::Routing;
 use crate::checkpointing::{self, Checkpointed};
 use crate::error::{ModelError, Result};
 use crate::layers::{position_ids_from_mask, KvCache, RouterStats};
@@ -127,7 +128,7 @@ impl CausalLm {
         attention_mask: &Tensor,
         prefix: &SharedPrefixes,
     ) -> Result<Tensor> {
-        Ok(self.hidden_states_after_prefix_with_aux(input_ids, attention_mask, prefix)?.0)
+        Ok(self.after_prefix(input_ids, attention_mask, prefix, false)?.0)
     }
 
     /// [`CausalLm::hidden_states_after_prefix`], and the load-balancing loss of the pass as
@@ -139,19 +140,31 @@ impl CausalLm {
         attention_mask: &Tensor,
         prefix: &SharedPrefixes,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        self.after_prefix(input_ids, attention_mask, prefix, true)
+    }
+
+    /// The pass of [`CausalLm::hidden_states_after_prefix`], recording its routing for the
+    /// load-balancing loss with `record` (a training pass).
+    fn after_prefix(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        prefix: &SharedPrefixes,
+        record: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let Split { prefixes: (p_ids, p_pos, p_mask), rest: (ids, pos, mask), of_row } =
             Split::new(input_ids, attention_mask, prefix)?;
         let (hidden, stats) = if self.gate.is_some() {
             // Sharded layers: each gathered once for both segments.
             let (pre, rest) = ((&p_ids, &p_pos, &p_mask), (&ids, &pos, &mask));
-            checkpointing::forward_after_prefix_plain(&self.backbone, &self.gate, pre, rest, &of_row)?
+            checkpointing::forward_after_prefix_plain(&self.backbone, &self.gate, pre, rest, &of_row, record)?
         } else {
             let mut cache = KvCache::growing();
             let rows = checkpointing::rows_per_prefix(&of_row, p_ids.size()[0])?; // [u]
-            let (hp, sp) =
-                self.backbone.forward_routed(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None, Some(&rows))?; // [u, p, h]
+            let routing = |rows| if record { Routing::Record(rows) } else { Routing::Off };
+            let (hp, sp) = self.backbone.run(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None, routing(Some(&rows)))?; // [u, p, h]
             cache.select_rows(&of_row)?;
-            let (hr, sr) = self.backbone.forward_routed(&ids, &pos, &mask, Some(&mut cache), &None, None)?; // [batch, rest, h]
+            let (hr, sr) = self.backbone.run(&ids, &pos, &mask, Some(&mut cache), &None, routing(None))?; // [batch, rest, h]
             let last = hp.f_narrow(1, prefix.len - 1, 1)?.f_index_select(0, &of_row)?; // [batch, 1, h]
             (Tensor::f_cat(&[&last, &hr], 1)?, RouterStats::sum([sp, sr])?)
         };

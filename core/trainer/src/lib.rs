@@ -4,8 +4,9 @@
 //! model), [`plugins`] (loader and the plain-type seam to plugin instances), [`metrics`],
 //! [`progress`], [`plugin_log`], [`run_lock`] (one process per run directory), [`tabular`] (Parquet
 //! rows and the data column mapping), [`dist`] (data parallelism over c10d ranks),
-//! [`train_engine`] (one trained model's optimizer under its ZeRO stage) and [`shard_files`]
-//! (sharded optimizer states in checkpoints).
+//! [`train_engine`] (one trained model's optimizer under its ZeRO stage), [`router_aux`] (a
+//! mixture of experts' load-balancing loss in the training loss) and [`shard_files`] (sharded
+//! optimizer states in checkpoints).
 //!
 //! An RL step reads as the modules of [`rl`]: prompts → rollout → score → experience →
 //! advantages → optimise (minibatch loss → optimizer step) → metrics/checkpoint.
@@ -29,6 +30,7 @@ pub mod progress;
 pub mod random_qwen2;
 pub mod ranked_checkpoint;
 pub mod rl;
+pub mod router_aux;
 pub mod run_lock;
 pub mod shard_files;
 pub mod signals;

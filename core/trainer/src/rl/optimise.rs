@@ -18,12 +18,12 @@ use crate::data::SplitMix;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
-use crate::model_source::with_router_aux_loss;
 use crate::optim::ema_update;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
 use crate::rl::experience::Batch;
 use crate::rl::ptx::PtxData;
+use crate::router_aux::with_router_aux_loss;
 use crate::train_engine::{self, TrainEngine};
 
 /// What the optimisation stage trains.

@@ -9,8 +9,8 @@ use crate::config::WarmupConfig;
 use crate::data::SplitMix;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
-use crate::model_source::with_router_aux_loss;
 use crate::optim::{Optim, OptimConfig, Schedule};
+use crate::router_aux::with_router_aux_loss;
 
 /// Trains `actor` for `w.steps` AdamW steps on random batches of `pairs`; returns the last loss.
 ///

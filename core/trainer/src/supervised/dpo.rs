@@ -34,7 +34,7 @@ use crate::checkpoint::Loaded;
 use crate::dist;
 use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
-use crate::model_source::with_router_aux_loss;
+use crate::router_aux::with_router_aux_loss;
 use crate::train_engine::TrainEngine;
 
 /// The settings of [`dpo_loss`].
