@@ -86,6 +86,9 @@ fn ignore_merges(pre: &str) -> bool {
     matches!(pre, "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "dbrx")
 }
 
+/// The longest SentencePiece token accepted (real vocabularies stay under a few dozen characters).
+const MAX_SPM_TOKEN_CHARS: usize = 1024;
+
 const KNOWN_PRE: &str = "gpt-2, mpt, olmo, jais, smollm, starcoder, refact, command-r, codeshell, exaone, minerva, \
                          llama3, llama-v3, llama-bpe, smaug-bpe, falcon3, dbrx, qwen2";
 
@@ -329,6 +332,20 @@ pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) ->
         pad: id("tokenizer.ggml.padding_token_id")?,
         eot: id("tokenizer.ggml.eot_token_id")?.filter(|&t| Some(t) != eos),
     };
+    if model == "llama" {
+        // Rebuilding the merges splits every token at every character: a token of n characters
+        // costs n² — bounded, so that a hostile file cannot stall the import.
+        if let Some((i, t)) = tokens.iter().enumerate().find(|(_, t)| t.chars().count() > MAX_SPM_TOKEN_CHARS) {
+            return Err(GgufError::metadata(
+                path,
+                "tokenizer.ggml.tokens",
+                format!(
+                    "token {i} has {} characters (a SentencePiece token has at most {MAX_SPM_TOKEN_CHARS})",
+                    t.chars().count()
+                ),
+            ));
+        }
+    }
     let backend = match model {
         "gpt2" => byte_level(g, &tokens)?,
         "llama" if matches!(architecture, "gemma2" | "gemma3") => gemma(&tokens, special.unk),

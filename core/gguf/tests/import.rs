@@ -341,10 +341,10 @@ fn import_refuses_what_it_cannot_convert_naming_the_file() {
     let (_, good) = tiny_llama("smollm", false);
     let g = GgufFile::from_bytes(&path, good).unwrap();
     // Rebuild with one extra unknown tensor, with a Q4_K tensor, with an unknown pre-tokenizer.
-    let rebuild = |extra: &dyn Fn(GgufWriter) -> GgufWriter, skip_key: Option<&str>| {
+    let rebuild = |extra: &dyn Fn(GgufWriter) -> GgufWriter, skip_keys: &[&str]| {
         let mut w = GgufWriter::new();
         for (k, v) in &g.metadata {
-            if Some(k.as_str()) != skip_key {
+            if !skip_keys.contains(&k.as_str()) {
                 w = w.kv(k, v.clone());
             }
         }
@@ -353,15 +353,25 @@ fn import_refuses_what_it_cannot_convert_naming_the_file() {
         }
         extra(w).to_bytes()
     };
-    check(rebuild(&|w| w.tensor_f32("blk.0.attn_q.bias", &[32], &[0.0; 32]), None), "blk.0.attn_q.bias");
-    check(rebuild(&|w| w.tensor_f32("output.weight", &[HIDDEN, 5], &[0.0; 5 * 32]), None), "shape");
+    check(rebuild(&|w| w.tensor_f32("blk.0.attn_q.bias", &[32], &[0.0; 32]), &[]), "blk.0.attn_q.bias");
+    check(rebuild(&|w| w.tensor_f32("output.weight", &[HIDDEN, 5], &[0.0; 5 * 32]), &[]), "shape");
     check(
-        rebuild(&|w| w.kv("tokenizer.ggml.pre", Value::String("mystery".into())), Some("tokenizer.ggml.pre")),
+        rebuild(&|w| w.kv("tokenizer.ggml.pre", Value::String("mystery".into())), &["tokenizer.ggml.pre"]),
         "mystery",
     );
-    check(rebuild(&|w| w, Some("llama.embedding_length")), "llama.embedding_length");
+    check(rebuild(&|w| w, &["llama.embedding_length"]), "llama.embedding_length");
     // The whole tokenizer is missing.
-    check(rebuild(&|w| w, Some("tokenizer.ggml.model")), "tokenizer.ggml.model");
+    check(rebuild(&|w| w, &["tokenizer.ggml.model"]), "tokenizer.ggml.model");
+    // A SentencePiece vocabulary without its scores, and one with a token too long to rebuild
+    // merges from in bounded time.
+    let spm = |w: GgufWriter| w.kv("tokenizer.ggml.model", Value::String("llama".into()));
+    check(rebuild(&spm, &["tokenizer.ggml.model"]), "tokenizer.ggml.scores");
+    let long_token = |w: GgufWriter| {
+        let mut tokens: Vec<Value> = g.get("tokenizer.ggml.tokens").unwrap().as_array().unwrap().to_vec();
+        tokens[5] = Value::String("a".repeat(5000));
+        spm(w).kv("tokenizer.ggml.tokens", Value::Array(ValueType::String, tokens))
+    };
+    check(rebuild(&long_token, &["tokenizer.ggml.model", "tokenizer.ggml.tokens"]), "token 5 has 5000 characters");
     assert!(!out.exists(), "nothing is written when the import is refused");
 }
 
