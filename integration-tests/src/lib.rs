@@ -146,6 +146,8 @@ pub const FAMILIES: &[&str] = &[
     "qwen3_5_moe-vl",
     "gpt_oss",
     "qwen3_next",
+    "gemma4",
+    "gemma4-vl",
 ];
 
 /// Reads the JSON file at `path`.

@@ -73,9 +73,68 @@ impl Segment {
         &self.inputs[self.inputs.len() - 1]
     }
 
-    /// The embeddings recomputed with a graph, `[rows, seq, hidden]`.
-    fn embeddings(&self, backbone: &Backbone) -> Result<Tensor> {
-        Ok(backbone.embed(&self.ids, &self.positions, &self.key_mask, self.past)?.0)
+    /// The embeddings recomputed with a graph, `[rows, seq, hidden]`, and the per-layer inputs
+    /// made from them (Gemma 4), `[rows, seq, layers, dim]`.
+    fn embeddings(&self, backbone: &Backbone) -> Result<(Tensor, Option<Tensor>)> {
+        let (h, shared) = backbone.embed(&self.ids, &self.positions, &self.key_mask, self.past)?;
+        let per_layer = shared.side.per_layer.borrow_mut().take();
+        Ok((h, per_layer))
+    }
+}
+
+/// The leaves a backward swaps in for what a segment's layers read beside their input (Gemma 4's
+/// per-layer inputs, and the keys and values later layers reuse): each layer's recomputation
+/// accumulates its gradient into them; the layer that made a reused pair backpropagates it from
+/// its recomputed pair, and the embeddings from the per-layer inputs.
+#[derive(Debug, Default)]
+struct SideLeaves {
+    per_layer: Option<Tensor>,
+    kv: std::collections::BTreeMap<usize, (Tensor, Tensor)>,
+}
+
+impl SideLeaves {
+    /// Swaps leaves in for `segment`'s stored side inputs.
+    fn swap_in(segment: &Segment) -> Result<Self> {
+        let leaf = |t: &Tensor| -> Result<Tensor> { Ok(t.f_detach()?.f_set_requires_grad(true)?) };
+        let side = &segment.shared.side;
+        let per_layer = side.per_layer.borrow().as_ref().map(leaf).transpose()?;
+        *side.per_layer.borrow_mut() = per_layer.as_ref().map(Tensor::shallow_clone);
+        let mut kv = std::collections::BTreeMap::new();
+        for (i, (k, v)) in side.kv.borrow_mut().iter_mut() {
+            (*k, *v) = (leaf(k)?, leaf(v)?);
+            kv.insert(*i, (k.shallow_clone(), v.shallow_clone()));
+        }
+        Ok(SideLeaves { per_layer, kv })
+    }
+
+    /// `Σ k ⊙ ∂L/∂k + Σ v ⊙ ∂L/∂v` over the pair layer `i` just recomputed into `segment`, whose
+    /// gradient with respect to that pair is what the reusing layers left on the leaves.
+    fn reused_term(&self, i: usize, segment: &Segment) -> Result<Option<Tensor>> {
+        let Some((lk, lv)) = self.kv.get(&i) else { return Ok(None) };
+        let (k, v) = segment.shared.side.kv_of(i)?;
+        let mut total: Option<Tensor> = None;
+        for (y, leaf) in [(k, lk), (v, lv)] {
+            let g = leaf.grad();
+            if g.defined() && y.requires_grad() {
+                let term = y.f_mul(&g)?.f_sum(Kind::Float)?;
+                total = Some(match total {
+                    Some(t) => t.f_add(&term)?,
+                    None => term,
+                });
+            }
+        }
+        Ok(total)
+    }
+
+    /// The gradient the layers left on the per-layer inputs (zeros where none flowed).
+    fn per_layer_grad(&self) -> Result<Option<Tensor>> {
+        self.per_layer
+            .as_ref()
+            .map(|t| {
+                let g = t.grad();
+                Ok(if g.defined() { g } else { t.f_zeros_like()? })
+            })
+            .transpose()
     }
 }
 
@@ -282,14 +341,23 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
     if !g.defined() && aux.is_some() {
         g = ck.hidden.f_zeros_like()?;
     }
-    // Each layer's share of the load-balancing loss, backpropagated with its outputs (gradient 1).
+    // What the layers read beside their input, as leaves (Gemma 4).
+    let segments: Vec<&Segment> = ck.prefix.iter().map(|p| &p.prefixes).chain([&ck.rows]).collect();
+    let leaves = segments.iter().map(|s| SideLeaves::swap_in(s)).collect::<Result<Vec<_>>>()?;
+    let rows_leaves = &leaves[leaves.len() - 1];
+    // One more output per recomputed layer, backpropagated with gradient 1: its share of the
+    // load-balancing loss, and the terms that carry the gradient of its reused keys and values.
     let one = Tensor::f_ones([], (Kind::Float, ck.hidden.device()))?;
-    let with_aux = |mut y: Vec<Tensor>, segments: &[&Segment]| -> Result<Vec<Tensor>> {
-        let stats: Vec<RouterStats> = segments.iter().filter_map(|s| s.shared.router.as_ref()?.take()).collect();
-        if let Some(w) = &aux {
-            for s in &stats {
-                y.push(s.probs.f_mul(w)?.f_sum(Kind::Float)?);
+    let with_extra = |i: usize, mut y: Vec<Tensor>| -> Result<Vec<Tensor>> {
+        let mut terms = Vec::new();
+        for (s, l) in segments.iter().zip(&leaves) {
+            if let (Some(w), Some(stats)) = (&aux, s.shared.router.as_ref().and_then(|r| r.take())) {
+                terms.push(stats.probs.f_mul(w)?.f_sum(Kind::Float)?);
             }
+            terms.extend(l.reused_term(i, s)?);
+        }
+        if let Some(first) = terms.pop() {
+            y.push(terms.iter().try_fold(first, |t, x| t.f_add(x))?);
         }
         Ok(y)
     };
@@ -319,10 +387,10 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
         None => {
             let mut g = through(&[&ck.rows.inputs[layers]], &[&g], |x| Ok(vec![backbone.final_norm(x[0])?]))?;
             for i in (0..layers).rev() {
-                let f = |x: &[&Tensor]| with_aux(vec![backbone.layer(i, x[0], &ck.rows.shared, None)?], &[&ck.rows]);
+                let f = |x: &[&Tensor]| with_extra(i, vec![backbone.layer(i, x[0], &ck.rows.shared, None)?]);
                 g = layer_back(i, &|| through(&[&ck.rows.inputs[i]], &[&g[0], &one], f))?;
             }
-            vjp(&[ck.rows.embeddings(backbone)?], &[&g[0]])?;
+            embeddings_back(backbone, &ck.rows, rows_leaves, &g[0])?;
         }
         Some(SharedPart { prefixes: pre, of_row }) => {
             let tops = [&pre.inputs[layers], &ck.rows.inputs[layers]];
@@ -330,18 +398,28 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
             for i in (0..layers).rev() {
                 let f = |x: &[&Tensor]| {
                     let (yp, yr) = layer_pair(backbone, i, (x[0], &pre.shared), (x[1], &ck.rows.shared), of_row)?;
-                    with_aux(vec![yp, yr], &[pre, &ck.rows])
+                    with_extra(i, vec![yp, yr])
                 };
-                let gs = [&g[0], &g[1], &one, &one];
+                let gs = [&g[0], &g[1], &one];
                 g = layer_back(i, &|| through(&[&pre.inputs[i], &ck.rows.inputs[i]], &gs, f))?;
             }
             // Tied embeddings are used three times (LM head, rows, prefixes); one plain backward
             // sums their gradients in that order, and so do these separate calls, bit for bit.
-            vjp(&[ck.rows.embeddings(backbone)?], &[&g[1]])?;
-            vjp(&[pre.embeddings(backbone)?], &[&g[0]])?;
+            embeddings_back(backbone, &ck.rows, rows_leaves, &g[1])?;
+            embeddings_back(backbone, pre, &leaves[0], &g[0])?;
         }
     }
     release(gate, Unit::Outer, true)
+}
+
+/// Backpropagates `g` (`[rows, seq, hidden]`) through `segment`'s recomputed embeddings, with the
+/// gradient its layers left on the per-layer inputs made from them.
+fn embeddings_back(backbone: &Backbone, segment: &Segment, leaves: &SideLeaves, g: &Tensor) -> Result<()> {
+    let (h, per_layer) = segment.embeddings(backbone)?;
+    match (per_layer, leaves.per_layer_grad()?) {
+        (Some(p), Some(gp)) => vjp(&[h, p], &[g, &gp]),
+        _ => vjp(&[h], &[g]),
+    }
 }
 
 /// Recomputes `f(x)` with a graph from the `x` (as leaves) and backpropagates `g` (one per

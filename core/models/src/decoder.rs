@@ -20,7 +20,7 @@ use crate::config::{ArchConfig, BlockLayout};
 use crate::error::{ModelError, Result};
 use crate::layers::{
     step_attention_mask, windowed_attention_mask, Attention, CacheLayer, GatedDeltaNet, GatedMlp, KvCache, LayerShared,
-    Linear, LinearShared, Mlp, RmsNorm, Rotary, RouterRecord, SparseMoe,
+    Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm, Rotary, RouterRecord, SideInputs, SparseMoe,
 };
 use crate::weights::WeightLoader;
 
@@ -75,6 +75,14 @@ struct Block {
     mixer: Mixer,
     mlp: Mlp,
     sliding: bool,
+    /// The earlier layer whose keys and values this one attends to (Gemma 4).
+    kv_source: Option<usize>,
+    /// Whether a later layer reuses this one's keys and values.
+    stores_kv: bool,
+    /// Gemma 4's per-layer input branch after the MLP.
+    per_layer: Option<PerLayerBranch>,
+    /// Gemma 4's `layer_scalar`, `[1]`: the layer's output is multiplied by it.
+    scalar: Option<Tensor>,
 }
 
 fn apply(norm: &Option<RmsNorm>, x: Tensor) -> Result<Tensor> {
@@ -88,6 +96,8 @@ fn apply(norm: &Option<RmsNorm>, x: Tensor) -> Result<Tensor> {
 #[derive(Debug)]
 pub struct DecoderModel {
     pub(crate) embed_tokens: Tensor, // [vocab, hidden]
+    /// Gemma 4's per-layer input embeddings.
+    per_layer_embed: Option<Box<PerLayerEmbed>>,
     layers: Vec<Block>,
     norm: RmsNorm,
     rotary: Rotary,
@@ -132,22 +142,36 @@ impl DecoderModel {
                 },
             };
             let sparse = cfg.moe.as_ref().filter(|m| m.sparse_layers.get(i as usize) == Some(&true));
+            let layer = i as usize;
             let mlp = match sparse {
                 Some(moe) => Mlp::Sparse(SparseMoe::load(&l.pp("mlp"), cfg, moe)?),
-                None => Mlp::Dense(GatedMlp::load(&l.pp("mlp"), cfg, cfg.intermediate_size)?),
+                None => Mlp::Dense(GatedMlp::load(&l.pp("mlp"), cfg, cfg.intermediate(layer))?),
             };
-            let mixer = if cfg.is_linear(i as usize) {
+            let mixer = if cfg.is_linear(layer) {
                 Mixer::Linear(GatedDeltaNet::load(&l.pp("linear_attn"), cfg)?)
             } else {
-                Mixer::Attention(Attention::load(&l.pp("self_attn"), cfg)?)
+                Mixer::Attention(Attention::load(&l.pp("self_attn"), cfg, layer)?)
             };
-            layers.push(Block { norms, mixer, mlp, sliding: cfg.is_sliding(i as usize) });
+            let per_layer_input = cfg.gemma4.as_ref().and_then(|g| g.per_layer_input);
+            layers.push(Block {
+                norms,
+                mixer,
+                mlp,
+                sliding: cfg.is_sliding(layer),
+                kv_source: cfg.kv_source(layer),
+                stores_kv: (0..cfg.num_layers as usize).any(|j| cfg.kv_source(j) == Some(layer)),
+                per_layer: per_layer_input.map(|p| PerLayerBranch::load(&l, cfg, p)).transpose()?,
+                scalar: if cfg.gemma4.is_some() { l.constant("layer_scalar", &[1])? } else { None },
+            });
         }
         let norm = RmsNorm::load_kind(&w.pp("norm"), h, eps, kind)?;
         let rotary = Rotary::new(rope, cfg.rotary_dim, w.device())?;
-        let rotary_local = cfg.rope_local.as_ref().map(|r| Rotary::new(r, cfg.rotary_dim, w.device())).transpose()?;
+        let local_dim = cfg.gemma4.as_ref().map_or(cfg.rotary_dim, |g| g.local_rotary_dim);
+        let rotary_local = cfg.rope_local.as_ref().map(|r| Rotary::new(r, local_dim, w.device())).transpose()?;
+        let per_layer_input = cfg.gemma4.as_ref().and_then(|g| g.per_layer_input);
         Ok(DecoderModel {
             embed_tokens,
+            per_layer_embed: per_layer_input.map(|p| PerLayerEmbed::load(w, cfg, p).map(Box::new)).transpose()?,
             layers,
             norm,
             rotary,
@@ -169,6 +193,9 @@ impl DecoderModel {
             for (name, l) in b.mlp.linears_mut() {
                 out.push((format!("layers.{i}.mlp.{name}"), l));
             }
+            for (name, l) in b.per_layer.iter_mut().flat_map(PerLayerBranch::linears_mut) {
+                out.push((format!("layers.{i}.{name}"), l));
+            }
         }
         out
     }
@@ -183,6 +210,9 @@ impl DecoderModel {
             }
             for (name, l) in b.mlp.linears() {
                 out.push((format!("layers.{i}.mlp.{name}"), l));
+            }
+            for (name, l) in b.per_layer.iter().flat_map(PerLayerBranch::linears) {
+                out.push((format!("layers.{i}.{name}"), l));
             }
         }
         out
@@ -212,7 +242,7 @@ impl DecoderModel {
         past: i64,
     ) -> Result<(Tensor, LayerShared)> {
         let seq = input_ids.size()[1];
-        let (h, rotary, rotary_local) = self.embed_rotary(input_ids, position_ids)?;
+        let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids)?;
         let mask = windowed_attention_mask(key_mask, past, seq, None)?;
         let sliding_mask = match self.sliding_window {
             Some(w) if self.layers.iter().any(|b| b.sliding) => {
@@ -226,7 +256,7 @@ impl DecoderModel {
             LinearShared::default()
         };
         let router = if self.router_aux { Some(RouterRecord::new(&key_mask.f_narrow(1, past, seq)?)?) } else { None };
-        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router }))
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side }))
     }
 
     /// Whether some layer is a linear-attention one.
@@ -234,12 +264,18 @@ impl DecoderModel {
         self.layers.iter().any(|b| matches!(b.mixer, Mixer::Linear(_)))
     }
 
-    /// What each layer keeps in a cache, in order.
-    pub fn cache_layers(&self, kv_heads: i64, head_dim: i64) -> Vec<CacheLayer> {
+    /// What each layer keeps in a cache, in order: keys and values of its geometry (`cfg`'s),
+    /// nothing for a layer reusing another's, a linear-attention layer's state.
+    pub fn cache_layers(&self, cfg: &ArchConfig) -> Vec<CacheLayer> {
         self.layers
             .iter()
-            .map(|b| match &b.mixer {
-                Mixer::Attention(_) => CacheLayer::Attention { kv_heads, head_dim },
+            .enumerate()
+            .map(|(i, b)| match &b.mixer {
+                Mixer::Attention(_) if b.kv_source.is_some() => CacheLayer::Attention { kv_heads: 0, head_dim: 0 },
+                Mixer::Attention(_) => {
+                    let g = cfg.heads(i);
+                    CacheLayer::Attention { kv_heads: g.kv_heads, head_dim: g.head_dim }
+                }
                 Mixer::Linear(l) => l.cache_layer(),
             })
             .collect()
@@ -258,17 +294,19 @@ impl DecoderModel {
         key_mask: &Tensor,
         slot: &Tensor,
     ) -> Result<(Tensor, LayerShared)> {
-        let (h, rotary, rotary_local) = self.embed_rotary(input_ids, position_ids)?;
+        let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids)?;
         let mask = step_attention_mask(key_mask, slot, None)?;
         let sliding_mask = match self.sliding_window {
             Some(w) if self.layers.iter().any(|b| b.sliding) => Some(step_attention_mask(key_mask, slot, Some(w))?),
             _ => None,
         };
         let linear = LinearShared::default();
-        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router: None }))
+        let shared = LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router: None, side };
+        Ok((h, shared))
     }
 
-    /// The embeddings (scaled where the family scales them) and the rotary tables of the positions.
+    /// The embeddings (scaled where the family scales them), the rotary tables of the positions,
+    /// and Gemma 4's per-layer inputs.
     ///
     /// # Shapes
     /// - `input_ids`, `position_ids`: `[batch, seq]` → `[batch, seq, hidden]` and tables
@@ -278,7 +316,7 @@ impl DecoderModel {
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
-    ) -> Result<(Tensor, (Tensor, Tensor), Option<(Tensor, Tensor)>)> {
+    ) -> Result<(Tensor, (Tensor, Tensor), Option<(Tensor, Tensor)>, SideInputs)> {
         let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
         if let Some(scale) = self.embed_scale {
             // Gemma multiplies by √hidden rounded to the weights' dtype first.
@@ -286,7 +324,8 @@ impl DecoderModel {
         }
         let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
         let rotary_local = self.rotary_local.as_ref().map(|r| r.cos_sin(position_ids, h.kind())).transpose()?;
-        Ok((h, rotary, rotary_local))
+        let per_layer = self.per_layer_embed.as_ref().map(|p| p.forward(input_ids, &h)).transpose()?;
+        Ok((h, rotary, rotary_local, SideInputs::with_per_layer(per_layer)))
     }
 
     /// Why a decode step of this model cannot be captured as a CUDA graph (it reads a value
@@ -324,14 +363,29 @@ impl DecoderModel {
                 let (cos, sin) = shared
                     .rotary_for(block.sliding)
                     .ok_or_else(|| ModelError::Input("rotary layer without rotary tables".into()))?;
-                attn.forward(&x, cos, sin, shared.mask_for(block.sliding), cache.map(|c| (c, i)))?
+                let mask = shared.mask_for(block.sliding);
+                let (y, kv) = match block.kv_source {
+                    Some(j) => attn.forward(&x, cos, sin, mask, None, Some(shared.side.kv_of(j)?))?,
+                    None => attn.forward(&x, cos, sin, mask, cache.map(|c| (c, i)), None)?,
+                };
+                if block.stores_kv {
+                    shared.side.store_kv(i, kv);
+                }
+                y
             }
             Mixer::Linear(l) => l.forward(&x, &shared.linear, cache.map(|c| (c, i)))?,
         };
         let h = h.f_add(&apply(&n.post_attention, a)?)?;
         let x = apply(&n.pre_feedforward, h.shallow_clone())?;
         let m = apply(&n.post_feedforward, block.mlp.forward(&x, shared.router.as_ref())?)?;
-        Ok(h.f_add(&m)?)
+        let mut h = h.f_add(&m)?;
+        if let Some(branch) = &block.per_layer {
+            h = branch.forward(&h, &shared.side.per_layer_input(i)?)?;
+        }
+        match &block.scalar {
+            Some(s) => Ok(h.f_mul(s)?),
+            None => Ok(h),
+        }
     }
 
     /// The last RMSNorm.

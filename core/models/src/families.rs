@@ -1,6 +1,6 @@
 //! Which family a `config.json` is, and loading it: the `model_type` picks the family file that
 //! resolves its keys ([`crate::llama`], [`crate::qwen3`], [`crate::qwen3_moe`], [`crate::gemma`],
-//! [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`], [`crate::qwen3_5`], [`crate::gpt2`]); before that, every key must be one the
+//! [`crate::gemma4`], [`crate::olmo2`], [`crate::olmo3`], [`crate::phi3`], [`crate::qwen3_5`], [`crate::gpt2`]); before that, every key must be one the
 //! family implements or one known not to change the computation ([`config::keys`]).
 
 use std::path::Path;
@@ -38,7 +38,8 @@ impl ModelConfig {
 }
 
 /// Multimodal checkpoints whose language model loads as one of the text families.
-const MULTIMODAL: &[&Multimodal] = &[&crate::qwen3_5::MULTIMODAL, &crate::qwen3_5::MULTIMODAL_MOE];
+const MULTIMODAL: &[&Multimodal] =
+    &[&crate::qwen3_5::MULTIMODAL, &crate::qwen3_5::MULTIMODAL_MOE, &crate::gemma4::MULTIMODAL];
 
 /// The language model of a multimodal checkpoint: its `text_config` resolved as the text family
 /// (keys checked under `text_config.`), with what only the top level says (`architectures`, the
@@ -123,6 +124,7 @@ fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<ArchConfig> {
         Family::Phi3 => crate::phi3::resolve(path, hf)?,
         Family::Qwen3_5 | Family::Qwen3_5Moe | Family::Qwen3Next => crate::qwen3_5::resolve(path, hf, family)?,
         Family::GptOss => crate::gpt_oss::resolve(path, hf)?,
+        Family::Gemma4 => crate::gemma4::resolve(path, hf)?,
     };
     arch.pad_token_id = pad_token_id(path, hf)?;
     arch.num_labels = hf.num_labels.or(hf.id2label.as_ref().map(|m| m.len() as i64)).unwrap_or(2);
@@ -145,6 +147,7 @@ fn family_keys(family: Family) -> Vec<&'static str> {
         Family::Phi3 => crate::phi3::CONFIG_KEYS,
         Family::Qwen3_5 => HYBRID,
         Family::GptOss => crate::gpt_oss::CONFIG_KEYS,
+        Family::Gemma4 => crate::gemma4::CONFIG_KEYS,
     };
     keys.to_vec()
 }

@@ -43,7 +43,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig, family: Family) -> Result<Arch
         rope_theta: if gemma3 { 1_000_000.0 } else { 10_000.0 },
         ..Defaults::default()
     };
-    if hf.use_bidirectional_attention == Some(true) {
+    if hf.use_bidirectional_attention == Some(Value::Bool(true)) {
         return Err(ModelError::config(
             path,
             "use_bidirectional_attention",

@@ -91,6 +91,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         multimodal: None,
         attn_sinks: false,
         mxfp4: false,
+        gemma4: None,
         moe: None,
     })
 }

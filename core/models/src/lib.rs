@@ -6,7 +6,7 @@
 //!   MLP/expert and cache building blocks.
 //! - [`decoder`]: the rotary decoder stack, assembled from the layers by the resolved config.
 //! - The families, one file each: [`llama`] (Llama, Mistral, SmolLM, Qwen2), [`qwen3`],
-//!   [`qwen3_moe`], [`qwen3_5`], [`gpt_oss`], [`gemma`] (Gemma 2, Gemma 3 text), [`olmo2`], [`olmo3`],
+//!   [`qwen3_moe`], [`qwen3_5`], [`gpt_oss`], [`gemma`] (Gemma 2, Gemma 3 text), [`gemma4`], [`olmo2`], [`olmo3`],
 //!   [`phi3`], [`gpt2`].
 //! - [`lora`]: LoRA adapters on the linear layers, merged on save.
 //! - [`model`] and [`scalar_head`]: [`CausalLm`] and [`ScalarHeadModel`], what the trainer holds.
@@ -27,6 +27,7 @@ pub mod error;
 pub mod families;
 pub mod gate;
 pub mod gemma;
+pub mod gemma4;
 pub mod gpt2;
 pub mod gpt_oss;
 pub mod layers;

@@ -58,10 +58,22 @@ pub(crate) fn saved_config(config: &ModelConfig) -> Value {
     raw
 }
 
-/// What a model of `arch` carries through from `ckpt` unchanged: a multimodal checkpoint's vision
-/// tower.
+/// What a model of `arch` carries through from `ckpt` unchanged: a multimodal checkpoint's other
+/// towers, Gemma 4's `layer_scalar` constants.
 pub(crate) fn passthrough(ckpt: &Checkpoint, arch: &ArchConfig) -> Vec<(String, Tensor)> {
-    arch.multimodal.map(|m| ckpt.passthrough(m.vision_prefix)).unwrap_or_default()
+    let mut out: Vec<(String, Tensor)> = arch
+        .multimodal
+        .map(|m| m.vision_prefixes.iter().flat_map(|p| ckpt.passthrough(p)).collect())
+        .unwrap_or_default();
+    if arch.gemma4.is_some() {
+        for i in 0..arch.num_layers {
+            let name = format!("{}.layers.{i}.layer_scalar", arch.backbone_prefix());
+            if ckpt.contains(&name) {
+                out.extend(ckpt.passthrough(&name));
+            }
+        }
+    }
+    out
 }
 
 pub(crate) fn new_var_store(device: Device, kind: Kind) -> nn::VarStore {
@@ -370,7 +382,7 @@ impl CausalLm {
         let a = self.arch();
         match &self.backbone {
             Backbone::Decoder(m) => {
-                let layers = m.cache_layers(a.num_kv_heads, a.head_dim);
+                let layers = m.cache_layers(a);
                 KvCache::with_layers(&layers, batch, max_len, self.kind(), self.device())
             }
             Backbone::Gpt2(_) => {

@@ -54,7 +54,7 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     text_model_type: "qwen3_5_text",
     family: Family::Qwen3_5,
     language_prefix: "model.language_model",
-    vision_prefix: "model.visual.",
+    vision_prefixes: &["model.visual."],
     classifier: "Qwen3_5ForSequenceClassification",
     keys: &["vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"],
 };

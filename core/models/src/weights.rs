@@ -287,6 +287,17 @@ impl<'a> WeightLoader<'a> {
         Ok(self.path.f_var_copy(name, &dequantize_mxfp4(blocks, scales)?)?)
     }
 
+    /// Loads `name` as a constant (a buffer: not a variable, never trained), converted to the
+    /// loader's kind and device, or `None` where the checkpoint lacks it. The model saves it back
+    /// as stored (see `model::passthrough`).
+    pub fn constant(&self, name: &str, shape: &[i64]) -> Result<Option<Tensor>> {
+        if !self.contains(name) {
+            return Ok(None);
+        }
+        let t = self.ckpt.get(&self.full_name(name), shape)?;
+        Ok(Some(t.f_to_kind(self.kind)?.f_to_device(self.device())?))
+    }
+
     /// Registers a fresh variable (not in the checkpoint) drawn from N(0, std²), e.g. a new score head.
     pub fn new_normal(&self, name: &str, shape: &[i64], std: f64) -> Result<Tensor> {
         let t = Tensor::f_randn(shape, (Kind::Float, Device::Cpu))?.f_mul_scalar(std)?;

@@ -69,18 +69,14 @@ pub(super) fn bench_gen(
             model.vs.variables().values().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64).sum();
         let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
         let elt = model.kind().elt_size_in_bytes() as f64;
-        let kv_bytes = 2.0
-            * (super::report::attention_layers(&a) * a.num_kv_heads * a.head_dim) as f64
-            * avg_ctx
-            * rows as f64
-            * elt;
+        let kv_bytes = 2.0 * super::report::cached_kv_width(&a) as f64 * avg_ctx * rows as f64 * elt;
         let bound_s = (param_bytes + kv_bytes) * new_tokens as f64 / (gbps * 1e9);
         bound_s / (run_s - prefill_s).max(1e-9)
     });
     // Per generated token: 2 FLOPs per matmul parameter, and q·k plus p·v over the context.
     let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
     let per_token = 2.0 * super::report::matmul_params(&a) as f64
-        + 4.0 * (super::report::attention_layers(&a) * a.num_heads * a.head_dim) as f64 * avg_ctx
+        + 4.0 * super::report::attention_width(&a) as f64 * avg_ctx
         + super::report::linear_attn_flops(&a, 0);
     let flops_fraction =
         peak_tflops.map(|peak| per_token * (rows * new_tokens) as f64 / (run_s - prefill_s).max(1e-9) / (peak * 1e12));
@@ -190,13 +186,13 @@ pub(super) fn run_train(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<Train
     let linear = 3.0 * report::linear_attn_flops(arch, 64);
     let linear_text = if linear > 0.0 { format!(" + linear attention {linear:.4e}") } else { String::new() };
     println!(
-        "       MFU {mfu_text}; model FLOPs/token = 6·N + 12·L·H·T{} = {:.4e} (N = {} matmul params, L = {} \
-         attention layers, H = {}, T = {seq})",
+        "       MFU {mfu_text}; model FLOPs/token = 6·N + 12·L·H·T{} = {:.4e} (N = {} matmul params, L·H = {} \
+         over {} attention layers, T = {seq})",
         linear_text,
         flops_per_token,
         fmt_count(n as u64),
+        report::attention_width(arch),
         report::attention_layers(arch),
-        arch.num_heads * arch.head_dim
     );
     Ok(TrainResult { tokens_per_s, step_s, flops_per_token, mfu, peak_tflops: peak })
 }

@@ -36,19 +36,33 @@ pub fn median(xs: &[f64]) -> Option<f64> {
 
 /// Parameters that take part in a matrix multiplication per token (`N` of the module docs). A
 /// mixture of experts counts what one token uses: the router and its `top_k` experts (the active
-/// parameters), not every expert, and a shared expert with its gate where there is one.
+/// parameters), not every expert, and a shared expert with its gate where there is one. Each
+/// layer counts with its own head size and MLP width; a layer reusing another's keys and values
+/// has no k/v projections, one whose values are its keys no v projection; Gemma 4's per-layer
+/// inputs add their projection and each layer's gate and projection.
 pub fn matmul_params(a: &ArchConfig) -> i64 {
-    let (d, attn, kv) = (a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
-    let q = if a.attn_output_gate { 2 * attn } else { attn };
-    let attention = d * q + 2 * d * kv + attn * d;
+    let d = a.hidden_size;
+    let attention = |i: usize| {
+        let g = a.heads(i);
+        let (attn, kv) = (a.num_heads * g.head_dim, g.kv_heads * g.head_dim);
+        let q = if a.attn_output_gate { 2 * attn } else { attn };
+        let kv_projections = match (a.kv_source(i), a.gemma4.as_ref().is_some_and(|g| g.values_are_keys[i])) {
+            (Some(_), _) => 0,
+            (None, true) => 1,
+            (None, false) => 2,
+        };
+        d * q + kv_projections * d * kv + attn * d
+    };
     let linear = a.linear_attn.map_or(0, |l| {
         let values = l.num_value_heads * l.value_head_dim;
         d * (l.conv_dim() + values + 2 * l.num_value_heads) + values * d
     });
-    let mixers: i64 = (0..a.num_layers as usize).map(|i| if a.is_linear(i) { linear } else { attention }).sum();
-    let dense = match a.family {
-        Family::Gpt2 => 2 * d * a.intermediate_size,
-        _ => 3 * d * a.intermediate_size,
+    let mixers: i64 = (0..a.num_layers as usize).map(|i| if a.is_linear(i) { linear } else { attention(i) }).sum();
+    let per_layer_inputs =
+        a.gemma4.as_ref().and_then(|g| g.per_layer_input).map_or(0, |p| 3 * d * p.dim * a.num_layers);
+    let dense = |i: usize| match a.family {
+        Family::Gpt2 => 2 * d * a.intermediate(i),
+        _ => 3 * d * a.intermediate(i),
     };
     let mlps: i64 = (0..a.num_layers as usize)
         .map(|i| match &a.moe {
@@ -56,10 +70,24 @@ pub fn matmul_params(a: &ArchConfig) -> i64 {
                 let shared = m.shared_expert_intermediate_size.map_or(0, |s| 3 * d * s + d);
                 d * m.num_experts + m.top_k * 3 * d * m.intermediate_size + shared
             }
-            _ => dense,
+            _ => dense(i),
         })
         .sum();
-    mixers + mlps + d * a.vocab_size
+    mixers + mlps + per_layer_inputs + d * a.vocab_size
+}
+
+/// `Σ heads · head_dim` over the attention layers: the `L·H` of the attention FLOPs.
+pub fn attention_width(a: &ArchConfig) -> i64 {
+    (0..a.num_layers as usize).filter(|&i| !a.is_linear(i)).map(|i| a.num_heads * a.heads(i).head_dim).sum()
+}
+
+/// `Σ kv_heads · head_dim` over the layers that cache keys and values (not those reusing another
+/// layer's).
+pub fn cached_kv_width(a: &ArchConfig) -> i64 {
+    (0..a.num_layers as usize)
+        .filter(|&i| !a.is_linear(i) && a.kv_source(i).is_none())
+        .map(|i| a.heads(i).kv_heads * a.heads(i).head_dim)
+        .sum()
 }
 
 /// Layers with attention (all but the linear-attention ones).
@@ -85,7 +113,7 @@ pub fn train_flops_per_token(matmul_params: i64, layers: i64, attn_dim: i64, seq
 /// [`train_flops_per_token`] of model `a`: attention over its attention layers, and 3× the
 /// forward recurrence of its linear-attention layers ([`linear_attn_flops`]).
 pub fn train_flops(a: &ArchConfig, seq: i64) -> f64 {
-    let attention = train_flops_per_token(matmul_params(a), attention_layers(a), a.num_heads * a.head_dim, seq);
+    let attention = train_flops_per_token(matmul_params(a), 1, attention_width(a), seq);
     attention + 3.0 * linear_attn_flops(a, 64)
 }
 
@@ -368,6 +396,28 @@ mod tests {
         assert_eq!(linear_attn_flops(&a, 64), 2.0 * 4.0 * 4480.0);
         let want = 6.0 * matmul_params(&a) as f64 + 12.0 * 64.0 * 10.0 + 3.0 * 2.0 * 4.0 * 4480.0;
         assert_eq!(train_flops(&a, 10), want);
+    }
+
+    #[test]
+    fn gemma4_flops_by_hand() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = serde_json::json!({
+            "model_type": "gemma4_text", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "global_head_dim": 16, "attention_k_eq_v": true, "num_global_key_value_heads": 1,
+            "num_kv_shared_layers": 1, "use_double_wide_mlp": true, "hidden_size_per_layer_input": 4,
+            "vocab_size_per_layer_input": 100,
+            "layer_types": ["sliding_attention", "full_attention", "full_attention"]
+        });
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let a = rlhf_models::ModelConfig::from_dir(dir.path()).unwrap().arch;
+        // Sliding layer 0: q 32·32 + k, v 2·32·16 + o 32·32 = 3072. Full layer 1 (heads of 16, one
+        // KV head, values = keys): q 32·64 + k 32·16 + o 64·32 = 4608. Full layer 2 reuses layer 1's
+        // keys and values: q + o = 4096. MLPs 3·32·64 twice and 3·32·128 once; per-layer inputs
+        // 3·32·4 per layer; head 32·100.
+        let want = 3072 + 4608 + 4096 + 2 * 6144 + 12288 + 3 * 384 + 3200;
+        assert_eq!(matmul_params(&a), want);
+        assert_eq!((attention_width(&a), cached_kv_width(&a)), (32 + 64 + 64, 16 + 16));
     }
 
     #[test]

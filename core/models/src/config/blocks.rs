@@ -54,6 +54,45 @@ pub struct GptOssMoe {
     pub limit: f64,
 }
 
+/// The head geometry of one attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadGeometry {
+    pub head_dim: i64,
+    pub kv_heads: i64,
+}
+
+/// Gemma 4's layers beyond Gemma 3's (transformers' `Gemma4TextConfig`): per-layer head sizes,
+/// values that may be the keys, keys and values reused by the last layers, per-layer input
+/// embeddings and a scalar per layer. Every per-layer list has one entry per layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4Layers {
+    /// Head size and KV heads of each layer (full-attention layers: `global_head_dim`,
+    /// `num_global_key_value_heads`, or `per_layer_config`).
+    pub heads: Vec<HeadGeometry>,
+    /// Whether the layer's values are its key projection (no `v_proj`: `attention_k_eq_v` on
+    /// full-attention layers), normalised like any value.
+    pub values_are_keys: Vec<bool>,
+    /// The earlier layer whose keys and values the layer attends to instead of its own (the last
+    /// `num_kv_shared_layers`, each reading the last non-sharing layer of its own type); such a
+    /// layer has no k/v projections and caches nothing.
+    pub kv_source: Vec<Option<usize>>,
+    /// The MLP's intermediate size per layer (`use_double_wide_mlp`: twice on reusing layers).
+    pub intermediate: Vec<i64>,
+    /// Per-layer input embeddings (`hidden_size_per_layer_input`), if the model has them.
+    pub per_layer_input: Option<PerLayerInput>,
+    /// The head size of the sliding layers' rotary tables (the full layers' is `rotary_dim`).
+    pub local_rotary_dim: i64,
+}
+
+/// Gemma 4's per-layer input embeddings (PLE): a token embedding of `layers · dim` columns
+/// (`embed_tokens_per_layer`, vocabulary `vocab`) plus a projection of the input embeddings, a
+/// `dim`-wide input to every layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerLayerInput {
+    pub dim: i64,
+    pub vocab: i64,
+}
+
 /// A vision-language checkpoint whose language model loads as a text family: the `config.json`
 /// nests the text model's keys under `text_config`, its tensors sit under `language_prefix`, the
 /// vision tower's under `vision_prefix` (kept as loaded and saved back unchanged: images are not
@@ -67,8 +106,9 @@ pub struct Multimodal {
     pub family: Family,
     /// Where the language model's tensors are (`model.language_model`).
     pub language_prefix: &'static str,
-    /// Where the vision tower's tensors are (`model.visual.`).
-    pub vision_prefix: &'static str,
+    /// Where the other modalities' tensors are (`model.visual.`; Gemma 4's vision and audio
+    /// towers and embedders).
+    pub vision_prefixes: &'static [&'static str],
     /// The scalar-head architecture transformers writes for the checkpoint.
     pub classifier: &'static str,
     /// The top-level keys besides `text_config` and the inert ones: the vision model's.

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
-pub use blocks::{GptOssMoe, LinearAttnConfig, MoeConfig, Multimodal};
+pub use blocks::{Gemma4Layers, GptOssMoe, HeadGeometry, LinearAttnConfig, MoeConfig, Multimodal, PerLayerInput};
 pub use rope::{RopeConfig, RopeScaling};
 
 /// The model families this crate implements.
@@ -53,6 +53,9 @@ pub enum Family {
     /// gpt-oss: attention sinks, alternating sliding and full layers, biased experts with a
     /// clamped SwiGLU, YaRN.
     GptOss,
+    /// Gemma 4 (text): Gemma 3's layout with per-layer head sizes, normalised values, keys and
+    /// values shared by the last layers, per-layer input embeddings, proportional RoPE.
+    Gemma4,
     /// GPT-2: learned positions, Conv1D weights, LayerNorm, gelu_new.
     Gpt2,
 }
@@ -73,6 +76,7 @@ const MODEL_TYPES: &[(&str, Family)] = &[
     ("qwen3_5_moe_text", Family::Qwen3_5Moe),
     ("qwen3_next", Family::Qwen3Next),
     ("gpt_oss", Family::GptOss),
+    ("gemma4_text", Family::Gemma4),
     ("gpt2", Family::Gpt2),
 ];
 
@@ -118,6 +122,8 @@ impl Family {
             Family::Qwen3_5Moe => "Qwen3_5MoeForSequenceClassification",
             Family::GptOss => "GptOssForSequenceClassification",
             Family::Qwen3Next => "Qwen3NextForSequenceClassification",
+            // transformers has no Gemma 4 classifier; the generic head's name.
+            Family::Gemma4 => "Gemma4ForSequenceClassification",
             Family::Gpt2 => "GPT2ForSequenceClassification",
         }
     }
@@ -241,9 +247,29 @@ pub struct ArchConfig {
     /// The checkpoint stores its experts in MXFP4 (`quantization_config.quant_method = mxfp4`):
     /// dequantised at load, saved back unquantised.
     pub mxfp4: bool,
+    /// Gemma 4's per-layer geometry, shared keys and values, and per-layer inputs.
+    pub gemma4: Option<Gemma4Layers>,
 }
 
 impl ArchConfig {
+    /// Head size and KV heads of layer `i`.
+    pub fn heads(&self, i: usize) -> HeadGeometry {
+        self.gemma4
+            .as_ref()
+            .and_then(|g| g.heads.get(i).copied())
+            .unwrap_or(HeadGeometry { head_dim: self.head_dim, kv_heads: self.num_kv_heads })
+    }
+
+    /// The dense MLP's intermediate size in layer `i`.
+    pub fn intermediate(&self, i: usize) -> i64 {
+        self.gemma4.as_ref().and_then(|g| g.intermediate.get(i).copied()).unwrap_or(self.intermediate_size)
+    }
+
+    /// The earlier layer whose keys and values layer `i` attends to, if not its own.
+    pub fn kv_source(&self, i: usize) -> Option<usize> {
+        self.gemma4.as_ref().and_then(|g| g.kv_source.get(i).copied().flatten())
+    }
+
     /// Whether layer `i` attends through the sliding window.
     pub fn is_sliding(&self, i: usize) -> bool {
         self.sliding_window.is_some() && self.layer_types.get(i) == Some(&AttnKind::Sliding)
@@ -332,9 +358,20 @@ pub struct HfConfig {
     /// `null` and absent differ: `null` turns Gemma 2's default cap off.
     pub attn_logit_softcapping: Option<Value>,
     pub final_logit_softcapping: Option<Value>,
-    pub use_bidirectional_attention: Option<bool>,
+    /// `true` (Gemma 3 embedding models), or Gemma 4's `"vision"` / `"all"`.
+    pub use_bidirectional_attention: Option<Value>,
     pub rope_local_base_freq: Option<f64>,
     pub sliding_window_pattern: Option<i64>,
+    // Gemma 4.
+    pub global_head_dim: Option<i64>,
+    pub num_global_key_value_heads: Option<i64>,
+    pub attention_k_eq_v: Option<bool>,
+    pub num_kv_shared_layers: Option<i64>,
+    pub hidden_size_per_layer_input: Option<i64>,
+    pub vocab_size_per_layer_input: Option<i64>,
+    pub use_double_wide_mlp: Option<bool>,
+    pub enable_moe_block: Option<bool>,
+    pub per_layer_config: Option<Value>,
     // GPT-2 names.
     pub n_embd: Option<i64>,
     pub n_layer: Option<i64>,
@@ -490,6 +527,7 @@ pub(crate) fn rotary_decoder(path: &Path, hf: &HfConfig, family: Family, d: Defa
         multimodal: None,
         attn_sinks: false,
         mxfp4: false,
+        gemma4: None,
     })
 }
 

@@ -1,7 +1,7 @@
 //! Rotary position parameters from `config.json`, in both spellings transformers has used:
 //! `rope_theta` + `rope_scaling` (`type` or `rope_type`) up to v4, and the `rope_parameters` block
 //! of v5 (nested per layer type for Gemma 3). The scaling variants are transformers'
-//! `ROPE_INIT_FUNCTIONS`: linear, Llama 3, YaRN, LongRoPE and dynamic NTK.
+//! `ROPE_INIT_FUNCTIONS`: linear, Llama 3, YaRN, LongRoPE, dynamic NTK and proportional (Gemma 4).
 
 use std::path::Path;
 
@@ -44,6 +44,10 @@ pub enum RopeScaling {
     /// Dynamic NTK scaling: past `max_position_embeddings` the base grows with the sequence
     /// length, `θ · (factor · len / max − (factor − 1))^(d / (d − 2))`.
     Dynamic { factor: f64, max_position_embeddings: f64 },
+    /// Gemma 4's proportional RoPE: the first `⌊partial · head_dim / 2⌋` frequencies are the
+    /// default ones over the whole head (`θ^(−2i / head_dim)`), the rest zero (those dimensions
+    /// pass unrotated, cos 1 and sin 0), all divided by `factor`; the tables span the whole head.
+    Proportional { partial: f64, factor: f64 },
 }
 
 /// Rotary embedding parameters.
@@ -235,11 +239,20 @@ pub(crate) fn parse_block(
             }
         }
         "dynamic" => RopeScaling::Dynamic { factor: need("factor")?, max_position_embeddings: max_pos },
+        "proportional" => {
+            let partial = optional("partial_rotary_factor")?.unwrap_or(1.0);
+            if partial > 1.0 {
+                return Err(err("partial_rotary_factor", format!("must be at most 1, got {partial}")));
+            }
+            RopeScaling::Proportional { partial, factor: optional("factor")?.unwrap_or(1.0) }
+        }
         other => {
             return Err(ModelError::config(
                 path,
                 &format!("{key}.rope_type"),
-                format!("unsupported `{other}` (supported: default, linear, llama3, yarn, longrope, dynamic)"),
+                format!(
+                    "unsupported `{other}` (supported: default, linear, llama3, yarn, longrope, dynamic, proportional)"
+                ),
             ))
         }
     };

@@ -174,3 +174,47 @@ fn resolves_the_text_model_of_a_multimodal_qwen3_5_and_refuses_what_it_does_not_
         assert!(e.contains(name) && e.lines().count() == 1, "{name}: {e}");
     }
 }
+
+const GEMMA4: &str = r#"{"model_type":"gemma4_text","vocab_size":10,"hidden_size":8,"num_hidden_layers":4,
+    "num_attention_heads":2,"num_key_value_heads":2,"head_dim":4,"intermediate_size":16,
+    "vocab_size_per_layer_input":10,"num_kv_shared_layers":2,"use_double_wide_mlp":true,
+    "attention_k_eq_v":true,"num_global_key_value_heads":1,"global_head_dim":8,
+    "layer_types":["sliding_attention","full_attention","sliding_attention","sliding_attention"]}"#;
+
+#[test]
+fn resolves_gemma4_text_layers_and_refuses_what_it_does_not_implement() {
+    let (_d, cfg) = write_config(GEMMA4);
+    let a = cfg.unwrap().arch;
+    let g = a.gemma4.clone().unwrap();
+    // The last layer is forced to full attention, as transformers does.
+    assert_eq!(a.layer_types, vec![AttnKind::Sliding, AttnKind::Full, AttnKind::Sliding, AttnKind::Full]);
+    assert_eq!(g.heads.iter().map(|h| (h.head_dim, h.kv_heads)).collect::<Vec<_>>(), [(4, 2), (8, 1), (4, 2), (8, 1)]);
+    assert_eq!(g.values_are_keys, [false, true, false, true]);
+    // Layers 2 and 3 reuse the last earlier layer of their type.
+    assert_eq!(g.kv_source, [None, None, Some(0), Some(1)]);
+    assert_eq!(g.intermediate, [16, 16, 32, 32]);
+    assert_eq!(g.per_layer_input, Some(PerLayerInput { dim: 256, vocab: 10 }));
+    assert_eq!((a.rotary_dim, g.local_rotary_dim, a.attn_scale), (8, 4, Some(1.0)));
+    let full = a.rope.unwrap().scaling;
+    assert!(matches!(full, RopeScaling::Proportional { partial, factor } if partial == 0.25 && factor == 1.0));
+    let prepend = |edit: &str| GEMMA4.replacen('{', &format!("{{{edit}"), 1);
+    for (json, key) in [
+        (prepend(r#""enable_moe_block":true,"#), "enable_moe_block: Gemma 4's mixture-of-experts block"),
+        (prepend(r#""use_bidirectional_attention":"all","#), "use_bidirectional_attention: \"all\""),
+        (prepend(r#""per_layer_config":{"1":{"sliding_window":3}},"#), "per_layer_config.1.sliding_window: not a"),
+        (GEMMA4.replace(r#""num_kv_shared_layers":2"#, r#""num_kv_shared_layers":4"#), "num_kv_shared_layers: 4 of 4"),
+        (
+            GEMMA4.replace(r#""vocab_size_per_layer_input":10"#, r#""vocab_size_per_layer_input":5"#),
+            "below vocab_size 10",
+        ),
+    ] {
+        let (_d, cfg) = write_config(&json);
+        let e = cfg.unwrap_err().to_string();
+        assert!(e.contains(key), "{e}");
+    }
+    // `per_layer_config`, as transformers 5.23 writes it, wins over `global_head_dim`.
+    let edit = r#""per_layer_config":{"1":{"head_dim":6,"num_key_value_heads":2},"3":{"head_dim":6}},"#;
+    let (_d, cfg) = write_config(&prepend(edit));
+    let g = cfg.unwrap().arch.gemma4.unwrap();
+    assert_eq!(g.heads.iter().map(|h| (h.head_dim, h.kv_heads)).collect::<Vec<_>>(), [(4, 2), (6, 2), (4, 2), (6, 2)]);
+}

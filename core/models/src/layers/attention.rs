@@ -1,8 +1,9 @@
 //! Self-attention of the rotary decoders: grouped key/value heads, separate or fused (`qkv_proj`,
 //! Phi-3) projections, optional q/k RMSNorm per head (Qwen3, Gemma 3) or over the whole projection
 //! (OLMo 2), a softmax scale of its own (Gemma's `query_pre_attn_scalar`), an output gate
-//! (Qwen3.5), and soft-capped scores (Gemma 2) or attention sinks (gpt-oss), which
-//! `scaled_dot_product_attention` cannot compute, through an eager path.
+//! (Qwen3.5), soft-capped scores (Gemma 2) or attention sinks (gpt-oss), which
+//! `scaled_dot_product_attention` cannot compute, through an eager path, and Gemma 4's normalised
+//! values, values that are the keys, and layers reusing an earlier layer's keys and values.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,6 +40,10 @@ enum Qkv {
     Separate { q_proj: Linear, k_proj: Linear, v_proj: Linear, fused: Option<FusedRows> },
     /// One `[q; k; v]` projection, split after.
     Fused(Linear),
+    /// Queries and keys, the values being the keys (Gemma 4's `attention_k_eq_v`).
+    KeysAsValues { q_proj: Linear, k_proj: Linear },
+    /// Queries only: the layer attends to an earlier layer's keys and values (Gemma 4).
+    QueryOnly(Linear),
 }
 
 /// Self-attention with grouped key/value heads.
@@ -59,15 +64,25 @@ pub struct Attention {
     output_gate: bool,
     /// Per head, a logit that joins the softmax and attends to nothing (`sinks: [heads]`, gpt-oss).
     sinks: Option<Tensor>,
+    /// Values RMS-normalised per head without a weight, with this epsilon (Gemma 4).
+    v_norm: Option<f64>,
 }
 
 impl Attention {
-    /// Loads the `self_attn` scope of a layer.
-    pub fn load(w: &WeightLoader, cfg: &ArchConfig) -> Result<Self> {
-        let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    /// Loads the `self_attn` scope of layer `layer`.
+    pub fn load(w: &WeightLoader, cfg: &ArchConfig, layer: usize) -> Result<Self> {
+        let geometry = cfg.heads(layer);
+        let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_heads, geometry.kv_heads, geometry.head_dim);
         let q_out = if cfg.attn_output_gate { 2 * nh * hd } else { nh * hd };
+        let values_are_keys = cfg.gemma4.as_ref().is_some_and(|g| g.values_are_keys[layer]);
+        let reuses = cfg.kv_source(layer).is_some();
         let qkv = if cfg.fused_qkv {
             Qkv::Fused(Linear::load(&w.pp("qkv_proj"), h, (nh + 2 * nkv) * hd, cfg.qkv_bias)?)
+        } else if reuses {
+            Qkv::QueryOnly(Linear::load(&w.pp("q_proj"), h, q_out, cfg.qkv_bias)?)
+        } else if values_are_keys {
+            let q_proj = Linear::load(&w.pp("q_proj"), h, q_out, cfg.qkv_bias)?;
+            Qkv::KeysAsValues { q_proj, k_proj: Linear::load(&w.pp("k_proj"), h, nkv * hd, cfg.qkv_bias)? }
         } else {
             let mut q_proj = Linear::load(&w.pp("q_proj"), h, q_out, cfg.qkv_bias)?;
             let mut k_proj = Linear::load(&w.pp("k_proj"), h, nkv * hd, cfg.qkv_bias)?;
@@ -90,7 +105,7 @@ impl Attention {
             qkv,
             o_proj: Linear::load(&w.pp("o_proj"), nh * hd, h, cfg.o_bias)?,
             q_norm: norm("q_norm", q_dim)?,
-            k_norm: norm("k_norm", k_dim)?,
+            k_norm: if reuses { None } else { norm("k_norm", k_dim)? },
             qk_norm: cfg.qk_norm,
             num_heads: nh,
             num_kv_heads: nkv,
@@ -99,6 +114,7 @@ impl Attention {
             softcap: cfg.attn_softcap,
             output_gate: cfg.attn_output_gate,
             sinks: if cfg.attn_sinks { Some(w.get("sinks", &[nh])?) } else { None },
+            v_norm: cfg.gemma4.as_ref().map(|_| cfg.norm_eps),
         })
     }
 
@@ -109,6 +125,8 @@ impl Attention {
                 vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)]
             }
             Qkv::Fused(l) => vec![("qkv_proj", l)],
+            Qkv::KeysAsValues { q_proj, k_proj } => vec![("q_proj", q_proj), ("k_proj", k_proj)],
+            Qkv::QueryOnly(q_proj) => vec![("q_proj", q_proj)],
         };
         out.push(("o_proj", &mut self.o_proj));
         out
@@ -121,6 +139,8 @@ impl Attention {
                 vec![("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj)]
             }
             Qkv::Fused(l) => vec![("qkv_proj", l)],
+            Qkv::KeysAsValues { q_proj, k_proj } => vec![("q_proj", q_proj), ("k_proj", k_proj)],
+            Qkv::QueryOnly(q_proj) => vec![("q_proj", q_proj)],
         };
         out.push(("o_proj", &self.o_proj));
         out
@@ -138,6 +158,11 @@ impl Attention {
                 }
             }
             Qkv::Fused(l) => l.forward(x),
+            Qkv::KeysAsValues { q_proj, k_proj } => {
+                let k = k_proj.forward(x)?;
+                Ok(Tensor::f_cat(&[&q_proj.forward(x)?, &k, &k], -1)?)
+            }
+            Qkv::QueryOnly(q_proj) => q_proj.forward(x),
         }
     }
 
@@ -187,10 +212,15 @@ impl Attention {
         }
     }
 
+    /// Attends over the keys and values of `x` (after the cached ones), or with `reuse` over an
+    /// earlier layer's (Gemma 4's shared layers, which cache nothing); also returns the keys and
+    /// values attended to, for the layers that reuse them.
+    ///
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]`; `cos`, `sin`: `[batch, 1, seq, rotary_dim]`;
     ///   `mask`: `[batch, 1, seq, keys]` (bool) → `[batch, seq, hidden]`, where `keys` is
-    ///   `past + seq`, or the cache's capacity in a decode step that writes at a slot
+    ///   `past + seq`, or the cache's capacity in a decode step that writes at a slot; `reuse` and
+    ///   the returned keys and values: `([batch, kv_heads, keys, head_dim], same)`
     pub fn forward(
         &self,
         x: &Tensor,
@@ -198,15 +228,33 @@ impl Attention {
         sin: &Tensor,
         mask: &Tensor,
         cache: Option<(&mut KvCache, usize)>,
-    ) -> Result<Tensor> {
+        reuse: Option<(Tensor, Tensor)>,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, s) = (x.size()[0], x.size()[1]);
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let qkv = self.project(x)?;
-        let (q, k, v, gate) = self.split_rotated(&qkv, cos, sin)?;
-        let v = v.f_view([b, s, nkv, hd])?.f_transpose(1, 2)?;
-        let (k, v) = match cache {
-            Some((cache, layer)) => cache.append(layer, &k, &v)?, // [b, kv, keys, hd]
-            None => (k, v),
+        let (q, (k, v), gate) = match reuse {
+            Some(kv) => {
+                let q = qkv.f_view([b, s, nh, hd])?;
+                let q = match &self.q_norm {
+                    Some(n) => n.forward(&q)?,
+                    None => q,
+                };
+                (apply_rotary(&q.f_transpose(1, 2)?, cos, sin)?, kv, None)
+            }
+            None => {
+                let (q, k, v, gate) = self.split_rotated(&qkv, cos, sin)?;
+                let mut v = v.f_view([b, s, nkv, hd])?;
+                if let Some(eps) = self.v_norm {
+                    v = v.f_rms_norm([hd], None::<&Tensor>, eps)?;
+                }
+                let v = v.f_transpose(1, 2)?;
+                let kv = match cache {
+                    Some((cache, layer)) => cache.append(layer, &k, &v)?, // [b, kv, keys, hd]
+                    None => (k, v),
+                };
+                (q, kv, gate)
+            }
         };
         let eager = self.softcap.is_some() || self.sinks.is_some();
         let y = match () {
@@ -239,7 +287,7 @@ impl Attention {
         if let Some(gate) = gate {
             y = y.f_mul(&gate.f_sigmoid()?)?;
         }
-        self.o_proj.forward(&y)
+        Ok((self.o_proj.forward(&y)?, (k, v)))
     }
 
     /// Attention with soft-capped scores or sinks, as transformers' `eager_attention_forward`:

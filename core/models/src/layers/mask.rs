@@ -1,5 +1,8 @@
 //! Attention masks (causal, padded, packed, windowed) and position ids.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
 use tch::{Kind, Tensor};
 
 use crate::error::Result;
@@ -110,6 +113,51 @@ pub struct LayerShared {
     /// Where the sparse layers add their routing for the load-balancing loss, in a model that
     /// computes it (see [`super::load_balance`]).
     pub router: Option<super::RouterRecord>,
+    /// Gemma 4's per-layer inputs and the keys and values later layers reuse.
+    pub side: SideInputs,
+}
+
+/// What Gemma 4's layers read beyond their input and the shared tables: the forward's per-layer
+/// inputs, and the keys and values a layer hands to the later layers that reuse them. Interior
+/// mutability: a layer stores its keys and values as it runs, and the checkpointed backward swaps
+/// both for leaves that collect their gradients ([`crate::checkpointing`]).
+///
+/// # Shapes
+/// `per_layer`: `[batch, seq, layers, dim]`; `kv`: per storing layer, `([batch, kv_heads, keys,
+/// head_dim], same)` as it attended to them (the cached ones included)
+#[derive(Debug, Default)]
+pub struct SideInputs {
+    pub per_layer: RefCell<Option<Tensor>>,
+    pub kv: RefCell<BTreeMap<usize, (Tensor, Tensor)>>,
+}
+
+impl SideInputs {
+    /// Per-layer inputs `per_layer` (`None` for models without them).
+    pub fn with_per_layer(per_layer: Option<Tensor>) -> Self {
+        SideInputs { per_layer: RefCell::new(per_layer), kv: Default::default() }
+    }
+
+    /// Layer `i`'s slice of the per-layer inputs, `[batch, seq, dim]`.
+    pub fn per_layer_input(&self, i: usize) -> Result<Tensor> {
+        match self.per_layer.borrow().as_ref() {
+            Some(t) => Ok(t.f_select(2, i as i64)?),
+            None => {
+                Err(crate::error::ModelError::Input(format!("layer {i} reads per-layer inputs this forward lacks")))
+            }
+        }
+    }
+
+    /// The keys and values layer `i` stored this forward.
+    pub fn kv_of(&self, i: usize) -> Result<(Tensor, Tensor)> {
+        self.kv.borrow().get(&i).map(|(k, v)| (k.shallow_clone(), v.shallow_clone())).ok_or_else(|| {
+            crate::error::ModelError::Input(format!("layer {i}'s keys and values are reused before it ran"))
+        })
+    }
+
+    /// Stores layer `i`'s keys and values for the layers that reuse them.
+    pub fn store_kv(&self, i: usize, kv: (Tensor, Tensor)) {
+        self.kv.borrow_mut().insert(i, kv);
+    }
 }
 
 impl LayerShared {
@@ -123,6 +171,7 @@ impl LayerShared {
             rotary_local: None,
             linear: Default::default(),
             router: None,
+            side: Default::default(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Building blocks shared by the model families, chosen by the resolved [`crate::ArchConfig`]:
 //! linear layers in both weight layouts, the norm variants, rotary embeddings and their scalings,
 //! attention masks (padded, packed, windowed), attention, Gated DeltaNet linear attention, dense
-//! and expert MLPs with their load-balancing loss, the KV cache.
+//! and expert MLPs with their load-balancing loss, Gemma 4's per-layer inputs, the KV cache.
 
 mod attention;
 mod cache;
@@ -13,6 +13,7 @@ pub mod load_balance;
 mod mask;
 mod mlp;
 mod norm;
+mod per_layer;
 mod rotary;
 
 pub use attention::Attention;
@@ -21,9 +22,12 @@ pub use delta_net::{GatedDeltaNet, LinearShared};
 pub use fused::FusedRows;
 pub use linear::{activate, linear, Linear, FEW_ROWS};
 pub use load_balance::{RouterRecord, RouterStats};
-pub use mask::{attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, LayerShared};
+pub use mask::{
+    attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, LayerShared, SideInputs,
+};
 pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};
+pub use per_layer::{PerLayerBranch, PerLayerEmbed};
 pub use rotary::{apply_rotary, Rotary};
 
 #[cfg(test)]

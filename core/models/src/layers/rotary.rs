@@ -1,6 +1,7 @@
 //! Rotary position embeddings (Su et al. 2021, "RoFormer") with transformers' scaling variants
-//! (`modeling_rope_utils.py`): linear, Llama 3, YaRN, LongRoPE and dynamic NTK, and partial
-//! rotation (the leading `rotary_dim` dimensions of each head, Phi-3's `partial_rotary_factor`).
+//! (`modeling_rope_utils.py`): linear, Llama 3, YaRN, LongRoPE, dynamic NTK and Gemma 4's
+//! proportional RoPE, and partial rotation (the leading `rotary_dim` dimensions of each head,
+//! Phi-3's `partial_rotary_factor`).
 
 use tch::{Kind, Tensor};
 
@@ -106,6 +107,14 @@ impl Rotary {
                     }),
                     dim,
                 })
+            }
+            RopeScaling::Proportional { partial, factor } => {
+                // transformers: `int(partial · head_dim // 2)` rotating pairs, the rest zero.
+                let rotated = ((partial * dim as f64) / 2.0).floor() as usize;
+                for (i, f) in inv.iter_mut().enumerate() {
+                    *f = if i < rotated { *f / *factor as f32 } else { 0.0 };
+                }
+                plain(inv, 1.0, None)
             }
             RopeScaling::Dynamic { factor, max_position_embeddings } => Ok(Rotary {
                 inv_freq: default_inv_freq(cfg.theta, dim, device)?,
