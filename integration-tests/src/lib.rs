@@ -148,6 +148,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen3_next",
     "gemma4",
     "gemma4-vl",
+    "gemma4-moe",
 ];
 
 /// Reads the JSON file at `path`.

@@ -223,7 +223,8 @@ fn unimplemented_config_keys_are_refused_for_every_family() {
 #[test]
 fn side_inputs_continue_across_shared_prompts_and_checkpointed_layers() {
     let Some(root) = models() else { return };
-    for (name, witness) in [("qwen3_5", "A_log"), ("gemma4", "layers.1.self_attn.k_proj")] {
+    let cases = [("qwen3_5", "A_log"), ("gemma4", "layers.1.self_attn.k_proj"), ("gemma4-moe", "layers.0.router.proj")];
+    for (name, witness) in cases {
         shared_prompts_and_checkpointing_match_a_plain_pass(&load(&root.join(name)), name, witness);
     }
 }

@@ -19,8 +19,9 @@ use tch::Tensor;
 use crate::config::{ArchConfig, BlockLayout};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    step_attention_mask, windowed_attention_mask, Attention, CacheLayer, GatedDeltaNet, GatedMlp, KvCache, LayerShared,
-    Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm, Rotary, RouterRecord, SideInputs, SparseMoe,
+    step_attention_mask, windowed_attention_mask, Attention, CacheLayer, ExpertsBeside, GatedDeltaNet, GatedMlp,
+    KvCache, LayerShared, Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm, Rotary, RouterRecord,
+    SideInputs, SparseMoe,
 };
 use crate::weights::WeightLoader;
 
@@ -81,6 +82,8 @@ struct Block {
     stores_kv: bool,
     /// Gemma 4's per-layer input branch after the MLP.
     per_layer: Option<PerLayerBranch>,
+    /// Gemma 4's experts beside the dense MLP.
+    experts_beside: Option<ExpertsBeside>,
     /// Gemma 4's `layer_scalar`, `[1]`: the layer's output is multiplied by it.
     scalar: Option<Tensor>,
 }
@@ -161,6 +164,10 @@ impl DecoderModel {
                 kv_source: cfg.kv_source(layer),
                 stores_kv: (0..cfg.num_layers as usize).any(|j| cfg.kv_source(j) == Some(layer)),
                 per_layer: per_layer_input.map(|p| PerLayerBranch::load(&l, cfg, p)).transpose()?,
+                experts_beside: match cfg.gemma4.as_ref().and_then(|g| g.moe.as_ref()) {
+                    Some(moe) => Some(ExpertsBeside::load(&l, cfg, moe)?),
+                    None => None,
+                },
                 scalar: if cfg.gemma4.is_some() { l.constant("layer_scalar", &[1])? } else { None },
             });
         }
@@ -331,7 +338,7 @@ impl DecoderModel {
     /// Why a decode step of this model cannot be captured as a CUDA graph (it reads a value
     /// back to the host), if it cannot.
     pub fn capture_blocker(&self) -> Option<&'static str> {
-        if self.layers.iter().any(|b| matches!(b.mlp, Mlp::Sparse(_))) {
+        if self.layers.iter().any(|b| matches!(b.mlp, Mlp::Sparse(_)) || b.experts_beside.is_some()) {
             return Some("its mixture-of-experts layers group tokens by expert with host-side counts");
         }
         if self.has_linear() {
@@ -377,7 +384,11 @@ impl DecoderModel {
         };
         let h = h.f_add(&apply(&n.post_attention, a)?)?;
         let x = apply(&n.pre_feedforward, h.shallow_clone())?;
-        let m = apply(&n.post_feedforward, block.mlp.forward(&x, shared.router.as_ref())?)?;
+        let mut m = block.mlp.forward(&x, shared.router.as_ref())?;
+        if let Some(experts) = &block.experts_beside {
+            m = experts.forward(&h, &m, shared.router.as_ref())?;
+        }
+        let m = apply(&n.post_feedforward, m)?;
         let mut h = h.f_add(&m)?;
         if let Some(branch) = &block.per_layer {
             h = branch.forward(&h, &shared.side.per_layer_input(i)?)?;

@@ -19,8 +19,9 @@
 //!
 //! The Hub's checkpoints are the multimodal `gemma4` ([`MULTIMODAL`]): the language model loads
 //! from `text_config` and `model.language_model.*`; the vision and audio towers are kept as
-//! loaded and saved back unchanged (prompts with images or audio are refused). The
-//! mixture-of-experts block (`enable_moe_block`, the 26B-A4B model) is refused by name.
+//! loaded and saved back unchanged (prompts with images or audio are refused). With
+//! `enable_moe_block` (the 26B-A4B model) every layer also runs a mixture of experts beside its
+//! dense MLP ([`crate::layers::ExpertsBeside`]).
 
 use std::path::Path;
 
@@ -28,8 +29,8 @@ use serde_json::Value;
 
 use crate::config::rope::{self, RopeContext};
 use crate::config::{
-    self, ArchConfig, AttnKind, BlockLayout, Defaults, Family, Gemma4Layers, HeadGeometry, HfConfig, Multimodal,
-    NormKind, PerLayerInput, QkNorm,
+    self, ArchConfig, AttnKind, BlockLayout, Defaults, Family, Gemma4Layers, HeadGeometry, HfConfig, MoeConfig,
+    Multimodal, NormKind, PerLayerInput, QkNorm,
 };
 use crate::error::{ModelError, Result};
 
@@ -48,7 +49,6 @@ pub(crate) const CONFIG_KEYS: &[&str] = &[
     "vocab_size_per_layer_input",
     "use_double_wide_mlp",
     "per_layer_config",
-    // The mixture-of-experts block: read, and refused when `enable_moe_block` is true.
     "enable_moe_block",
     "num_experts",
     "top_k_experts",
@@ -78,13 +78,6 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
 
 /// Resolves a `gemma4_text` `config.json` with transformers' defaults.
 pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
-    if hf.enable_moe_block == Some(true) {
-        return Err(ModelError::config(
-            path,
-            "enable_moe_block",
-            "Gemma 4's mixture-of-experts block (the 26B-A4B model) is not implemented",
-        ));
-    }
     match &hf.use_bidirectional_attention {
         None | Some(Value::Null) => {}
         // Only image tokens attend both ways; a text prompt has none.
@@ -311,7 +304,31 @@ fn layers(
             Some(PerLayerInput { dim, vocab })
         }
     };
+    let moe = if hf.enable_moe_block == Some(true) {
+        let num_experts = config::require(path, "num_experts", hf.num_experts)?;
+        let top_k = config::require(path, "top_k_experts", hf.top_k_experts)?;
+        if top_k > num_experts {
+            return Err(ModelError::config(
+                path,
+                "top_k_experts",
+                format!("{top_k} exceeds num_experts {num_experts}"),
+            ));
+        }
+        Some(MoeConfig {
+            num_experts,
+            top_k,
+            intermediate_size: config::require(path, "moe_intermediate_size", hf.moe_intermediate_size)?,
+            norm_topk_prob: true,
+            sparse_layers: vec![true; n],
+            aux_loss_coef: None,
+            shared_expert_intermediate_size: None,
+            gpt_oss: None,
+        })
+    } else {
+        None
+    };
     Ok(Gemma4Layers {
+        moe,
         values_are_keys: arch.layer_types.iter().map(|t| k_eq_v && *t == AttnKind::Full).collect(),
         intermediate: (0..n)
             .map(|i| if double && i >= first_shared { 2 * arch.intermediate_size } else { arch.intermediate_size })

@@ -39,7 +39,8 @@ pub fn median(xs: &[f64]) -> Option<f64> {
 /// parameters), not every expert, and a shared expert with its gate where there is one. Each
 /// layer counts with its own head size and MLP width; a layer reusing another's keys and values
 /// has no k/v projections, one whose values are its keys no v projection; Gemma 4's per-layer
-/// inputs add their projection and each layer's gate and projection.
+/// inputs add their projection and each layer's gate and projection, and its experts beside the
+/// MLP what a token uses of them.
 pub fn matmul_params(a: &ArchConfig) -> i64 {
     let d = a.hidden_size;
     let attention = |i: usize| {
@@ -73,7 +74,7 @@ pub fn matmul_params(a: &ArchConfig) -> i64 {
             _ => dense(i),
         })
         .sum();
-    mixers + mlps + per_layer_inputs + d * a.vocab_size
+    mixers + mlps + per_layer_inputs + beside + d * a.vocab_size
 }
 
 /// `Σ heads · head_dim` over the attention layers: the `L·H` of the attention FLOPs.

@@ -82,6 +82,9 @@ pub struct Gemma4Layers {
     pub per_layer_input: Option<PerLayerInput>,
     /// The head size of the sliding layers' rotary tables (the full layers' is `rotary_dim`).
     pub local_rotary_dim: i64,
+    /// The experts every layer runs beside its dense MLP (`enable_moe_block`: top-k of
+    /// `num_experts`, renormalised, of `moe_intermediate_size`), if the model has them.
+    pub moe: Option<MoeConfig>,
 }
 
 /// Gemma 4's per-layer input embeddings (PLE): a token embedding of `layers · dim` columns

@@ -371,6 +371,7 @@ pub struct HfConfig {
     pub vocab_size_per_layer_input: Option<i64>,
     pub use_double_wide_mlp: Option<bool>,
     pub enable_moe_block: Option<bool>,
+    pub top_k_experts: Option<i64>,
     pub per_layer_config: Option<Value>,
     // GPT-2 names.
     pub n_embd: Option<i64>,

@@ -199,7 +199,7 @@ fn resolves_gemma4_text_layers_and_refuses_what_it_does_not_implement() {
     assert!(matches!(full, RopeScaling::Proportional { partial, factor } if partial == 0.25 && factor == 1.0));
     let prepend = |edit: &str| GEMMA4.replacen('{', &format!("{{{edit}"), 1);
     for (json, key) in [
-        (prepend(r#""enable_moe_block":true,"#), "enable_moe_block: Gemma 4's mixture-of-experts block"),
+        (prepend(r#""enable_moe_block":true,"num_experts":4,"#), "top_k_experts: missing"),
         (prepend(r#""use_bidirectional_attention":"all","#), "use_bidirectional_attention: \"all\""),
         (prepend(r#""per_layer_config":{"1":{"sliding_window":3}},"#), "per_layer_config.1.sliding_window: not a"),
         (GEMMA4.replace(r#""num_kv_shared_layers":2"#, r#""num_kv_shared_layers":4"#), "num_kv_shared_layers: 4 of 4"),
@@ -212,6 +212,11 @@ fn resolves_gemma4_text_layers_and_refuses_what_it_does_not_implement() {
         let e = cfg.unwrap_err().to_string();
         assert!(e.contains(key), "{e}");
     }
+    let (_d, cfg) = write_config(&prepend(
+        r#""enable_moe_block":true,"num_experts":4,"top_k_experts":2,"moe_intermediate_size":6,"#,
+    ));
+    let moe = cfg.unwrap().arch.gemma4.unwrap().moe.unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.intermediate_size, moe.norm_topk_prob), (4, 2, 6, true));
     // `per_layer_config`, as transformers 5.23 writes it, wins over `global_head_dim`.
     let edit = r#""per_layer_config":{"1":{"head_dim":6,"num_key_value_heads":2},"3":{"head_dim":6}},"#;
     let (_d, cfg) = write_config(&prepend(edit));

@@ -167,9 +167,21 @@ pub struct SparseMoe {
     num_experts: i64,
     top_k: i64,
     norm_topk_prob: bool,
+    /// Gemma 4's router scalings, where they are its.
+    gemma: Option<GemmaRouter>,
     /// Tokens routed to each expert by the forwards gradients flow through (the trained passes,
     /// whose router output requires a gradient) since the last [`SparseMoe::take_load`].
     load: Mutex<Vec<i64>>,
+}
+
+/// Gemma 4's router (transformers' `Gemma4TextRouter`): it scores `rms(x) · scale · hidden^-½`
+/// (an RMS normalisation without weight), and each token's renormalised top-k weights are
+/// multiplied by their expert's `per_expert_scale`.
+#[derive(Debug)]
+struct GemmaRouter {
+    scale: Tensor,            // [hidden]
+    per_expert_scale: Tensor, // [experts]
+    eps: f64,
 }
 
 impl SparseMoe {
@@ -203,6 +215,7 @@ impl SparseMoe {
                 num_experts: n,
                 top_k: moe.top_k,
                 norm_topk_prob: false,
+                gemma: None,
                 load: Mutex::new(vec![0; n as usize]),
             });
         }
@@ -231,7 +244,34 @@ impl SparseMoe {
             num_experts: n,
             top_k: moe.top_k,
             norm_topk_prob: moe.norm_topk_prob,
+            gemma: None,
             load: Mutex::new(vec![0; moe.num_experts as usize]),
+        })
+    }
+
+    /// Loads Gemma 4's experts from a layer's scope `w`: `router.{proj.weight, scale,
+    /// per_expert_scale}` and the stacked `experts.{gate_up_proj, down_proj}` (gate rows first).
+    pub fn load_gemma4(w: &WeightLoader, cfg: &ArchConfig, moe: &MoeConfig) -> Result<Self> {
+        let (h, n, inter) = (cfg.hidden_size, moe.num_experts, moe.intermediate_size);
+        let (r, ew) = (w.pp("router"), w.pp("experts"));
+        Ok(SparseMoe {
+            router: r.pp("proj").get("weight", &[n, h])?,
+            router_bias: None,
+            experts: Experts::Stacked {
+                gate_up: ew.get("gate_up_proj", &[n, 2 * inter, h])?,
+                down: ew.get("down_proj", &[n, h, inter])?,
+                act: cfg.activation,
+            },
+            shared: None,
+            num_experts: n,
+            top_k: moe.top_k,
+            norm_topk_prob: true,
+            gemma: Some(GemmaRouter {
+                scale: r.get("scale", &[h])?,
+                per_expert_scale: r.get("per_expert_scale", &[n])?,
+                eps: cfg.norm_eps,
+            }),
+            load: Mutex::new(vec![0; n as usize]),
         })
     }
 
@@ -280,6 +320,17 @@ impl SparseMoe {
     /// # Shapes
     /// - `x`: `[tokens, hidden]` → `([tokens, experts] f32, [tokens, k] int64, [tokens, k])`
     pub fn route(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        if let Some(g) = &self.gemma {
+            let hidden = x.size()[1];
+            let scaled = x.f_rms_norm([hidden], None::<&Tensor>, g.eps)?.f_mul(&g.scale)?;
+            let logits = linear(&scaled.f_mul_scalar((hidden as f64).powf(-0.5))?, &self.router, None)?;
+            let probs = logits.f_softmax(-1, Kind::Float)?;
+            let (weights, experts) = probs.f_topk(self.top_k, -1, true, true)?;
+            let weights = weights.f_div(&weights.f_sum_dim_intlist(-1, true, Kind::Float)?)?;
+            let weights = weights
+                .f_mul(&g.per_expert_scale.f_index_select(0, &experts.f_reshape([-1])?)?.f_view_as(&weights)?)?;
+            return Ok((probs, experts, weights.f_to_kind(x.kind())?));
+        }
         let logits = linear(x, &self.router, self.router_bias.as_ref())?; // [n, E]
         let probs = logits.f_softmax(-1, Kind::Float)?;
         if self.router_bias.is_some() {
@@ -299,10 +350,19 @@ impl SparseMoe {
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
     pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
+        self.forward_routed_by(x, x, router)
+    }
+
+    /// The experts on `x`, routed by `route_x` (Gemma 4 routes the residual stream and runs the
+    /// experts on its normalised copy).
+    ///
+    /// # Shapes
+    /// - `route_x`, `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn forward_routed_by(&self, route_x: &Tensor, x: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
         let shape = x.size();
         let hidden = shape[shape.len() - 1];
         let flat = x.f_reshape([-1, hidden])?; // [n, h]
-        let (probs, experts, weights) = self.route(&flat)?; // [n, k] each
+        let (probs, experts, weights) = self.route(&route_x.f_reshape([-1, hidden])?)?; // [n, k] each
         if let Some(r) = router {
             r.add(&probs, &experts)?;
         }

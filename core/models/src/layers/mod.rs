@@ -1,25 +1,27 @@
 //! Building blocks shared by the model families, chosen by the resolved [`crate::ArchConfig`]:
 //! linear layers in both weight layouts, the norm variants, rotary embeddings and their scalings,
 //! attention masks (padded, packed, windowed), attention, Gated DeltaNet linear attention, dense
-//! and expert MLPs with their load-balancing loss, Gemma 4's per-layer inputs, the KV cache.
+//! and expert MLPs with their load-balancing loss, Gemma 4's per-layer inputs and experts beside the
+//! MLP, the KV cache.
 
 mod attention;
 mod cache;
 pub mod delta_net;
 pub mod delta_rule;
 mod fused;
+mod gemma4;
 mod linear;
 pub mod load_balance;
 mod mask;
 mod mlp;
 mod norm;
-mod per_layer;
 mod rotary;
 
 pub use attention::Attention;
 pub use cache::{CacheLayer, KvCache};
 pub use delta_net::{GatedDeltaNet, LinearShared};
 pub use fused::FusedRows;
+pub use gemma4::{ExpertsBeside, PerLayerBranch, PerLayerEmbed};
 pub use linear::{activate, linear, Linear, FEW_ROWS};
 pub use load_balance::{RouterRecord, RouterStats};
 pub use mask::{
@@ -27,7 +29,6 @@ pub use mask::{
 };
 pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};
-pub use per_layer::{PerLayerBranch, PerLayerEmbed};
 pub use rotary::{apply_rotary, Rotary};
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
-//! Gemma 4's per-layer input embeddings (PLE, transformers' `get_per_layer_inputs` and
-//! `project_per_layer_inputs`): every layer gets a small input of its own, made from the token
-//! (a slice of `embed_tokens_per_layer`) and from the input embeddings (a slice of
-//! `per_layer_model_projection`), which gates a residual branch after the layer's MLP.
+//! What Gemma 4 adds to a decoder layer: per-layer input embeddings (PLE, transformers'
+//! `get_per_layer_inputs` and `project_per_layer_inputs`: every layer gets a small input of its
+//! own, made from the token — a slice of `embed_tokens_per_layer` — and from the input embeddings
+//! — a slice of `per_layer_model_projection` — which gates a residual branch after the layer's
+//! MLP), and the mixture of experts that runs beside the dense MLP (`enable_moe_block`).
 
 use tch::Tensor;
 
-use super::{activate, Linear, RmsNorm};
-use crate::config::{Activation, ArchConfig, NormKind, PerLayerInput};
+use super::{activate, Linear, RmsNorm, RouterRecord, SparseMoe};
+use crate::config::{Activation, ArchConfig, MoeConfig, NormKind, PerLayerInput};
 use crate::error::Result;
 use crate::weights::WeightLoader;
 
@@ -91,5 +92,38 @@ impl PerLayerBranch {
     /// [`PerLayerBranch::linears_mut`], shared.
     pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
         vec![("per_layer_input_gate", &self.gate), ("per_layer_projection", &self.projection)]
+    }
+}
+
+/// Gemma 4's experts beside the dense MLP (transformers' `Gemma4TextDecoderLayer` with
+/// `enable_moe_block`): `post₁(mlp(pre(h))) + post₂(experts(pre₂(h)))`, routed by `h` itself.
+#[derive(Debug)]
+pub struct ExpertsBeside {
+    experts: SparseMoe,
+    post_mlp: RmsNorm,
+    pre_experts: RmsNorm,
+    post_experts: RmsNorm,
+}
+
+impl ExpertsBeside {
+    /// Loads `router.*`, `experts.*` and the norms `post_feedforward_layernorm_1`,
+    /// `pre_feedforward_layernorm_2`, `post_feedforward_layernorm_2` from a layer's scope.
+    pub fn load(w: &WeightLoader, cfg: &ArchConfig, moe: &MoeConfig) -> Result<Self> {
+        let norm = |name: &str| RmsNorm::load_kind(&w.pp(name), cfg.hidden_size, cfg.norm_eps, cfg.norm);
+        Ok(ExpertsBeside {
+            experts: SparseMoe::load_gemma4(w, cfg, moe)?,
+            post_mlp: norm("post_feedforward_layernorm_1")?,
+            pre_experts: norm("pre_feedforward_layernorm_2")?,
+            post_experts: norm("post_feedforward_layernorm_2")?,
+        })
+    }
+
+    /// The dense MLP's output `mlp` combined with the experts' on the residual stream `h`.
+    ///
+    /// # Shapes
+    /// - `h`, `mlp`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn forward(&self, h: &Tensor, mlp: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
+        let experts = self.experts.forward_routed_by(h, &self.pre_experts.forward(h)?, router)?;
+        Ok(self.post_mlp.forward(mlp)?.f_add(&self.post_experts.forward(&experts)?)?)
     }
 }
