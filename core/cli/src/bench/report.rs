@@ -61,6 +61,9 @@ pub fn matmul_params(a: &ArchConfig) -> i64 {
     let mixers: i64 = (0..a.num_layers as usize).map(|i| if a.is_linear(i) { linear } else { attention(i) }).sum();
     let per_layer_inputs =
         a.gemma4.as_ref().and_then(|g| g.per_layer_input).map_or(0, |p| 3 * d * p.dim * a.num_layers);
+    // Gemma 4's experts beside every dense MLP: the router and the top-k experts a token uses.
+    let beside = a.gemma4.as_ref().and_then(|g| g.moe.as_ref());
+    let beside = beside.map_or(0, |m| (d * m.num_experts + m.top_k * 3 * d * m.intermediate_size) * a.num_layers);
     let dense = |i: usize| match a.family {
         Family::Gpt2 => 2 * d * a.intermediate(i),
         _ => 3 * d * a.intermediate(i),
@@ -419,6 +422,14 @@ mod tests {
         let want = 3072 + 4608 + 4096 + 2 * 6144 + 12288 + 3 * 384 + 3200;
         assert_eq!(matmul_params(&a), want);
         assert_eq!((attention_width(&a), cached_kv_width(&a)), (32 + 64 + 64, 16 + 16));
+        // With top-2 of 4 experts of 6 beside each MLP: router 32·4 and two experts 3·32·6 per layer.
+        let mut moe = config.clone();
+        let extra = serde_json::json!({"enable_moe_block": true, "num_experts": 4, "top_k_experts": 2,
+            "moe_intermediate_size": 6});
+        moe.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        std::fs::write(dir.path().join("config.json"), moe.to_string()).unwrap();
+        let a = rlhf_models::ModelConfig::from_dir(dir.path()).unwrap().arch;
+        assert_eq!(matmul_params(&a), want + 3 * (32 * 4 + 2 * 3 * 32 * 6));
     }
 
     #[test]
