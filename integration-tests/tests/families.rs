@@ -166,7 +166,19 @@ fn lora_trains_on_every_family() {
     let mask = ids.ones_like();
     for name in FAMILIES {
         let mut m = load(&root.join(name));
-        let cfg = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: vec!["all-linear".into()] };
+        // Stacked experts are adapted as PEFT's `target_parameters` adapts them.
+        let target_parameters = if STACKED_EXPERTS.contains(name) {
+            vec!["experts.gate_up_proj".into(), "experts.down_proj".into()]
+        } else {
+            vec![]
+        };
+        let cfg = LoraConfig {
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            target_modules: vec!["all-linear".into()],
+            target_parameters,
+        };
         assert!(m.apply_lora(&cfg).unwrap() > 0, "{name}: no layer adapted");
         let training: Vec<String> =
             m.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).map(|(n, _)| n).collect();
@@ -196,7 +208,44 @@ fn lora_trains_on_every_family() {
         // whose LoRA init is random per run), so 5e-5 of it.
         let tol = 5e-5 * scale.max(2.0);
         assert!(diff < tol, "{name}: merged save differs from the adapted model by {diff} (tolerance {tol:.1e})");
+        if STACKED_EXPERTS.contains(name) {
+            stacked_adapters_load_in_peft(&m, name, &root.join(name), &ids, &adapted);
+        }
     }
+}
+
+/// The families whose checkpoints stack their experts (`experts.gate_up_proj`, `experts.down_proj`).
+const STACKED_EXPERTS: &[&str] = &["qwen3_5_moe-vl", "gpt_oss", "gemma4-moe"];
+
+/// A LoRA adapter with stacked expert updates, saved in PEFT's layout, loads in PEFT on top of
+/// the base checkpoint and computes what the adapted model computed (the first row of `ids`).
+fn stacked_adapters_load_in_peft(m: &CausalLm, name: &str, base: &Path, ids: &Tensor, adapted: &Tensor) {
+    let Some(python) = python() else { return };
+    assert!(
+        m.vs.variables().keys().any(|n| n.ends_with("experts.gate_up_proj.lora_B.weight")),
+        "{name}: the stacked experts have no adapter"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    m.save_lora_adapter(dir.path()).unwrap();
+    let row: Vec<i64> = Vec::try_from(ids.get(0)).unwrap();
+    let ids_arg = row.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let out = hf_check(
+        &python,
+        &[
+            "peft-logits",
+            "--model",
+            &base.display().to_string(),
+            "--adapter",
+            &dir.path().display().to_string(),
+            "--ids",
+            &ids_arg,
+        ],
+    );
+    let rows: Vec<Vec<f32>> = serde_json::from_value(out["logits"].clone()).unwrap();
+    let theirs = Tensor::from_slice(&rows.concat()).view([rows.len() as i64, -1]);
+    let diff = (&adapted.get(0) - &theirs).abs().max().double_value(&[]);
+    println!("{name}: adapter in PEFT max |Δlogit| = {diff:.2e}");
+    assert!(diff < 5e-5 * adapted.abs().max().double_value(&[]).max(2.0), "{name}: PEFT computes {diff} away");
 }
 
 /// A key that would change the computation and that no family implements (OLMo's `clip_qkv`) is

@@ -6,7 +6,13 @@ use rlhf_models::{CausalLm, LoraConfig, ScalarHeadModel};
 use tch::{Device, Kind, Tensor};
 
 fn lora(targets: &[&str]) -> LoraConfig {
-    LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: targets.iter().map(|s| s.to_string()).collect() }
+    LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        target_modules: targets.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
 }
 
 /// Gives every `lora_B` a non-zero value (it starts at zero) so the update is visible, and every
@@ -133,6 +139,12 @@ fn bad_settings_name_the_key() {
     assert!(e.contains("lora.dropout"), "{e}");
     let e = m.apply_lora(&LoraConfig { rank: -1, ..lora(&["c_attn"]) }).unwrap_err().to_string();
     assert!(e.contains("lora.rank"), "{e}");
+    let experts = vec!["experts.gate_up_proj".to_string()];
+    let e = m.apply_lora(&LoraConfig { dropout: 0.1, target_parameters: experts.clone(), ..lora(&["c_attn"]) });
+    let e = e.unwrap_err().to_string();
+    assert!(e.contains("lora.dropout: must be 0 with target_parameters"), "{e}");
+    let e = m.apply_lora(&LoraConfig { target_parameters: experts, ..lora(&["c_attn"]) }).unwrap_err().to_string();
+    assert!(e.contains("lora.target_parameters") && e.contains("its stacked weights: none"), "{e}");
     assert_eq!(m.apply_lora(&LoraConfig::default()).unwrap(), 0, "rank 0 is off");
 }
 

@@ -29,8 +29,8 @@ pub(crate) const PYARROW_VERSION: &str = "26.0.1";
 pub(crate) const GGUF_VERSION: &str = "0.19.0";
 /// The packages the tests use, pinned, beyond torch: transformers, pyarrow, gguf, math-verify
 /// (the `reward-python` example's answer checker), tensorboard (its reader checks the event
-/// files) and datasets (`save_to_disk` directories).
-pub(crate) fn test_deps() -> [String; 6] {
+/// files), datasets (`save_to_disk` directories) and peft (it loads the saved LoRA adapters).
+pub(crate) fn test_deps() -> [String; 7] {
     [
         format!("transformers=={TRANSFORMERS_VERSION}"),
         format!("pyarrow=={PYARROW_VERSION}"),
@@ -38,6 +38,7 @@ pub(crate) fn test_deps() -> [String; 6] {
         "math-verify==0.9.0".to_string(),
         "tensorboard==2.21.0".to_string(),
         "datasets==5.2.0".to_string(),
+        "peft==0.18.0".to_string(),
     ]
 }
 

@@ -63,7 +63,13 @@ fn check_logprobs(ids: &Tensor, mask: &Tensor, from: i64, opts: LogProbOptions) 
         for lora in [false, true] {
             let mut m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
             if lora {
-                let cfg = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: vec!["all-linear".into()] };
+                let cfg = LoraConfig {
+                    rank: 4,
+                    alpha: 8.0,
+                    dropout: 0.0,
+                    target_modules: vec!["all-linear".into()],
+                    ..Default::default()
+                };
                 assert!(m.apply_lora(&cfg).unwrap() > 0);
                 // Non-zero B so the adapters change the output and get gradients through it.
                 for (n, mut v) in m.vs.variables() {

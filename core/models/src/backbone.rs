@@ -186,6 +186,22 @@ impl Backbone {
         layers.into_iter().map(|(n, l)| (format!("{prefix}.{n}"), l)).collect()
     }
 
+    /// Every stacked expert weight with its full path (`model.layers.0.mlp.experts.gate_up_proj`).
+    pub(crate) fn stacked_mut(&mut self, prefix: &str) -> Vec<(String, &mut crate::lora::StackedWeight)> {
+        match self {
+            Backbone::Decoder(m) => m.stacked_mut().into_iter().map(|(n, w)| (format!("{prefix}.{n}"), w)).collect(),
+            Backbone::Gpt2(_) => Vec::new(),
+        }
+    }
+
+    /// [`Backbone::stacked_mut`], shared.
+    pub(crate) fn stacked(&self, prefix: &str) -> Vec<(String, &crate::lora::StackedWeight)> {
+        match self {
+            Backbone::Decoder(m) => m.stacked().into_iter().map(|(n, w)| (format!("{prefix}.{n}"), w)).collect(),
+            Backbone::Gpt2(_) => Vec::new(),
+        }
+    }
+
     /// The routed MLPs with their layer index (none for dense models).
     pub(crate) fn sparse_mlps(&self) -> Vec<(usize, &crate::layers::SparseMoe)> {
         match self {

@@ -23,6 +23,7 @@ use crate::layers::{
     KvCache, LayerShared, Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm, Rotary, RouterRecord,
     SideInputs, SparseMoe,
 };
+use crate::lora::StackedWeight;
 use crate::weights::WeightLoader;
 
 /// The norms of one layer; which exist depends on the layout.
@@ -220,6 +221,35 @@ impl DecoderModel {
             }
             for (name, l) in b.per_layer.iter().flat_map(PerLayerBranch::linears) {
                 out.push((format!("layers.{i}.{name}"), l));
+            }
+        }
+        out
+    }
+
+    /// The stacked expert weights with their path below the backbone scope
+    /// (`layers.0.mlp.experts.gate_up_proj`; Gemma 4's `layers.0.experts.gate_up_proj`).
+    pub(crate) fn stacked_mut(&mut self) -> Vec<(String, &mut StackedWeight)> {
+        let mut out = Vec::new();
+        for (i, b) in self.layers.iter_mut().enumerate() {
+            if let Mlp::Sparse(m) = &mut b.mlp {
+                out.extend(m.stacked_mut().into_iter().map(|(n, w)| (format!("layers.{i}.mlp.{n}"), w)));
+            }
+            if let Some(e) = &mut b.experts_beside {
+                out.extend(e.stacked_mut().into_iter().map(|(n, w)| (format!("layers.{i}.{n}"), w)));
+            }
+        }
+        out
+    }
+
+    /// [`DecoderModel::stacked_mut`], shared.
+    pub(crate) fn stacked(&self) -> Vec<(String, &StackedWeight)> {
+        let mut out = Vec::new();
+        for (i, b) in self.layers.iter().enumerate() {
+            if let Mlp::Sparse(m) = &b.mlp {
+                out.extend(m.stacked().into_iter().map(|(n, w)| (format!("layers.{i}.mlp.{n}"), w)));
+            }
+            if let Some(e) = &b.experts_beside {
+                out.extend(e.stacked().into_iter().map(|(n, w)| (format!("layers.{i}.{n}"), w)));
             }
         }
         out

@@ -26,11 +26,20 @@ pub struct LoraConfig {
     /// `model.layers.3.self_attn.q_proj`; `attn.c_proj` only GPT-2's attention output), or
     /// `all-linear` for every linear layer of the backbone.
     pub target_modules: Vec<String>,
+    /// Stacked expert weights to adapt (PEFT's `target_parameters`), matched against the end of
+    /// their path (`mlp.experts.gate_up_proj`, `experts.down_proj`): one rank-r update per expert.
+    pub target_parameters: Vec<String>,
 }
 
 impl Default for LoraConfig {
     fn default() -> Self {
-        LoraConfig { rank: 0, alpha: 16.0, dropout: 0.0, target_modules: vec!["q_proj".into(), "v_proj".into()] }
+        LoraConfig {
+            rank: 0,
+            alpha: 16.0,
+            dropout: 0.0,
+            target_modules: vec!["q_proj".into(), "v_proj".into()],
+            target_parameters: Vec::new(),
+        }
     }
 }
 
@@ -52,14 +61,23 @@ impl LoraConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", format!("must be in [0, 1), got {}", self.dropout));
         }
-        if self.enabled() && self.target_modules.is_empty() {
+        if self.enabled() && self.target_modules.is_empty() && self.target_parameters.is_empty() {
             return bad("target_modules", "must name at least one module".into());
+        }
+        if !self.target_parameters.is_empty() && self.dropout > 0.0 {
+            // As PEFT: the update of a weight cannot see the inputs, so they cannot be dropped.
+            return bad("dropout", "must be 0 with target_parameters (an update of the weight sees no input)".into());
         }
         Ok(())
     }
 
     pub(crate) fn matches(&self, path: &str) -> bool {
         self.target_modules.iter().any(|t| t == "all-linear" || path == t || path.ends_with(&format!(".{t}")))
+    }
+
+    /// Whether the stacked weight at `path` is one of `target_parameters`.
+    pub(crate) fn matches_parameter(&self, path: &str) -> bool {
+        self.target_parameters.iter().any(|t| path == t || path.ends_with(&format!(".{t}")))
     }
 }
 
@@ -101,6 +119,59 @@ impl LoraAdapter {
     pub fn delta(&self, transposed: bool) -> Result<Tensor> {
         let d = self.b.f_matmul(&self.a)?.f_mul_scalar(self.scale)?;
         Ok(if transposed { d.f_transpose(0, 1)? } else { d })
+    }
+}
+
+/// The low-rank updates of a stacked expert weight `W: [experts, d₁, d₂]`, one per expert, as
+/// PEFT's `target_parameters` computes them: `A: [experts · r, d₁]` (expert-major rows), `B: [d₂,
+/// r · experts]` (rank-major columns), `ΔW[e, i, o] = (α / r) Σₖ B[o, k·E + e] A[e·r + k, i]`.
+#[derive(Debug)]
+pub struct ExpertLora {
+    pub a: Tensor,
+    pub b: Tensor,
+    /// α / r
+    pub scale: f64,
+    pub(crate) disabled: Arc<AtomicBool>,
+}
+
+impl ExpertLora {
+    /// `ΔW`, `[experts, d₁, d₂]`.
+    pub fn delta(&self, experts: i64) -> Result<Tensor> {
+        let (d1, d2) = (self.a.size()[1], self.b.size()[0]);
+        let a = self.a.f_view([experts, -1, d1])?; // [E, r, d₁]
+        let b = self.b.f_view([d2, -1, experts])?; // [d₂, r, E]
+        Ok(Tensor::f_einsum("ore,eri->eio", &[b, a], None::<&[i64]>)?.f_mul_scalar(self.scale)?)
+    }
+
+    /// Whether the update is switched off ([`crate::CausalLm::with_adapters_disabled`]).
+    pub fn is_disabled(&self) -> bool {
+        self.disabled.load(Ordering::Relaxed)
+    }
+}
+
+/// A stacked expert weight `[experts, d₁, d₂]` and its LoRA update where it has one.
+#[derive(Debug)]
+pub struct StackedWeight {
+    pub weight: Tensor,
+    pub lora: Option<ExpertLora>,
+}
+
+impl StackedWeight {
+    pub fn new(weight: Tensor) -> Self {
+        StackedWeight { weight, lora: None }
+    }
+
+    /// The weight the experts compute with: `W + ΔW` while an update is on, else `W`.
+    ///
+    /// # Shapes
+    /// returns `[experts, d₁, d₂]`
+    pub fn effective(&self) -> Result<Tensor> {
+        match &self.lora {
+            Some(l) if !l.is_disabled() => {
+                Ok(self.weight.f_add(&l.delta(self.weight.size()[0])?.f_to_kind(self.weight.kind())?)?)
+            }
+            _ => Ok(self.weight.shallow_clone()),
+        }
     }
 }
 

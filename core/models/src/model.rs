@@ -395,13 +395,17 @@ impl CausalLm {
     /// a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
         let prefix = self.config.arch.backbone_prefix();
-        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training, &self.adapters_off)
+        adapters::check_targets(&self.backbone, prefix, cfg)?;
+        let off = &self.adapters_off;
+        let n = adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &[], &self.training, off)?;
+        Ok(n + adapters::apply_stacked(&self.vs, self.backbone.stacked_mut(prefix), cfg, off)?)
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
     pub fn merge_lora(&mut self) -> Result<()> {
         let prefix = self.config.arch.backbone_prefix();
-        adapters::merge_in_place(self.backbone.linears_mut(prefix))
+        adapters::merge_in_place(self.backbone.linears_mut(prefix))?;
+        adapters::merge_stacked_in_place(self.backbone.stacked_mut(prefix))
     }
 
     /// Training mode turns LoRA dropout on; the default is off.
@@ -433,8 +437,9 @@ impl CausalLm {
     /// `adapter_model.safetensors`), loadable by PEFT and by vLLM's LoRA support on top of the
     /// base model this one was loaded from.
     pub fn save_lora_adapter(&self, dir: &Path) -> Result<()> {
-        let layers = self.backbone.linears(self.config.arch.backbone_prefix());
-        let (mut config, tensors) = adapters::peft_adapter(layers)?;
+        let prefix = self.config.arch.backbone_prefix();
+        let (mut config, tensors) =
+            adapters::peft_adapter(self.backbone.linears(prefix), self.backbone.stacked(prefix))?;
         if let Some(obj) = config.as_object_mut() {
             obj.insert("base_model_name_or_path".into(), Value::from(self.source_dir.display().to_string()));
         }
@@ -446,7 +451,9 @@ impl CausalLm {
 
     /// [`CausalLm::save`] with an explicit shard size.
     pub fn save_sharded(&self, dir: &Path, max_shard_bytes: usize) -> Result<()> {
-        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.backbone_prefix()))?;
+        let prefix = self.config.arch.backbone_prefix();
+        let mut merged = adapters::merged_weights(self.backbone.linears(prefix))?;
+        merged.extend(adapters::merged_stacked(self.backbone.stacked(prefix))?);
         let (raw, kind) = (saved_config(&self.config), self.kind());
         save_dir(dir, &self.source_dir, &raw, kind, &[], &self.vs, merged, &self.passthrough, max_shard_bytes)
     }

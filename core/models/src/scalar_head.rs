@@ -179,13 +179,17 @@ impl ScalarHeadModel {
     /// the `score` head; a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {
         let prefix = self.config.arch.backbone_prefix();
-        adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training, &Arc::default())
+        adapters::check_targets(&self.backbone, prefix, cfg)?;
+        let off = Arc::default();
+        let n = adapters::apply(&self.vs, self.backbone.linears_mut(prefix), cfg, &["score."], &self.training, &off)?;
+        Ok(n + adapters::apply_stacked(&self.vs, self.backbone.stacked_mut(prefix), cfg, &off)?)
     }
 
     /// Folds the LoRA updates into the base weights (in place; the adapters become zero).
     pub fn merge_lora(&mut self) -> Result<()> {
         let prefix = self.config.arch.backbone_prefix();
-        adapters::merge_in_place(self.backbone.linears_mut(prefix))
+        adapters::merge_in_place(self.backbone.linears_mut(prefix))?;
+        adapters::merge_stacked_in_place(self.backbone.stacked_mut(prefix))
     }
 
     /// Training mode turns LoRA dropout on; the default is off.
@@ -214,7 +218,9 @@ impl ScalarHeadModel {
             ("label2id", serde_json::json!({"LABEL_0": 0})),
             ("pad_token_id", pad.clone()),
         ];
-        let merged = adapters::merged_weights(self.backbone.linears(self.config.arch.backbone_prefix()))?;
+        let prefix = self.config.arch.backbone_prefix();
+        let mut merged = adapters::merged_weights(self.backbone.linears(prefix))?;
+        merged.extend(adapters::merged_stacked(self.backbone.stacked(prefix))?);
         // transformers reads a multimodal classifier's pad id from its text config.
         let mut raw = saved_config(&self.config);
         if let Some(text) = raw.get_mut("text_config").and_then(Value::as_object_mut) {

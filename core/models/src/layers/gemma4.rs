@@ -118,6 +118,16 @@ impl ExpertsBeside {
         })
     }
 
+    /// The stacked expert weights, named `experts.{gate_up_proj, down_proj}` below the layer.
+    pub fn stacked_mut(&mut self) -> Vec<(String, &mut crate::lora::StackedWeight)> {
+        self.experts.stacked_mut()
+    }
+
+    /// [`ExpertsBeside::stacked_mut`], shared.
+    pub fn stacked(&self) -> Vec<(String, &crate::lora::StackedWeight)> {
+        self.experts.stacked()
+    }
+
     /// The dense MLP's output `mlp` combined with the experts' on the residual stream `h`.
     ///
     /// # Shapes

@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 use super::{activate, linear, FusedRows, Linear, RouterRecord};
 use crate::config::{Activation, ArchConfig, GptOssMoe, MoeConfig};
 use crate::error::Result;
+use crate::lora::StackedWeight;
 use crate::weights::WeightLoader;
 
 /// gate and up projections.
@@ -94,11 +95,11 @@ enum Experts {
     /// `experts.gate_up_proj: [experts, 2 · inter, hidden]` (gate rows first) and
     /// `experts.down_proj: [experts, hidden, inter]` (Qwen3.5-MoE's Hub checkpoints). LoRA does not
     /// adapt them (they are not linear layers of their own).
-    Stacked { gate_up: Tensor, down: Tensor, act: Activation },
+    Stacked { gate_up: StackedWeight, down: StackedWeight, act: Activation },
     /// gpt-oss's: `experts.gate_up_proj: [experts, hidden, 2 · inter]` (gate and up interleaved,
     /// `x · W`), `experts.down_proj: [experts, inter, hidden]`, each with a bias
     /// (`*_bias: [experts, out]`), and the clamped SwiGLU of [`GptOssMoe`].
-    GptOss { gate_up: Tensor, gate_up_bias: Tensor, down: Tensor, down_bias: Tensor, swiglu: GptOssMoe },
+    GptOss { gate_up: StackedWeight, gate_up_bias: Tensor, down: StackedWeight, down_bias: Tensor, swiglu: GptOssMoe },
 }
 
 /// Each stacked tensor's experts as views, taken once per forward with `unbind` (one backward
@@ -109,11 +110,11 @@ struct ExpertViews(Vec<Vec<Tensor>>);
 impl Experts {
     /// The per-expert views of the stacked tensors (see [`ExpertViews`]).
     fn views(&self) -> Result<ExpertViews> {
-        let stacks: Vec<&Tensor> = match self {
+        let stacks: Vec<Tensor> = match self {
             Experts::Separate(_) => Vec::new(),
-            Experts::Stacked { gate_up, down, .. } => vec![gate_up, down],
+            Experts::Stacked { gate_up, down, .. } => vec![gate_up.effective()?, down.effective()?],
             Experts::GptOss { gate_up, gate_up_bias, down, down_bias, .. } => {
-                vec![gate_up, gate_up_bias, down, down_bias]
+                vec![gate_up.effective()?, gate_up_bias.shallow_clone(), down.effective()?, down_bias.shallow_clone()]
             }
         };
         Ok(ExpertViews(stacks.into_iter().map(|t| t.f_unbind(0)).collect::<std::result::Result<_, _>>()?))
@@ -201,9 +202,9 @@ impl SparseMoe {
                 }
             };
             let experts = Experts::GptOss {
-                gate_up: weight("gate_up_proj", &[n, h, 2 * inter])?,
+                gate_up: StackedWeight::new(weight("gate_up_proj", &[n, h, 2 * inter])?),
                 gate_up_bias: ew.get("gate_up_proj_bias", &[n, 2 * inter])?,
-                down: weight("down_proj", &[n, inter, h])?,
+                down: StackedWeight::new(weight("down_proj", &[n, inter, h])?),
                 down_bias: ew.get("down_proj_bias", &[n, h])?,
                 swiglu,
             };
@@ -222,8 +223,8 @@ impl SparseMoe {
         let router = w.pp("gate").get("weight", &[n, h])?;
         let experts = if ew.contains("gate_up_proj") {
             Experts::Stacked {
-                gate_up: ew.get("gate_up_proj", &[n, 2 * inter, h])?,
-                down: ew.get("down_proj", &[n, h, inter])?,
+                gate_up: StackedWeight::new(ew.get("gate_up_proj", &[n, 2 * inter, h])?),
+                down: StackedWeight::new(ew.get("down_proj", &[n, h, inter])?),
                 act: cfg.activation,
             }
         } else {
@@ -258,8 +259,8 @@ impl SparseMoe {
             router: r.pp("proj").get("weight", &[n, h])?,
             router_bias: None,
             experts: Experts::Stacked {
-                gate_up: ew.get("gate_up_proj", &[n, 2 * inter, h])?,
-                down: ew.get("down_proj", &[n, h, inter])?,
+                gate_up: StackedWeight::new(ew.get("gate_up_proj", &[n, 2 * inter, h])?),
+                down: StackedWeight::new(ew.get("down_proj", &[n, h, inter])?),
                 act: cfg.activation,
             },
             shared: None,
@@ -289,6 +290,27 @@ impl SparseMoe {
             out.push(("shared_expert_gate".to_string(), &mut s.gate));
         }
         out
+    }
+
+    /// The stacked expert weights, named `experts.{gate_up_proj, down_proj}` (none when the
+    /// experts are linear layers of their own).
+    pub fn stacked_mut(&mut self) -> Vec<(String, &mut StackedWeight)> {
+        match &mut self.experts {
+            Experts::Separate(_) => Vec::new(),
+            Experts::Stacked { gate_up, down, .. } | Experts::GptOss { gate_up, down, .. } => {
+                vec![("experts.gate_up_proj".into(), gate_up), ("experts.down_proj".into(), down)]
+            }
+        }
+    }
+
+    /// [`SparseMoe::stacked_mut`], shared.
+    pub fn stacked(&self) -> Vec<(String, &StackedWeight)> {
+        match &self.experts {
+            Experts::Separate(_) => Vec::new(),
+            Experts::Stacked { gate_up, down, .. } | Experts::GptOss { gate_up, down, .. } => {
+                vec![("experts.gate_up_proj".into(), gate_up), ("experts.down_proj".into(), down)]
+            }
+        }
     }
 
     /// [`SparseMoe::linears_mut`], shared.
