@@ -29,8 +29,9 @@ pub(crate) const PYARROW_VERSION: &str = "26.0.1";
 pub(crate) const GGUF_VERSION: &str = "0.19.0";
 /// The packages the tests use, pinned, beyond torch: transformers, pyarrow, gguf, math-verify
 /// (the `reward-python` example's answer checker), tensorboard (its reader checks the event
-/// files), datasets (`save_to_disk` directories) and peft (it loads the saved LoRA adapters).
-pub(crate) fn test_deps() -> [String; 7] {
+/// files), datasets (`save_to_disk` directories), peft (it loads the saved LoRA adapters) and
+/// trl (its stored copies of the Hub's chat templates).
+pub(crate) fn test_deps() -> [String; 8] {
     [
         format!("transformers=={TRANSFORMERS_VERSION}"),
         format!("pyarrow=={PYARROW_VERSION}"),
@@ -39,6 +40,7 @@ pub(crate) fn test_deps() -> [String; 7] {
         "tensorboard==2.21.0".to_string(),
         "datasets==5.2.0".to_string(),
         "peft==0.18.0".to_string(),
+        format!("trl=={TRL_VERSION}"),
     ]
 }
 
