@@ -1,0 +1,91 @@
+//! [`HfConfig`]: `config.json` as written, every field optional.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Mirror of `config.json` with every field optional; unknown keys are kept in the raw value.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct HfConfig {
+    pub model_type: Option<String>,
+    pub architectures: Option<Vec<String>>,
+    pub vocab_size: Option<i64>,
+    pub hidden_size: Option<i64>,
+    pub num_hidden_layers: Option<i64>,
+    pub num_attention_heads: Option<i64>,
+    pub num_key_value_heads: Option<i64>,
+    pub head_dim: Option<i64>,
+    pub intermediate_size: Option<i64>,
+    pub rms_norm_eps: Option<f64>,
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<Value>,
+    pub rope_parameters: Option<Value>,
+    pub max_position_embeddings: Option<i64>,
+    pub original_max_position_embeddings: Option<i64>,
+    pub partial_rotary_factor: Option<f64>,
+    pub tie_word_embeddings: Option<bool>,
+    pub attention_bias: Option<bool>,
+    pub mlp_bias: Option<bool>,
+    pub hidden_act: Option<String>,
+    pub pad_token_id: Option<Value>,
+    pub num_labels: Option<i64>,
+    pub id2label: Option<serde_json::Map<String, Value>>,
+    pub use_sliding_window: Option<bool>,
+    pub sliding_window: Option<Value>,
+    pub max_window_layers: Option<i64>,
+    pub layer_types: Option<Vec<String>>,
+    // Mixture of experts (Qwen3-MoE).
+    pub num_experts: Option<i64>,
+    pub num_local_experts: Option<i64>,
+    pub num_experts_per_tok: Option<i64>,
+    pub moe_intermediate_size: Option<i64>,
+    pub norm_topk_prob: Option<bool>,
+    pub decoder_sparse_step: Option<i64>,
+    pub mlp_only_layers: Option<Vec<i64>>,
+    pub output_router_logits: Option<bool>,
+    pub router_aux_loss_coef: Option<f64>,
+    // Gated DeltaNet (Qwen3.5).
+    pub linear_conv_kernel_dim: Option<i64>,
+    pub linear_key_head_dim: Option<i64>,
+    pub linear_value_head_dim: Option<i64>,
+    pub linear_num_key_heads: Option<i64>,
+    pub linear_num_value_heads: Option<i64>,
+    pub full_attention_interval: Option<i64>,
+    pub shared_expert_intermediate_size: Option<i64>,
+    pub attn_output_gate: Option<bool>,
+    // gpt-oss.
+    pub swiglu_alpha: Option<f64>,
+    pub swiglu_limit: Option<f64>,
+    pub quantization_config: Option<Value>,
+    // Gemma.
+    pub hidden_activation: Option<String>,
+    pub query_pre_attn_scalar: Option<f64>,
+    /// `null` and absent differ: `null` turns Gemma 2's default cap off.
+    pub attn_logit_softcapping: Option<Value>,
+    pub final_logit_softcapping: Option<Value>,
+    /// `true` (Gemma 3 embedding models), or Gemma 4's `"vision"` / `"all"`.
+    pub use_bidirectional_attention: Option<Value>,
+    pub rope_local_base_freq: Option<f64>,
+    pub sliding_window_pattern: Option<i64>,
+    // Gemma 4.
+    pub global_head_dim: Option<i64>,
+    pub num_global_key_value_heads: Option<i64>,
+    pub attention_k_eq_v: Option<bool>,
+    pub num_kv_shared_layers: Option<i64>,
+    pub hidden_size_per_layer_input: Option<i64>,
+    pub vocab_size_per_layer_input: Option<i64>,
+    pub use_double_wide_mlp: Option<bool>,
+    pub enable_moe_block: Option<bool>,
+    pub top_k_experts: Option<i64>,
+    pub per_layer_config: Option<Value>,
+    // GPT-2 names.
+    pub n_embd: Option<i64>,
+    pub n_layer: Option<i64>,
+    pub n_head: Option<i64>,
+    pub n_positions: Option<i64>,
+    pub n_inner: Option<i64>,
+    pub layer_norm_epsilon: Option<f64>,
+    pub activation_function: Option<String>,
+    pub scale_attn_weights: Option<bool>,
+    pub scale_attn_by_inverse_layer_idx: Option<bool>,
+    pub reorder_and_upcast_attn: Option<bool>,
+}
