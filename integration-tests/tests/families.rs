@@ -308,79 +308,68 @@ fn shared_prompts_and_checkpointing_match_a_plain_pass(model: &CausalLm, name: &
     let tol = 1e-5 * plain.abs().max().double_value(&[]).max(1.0);
     assert!(diff < tol, "{name}: shared prompts differ by {diff}");
 
-    // Gradients of one loss, plain and checkpointed.
+    // Gradients of one loss, plain and checkpointed, over all positions and then after the
+    // shared prompts.
     let weights = Tensor::randn([4, 12, 32], (Kind::Float, Device::Cpu));
-    let grads = |checkpointed: bool| -> Vec<(String, Tensor)> {
-        for (_, t) in model.vs.variables() {
-            let mut g = t.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
-        if checkpointed {
+    let (a, b) = (
+        grads_of(model, || (model.hidden_states(&ids, &mask, &pos, None).unwrap() * &weights).sum(Kind::Float)),
+        grads_of(model, || {
             let ck = model.hidden_states_checkpointed(&ids, &mask, &pos).unwrap();
             (ck.hidden() * &weights).sum(Kind::Float).backward();
             model.backward_checkpointed(&ck).unwrap();
-        } else {
-            (model.hidden_states(&ids, &mask, &pos, None).unwrap() * &weights).sum(Kind::Float).backward();
-        }
-        // Every parameter but the LM head (not in the loss) has a gradient.
-        let mut out: Vec<(String, Tensor)> = model
-            .vs
-            .variables()
-            .into_iter()
-            .filter(|(n, _)| n != "lm_head.weight")
-            .map(|(n, t)| (n, t.grad().copy()))
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    };
-    let (a, b) = (grads(false), grads(true));
+            Tensor::zeros([], (Kind::Float, Device::Cpu))
+        }),
+    );
     assert!(
         a.iter().any(|(n, g)| n.contains(witness) && g.abs().sum(Kind::Float).double_value(&[]) > 0.0),
         "{name}: no gradient on {witness}"
     );
-    for ((param, ga), (_, gb)) in a.iter().zip(&b) {
-        let diff = (ga - gb).abs().max().double_value(&[]);
-        let tol = 1e-5 * ga.abs().max().double_value(&[]).max(1.0);
-        assert!(diff < tol, "{name}: {param} checkpointed gradient differs by {diff}");
-    }
-    // The same with the prompts shared, checkpointed: the rows' hidden states' gradients.
+    assert_close(name, "checkpointed", &a, &b);
     let tail_weights = weights.narrow(1, p - 1, 12 - p + 1);
-    let grads_shared = |checkpointed: bool| -> Vec<(String, Tensor)> {
-        model.vs.variables().values().for_each(|t| {
-            let mut g = t.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        });
-        if checkpointed {
+    let (a, b) = (
+        grads_of(model, || {
+            (model.hidden_states_after_prefix(&ids, &mask, &prefix).unwrap() * &tail_weights).sum(Kind::Float)
+        }),
+        grads_of(model, || {
             let ck = model.hidden_states_checkpointed_after_prefix(&ids, &mask, &prefix).unwrap();
             (ck.hidden() * &tail_weights).sum(Kind::Float).backward();
             model.backward_checkpointed(&ck).unwrap();
-        } else {
-            (model.hidden_states_after_prefix(&ids, &mask, &prefix).unwrap() * &tail_weights)
-                .sum(Kind::Float)
-                .backward();
+            Tensor::zeros([], (Kind::Float, Device::Cpu))
+        }),
+    );
+    assert_close(name, "checkpointed shared-prompt", &a, &b);
+}
+
+/// Every parameter's gradient (but the LM head's, not in these losses) after backpropagating the
+/// loss `f` returns (`f` may backpropagate itself and return a constant), from zeroed gradients.
+fn grads_of(model: &CausalLm, f: impl FnOnce() -> Tensor) -> Vec<(String, Tensor)> {
+    for t in model.vs.variables().values() {
+        let mut g = t.grad();
+        if g.defined() {
+            let _ = g.zero_();
         }
-        let mut out: Vec<(String, Tensor)> = model
-            .vs
-            .variables()
-            .into_iter()
-            .filter(|(n, _)| n != "lm_head.weight")
-            .map(|(n, t)| (n, t.grad().copy()))
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    };
-    let (a, b) = (grads_shared(false), grads_shared(true));
-    for ((param, ga), (_, gb)) in a.iter().zip(&b) {
-        if !ga.defined() {
-            continue;
-        }
+    }
+    let loss = f();
+    if loss.requires_grad() {
+        loss.backward();
+    }
+    let mut out: Vec<(String, Tensor)> = model
+        .vs
+        .variables()
+        .into_iter()
+        .filter(|(n, _)| n != "lm_head.weight")
+        .map(|(n, t)| (n, t.grad().copy()))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Each gradient of `b` within 1e-5 of the largest entry of `a`'s (at least 1).
+fn assert_close(name: &str, how: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]) {
+    for ((param, ga), (_, gb)) in a.iter().zip(b) {
         let diff = (ga - gb).abs().max().double_value(&[]);
         let tol = 1e-5 * ga.abs().max().double_value(&[]).max(1.0);
-        assert!(diff < tol, "{name}: {param} checkpointed shared-prompt gradient differs by {diff}");
+        assert!(diff < tol, "{name}: {param} {how} gradient differs by {diff}");
     }
 }
 
