@@ -15,7 +15,8 @@ use crate::lora::{ExpertLora, LoraAdapter, LoraConfig, StackedWeight};
 /// without `.weight`), registering `A` and `B` in `vs` as `<path>.lora_A.weight` /
 /// `<path>.lora_B.weight` (PEFT's names), then freezes every other variable of `vs` except those
 /// whose name starts with one of `keep_trainable`. `training` turns the adapters' dropout on,
-/// `disabled` switches them off. Returns the number of adapted layers.
+/// `disabled` switches them off. Returns the number of adapted layers; [`check_targets`] has
+/// checked that `target_modules` match some.
 pub(crate) fn apply(
     vs: &nn::VarStore,
     layers: Vec<(String, &mut Linear)>,
@@ -29,9 +30,7 @@ pub(crate) fn apply(
         return Ok(0);
     }
     let mut n = 0;
-    let mut available = Vec::new();
     for (path, linear) in layers {
-        available.push(path.rsplit('.').next().unwrap_or(&path).to_string());
         if !cfg.matches(&path) {
             continue;
         }
@@ -55,15 +54,6 @@ pub(crate) fn apply(
             disabled: disabled.clone(),
         });
         n += 1;
-    }
-    if n == 0 && !cfg.target_modules.is_empty() {
-        available.sort();
-        available.dedup();
-        return Err(ModelError::Input(format!(
-            "lora.target_modules: {:?} match no linear layer of this model (its layers: {})",
-            cfg.target_modules,
-            available.join(", ")
-        )));
     }
     for (name, t) in vs.variables() {
         let adapter = name.contains(".lora_A.") || name.contains(".lora_B.");
