@@ -203,6 +203,18 @@ impl QwenVlProcessor {
                 return Err(err("resample", format!("{other}: only 2 (bilinear) and 3 (bicubic) are implemented")))
             }
         };
+        // Sizes beyond any released processor's would only make a patch row or an image too large
+        // to allocate: refused by name.
+        for (key, value, limit) in [
+            ("patch_size", p.patch_size, 64),
+            ("temporal_patch_size", p.temporal_patch_size, 16),
+            ("merge_size", p.merge_size, 8),
+            ("max_pixels", p.max_pixels, crate::load::MAX_PIXELS as usize),
+        ] {
+            if value > limit {
+                return Err(err(key, format!("{value} is beyond what this processor accepts (at most {limit})")));
+            }
+        }
         if p.min_pixels > p.max_pixels {
             return Err(err("size", format!("min_pixels {} exceeds max_pixels {}", p.min_pixels, p.max_pixels)));
         }
@@ -281,5 +293,22 @@ mod tests {
         let (h, w) = smart_resize(4000, 3000, 28, 3136, 1_003_520).unwrap();
         assert!(h * w <= 1_003_520 && h % 28 == 0 && w % 28 == 0, "{h}x{w}");
         assert!(smart_resize(10, 2100, 28, 3136, 1_003_520).unwrap_err().contains("aspect ratio"));
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_by_key() {
+        let path = Path::new("preprocessor_config.json");
+        for (json, key) in [
+            (r#"{"patch_size": 1099511627776}"#, "patch_size: 1099511627776 is beyond"),
+            (r#"{"merge_size": 1000}"#, "merge_size: 1000 is beyond"),
+            (r#"{"max_pixels": 1e30}"#, "max_pixels: expected a positive integer"),
+            (r#"{"size": {"shortest_edge": 5000, "longest_edge": 4000}}"#, "size: min_pixels 5000 exceeds"),
+            (r#"{"image_std": [1, 0, 1]}"#, "image_std: must not be zero"),
+            (r#"{"resample": 1}"#, "resample: 1: only"),
+        ] {
+            let v: Value = serde_json::from_str(json).unwrap();
+            let e = QwenVlProcessor::from_value(path, &v).unwrap_err().to_string();
+            assert!(e.contains(key), "{json}: {e}");
+        }
     }
 }
