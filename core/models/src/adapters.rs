@@ -38,10 +38,7 @@ pub(crate) fn apply(
             return Err(ModelError::Input(format!("{path}: LoRA is already applied")));
         }
         let (in_dim, out_dim) = linear.dims();
-        let mut p = vs.root();
-        for part in path.split('.') {
-            p = p / part;
-        }
+        let p = var_path(vs, &path);
         let bound = 1.0 / (in_dim as f64).sqrt();
         let a = (&p / "lora_A").f_var("weight", &[cfg.rank, in_dim], nn::Init::Uniform { lo: -bound, up: bound })?;
         let b = (&p / "lora_B").f_zeros("weight", &[out_dim, cfg.rank])?;
@@ -62,6 +59,12 @@ pub(crate) fn apply(
         }
     }
     Ok(n)
+}
+
+/// The var-store path of a dotted weight path (`model.layers.0.mlp`), where the adapter's `A` and
+/// `B` are registered.
+fn var_path<'a>(vs: &'a nn::VarStore, path: &str) -> nn::Path<'a> {
+    path.split('.').fold(vs.root(), |p, part| p / part)
 }
 
 /// Checks, before anything is attached, that `target_modules` match one of the linear layers of
@@ -117,10 +120,7 @@ pub(crate) fn apply_stacked(
         }
         let size = w.weight.size(); // [experts, d₁, d₂]
         let (experts, d1, d2) = (size[0], size[1], size[2]);
-        let mut p = vs.root();
-        for part in path.split('.') {
-            p = p / part;
-        }
+        let p = var_path(vs, &path);
         let r = cfg.rank * experts;
         let bound = 1.0 / (d1 as f64).sqrt();
         let a = (&p / "lora_A").f_var("weight", &[r, d1], nn::Init::Uniform { lo: -bound, up: bound })?;
