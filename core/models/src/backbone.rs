@@ -61,12 +61,14 @@ impl Backbone {
         cache: Option<&mut KvCache>,
         gate: &Gate,
     ) -> Result<Tensor> {
-        Ok(self.run(ids, pos, key_mask, cache, gate, Routing::Off)?.0)
+        Ok(self.run(ids, pos, key_mask, cache, gate, Routing::Off, None)?.0)
     }
 
     /// [`Backbone::forward`], recording the routing as `routing` says: in a training pass of a model
     /// that computes the load-balancing loss, also the routing statistics of the pass
-    /// ([`crate::layers::load_balance`]).
+    /// ([`crate::layers::load_balance`]); `visual` features replace the image placeholders
+    /// ([`DecoderModel::embed`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &self,
         ids: &Tensor,
@@ -75,9 +77,10 @@ impl Backbone {
         mut cache: Option<&mut KvCache>,
         gate: &Gate,
         routing: Routing,
+        visual: Option<&Tensor>,
     ) -> Result<(Tensor, Option<RouterStats>)> {
         let past = cache.as_ref().map_or(0, |c| c.len());
-        let (mut h, mut shared) = self.embed(ids, pos, key_mask, past)?;
+        let (mut h, mut shared) = self.embed(ids, pos, key_mask, past, visual)?;
         routing.apply(&mut shared)?;
         for i in 0..self.num_layers() {
             h = gated(gate, i, || self.layer(i, &h, &shared, cache.as_deref_mut()))?;
@@ -134,10 +137,12 @@ impl Backbone {
         pos: &Tensor,
         key_mask: &Tensor,
         past: i64,
+        visual: Option<&Tensor>,
     ) -> Result<(Tensor, LayerShared)> {
-        match self {
-            Backbone::Decoder(m) => m.embed(ids, pos, key_mask, past),
-            Backbone::Gpt2(m) => m.embed(ids, pos, key_mask, past),
+        match (self, visual) {
+            (Backbone::Decoder(m), _) => m.embed(ids, pos, key_mask, past, visual),
+            (Backbone::Gpt2(m), None) => m.embed(ids, pos, key_mask, past),
+            (Backbone::Gpt2(_), Some(_)) => Err(crate::error::ModelError::Input("GPT-2 reads no images".into())),
         }
     }
 

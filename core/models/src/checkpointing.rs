@@ -56,7 +56,7 @@ struct Segment {
 impl Segment {
     /// Embeds the segment (with a graph when the embeddings train).
     fn embed(backbone: &Backbone, ids: &Tensor, positions: &Tensor, key_mask: &Tensor, past: i64) -> Result<Self> {
-        let (h, shared) = backbone.embed(ids, positions, key_mask, past)?;
+        let (h, shared) = backbone.embed(ids, positions, key_mask, past, None)?;
         let inputs = vec![h];
         Ok(Segment {
             ids: ids.shallow_clone(),
@@ -76,7 +76,7 @@ impl Segment {
     /// The embeddings recomputed with a graph, `[rows, seq, hidden]`, and the per-layer inputs
     /// made from them (Gemma 4), `[rows, seq, layers, dim]`.
     fn embeddings(&self, backbone: &Backbone) -> Result<(Tensor, Option<Tensor>)> {
-        let (h, shared) = backbone.embed(&self.ids, &self.positions, &self.key_mask, self.past)?;
+        let (h, shared) = backbone.embed(&self.ids, &self.positions, &self.key_mask, self.past, None)?;
         let per_layer = shared.side.per_layer.borrow_mut().take();
         Ok((h, per_layer))
     }
@@ -281,8 +281,8 @@ pub(crate) fn forward_after_prefix_plain(
     let (p_ids, p_pos, p_mask) = prefix;
     let (ids, positions, key_mask) = rest;
     let p = p_ids.size()[1];
-    let (mut hp, mut pre_shared) = backbone.embed(p_ids, p_pos, p_mask, 0)?;
-    let (mut hr, mut rows_shared) = backbone.embed(ids, positions, key_mask, p)?;
+    let (mut hp, mut pre_shared) = backbone.embed(p_ids, p_pos, p_mask, 0, None)?;
+    let (mut hr, mut rows_shared) = backbone.embed(ids, positions, key_mask, p, None)?;
     if record {
         Routing::Record(Some(&rows_per_prefix(of_row, p_ids.size()[0])?)).apply(&mut pre_shared)?;
     } else {

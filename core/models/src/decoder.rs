@@ -113,6 +113,8 @@ pub struct DecoderModel {
     /// (`output_router_logits`, [`crate::layers::load_balance`]; dropped again outside training
     /// passes, [`crate::backbone::Routing`]).
     router_aux: bool,
+    /// The placeholder token whose embeddings image features replace (vision-language models).
+    image_token: Option<i64>,
 }
 
 impl DecoderModel {
@@ -187,6 +189,7 @@ impl DecoderModel {
             embed_scale: cfg.embed_scale,
             sliding_window: cfg.sliding_window,
             router_aux: cfg.moe.as_ref().is_some_and(|m| m.aux_loss_coef.is_some()),
+            image_token: cfg.vision.as_ref().map(|v| v.image_token_id),
         })
     }
 
@@ -266,10 +269,12 @@ impl DecoderModel {
         out
     }
 
-    /// Token embeddings, and what every layer of this forward shares (masks, rotary tables).
+    /// Token embeddings — with `visual` features in place of the image placeholders, in order —
+    /// and what every layer of this forward shares (masks, rotary tables).
     ///
     /// # Shapes
-    /// - `input_ids`, `position_ids`: `[batch, seq]`; `key_mask`: `[batch, past + seq]`
+    /// - `input_ids`: `[batch, seq]`; `position_ids`: `[batch, seq]` (or `[3, batch, seq]` with
+    ///   the multimodal RoPE); `key_mask`: `[batch, past + seq]`; `visual`: `[placeholders, hidden]`
     /// - returns `[batch, seq, hidden]`
     pub fn embed(
         &self,
@@ -277,9 +282,10 @@ impl DecoderModel {
         position_ids: &Tensor,
         key_mask: &Tensor,
         past: i64,
+        visual: Option<&Tensor>,
     ) -> Result<(Tensor, LayerShared)> {
         let seq = input_ids.size()[1];
-        let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids)?;
+        let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids, visual)?;
         let mask = windowed_attention_mask(key_mask, past, seq, None)?;
         let sliding_mask = match self.sliding_window {
             Some(w) if self.layers.iter().any(|b| b.sliding) => {
@@ -331,7 +337,7 @@ impl DecoderModel {
         key_mask: &Tensor,
         slot: &Tensor,
     ) -> Result<(Tensor, LayerShared)> {
-        let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids)?;
+        let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids, None)?;
         let mask = step_attention_mask(key_mask, slot, None)?;
         let sliding_mask = match self.sliding_window {
             Some(w) if self.layers.iter().any(|b| b.sliding) => Some(step_attention_mask(key_mask, slot, Some(w))?),
@@ -353,16 +359,41 @@ impl DecoderModel {
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
+        visual: Option<&Tensor>,
     ) -> Result<(Tensor, (Tensor, Tensor), Option<(Tensor, Tensor)>, SideInputs)> {
         let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
         if let Some(scale) = self.embed_scale {
             // Gemma multiplies by √hidden rounded to the weights' dtype first.
             h = h.f_mul(&Tensor::f_scalar_tensor(scale, (h.kind(), h.device()))?)?;
         }
+        if let Some(features) = visual {
+            h = self.place_visual(&h, input_ids, features)?;
+        }
         let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
         let rotary_local = self.rotary_local.as_ref().map(|r| r.cos_sin(position_ids, h.kind())).transpose()?;
         let per_layer = self.per_layer_embed.as_ref().map(|p| p.forward(input_ids, &h)).transpose()?;
         Ok((h, rotary, rotary_local, SideInputs::with_per_layer(per_layer)))
+    }
+
+    /// `h` with the rows of `features` in place of the image placeholders, in order
+    /// (transformers' `masked_scatter`).
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]`; `features`: `[placeholders, hidden]`
+    fn place_visual(&self, h: &Tensor, input_ids: &Tensor, features: &Tensor) -> Result<Tensor> {
+        let token = self
+            .image_token
+            .ok_or_else(|| ModelError::Input("image features for a model that reads no images".into()))?;
+        let at = input_ids.f_eq(token)?;
+        let n = at.f_sum(tch::Kind::Int64)?.f_int64_value(&[])?;
+        let width = h.size()[2];
+        if features.size() != [n, width] {
+            return Err(ModelError::Input(format!(
+                "{n} image placeholders (token {token}) for image features {:?} (expected [{n}, {width}])",
+                features.size()
+            )));
+        }
+        Ok(h.f_masked_scatter(&at.f_unsqueeze(-1)?, &features.f_to_kind(h.kind())?)?)
     }
 
     /// Why a decode step of this model cannot be captured as a CUDA graph (it reads a value

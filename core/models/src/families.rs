@@ -37,20 +37,95 @@ impl ModelConfig {
     }
 }
 
-/// Multimodal checkpoints whose language model loads as one of the text families.
-const MULTIMODAL: &[&Multimodal] =
-    &[&crate::qwen3_5::MULTIMODAL, &crate::qwen3_5::MULTIMODAL_MOE, &crate::gemma4::MULTIMODAL];
+impl ModelConfig {
+    /// Switches a multimodal model to its older tensor names when `ckpt` stores them so
+    /// ([`Multimodal::legacy`]).
+    pub(crate) fn match_checkpoint(&mut self, ckpt: &crate::weights::Checkpoint) {
+        let Some(mm) = self.arch.multimodal else { return };
+        let Some(legacy) = mm.legacy else { return };
+        let embed = |m: &Multimodal| format!("{}.embed_tokens.weight", m.language_prefix);
+        if !ckpt.contains(&embed(mm)) && ckpt.contains(&embed(legacy)) {
+            self.arch.multimodal = Some(legacy);
+        }
+    }
+}
 
-/// The language model of a multimodal checkpoint: its `text_config` resolved as the text family
-/// (keys checked under `text_config.`), with what only the top level says (`architectures`, the
-/// labels, `tie_word_embeddings`); every top-level key must be `text_config`, inert, or the vision
-/// model's.
+/// Multimodal checkpoints whose language model loads as one of the text families.
+const MULTIMODAL: &[&Multimodal] = &[
+    &crate::qwen3_5::MULTIMODAL,
+    &crate::qwen3_5::MULTIMODAL_MOE,
+    &crate::gemma4::MULTIMODAL,
+    &crate::qwen2_5_vl::MULTIMODAL,
+];
+
+/// The language model of a multimodal checkpoint: its `text_config` (or, for a flat config, the
+/// top level without the vision keys) resolved as the text family (keys checked under
+/// `text_config.`), with what only the top level says (`architectures`, the labels,
+/// `tie_word_embeddings`); every top-level key must be `text_config`, inert, or the vision
+/// model's. Where the family's vision tower is implemented, its `vision_config` and the
+/// multimodal RoPE are read too.
 fn text_of(
     path: &Path,
     obj: &Map<String, Value>,
     top: &HfConfig,
     mm: &'static Multimodal,
 ) -> Result<(HfConfig, ArchConfig)> {
+    let (mut text, scope) = match obj.get("text_config") {
+        Some(t) => (text_config(path, obj, t, mm)?, "text_config."),
+        None if mm.flat => {
+            let outer = |k: &String| mm.keys.contains(&k.as_str()) || k == "model_type";
+            (obj.iter().filter(|(k, _)| !outer(k)).map(|(k, v)| (k.clone(), v.clone())).collect(), "")
+        }
+        None => {
+            return Err(ModelError::config(
+                path,
+                "text_config",
+                "missing: the language model's keys are not in this config",
+            ))
+        }
+    };
+    let mrope = crate::config::vision::take_mrope(path, &mut text, scope)?;
+    check_keys(path, &text, mm.family, scope)?;
+    let mut hf: HfConfig = parse_json(path, &Value::Object(text).to_string())?;
+    hf.architectures = top.architectures.clone();
+    hf.num_labels = top.num_labels.or(hf.num_labels);
+    hf.id2label = top.id2label.clone().or(hf.id2label);
+    hf.tie_word_embeddings = top.tie_word_embeddings.or(hf.tie_word_embeddings);
+    if top.pad_token_id.is_some() {
+        hf.pad_token_id = top.pad_token_id.clone();
+    }
+    let mut arch = resolve(path, &hf, mm.family)?;
+    arch.multimodal = Some(mm);
+    if let Some(read) = mm.vision {
+        let vision = read(path, obj)?;
+        if vision.out_hidden_size != arch.hidden_size {
+            return Err(ModelError::config(
+                path,
+                "vision_config.out_hidden_size",
+                format!("{} is not the language model's hidden_size {}", vision.out_hidden_size, arch.hidden_size),
+            ));
+        }
+        let half = arch.rotary_dim / 2;
+        let mrope =
+            mrope.ok_or_else(|| ModelError::config(path, &format!("{scope}rope_scaling.mrope_section"), "missing"))?;
+        if mrope.section.iter().sum::<i64>() != half {
+            return Err(ModelError::config(
+                path,
+                &format!("{scope}rope_scaling.mrope_section"),
+                format!("{:?} does not add up to the {half} rotary frequencies of a head", mrope.section),
+            ));
+        }
+        if let Some(rope) = arch.rope.as_mut() {
+            rope.mrope = Some(mrope);
+        }
+        arch.vision = Some(vision);
+    }
+    Ok((hf, arch))
+}
+
+/// The `text_config` of a nested multimodal config, after checking the top-level keys around it
+/// and its `model_type`.
+fn text_config(path: &Path, obj: &Map<String, Value>, text: &Value, mm: &Multimodal) -> Result<Map<String, Value>> {
     let allowed = allowed_keys();
     for key in obj.keys().map(String::as_str) {
         let known = key == "text_config"
@@ -68,9 +143,7 @@ fn text_of(
             ));
         }
     }
-    let text = obj.get("text_config").and_then(Value::as_object).ok_or_else(|| {
-        ModelError::config(path, "text_config", "missing: the language model's keys are not in this config")
-    })?;
+    let text = text.as_object().ok_or_else(|| ModelError::config(path, "text_config", "expected an object"))?;
     match text.get("model_type").and_then(Value::as_str) {
         None => {}
         Some(t) if t == mm.text_model_type => {}
@@ -82,18 +155,7 @@ fn text_of(
             ))
         }
     }
-    check_keys(path, text, mm.family, "text_config.")?;
-    let mut hf: HfConfig = parse_json(path, &Value::Object(text.clone()).to_string())?;
-    hf.architectures = top.architectures.clone();
-    hf.num_labels = top.num_labels.or(hf.num_labels);
-    hf.id2label = top.id2label.clone().or(hf.id2label);
-    hf.tie_word_embeddings = top.tie_word_embeddings.or(hf.tie_word_embeddings);
-    if top.pad_token_id.is_some() {
-        hf.pad_token_id = top.pad_token_id.clone();
-    }
-    let mut arch = resolve(path, &hf, mm.family)?;
-    arch.multimodal = Some(mm);
-    Ok((hf, arch))
+    Ok(text.clone())
 }
 
 /// `RLHF_ALLOW_CONFIG_KEYS`, split.

@@ -74,6 +74,9 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
         "eoa_token_index",
         "audio_token_id",
     ],
+    flat: false,
+    vision: None,
+    legacy: None,
 };
 
 /// Resolves a `gemma4_text` `config.json` with transformers' defaults.

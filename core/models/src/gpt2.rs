@@ -89,6 +89,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         linear_attn: None,
         attn_output_gate: false,
         multimodal: None,
+        vision: None,
         attn_sinks: false,
         mxfp4: false,
         gemma4: None,

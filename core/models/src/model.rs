@@ -18,6 +18,7 @@ use crate::device::dtype_name;
 use crate::error::{ModelError, Result};
 use crate::layers::{position_ids_from_mask, KvCache};
 use crate::lora::{self, LoraConfig};
+use crate::vision_tower::VisionTower;
 use crate::weights::{save_safetensors, write_json, Checkpoint, WeightLoader};
 
 /// transformers' default `max_shard_size` is far above anything we shard by default.
@@ -59,10 +60,11 @@ pub(crate) fn saved_config(config: &ModelConfig) -> Value {
 }
 
 /// What a model of `arch` carries through from `ckpt` unchanged: a multimodal checkpoint's other
-/// towers, Gemma 4's `layer_scalar` constants.
-pub(crate) fn passthrough(ckpt: &Checkpoint, arch: &ArchConfig) -> Vec<(String, Tensor)> {
+/// towers (unless `towers_loaded`), Gemma 4's `layer_scalar` constants.
+pub(crate) fn passthrough(ckpt: &Checkpoint, arch: &ArchConfig, towers_loaded: bool) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = arch
         .multimodal
+        .filter(|_| !towers_loaded)
         .map(|m| m.vision_prefixes.iter().flat_map(|p| ckpt.passthrough(p)).collect())
         .unwrap_or_default();
     if arch.gemma4.is_some() {
@@ -155,6 +157,8 @@ pub struct CausalLm {
     adapters_off: Arc<AtomicBool>,
     /// Gathers and frees the units of sharded parameters in checkpointed passes.
     pub(crate) gate: crate::gate::Gate,
+    /// The vision tower, where the checkpoint's images are read.
+    pub(crate) vision: Option<VisionTower>,
 }
 
 impl std::fmt::Debug for CausalLm {
@@ -166,18 +170,20 @@ impl std::fmt::Debug for CausalLm {
 impl CausalLm {
     /// Loads `config.json` and the safetensors weights of `dir` onto `device` in `kind`.
     pub fn from_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
-        let config = ModelConfig::from_dir(dir)?;
+        let mut config = ModelConfig::from_dir(dir)?;
         let ckpt = Checkpoint::from_dir(dir)?;
+        config.match_checkpoint(&ckpt);
         let vs = new_var_store(device, kind);
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let cfg = &config.arch;
         let backbone = Backbone::load(&w, cfg)?;
+        let vision = crate::multimodal::load_tower(&w, cfg)?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
             Some(w.pp("lm_head").get("weight", &[cfg.vocab_size, cfg.hidden_size])?)
         };
-        let passthrough = passthrough(&ckpt, cfg);
+        let passthrough = passthrough(&ckpt, cfg, vision.is_some());
         // A tied model may still store its head (a copy of the embedding, which it reads).
         ckpt.check_all_used(|n| crate::weights::ignorable(n) || (cfg.tie_word_embeddings && n == "lm_head.weight"))?;
         Ok(CausalLm {
@@ -191,6 +197,7 @@ impl CausalLm {
             training: Arc::default(),
             adapters_off: Arc::default(),
             gate: None,
+            vision,
         })
     }
 
@@ -260,8 +267,15 @@ impl CausalLm {
         position_ids: &Tensor,
     ) -> Result<(Tensor, Option<Tensor>)> {
         check_ids(input_ids, attention_mask)?;
-        let (h, stats) =
-            self.backbone.run(input_ids, position_ids, attention_mask, None, &self.gate, Routing::Record(None))?;
+        let (h, stats) = self.backbone.run(
+            input_ids,
+            position_ids,
+            attention_mask,
+            None,
+            &self.gate,
+            Routing::Record(None),
+            None,
+        )?;
         Ok((h, stats.map(|s| s.loss()).transpose()?))
     }
 

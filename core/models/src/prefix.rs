@@ -162,9 +162,10 @@ impl CausalLm {
             let mut cache = KvCache::growing();
             let rows = checkpointing::rows_per_prefix(&of_row, p_ids.size()[0])?; // [u]
             let routing = |rows| if record { Routing::Record(rows) } else { Routing::Off };
-            let (hp, sp) = self.backbone.run(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None, routing(Some(&rows)))?; // [u, p, h]
+            let (hp, sp) =
+                self.backbone.run(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None, routing(Some(&rows)), None)?; // [u, p, h]
             cache.select_rows(&of_row)?;
-            let (hr, sr) = self.backbone.run(&ids, &pos, &mask, Some(&mut cache), &None, routing(None))?; // [batch, rest, h]
+            let (hr, sr) = self.backbone.run(&ids, &pos, &mask, Some(&mut cache), &None, routing(None), None)?; // [batch, rest, h]
             let last = hp.f_narrow(1, prefix.len - 1, 1)?.f_index_select(0, &of_row)?; // [batch, 1, h]
             (Tensor::f_cat(&[&last, &hr], 1)?, RouterStats::sum([sp, sr])?)
         };

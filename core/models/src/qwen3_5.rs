@@ -57,6 +57,9 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     vision_prefixes: &["model.visual."],
     classifier: "Qwen3_5ForSequenceClassification",
     keys: &["vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"],
+    flat: false,
+    vision: None,
+    legacy: None,
 };
 
 /// The Hub's Qwen3.5-MoE checkpoints (`Qwen3_5MoeForConditionalGeneration`), laid out as

@@ -74,11 +74,13 @@ impl ScalarHeadModel {
         ignorable: impl Fn(&str) -> bool,
     ) -> Result<Self> {
         let ckpt = Checkpoint::from_dir(dir)?;
+        let mut config = config;
+        config.match_checkpoint(&ckpt);
         let vs = new_var_store(device, kind);
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let backbone = Backbone::load(&w, &config.arch)?;
         let score = score(&w.pp("score"))?;
-        let passthrough = passthrough(&ckpt, &config.arch);
+        let passthrough = passthrough(&ckpt, &config.arch, false);
         ckpt.check_all_used(ignorable)?;
         Ok(ScalarHeadModel {
             vs,

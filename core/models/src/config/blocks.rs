@@ -98,8 +98,8 @@ pub struct PerLayerInput {
 
 /// A vision-language checkpoint whose language model loads as a text family: the `config.json`
 /// nests the text model's keys under `text_config`, its tensors sit under `language_prefix`, the
-/// vision tower's under `vision_prefix` (kept as loaded and saved back unchanged: images are not
-/// read yet).
+/// vision tower's under `vision_prefixes` (read where the family's tower is implemented, else kept
+/// as loaded and saved back unchanged).
 #[derive(Debug)]
 pub struct Multimodal {
     /// The checkpoint's `model_type` (`qwen3_5`).
@@ -116,4 +116,15 @@ pub struct Multimodal {
     pub classifier: &'static str,
     /// The top-level keys besides `text_config` and the inert ones: the vision model's.
     pub keys: &'static [&'static str],
+    /// The text model's keys may sit at the top level instead of under `text_config` (the
+    /// Hub's Qwen2-VL and Qwen2.5-VL configs).
+    pub flat: bool,
+    /// Reads the vision tower from the top-level config: its tensors are then loaded and images
+    /// read, instead of carried through.
+    pub vision: Option<
+        fn(&std::path::Path, &serde_json::Map<String, serde_json::Value>) -> crate::error::Result<super::VisionConfig>,
+    >,
+    /// The same model in transformers' older tensor names (`model.layers.*`, `visual.*`), read
+    /// when a checkpoint stores them so.
+    pub legacy: Option<&'static Multimodal>,
 }

@@ -11,6 +11,7 @@ pub mod blocks;
 mod hf;
 pub mod keys;
 pub mod rope;
+pub mod vision;
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +21,7 @@ use crate::error::{ModelError, Result};
 pub use blocks::{Gemma4Layers, GptOssMoe, HeadGeometry, LinearAttnConfig, MoeConfig, Multimodal, PerLayerInput};
 pub use hf::HfConfig;
 pub use rope::{RopeConfig, RopeScaling};
+pub use vision::{Mrope, VisionConfig};
 
 /// The model families this crate implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +252,8 @@ pub struct ArchConfig {
     pub mxfp4: bool,
     /// Gemma 4's per-layer geometry, shared keys and values, and per-layer inputs.
     pub gemma4: Option<Gemma4Layers>,
+    /// The vision tower of a vision-language checkpoint whose images this model reads.
+    pub vision: Option<VisionConfig>,
 }
 
 impl ArchConfig {
@@ -443,6 +447,7 @@ pub(crate) fn rotary_decoder(path: &Path, hf: &HfConfig, family: Family, d: Defa
         attn_sinks: false,
         mxfp4: false,
         gemma4: None,
+        vision: None,
     })
 }
 

@@ -55,6 +55,9 @@ pub enum RopeScaling {
 pub struct RopeConfig {
     pub theta: f64,
     pub scaling: RopeScaling,
+    /// The multimodal split of the frequencies between time, height and width (vision-language
+    /// models), set from the checkpoint's `mrope_section`.
+    pub mrope: Option<super::Mrope>,
 }
 
 /// What the family adds to a rope block: its context length, and Phi-3's conventions.
@@ -150,7 +153,7 @@ pub(crate) fn parse_block(
         let name = if from_block { format!("{key}.rope_theta") } else { "rope_theta".to_string() };
         return Err(ModelError::config(path, &name, format!("must be a positive number, got {theta}")));
     }
-    let Some(block) = block else { return Ok(RopeConfig { theta, scaling: RopeScaling::None }) };
+    let Some(block) = block else { return Ok(RopeConfig { theta, scaling: RopeScaling::None, mrope: None }) };
     let Some(obj) = block.as_object() else {
         return Err(ModelError::config(path, key, format!("expected an object, got {block}")));
     };
@@ -256,7 +259,7 @@ pub(crate) fn parse_block(
             ))
         }
     };
-    Ok(RopeConfig { theta, scaling })
+    Ok(RopeConfig { theta, scaling, mrope: None })
 }
 
 /// `partial_rotary_factor` (top level or in the rope block): the rotating share of each head.

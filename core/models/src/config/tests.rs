@@ -29,7 +29,10 @@ fn resolves_v5_rope_parameters() {
         "rope_parameters":{"rope_type":"linear","factor":2.0,"rope_theta":1000.0}}"#;
     let (_d, cfg) = write_config(json);
     let a = cfg.unwrap().arch;
-    assert_eq!(a.rope.unwrap(), RopeConfig { theta: 1000.0, scaling: RopeScaling::Linear { factor: 2.0 } });
+    assert_eq!(
+        a.rope.unwrap(),
+        RopeConfig { theta: 1000.0, scaling: RopeScaling::Linear { factor: 2.0 }, mrope: None }
+    );
     assert!(a.qkv_bias && !a.o_bias);
 }
 
@@ -100,7 +103,7 @@ fn resolves_olmo3_with_legacy_rope_keys() {
     let (_d, cfg) = write_config(json);
     let a = cfg.unwrap().arch;
     assert!(matches!(a.rope.as_ref().unwrap().scaling, RopeScaling::Yarn { .. }));
-    assert_eq!(a.rope_local.clone().unwrap(), RopeConfig { theta: 10000.0, scaling: RopeScaling::None });
+    assert_eq!(a.rope_local.clone().unwrap(), RopeConfig { theta: 10000.0, scaling: RopeScaling::None, mrope: None });
     assert_eq!(a.sliding_window, Some(4096));
     let sliding: Vec<bool> = (0..5).map(|i| a.is_sliding(i)).collect();
     assert_eq!(sliding, [true, true, true, false, true]);
@@ -222,4 +225,49 @@ fn resolves_gemma4_text_layers_and_refuses_what_it_does_not_implement() {
     let (_d, cfg) = write_config(&prepend(edit));
     let g = cfg.unwrap().arch.gemma4.unwrap();
     assert_eq!(g.heads.iter().map(|h| (h.head_dim, h.kv_heads)).collect::<Vec<_>>(), [(4, 2), (6, 2), (4, 2), (6, 2)]);
+}
+
+/// The Hub's Qwen2.5-VL config: the text model's keys at the top level with the old
+/// `rope_scaling: {"type": "mrope"}` and the vision tower's old key spellings; what the tower and
+/// the multimodal RoPE need is read, and bad values are refused by name.
+#[test]
+fn resolves_a_flat_qwen2_5_vl_config_and_refuses_bad_vision_keys() {
+    let json = r#"{"model_type":"qwen2_5_vl","architectures":["Qwen2_5_VLForConditionalGeneration"],
+        "vocab_size":10,"hidden_size":16,"num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1,
+        "intermediate_size":32,"rope_theta":1000000.0,"use_sliding_window":false,"sliding_window":32768,
+        "max_window_layers":70,"rope_scaling":{"type":"mrope","mrope_section":[2,1,1]},
+        "image_token_id":7,"video_token_id":8,"vision_start_token_id":5,"vision_end_token_id":6,
+        "vision_config":{"depth":2,"hidden_size":8,"intermediate_size":12,"num_heads":2,"in_chans":3,
+        "out_hidden_size":16,"spatial_patch_size":14,"window_size":112,"fullatt_block_indexes":[1],
+        "tokens_per_second":2,"model_type":"qwen2_5_vl"}}"#;
+    let (_d, cfg) = write_config(json);
+    let a = cfg.unwrap().arch;
+    assert_eq!((a.family, a.backbone_prefix(), a.qkv_bias), (Family::Qwen2, "model.language_model", true));
+    let rope = a.rope.unwrap();
+    assert_eq!((rope.theta, rope.scaling.clone()), (1e6, RopeScaling::None));
+    assert_eq!(rope.mrope, Some(Mrope { section: [2, 1, 1], interleaved: false }));
+    let v = a.vision.unwrap();
+    assert_eq!(
+        (v.depth, v.patch_size, v.in_channels, v.image_token_id, v.fullatt_blocks.clone()),
+        (2, 14, 3, 7, vec![1])
+    );
+    assert_eq!(Mrope { section: [2, 1, 1], interleaved: false }.axes(4), vec![0, 0, 1, 2]);
+    assert_eq!(Mrope { section: [2, 1, 1], interleaved: true }.axes(4), vec![0, 1, 2, 0]);
+    for (from, to, name) in [
+        (r#""mrope_section":[2,1,1]"#, r#""mrope_section":[2,2,1]"#, "rope_scaling.mrope_section"),
+        (r#""mrope_section":[2,1,1]"#, r#""mrope_section":[4]"#, "rope_scaling.mrope_section"),
+        (r#""out_hidden_size":16"#, r#""out_hidden_size":12"#, "vision_config.out_hidden_size"),
+        (
+            r#""num_heads":2"#,
+            r#""num_heads":2,"deepstack_visual_indexes":[1]"#,
+            "vision_config.deepstack_visual_indexes",
+        ),
+        (r#""num_heads":2"#, r#""num_heads":3"#, "vision_config.num_heads"),
+        (r#""window_size":112"#, r#""window_size":14"#, "vision_config.window_size"),
+        (r#""hidden_size":16,"#, r#""hidden_size":16,"clip_qkv":8,"#, "clip_qkv"),
+    ] {
+        let (_d, cfg) = write_config(&json.replace(from, to));
+        let e = cfg.unwrap_err().to_string();
+        assert!(e.contains(&format!("config.json: {name}")) && e.lines().count() == 1, "{name}: {e}");
+    }
 }

@@ -26,6 +26,9 @@ pub struct Rotary {
     attention_scaling: f64,
     by_length: Option<ByLength>,
     dim: i64,
+    /// The multimodal RoPE's axis of each frequency (`[rotary_dim / 2]` int64, 0 time, 1 height,
+    /// 2 width), for `[3, batch, seq]` positions.
+    axes: Option<Tensor>,
 }
 
 /// `2i / dim` for `i < dim / 2`, as transformers computes it: `arange(0, dim, 2).float() / dim`.
@@ -51,13 +54,27 @@ fn default_inv_freq(theta: f64, dim: i64, device: tch::Device) -> Result<Tensor>
 
 impl Rotary {
     /// Computes `inv_freq` like transformers' `ROPE_INIT_FUNCTIONS`, in fp32, for the leading
-    /// `dim` dimensions of each head.
+    /// `dim` dimensions of each head; with the multimodal RoPE, each frequency's axis.
     pub fn new(cfg: &RopeConfig, dim: i64, device: tch::Device) -> Result<Self> {
+        let mut rotary = Self::scaled(cfg, dim, device)?;
+        if let Some(m) = cfg.mrope {
+            rotary.axes = Some(Tensor::f_from_slice(&m.axes(dim / 2))?.f_to_device(device)?);
+        }
+        Ok(rotary)
+    }
+
+    fn scaled(cfg: &RopeConfig, dim: i64, device: tch::Device) -> Result<Self> {
         let half = (dim / 2) as usize;
         let base = cfg.theta as f32;
         let mut inv: Vec<f32> = (0..half).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32)).collect();
         let plain = |inv: Vec<f32>, attention_scaling, by_length| -> Result<Self> {
-            Ok(Rotary { inv_freq: Tensor::f_from_slice(&inv)?.f_to_device(device)?, attention_scaling, by_length, dim })
+            Ok(Rotary {
+                inv_freq: Tensor::f_from_slice(&inv)?.f_to_device(device)?,
+                attention_scaling,
+                by_length,
+                dim,
+                axes: None,
+            })
         };
         match &cfg.scaling {
             RopeScaling::None => plain(inv, 1.0, None),
@@ -90,7 +107,7 @@ impl Rotary {
             RopeScaling::Yarn { .. } => {
                 let inv_freq = yarn_inv_freq(cfg, dim, device)?;
                 let RopeScaling::Yarn { attention_factor, .. } = cfg.scaling else { unreachable!() };
-                Ok(Rotary { inv_freq, attention_scaling: attention_factor, by_length: None, dim })
+                Ok(Rotary { inv_freq, attention_scaling: attention_factor, by_length: None, dim, axes: None })
             }
             RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor } => {
                 let powers = powers(&Tensor::f_scalar_tensor(cfg.theta, (Kind::Float, device))?, dim)?;
@@ -106,6 +123,7 @@ impl Rotary {
                         original: *original_max_position_embeddings,
                     }),
                     dim,
+                    axes: None,
                 })
             }
             RopeScaling::Proportional { partial, factor } => {
@@ -125,6 +143,7 @@ impl Rotary {
                     max_position_embeddings: *max_position_embeddings,
                 }),
                 dim,
+                axes: None,
             }),
         }
     }
@@ -161,13 +180,33 @@ impl Rotary {
     /// cos and signed sin tables for the given positions, in `kind`: `cos(θ)` and
     /// `[−sin(θ), sin(θ)]` (the first half negated), the form [`apply_rotary`] takes.
     ///
+    /// With the multimodal RoPE, positions may be `[3, batch, seq]` (time, height, width): each
+    /// frequency turns with its axis's position (transformers' `mrope_section` split). Plain
+    /// `[batch, seq]` positions are the same on every axis.
+    ///
     /// # Shapes
-    /// - `position_ids`: `[batch, seq]` (int64)
+    /// - `position_ids`: `[batch, seq]` or `[3, batch, seq]` (int64)
     /// - returns: `([batch, 1, seq, rotary_dim], [batch, 1, seq, rotary_dim])`
     pub fn cos_sin(&self, position_ids: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
         let inv_freq = self.inv_freq_for(position_ids)?;
-        let pos = position_ids.f_to_kind(Kind::Float)?.f_unsqueeze(-1)?; // [b, s, 1]
-        let freqs = pos.f_mul(&inv_freq)?.f_unsqueeze(1)?; // [b, 1, s, d/2]
+        let pos = position_ids.f_to_kind(Kind::Float)?.f_unsqueeze(-1)?; // [b, s, 1] or [3, b, s, 1]
+        let freqs = match (position_ids.dim(), &self.axes) {
+            (2, _) => pos.f_mul(&inv_freq)?,
+            (3, Some(axes)) => {
+                let all = pos.f_mul(&inv_freq)?; // [3, b, s, d/2]
+                let (_, b, s, half) = all.size4()?;
+                let pick = axes.f_view([1, 1, 1, half])?.f_expand([1, b, s, half], false)?;
+                all.f_gather(0, &pick, false)?.f_squeeze_dim(0)? // [b, s, d/2]
+            }
+            _ => {
+                return Err(crate::error::ModelError::Input(format!(
+                    "position ids {:?}: expected [batch, seq]{}",
+                    position_ids.size(),
+                    if self.axes.is_some() { " or [3, batch, seq]" } else { "" }
+                )))
+            }
+        };
+        let freqs = freqs.f_unsqueeze(1)?; // [b, 1, s, d/2]
         let (cos, sin) = (freqs.f_cos()?, freqs.f_sin()?);
         let cos = Tensor::f_cat(&[&cos, &cos], -1)?; // [b, 1, s, d]
         let sin = Tensor::f_cat(&[&sin.f_neg()?, &sin], -1)?; // [b, 1, s, d]

@@ -1,0 +1,129 @@
+//! Images in a causal language model's input (vision-language checkpoints, today Qwen2.5-VL):
+//! the vision tower's features ([`CausalLm::image_features`]) replace the image placeholders of
+//! the prompt's token embeddings, and the tokens take the multimodal RoPE's 3-D positions
+//! ([`CausalLm::image_positions`]); generation continues each row from its delta
+//! (`position + delta` on all three axes).
+
+use tch::{Kind, Tensor};
+
+use crate::backbone::Routing;
+use crate::config::ArchConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::KvCache;
+use crate::model::{check_ids, CausalLm};
+use crate::vision_tower::VisionTower;
+use crate::weights::WeightLoader;
+
+/// The vision tower of `cfg` from its scope in the checkpoint, where the model reads images.
+pub(crate) fn load_tower(w: &WeightLoader, cfg: &ArchConfig) -> Result<Option<VisionTower>> {
+    let (Some(vision), Some(mm)) = (&cfg.vision, cfg.multimodal) else { return Ok(None) };
+    let prefix = mm.vision_prefixes.first().copied().unwrap_or("visual.");
+    let w = prefix.trim_end_matches('.').split('.').fold(w.clone(), |w, part| w.pp(part));
+    VisionTower::load(&w, vision).map(Some)
+}
+
+/// Images of a batch as the processor makes them: every image's patch rows one after another, in
+/// the order their placeholders appear (row by row), and each image's grid.
+#[derive(Debug)]
+pub struct Images {
+    /// `[patches, channels · temporal_patch · patch²]`
+    pub pixel_values: Tensor,
+    /// `[t, h, w]` in patches, per image.
+    pub grids: Vec<[i64; 3]>,
+}
+
+impl CausalLm {
+    /// The vision tower, where this model reads images.
+    pub fn vision(&self) -> Option<&VisionTower> {
+        self.vision.as_ref()
+    }
+
+    fn tower(&self) -> Result<&VisionTower> {
+        self.vision.as_ref().ok_or_else(|| {
+            ModelError::Input(format!("model_type `{}` reads no images", self.config.arch.family.model_type()))
+        })
+    }
+
+    /// The features of `images`, one row per image token in placeholder order; with a graph
+    /// when the tower's parameters require gradients.
+    ///
+    /// # Shapes
+    /// - returns `[patches / merge², hidden]` in the model's dtype
+    pub fn image_features(&self, images: &Images) -> Result<Tensor> {
+        let tower = self.tower()?;
+        let x = images.pixel_values.f_to_device(self.device())?;
+        tower.forward(&x, &images.grids)
+    }
+
+    /// The multimodal positions of a batch whose prompts hold `grids`' images, and each row's
+    /// delta (see [`crate::qwen2_5_vl::mrope_positions`]).
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[3, batch, seq]` and `[batch]` int64
+    pub fn image_positions(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        grids: &[[i64; 3]],
+    ) -> Result<(Tensor, Tensor)> {
+        let cfg = self.tower()?.config();
+        crate::qwen2_5_vl::mrope_positions(
+            input_ids,
+            attention_mask,
+            grids,
+            cfg.image_token_id,
+            cfg.video_token_id,
+            cfg.spatial_merge_size,
+        )
+    }
+
+    /// Final hidden states with `features` in place of the image placeholders
+    /// ([`CausalLm::image_features`]), at the multimodal `position_ids`
+    /// ([`CausalLm::image_positions`]).
+    ///
+    /// # Shapes
+    /// - `input_ids`: `[batch, seq]`; `attention_mask`: `[batch, past + seq]`; `position_ids`:
+    ///   `[3, batch, seq]`; `features`: `[placeholders, hidden]` → `[batch, seq, hidden]`
+    pub fn hidden_states_with_images(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        position_ids: &Tensor,
+        features: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        check_ids(input_ids, attention_mask)?;
+        let routing = Routing::Off;
+        Ok(self.backbone.run(input_ids, position_ids, attention_mask, cache, &self.gate, routing, Some(features))?.0)
+    }
+
+    /// Full forward of prompts with images, without a cache.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → logits `[batch, seq, vocab]`
+    pub fn forward_with_images(&self, input_ids: &Tensor, attention_mask: &Tensor, images: &Images) -> Result<Tensor> {
+        let (pos, _) = self.image_positions(input_ids, attention_mask, &images.grids)?;
+        let features = self.image_features(images)?;
+        let h = self.hidden_states_with_images(input_ids, attention_mask, &pos, &features, None)?;
+        self.logits_from_hidden(&h)
+    }
+
+    /// Stops (or restarts) gradient tracking on the vision tower's parameters; returns how many
+    /// there are.
+    pub fn set_vision_trainable(&self, trainable: bool) -> usize {
+        let params = self.vision.as_ref().map(VisionTower::parameters).unwrap_or_default();
+        for p in &params {
+            let _ = p.shallow_clone().set_requires_grad(trainable);
+        }
+        params.len()
+    }
+}
+
+/// The positions of the next token of each row after a prompt with images: its plain position
+/// (`attention_mask` counted) plus the row's delta, on all three axes.
+///
+/// # Shapes
+/// - `plain`: `[batch, seq]`; `deltas`: `[batch]` → `[batch, seq]`
+pub fn shifted_positions(plain: &Tensor, deltas: &Tensor) -> Result<Tensor> {
+    Ok(plain.f_add(&deltas.f_to_kind(Kind::Int64)?.f_unsqueeze(-1)?)?)
+}

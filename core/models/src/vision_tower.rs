@@ -1,0 +1,380 @@
+//! The Qwen2.5-VL vision tower (transformers' `Qwen2_5_VisionTransformerPretrainedModel`): a ViT
+//! over an image's patches that outputs one feature per `merge × merge` block of patches, in the
+//! language model's width.
+//!
+//! - **Patch embedding**: a `Conv3d` whose kernel is its stride and the whole patch, i.e. a linear
+//!   map of each `pixel_values` row (`channels · temporal_patch · patch²` values) to the hidden
+//!   size, computed as one matrix product.
+//! - **2-D rotary**: each head's first half rotates with the patch's row, the second half with its
+//!   column (`θ^(−2i / (head_dim/2))`, `rotate_half` layout), in f32.
+//! - **Window attention**: the patches are reordered so that each window of
+//!   `window_size / (patch · merge)` merged tokens a side is contiguous (transformers'
+//!   `get_vision_window_index`); blocks in `fullatt_block_indexes` attend over the whole image,
+//!   the others within their window. Attention never crosses images. Segments of equal length are
+//!   batched into one `scaled_dot_product_attention`.
+//! - **Blocks**: pre-norm, RMSNorm (`w · x`, eps 1e-6), attention with one biased `qkv`, a biased
+//!   SwiGLU MLP.
+//! - **Merger**: RMSNorm, each `merge²` consecutive patches concatenated, `Linear → GELU →
+//!   Linear` to `out_hidden_size`; the window order undone.
+//!
+//! Tensor names below the tower: `patch_embed.proj.weight`, `blocks.{i}.{norm1,norm2}.weight`,
+//! `blocks.{i}.attn.{qkv,proj}.*`, `blocks.{i}.mlp.{gate_proj,up_proj,down_proj}.*`,
+//! `merger.ln_q.weight`, `merger.mlp.{0,2}.*`.
+
+use std::collections::BTreeMap;
+
+use tch::{Kind, Tensor};
+
+use crate::config::{NormKind, VisionConfig};
+use crate::error::{ModelError, Result};
+use crate::layers::{activate, apply_rotary, Linear, RmsNorm};
+use crate::weights::WeightLoader;
+
+const NORM_EPS: f64 = 1e-6;
+
+#[derive(Debug)]
+struct Block {
+    norm1: RmsNorm,
+    norm2: RmsNorm,
+    qkv: Linear,
+    proj: Linear,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    /// Attends over the whole image rather than its windows.
+    full: bool,
+}
+
+/// The Qwen2.5-VL vision tower.
+#[derive(Debug)]
+pub struct VisionTower {
+    cfg: VisionConfig,
+    patch_embed: Tensor, // [hidden, channels, temporal, patch, patch]
+    blocks: Vec<Block>,
+    merger_norm: RmsNorm,
+    merger_fc1: Linear,
+    merger_fc2: Linear,
+    inv_freq: Tensor, // [head_dim / 4] f32
+}
+
+/// Where each patch goes and what it attends to, computed on the host from the grids.
+struct Layout {
+    /// The merged tokens in window order: `order[i]` is the merged token at place `i`.
+    order: Vec<i64>,
+    /// `(start, length)` in patches of each window, in window order.
+    windows: Vec<(i64, i64)>,
+    /// `(start, length)` in patches of each image frame.
+    frames: Vec<(i64, i64)>,
+    /// Row and column of each patch, in the processor's order.
+    rows: Vec<i64>,
+    cols: Vec<i64>,
+}
+
+impl Layout {
+    fn new(cfg: &VisionConfig, grids: &[[i64; 3]]) -> Self {
+        let m = cfg.spatial_merge_size;
+        let unit = m * m;
+        let side = cfg.window_size / m / cfg.patch_size; // merged tokens per window side
+        let (mut order, mut windows, mut frames, mut rows, mut cols) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut offset, mut start) = (0i64, 0i64);
+        for &[t, h, w] in grids {
+            for _ in 0..t {
+                frames.push((start, h * w));
+                start += h * w;
+                // Patches come in merge blocks: block (bh, bw), then (i, j) inside it.
+                for bh in 0..h / m {
+                    for bw in 0..w / m {
+                        for i in 0..m {
+                            for j in 0..m {
+                                rows.push(bh * m + i);
+                                cols.push(bw * m + j);
+                            }
+                        }
+                    }
+                }
+            }
+            let (lh, lw) = (h / m, w / m);
+            let mut window_start = windows.last().map_or(0, |&(s, l)| s + l);
+            for f in 0..t {
+                for wy in 0..(lh + side - 1) / side {
+                    for wx in 0..(lw + side - 1) / side {
+                        let mut len = 0;
+                        for y in wy * side..((wy + 1) * side).min(lh) {
+                            for x in wx * side..((wx + 1) * side).min(lw) {
+                                order.push(offset + (f * lh + y) * lw + x);
+                                len += unit;
+                            }
+                        }
+                        windows.push((window_start, len));
+                        window_start += len;
+                    }
+                }
+            }
+            offset += t * lh * lw;
+        }
+        Layout { order, windows, frames, rows, cols }
+    }
+}
+
+impl VisionTower {
+    /// Loads the tower from `w` (the `visual` scope).
+    pub fn load(w: &WeightLoader, cfg: &VisionConfig) -> Result<Self> {
+        let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let patch_embed = w
+            .pp("patch_embed")
+            .pp("proj")
+            .get("weight", &[d, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size])?;
+        let norm = |l: &WeightLoader, dim| RmsNorm::load_kind(l, dim, NORM_EPS, NormKind::Rms);
+        let blocks = (0..cfg.depth)
+            .map(|b| {
+                let l = w.pp("blocks").pp(b);
+                Ok(Block {
+                    norm1: norm(&l.pp("norm1"), d)?,
+                    norm2: norm(&l.pp("norm2"), d)?,
+                    qkv: Linear::load(&l.pp("attn").pp("qkv"), d, 3 * d, true)?,
+                    proj: Linear::load(&l.pp("attn").pp("proj"), d, d, true)?,
+                    gate: Linear::load(&l.pp("mlp").pp("gate_proj"), d, i, true)?,
+                    up: Linear::load(&l.pp("mlp").pp("up_proj"), d, i, true)?,
+                    down: Linear::load(&l.pp("mlp").pp("down_proj"), i, d, true)?,
+                    full: cfg.fullatt_blocks.contains(&b),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let merged = d * cfg.spatial_merge_size * cfg.spatial_merge_size;
+        let merger = w.pp("merger");
+        // `1 / θ^(2i / (head_dim/2))`, `i < head_dim / 4`, in f32 as transformers computes it.
+        let quarter = cfg.head_dim() / 2;
+        let inv_freq =
+            Tensor::f_arange_start_step(0, quarter, 2, (Kind::Float, w.device()))?.f_div_scalar(quarter as f64)?;
+        let inv_freq =
+            Tensor::f_scalar_tensor(cfg.rope_theta, (Kind::Float, w.device()))?.f_pow(&inv_freq)?.f_reciprocal()?;
+        Ok(VisionTower {
+            patch_embed,
+            blocks,
+            merger_norm: norm(&merger.pp("ln_q"), d)?,
+            merger_fc1: Linear::load(&merger.pp("mlp").pp(0), merged, merged, true)?,
+            merger_fc2: Linear::load(&merger.pp("mlp").pp(2), merged, cfg.out_hidden_size, true)?,
+            inv_freq,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// The tower's configuration.
+    pub fn config(&self) -> &VisionConfig {
+        &self.cfg
+    }
+
+    /// Every parameter of the tower.
+    pub fn parameters(&self) -> Vec<&Tensor> {
+        fn linear(l: &Linear) -> impl Iterator<Item = &Tensor> {
+            std::iter::once(&l.weight).chain(l.bias.as_ref())
+        }
+        let mut out = vec![&self.patch_embed, &self.merger_norm.weight];
+        for b in &self.blocks {
+            out.extend([&b.norm1.weight, &b.norm2.weight]);
+            for l in [&b.qkv, &b.proj, &b.gate, &b.up, &b.down] {
+                out.extend(linear(l));
+            }
+        }
+        out.extend(linear(&self.merger_fc1).chain(linear(&self.merger_fc2)));
+        out
+    }
+
+    /// Checks `pixel_values` against `grids` before any computation.
+    fn check(&self, pixel_values: &Tensor, grids: &[[i64; 3]]) -> Result<()> {
+        let c = &self.cfg;
+        let m = c.spatial_merge_size;
+        let patches: i64 = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+        if let Some(g) = grids.iter().find(|g| g.iter().any(|&x| x <= 0) || g[1] % m != 0 || g[2] % m != 0) {
+            return Err(ModelError::Input(format!(
+                "image grid {g:?}: height and width must be positive multiples of {m}"
+            )));
+        }
+        if pixel_values.size() != [patches, c.patch_dim()] {
+            return Err(ModelError::Input(format!(
+                "pixel_values {:?} do not match the grids {grids:?}: expected [{patches}, {}]",
+                pixel_values.size(),
+                c.patch_dim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The merged features of the images, in the order of their patches.
+    ///
+    /// # Shapes
+    /// - `pixel_values`: `[patches, channels · temporal_patch · patch²]` (all images' rows, one
+    ///   after another); `grids[i] = [t, h, w]` in patches → `[patches / merge², out_hidden_size]`
+    pub fn forward(&self, pixel_values: &Tensor, grids: &[[i64; 3]]) -> Result<Tensor> {
+        self.check(pixel_values, grids)?;
+        let layout = Layout::new(&self.cfg, grids);
+        let device = pixel_values.device();
+        let kind = self.patch_embed.kind();
+        let d = self.cfg.hidden_size;
+        let weight = self.patch_embed.f_reshape([d, -1])?;
+        let x = crate::layers::linear(&pixel_values.f_to_kind(kind)?, &weight, None)?; // [n, d]
+        let n = x.size()[0];
+        let unit = self.cfg.spatial_merge_size * self.cfg.spatial_merge_size;
+        let order = Tensor::f_from_slice(&layout.order)?.f_to_device(device)?;
+        // Reorders whole merge blocks: [n, ...] → the same rows in window order.
+        let permute = |t: &Tensor| -> Result<Tensor> {
+            let rest = &t.size()[1..];
+            let blocks: Vec<i64> = [n / unit, unit].iter().chain(rest).copied().collect();
+            Ok(t.f_reshape(blocks.as_slice())?.f_index_select(0, &order)?.f_reshape(t.size().as_slice())?)
+        };
+        let mut h = permute(&x)?;
+        let (cos, sin) = self.rotary(&layout, device)?;
+        let (cos, sin) = (permute(&cos)?, permute(&sin)?);
+        for block in &self.blocks {
+            let segments = if block.full { &layout.frames } else { &layout.windows };
+            h = self.block(block, &h, &cos, &sin, segments)?;
+        }
+        let merged = self.merger_norm.forward(&h)?.f_reshape([n / unit, unit * d])?;
+        let merged =
+            self.merger_fc2.forward(&activate(&self.merger_fc1.forward(&merged)?, crate::config::Activation::Gelu)?)?;
+        Ok(merged.f_index_select(0, &order.f_argsort(0, false)?)?)
+    }
+
+    /// cos and signed sin tables (`[−sin, sin]`, see [`apply_rotary`]) of every patch's row and
+    /// column, in f32 and the processor's order.
+    ///
+    /// # Shapes
+    /// returns `([patches, head_dim], [patches, head_dim])`
+    fn rotary(&self, layout: &Layout, device: tch::Device) -> Result<(Tensor, Tensor)> {
+        let axis = |v: &[i64]| -> Result<Tensor> {
+            Ok(Tensor::f_from_slice(v)?
+                .f_to_device(device)?
+                .f_to_kind(Kind::Float)?
+                .f_unsqueeze(-1)?
+                .f_mul(&self.inv_freq)?)
+        };
+        let freqs = Tensor::f_cat(&[axis(&layout.rows)?, axis(&layout.cols)?], -1)?; // [n, head_dim / 2]
+        let (c, s) = (freqs.f_cos()?, freqs.f_sin()?);
+        Ok((Tensor::f_cat(&[&c, &c], -1)?, Tensor::f_cat(&[&s.f_neg()?, &s], -1)?))
+    }
+
+    /// One block: attention within `segments`, then the MLP, each added to the residual.
+    ///
+    /// # Shapes
+    /// - `h`: `[patches, hidden]`; `cos`, `sin`: `[patches, head_dim]` → `[patches, hidden]`
+    fn block(&self, b: &Block, h: &Tensor, cos: &Tensor, sin: &Tensor, segments: &[(i64, i64)]) -> Result<Tensor> {
+        let (n, heads, hd) = (h.size()[0], self.cfg.num_heads, self.cfg.head_dim());
+        let qkv = b.qkv.forward(&b.norm1.forward(h)?)?.f_reshape([n, 3, heads, hd])?;
+        // Rotated in f32 as transformers does, viewed as [n, heads, 1, head_dim].
+        let rotate = |i: i64| -> Result<Tensor> {
+            let x = qkv.f_select(1, i)?;
+            let (c, s) = (cos.f_view([n, 1, 1, hd])?, sin.f_view([n, 1, 1, hd])?);
+            Ok(apply_rotary(&x.f_to_kind(Kind::Float)?.f_unsqueeze(2)?, &c, &s)?
+                .f_squeeze_dim(2)?
+                .f_to_kind(x.kind())?)
+        };
+        let (q, k, v) = (rotate(0)?, rotate(1)?, qkv.f_select(1, 2)?);
+        let y = segment_attention(&q, &k, &v, segments)?.f_reshape([n, heads * hd])?;
+        let h = h.f_add(&b.proj.forward(&y)?)?;
+        let x = b.norm2.forward(&h)?;
+        let m = activate(&b.gate.forward(&x)?, self.cfg.activation)?.f_mul(&b.up.forward(&x)?)?;
+        Ok(h.f_add(&b.down.forward(&m)?)?)
+    }
+}
+
+/// Bidirectional attention of each segment's tokens among themselves; segments of equal length go
+/// through one `scaled_dot_product_attention` call.
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[tokens, heads, head_dim]`; `segments`: `(start, length)` covering every
+///   token once → `[tokens, heads, head_dim]`
+fn segment_attention(q: &Tensor, k: &Tensor, v: &Tensor, segments: &[(i64, i64)]) -> Result<Tensor> {
+    let mut by_len: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for &(start, len) in segments.iter().filter(|s| s.1 > 0) {
+        by_len.entry(len).or_default().push(start);
+    }
+    let (heads, hd) = (q.size()[1], q.size()[2]);
+    let (mut outs, mut places) = (Vec::new(), Vec::new());
+    for (len, starts) in by_len {
+        let idx: Vec<i64> = starts.iter().flat_map(|&s| s..s + len).collect();
+        let idx = Tensor::f_from_slice(&idx)?.f_to_device(q.device())?;
+        let group = |t: &Tensor| -> Result<Tensor> {
+            Ok(t.f_index_select(0, &idx)?.f_view([starts.len() as i64, len, heads, hd])?.f_transpose(1, 2)?)
+        };
+        let y = Tensor::f_scaled_dot_product_attention(
+            &group(q)?,
+            &group(k)?,
+            &group(v)?,
+            None::<&Tensor>,
+            0.0,
+            false,
+            None,
+            false,
+        )?; // [segments, heads, len, head_dim]
+        outs.push(y.f_transpose(1, 2)?.f_reshape([-1, heads, hd])?);
+        places.push(idx);
+    }
+    let y = Tensor::f_cat(&outs, 0)?;
+    Ok(y.f_index_select(0, &Tensor::f_cat(&places, 0)?.f_argsort(0, false)?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Activation;
+
+    fn cfg() -> VisionConfig {
+        VisionConfig {
+            depth: 1,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_heads: 2,
+            in_channels: 3,
+            patch_size: 2,
+            temporal_patch_size: 2,
+            spatial_merge_size: 2,
+            window_size: 8, // 2 merged tokens a side
+            fullatt_blocks: vec![],
+            out_hidden_size: 4,
+            activation: Activation::Silu,
+            rope_theta: 10_000.0,
+            image_token_id: 0,
+            video_token_id: 1,
+        }
+    }
+
+    #[test]
+    fn windows_follow_transformers_window_index() {
+        // An image of 6 × 4 patches: 3 × 2 merged tokens, windows of 2 × 2 merged tokens.
+        let l = Layout::new(&cfg(), &[[1, 6, 4], [1, 2, 2]]);
+        // transformers: index [[0,1],[2,3],[4,5]] padded to 4 × 2 → windows [0,1,2,3], [4,5].
+        assert_eq!(l.order, vec![0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(l.windows, vec![(0, 16), (16, 8), (24, 4)]);
+        assert_eq!(l.frames, vec![(0, 24), (24, 4)]);
+        // A wider image: 2 × 6 merged tokens, windows side by side.
+        let l = Layout::new(&cfg(), &[[1, 4, 12]]);
+        assert_eq!(l.order, vec![0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
+        assert_eq!(l.windows, vec![(0, 16), (16, 16), (32, 16)]);
+        // The first merge block of the first image: rows 0,0,1,1 and columns 0,1,0,1.
+        assert_eq!((&l.rows[..4], &l.cols[..4]), (&[0, 0, 1, 1][..], &[0, 1, 0, 1][..]));
+        assert_eq!((&l.rows[4..8], &l.cols[4..8]), (&[0, 0, 1, 1][..], &[2, 3, 2, 3][..]));
+    }
+
+    #[test]
+    fn segments_attend_only_within_themselves() {
+        let q = Tensor::randn([7, 2, 4], (Kind::Float, tch::Device::Cpu));
+        let (k, v) = (q.randn_like(), q.randn_like());
+        let segs = [(0, 3), (3, 2), (5, 2)];
+        let y = segment_attention(&q, &k, &v, &segs).unwrap();
+        for (s, l) in segs {
+            let part = |t: &Tensor| t.narrow(0, s, l).transpose(0, 1).unsqueeze(0);
+            let want = Tensor::scaled_dot_product_attention(
+                &part(&q),
+                &part(&k),
+                &part(&v),
+                None::<&Tensor>,
+                0.0,
+                false,
+                None,
+                false,
+            );
+            let got = y.narrow(0, s, l).transpose(0, 1).unsqueeze(0);
+            assert!((got - want).abs().max().double_value(&[]) < 1e-6);
+        }
+    }
+}
