@@ -2,9 +2,11 @@
 //! (`fixtures/make_vl.py`): a left-padded batch of a prompt with one image, one with two and one
 //! of text alone — the patches of our processor equal to transformers' processor's, the logits
 //! within the families' tolerance, greedy tokens through the cache (3-D positions in the prompt,
-//! each row's delta after it) equal; in both layouts a checkpoint comes in (transformers 5's
-//! `model.language_model.*`, the Hub's `model.layers.*` + `visual.*` with a flat config); a save
-//! keeps the names it loaded and reloads to the same logits bit for bit.
+//! each row's delta after it) equal; in each layout a checkpoint comes in (transformers 5's nested
+//! config, the Hub's flat one, the tensors under `model.layers.*` + `visual.*` as both save them or
+//! under transformers 5's module names `model.language_model.*` + `model.visual.*`); a save keeps
+//! the names it loaded and reloads to the same logits bit for bit. Gradients through the tower equal
+//! transformers' in plain and checkpointed backward passes.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,7 +20,22 @@ use tch::{Device, Kind, Tensor};
 /// The families' tolerance (transformers' own f32 logits are within 3e-7 of its f64 ones here).
 const TOL: f64 = 1e-4;
 
-fn make(dir: &Path) -> HashMap<String, Tensor> {
+/// The fixture, made once per test process.
+fn fixture() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        make(dir.path());
+        dir
+    })
+    .path()
+}
+
+fn reference(dir: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect()
+}
+
+fn make(dir: &Path) {
     let python = python().expect("python with transformers");
     let out = Command::new(python)
         .arg(fixtures().join("make_vl.py"))
@@ -27,7 +44,6 @@ fn make(dir: &Path) -> HashMap<String, Tensor> {
         .expect("spawn python");
     assert!(out.status.success(), "make_vl.py failed: {}", String::from_utf8_lossy(&out.stderr));
     println!("{}", String::from_utf8_lossy(&out.stdout).trim());
-    Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect()
 }
 
 /// Our processor's patches for each row's images, in order.
@@ -83,16 +99,16 @@ fn qwen2_5_vl_matches_transformers_with_images() {
     if python().is_none() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let r = make(dir.path());
-    let imgs = images(dir.path());
+    let dir = fixture();
+    let r = reference(dir);
+    let imgs = images(dir);
     let grids: Vec<Vec<i64>> = Vec::try_from(&r["image_grid_thw"]).unwrap();
     assert_eq!(imgs.grids.iter().map(|g| g.to_vec()).collect::<Vec<_>>(), grids, "grids");
     let diff = (&imgs.pixel_values - &r["pixel_values"]).abs().max().double_value(&[]);
     assert_eq!(diff, 0.0, "processor patches differ from transformers'");
     let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
-    for layout in ["model", "legacy"] {
-        let src = dir.path().join(layout);
+    for layout in ["model", "hub", "new-names"] {
+        let src = dir.join(layout);
         let m = CausalLm::from_dir(&src, Device::Cpu, Kind::Float).unwrap();
         assert!(m.vision().is_some(), "{layout}: the tower is read");
         let logits = tch::no_grad(|| m.forward_with_images(ids, mask, &imgs)).unwrap();
@@ -106,11 +122,82 @@ fn qwen2_5_vl_matches_transformers_with_images() {
             "{layout}: greedy tokens"
         );
         // Save → reload: the same names as loaded, the same logits bit for bit.
-        let saved = dir.path().join(format!("{layout}-saved"));
+        let saved = dir.join(format!("{layout}-saved"));
         m.save(&saved).unwrap();
         assert_eq!(tensor_names(&saved), tensor_names(&src), "{layout}: saved tensor names");
         let again = CausalLm::from_dir(&saved, Device::Cpu, Kind::Float).unwrap();
         let logits2 = tch::no_grad(|| again.forward_with_images(ids, mask, &imgs)).unwrap();
         assert!(logits2.equal(&logits), "{layout}: the reloaded save computes other logits");
+    }
+}
+
+/// `−Σ log p(target)` over the real tokens, as the fixture computes it.
+fn token_loss(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Tensor {
+    let logp = logits.log_softmax(-1, Kind::Float).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+    -(logp * mask.to_kind(Kind::Float)).sum(Kind::Float)
+}
+
+/// The gradients of the fixture's parameters after `f` has backpropagated, from zero.
+fn grads(m: &CausalLm, names: &[String], f: impl FnOnce()) -> Vec<Tensor> {
+    let vars = m.vs.variables();
+    for t in vars.values() {
+        let mut g = t.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    f();
+    names.iter().map(|n| vars.get(n).unwrap_or_else(|| panic!("no parameter {n}")).grad().copy()).collect()
+}
+
+/// Gradients through the language model, the image features' placement and the whole vision
+/// tower (windows, the full-attention block, the merger) equal transformers', in a plain and a
+/// checkpointed backward.
+#[test]
+fn qwen2_5_vl_gradients_match_transformers() {
+    if python().is_none() {
+        return;
+    }
+    let dir = fixture();
+    let r = reference(dir);
+    let imgs = images(dir);
+    let (ids, mask, targets) = (&r["input_ids"], &r["attention_mask"], &r["targets"]);
+    let m = CausalLm::from_dir(&dir.join("model"), Device::Cpu, Kind::Float).unwrap();
+    assert!(m.set_vision_trainable(true) > 0);
+    let names: Vec<String> = r
+        .keys()
+        .filter_map(|k| k.strip_prefix("grad."))
+        .map(String::from)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(names.len(), 7);
+    let plain =
+        grads(&m, &names, || token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward());
+    let checkpointed = grads(&m, &names, || {
+        let (pos, _) = m.image_positions(ids, mask, &imgs.grids).unwrap();
+        let features = m.image_features(&imgs).unwrap();
+        let ck = m.hidden_states_checkpointed_with_images(ids, mask, &pos, &features).unwrap();
+        token_loss(&m.logits_from_hidden(ck.hidden()).unwrap(), targets, mask).backward();
+        m.backward_checkpointed(&ck).unwrap();
+    });
+    for ((name, a), b) in names.iter().zip(&plain).zip(&checkpointed) {
+        let want = &r[&format!("grad.{name}")];
+        let largest = want.abs().max().double_value(&[]);
+        let scale = largest.max(1.0);
+        let (d_plain, d_ck) = ((a - want).abs().max().double_value(&[]), (b - want).abs().max().double_value(&[]));
+        println!("{name}: max |grad| {largest:.2e}, |Δ| plain {d_plain:.2e}, checkpointed {d_ck:.2e}");
+        assert!(d_plain < 1e-5 * scale && d_ck < 1e-5 * scale, "{name}: gradients differ ({d_plain}, {d_ck})");
+    }
+    // Frozen, the tower takes no gradient and the language model's are unchanged.
+    m.set_vision_trainable(false);
+    let frozen =
+        grads(&m, &names, || token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward());
+    for ((name, a), b) in names.iter().zip(&plain).zip(&frozen) {
+        if name.contains("visual") {
+            assert!(!b.defined() || b.abs().max().double_value(&[]) == 0.0, "{name}: a frozen tower took a gradient");
+        } else {
+            assert!(a.equal(b), "{name}: freezing the tower changed the language model's gradient");
+        }
     }
 }

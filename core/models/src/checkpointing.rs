@@ -48,6 +48,9 @@ struct Segment {
     key_mask: Tensor,
     /// Tokens before `ids` that the segment attends to (the shared prefix's).
     past: i64,
+    /// Image features in place of the image placeholders, `[placeholders, hidden]` (with the
+    /// vision tower's graph when it trains).
+    visual: Option<Tensor>,
     shared: LayerShared,
     /// `[rows, seq, hidden]` each: the input of layer `i`, then the final norm's.
     inputs: Vec<Tensor>,
@@ -55,14 +58,20 @@ struct Segment {
 
 impl Segment {
     /// Embeds the segment (with a graph when the embeddings train).
-    fn embed(backbone: &Backbone, ids: &Tensor, positions: &Tensor, key_mask: &Tensor, past: i64) -> Result<Self> {
-        let (h, shared) = backbone.embed(ids, positions, key_mask, past, None)?;
+    fn embed(
+        backbone: &Backbone,
+        (ids, positions, key_mask): (&Tensor, &Tensor, &Tensor),
+        past: i64,
+        visual: Option<&Tensor>,
+    ) -> Result<Self> {
+        let (h, shared) = backbone.embed(ids, positions, key_mask, past, visual)?;
         let inputs = vec![h];
         Ok(Segment {
             ids: ids.shallow_clone(),
             positions: positions.shallow_clone(),
             key_mask: key_mask.shallow_clone(),
             past,
+            visual: visual.map(Tensor::shallow_clone),
             shared,
             inputs,
         })
@@ -76,7 +85,8 @@ impl Segment {
     /// The embeddings recomputed with a graph, `[rows, seq, hidden]`, and the per-layer inputs
     /// made from them (Gemma 4), `[rows, seq, layers, dim]`.
     fn embeddings(&self, backbone: &Backbone) -> Result<(Tensor, Option<Tensor>)> {
-        let (h, shared) = backbone.embed(&self.ids, &self.positions, &self.key_mask, self.past, None)?;
+        let (h, shared) =
+            backbone.embed(&self.ids, &self.positions, &self.key_mask, self.past, self.visual.as_ref())?;
         let per_layer = shared.side.per_layer.borrow_mut().take();
         Ok((h, per_layer))
     }
@@ -199,21 +209,22 @@ pub(crate) fn rows_per_prefix(of_row: &Tensor, prefixes: i64) -> Result<Tensor> 
     Ok(of_row.f_bincount::<&Tensor>(None, prefixes)?)
 }
 
-/// Runs `backbone` without a graph, keeping the layer inputs.
+/// Runs `backbone` without a graph, keeping the layer inputs; `visual` features replace the image
+/// placeholders (their graph, if any, is backpropagated with the embeddings').
 ///
 /// # Shapes
-/// - `ids`, `positions`, `key_mask`: `[batch, seq]` → [`Checkpointed::hidden`] `[batch, seq, hidden]`
+/// - `ids`, `key_mask`: `[batch, seq]`; `positions`: `[batch, seq]` or `[3, batch, seq]` →
+///   [`Checkpointed::hidden`] `[batch, seq, hidden]`
 pub(crate) fn forward(
     backbone: &Backbone,
     gate: &Gate,
-    ids: &Tensor,
-    positions: &Tensor,
-    key_mask: &Tensor,
+    (ids, positions, key_mask): (&Tensor, &Tensor, &Tensor),
+    visual: Option<&Tensor>,
 ) -> Result<Checkpointed> {
     gather(gate, Unit::Outer)?;
     prefetch(gate, Unit::Layer(0))?;
     let (rows, hidden) = tch::no_grad(|| -> Result<_> {
-        let mut rows = Segment::embed(backbone, ids, positions, key_mask, 0)?;
+        let mut rows = Segment::embed(backbone, (ids, positions, key_mask), 0, visual)?;
         for i in 0..backbone.num_layers() {
             let next = gated(gate, i, || backbone.layer(i, rows.top(), &rows.shared, None))?;
             rows.inputs.push(next);
@@ -244,9 +255,9 @@ pub(crate) fn forward_after_prefix(
     gather(gate, Unit::Outer)?;
     prefetch(gate, Unit::Layer(0))?;
     let (prefixes, rows, hidden) = tch::no_grad(|| -> Result<_> {
-        let mut pre = Segment::embed(backbone, p_ids, p_pos, p_mask, 0)?;
+        let mut pre = Segment::embed(backbone, (p_ids, p_pos, p_mask), 0, None)?;
         Routing::Record(Some(&rows_per_prefix(of_row, p_ids.size()[0])?)).apply(&mut pre.shared)?;
-        let mut rows = Segment::embed(backbone, ids, positions, key_mask, p)?;
+        let mut rows = Segment::embed(backbone, (ids, positions, key_mask), p, None)?;
         for i in 0..backbone.num_layers() {
             let (np, nr) = gated(gate, i, || {
                 layer_pair(backbone, i, (pre.top(), &pre.shared), (rows.top(), &rows.shared), of_row)

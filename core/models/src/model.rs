@@ -300,7 +300,7 @@ impl CausalLm {
         position_ids: &Tensor,
     ) -> Result<Checkpointed> {
         check_ids(input_ids, attention_mask)?;
-        checkpointing::forward(&self.backbone, &self.gate, input_ids, position_ids, attention_mask)
+        checkpointing::forward(&self.backbone, &self.gate, (input_ids, position_ids, attention_mask), None)
     }
 
     /// Sets (or with `None` removes) the gate of this model's sharded parameters, which its

@@ -7,6 +7,7 @@
 use tch::{Kind, Tensor};
 
 use crate::backbone::Routing;
+use crate::checkpointing::{self, Checkpointed};
 use crate::config::ArchConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::KvCache;
@@ -95,6 +96,25 @@ impl CausalLm {
         check_ids(input_ids, attention_mask)?;
         let routing = Routing::Off;
         Ok(self.backbone.run(input_ids, position_ids, attention_mask, cache, &self.gate, routing, Some(features))?.0)
+    }
+
+    /// [`CausalLm::hidden_states_with_images`] as a checkpointed pass (see
+    /// [`CausalLm::hidden_states_checkpointed`]); the features' graph, when the tower trains, is
+    /// backpropagated with the embeddings' by [`CausalLm::backward_checkpointed`].
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `position_ids`: `[3, batch, seq]`;
+    ///   `features`: `[placeholders, hidden]`; hidden `[batch, seq, hidden]`
+    pub fn hidden_states_checkpointed_with_images(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        position_ids: &Tensor,
+        features: &Tensor,
+    ) -> Result<Checkpointed> {
+        check_ids(input_ids, attention_mask)?;
+        let inputs = (input_ids, position_ids, attention_mask);
+        checkpointing::forward(&self.backbone, &self.gate, inputs, Some(features))
     }
 
     /// Full forward of prompts with images, without a cache.

@@ -134,7 +134,7 @@ impl ScalarHeadModel {
     pub fn values_checkpointed(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Checkpointed)> {
         check_ids(input_ids, attention_mask)?;
         let pos = position_ids_from_mask(attention_mask)?;
-        let ck = checkpointing::forward(&self.backbone, &self.gate, input_ids, &pos, attention_mask)?;
+        let ck = checkpointing::forward(&self.backbone, &self.gate, (input_ids, &pos, attention_mask), None)?;
         let v = ck.hidden().f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?;
         Ok((v, ck))
     }
