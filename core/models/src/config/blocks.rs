@@ -96,6 +96,10 @@ pub struct PerLayerInput {
     pub vocab: i64,
 }
 
+/// Reads a vision tower's configuration from a checkpoint's top-level `config.json`.
+pub type ReadVision =
+    fn(&std::path::Path, &serde_json::Map<String, serde_json::Value>) -> crate::error::Result<super::VisionConfig>;
+
 /// A vision-language checkpoint whose language model loads as a text family: the `config.json`
 /// nests the text model's keys under `text_config`, its tensors sit under `language_prefix`, the
 /// vision tower's under `vision_prefixes` (read where the family's tower is implemented, else kept
@@ -121,9 +125,7 @@ pub struct Multimodal {
     pub flat: bool,
     /// Reads the vision tower from the top-level config: its tensors are then loaded and images
     /// read, instead of carried through.
-    pub vision: Option<
-        fn(&std::path::Path, &serde_json::Map<String, serde_json::Value>) -> crate::error::Result<super::VisionConfig>,
-    >,
+    pub vision: Option<ReadVision>,
     /// The same model in transformers' older tensor names (`model.layers.*`, `visual.*`), read
     /// when a checkpoint stores them so.
     pub legacy: Option<&'static Multimodal>,
