@@ -201,3 +201,36 @@ fn qwen2_5_vl_gradients_match_transformers() {
         }
     }
 }
+
+/// The rollout engine's generation with images: the same greedy tokens as transformers' `generate`,
+/// also with each prompt repeated (`prefill_group` 2: each run's images through the tower once).
+#[test]
+fn qwen2_5_vl_generates_with_images() {
+    if python().is_none() {
+        return;
+    }
+    let dir = fixture();
+    let r = reference(dir);
+    let imgs = images(dir);
+    let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
+    let m = CausalLm::from_dir(&dir.join("model"), Device::Cpu, Kind::Float).unwrap();
+    let cfg = rlhf_generation::GenerateConfig::greedy(8, vec![], 0);
+    let out = rlhf_generation::generate_with_images(&m, ids, mask, &imgs, &cfg).unwrap();
+    let want = Vec::<Vec<i64>>::try_from(&r["greedy"]).unwrap();
+    assert_eq!(Vec::<Vec<i64>>::try_from(&out.responses().unwrap()).unwrap(), want, "greedy tokens");
+    // Each prompt twice, with its images: rows 0 and 1 hold image 0, rows 2 and 3 images 1 and 2.
+    let rows = m.images_per_row(ids, &imgs).unwrap();
+    assert_eq!(rows, vec![0..1, 1..3, 3..3]);
+    let twice = imgs.select(&[0, 0, 1, 2, 1, 2]).unwrap();
+    let cfg = rlhf_generation::GenerateConfig { prefill_group: 2, ..cfg };
+    let (ids2, mask2) = (ids.repeat_interleave_self_int(2, 0, None), mask.repeat_interleave_self_int(2, 0, None));
+    let out = rlhf_generation::generate_with_images(&m, &ids2, &mask2, &twice, &cfg).unwrap();
+    let want2: Vec<Vec<i64>> = want.iter().flat_map(|r| [r.clone(), r.clone()]).collect();
+    assert_eq!(Vec::<Vec<i64>>::try_from(&out.responses().unwrap()).unwrap(), want2, "grouped greedy tokens");
+    // Placeholders and images that do not match are one-line errors naming the row.
+    let cfg = rlhf_generation::GenerateConfig { prefill_group: 1, ..cfg };
+    let e = rlhf_generation::generate_with_images(&m, ids, mask, &imgs.select(&[0]).unwrap(), &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row 1: more image placeholders than images") && !e.contains('\n'), "{e}");
+}

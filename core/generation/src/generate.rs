@@ -11,7 +11,8 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm, KvCache};
+use rlhf_models::multimodal::shifted_positions;
+use rlhf_models::{position_ids_from_mask, CausalLm, Images, KvCache};
 
 pub use crate::config::{GenerateConfig, StopCheck};
 use crate::decode::{decode, Decoded, Start};
@@ -71,6 +72,34 @@ pub fn generate_until(
     cfg: &GenerateConfig,
     stop: Option<StopCheck<'_>>,
 ) -> Result<Generated> {
+    generate_from(model, prompt_ids, prompt_mask, None, cfg, stop)
+}
+
+/// [`generate`] for prompts with images (a vision-language model): `images` holds every row's
+/// images in the order of their placeholders. The prompts are prefilled with the images' features
+/// and multimodal positions — with [`GenerateConfig::prefill_group`], each run's images go through
+/// the vision tower once — and each row decodes on from its position plus its delta.
+///
+/// # Shapes
+/// As [`generate`].
+pub fn generate_with_images(
+    model: &CausalLm,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    images: &Images,
+    cfg: &GenerateConfig,
+) -> Result<Generated> {
+    generate_from(model, prompt_ids, prompt_mask, Some(images), cfg, None)
+}
+
+fn generate_from(
+    model: &CausalLm,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    images: Option<&Images>,
+    cfg: &GenerateConfig,
+    stop: Option<StopCheck<'_>>,
+) -> Result<Generated> {
     cfg.check()?;
     let size = prompt_ids.size();
     if size.len() != 2 || prompt_mask.size() != size || size[1] == 0 {
@@ -100,8 +129,15 @@ pub fn generate_until(
         let key_mask = Tensor::f_zeros([batch, total], (Kind::Int64, device))?;
         key_mask.f_narrow(1, 0, prompt_len)?.f_copy_(&prompt_mask)?;
         let positions = position_ids_from_mask(&prompt_mask)?;
-        let next_pos = positions.f_narrow(1, prompt_len - 1, 1)?.f_add_scalar(1)?; // [b, 1]
-        let logits = prefill(model, &prompt_ids, &prompt_mask, &positions, &mut cache, cfg.prefill_group)?; // [b, vocab]
+        let mut next_pos = positions.f_narrow(1, prompt_len - 1, 1)?.f_add_scalar(1)?; // [b, 1]
+        let logits = match images {
+            None => prefill(model, &prompt_ids, &prompt_mask, &positions, &mut cache, cfg.prefill_group)?,
+            Some(images) => {
+                let (logits, deltas) = prefill_images(model, &prompt_ids, &prompt_mask, images, &mut cache, group)?;
+                next_pos = shifted_positions(&next_pos, &deltas)?;
+                logits
+            }
+        }; // [b, vocab]
         let finished = Tensor::f_zeros([batch], (Kind::Bool, device))?;
         let start = Start { cache, key_mask, base: prompt_len, next_pos, logits, finished, compact: true };
         let Decoded { tokens: responses, alive, logprobs, .. } = decode(model, start, cfg, stop)?;
@@ -137,9 +173,23 @@ pub(crate) fn prefill(
         let hidden = model.hidden_states(ids, mask, positions, Some(cache))?;
         return Ok(model.logits_from_hidden(&hidden.f_select(1, last)?)?);
     }
+    let firsts = run_firsts(ids, mask, group)?;
+    let pick = |t: &Tensor| t.f_index_select(0, &firsts);
+    let hidden = model.hidden_states(&pick(ids)?, &pick(mask)?, &pick(positions)?, Some(cache))?;
+    let logits = model.logits_from_hidden(&hidden.f_select(1, last)?)?; // [runs, vocab]
+    cache.repeat_rows(group)?;
+    Ok(logits.f_repeat_interleave_self_int(group, 0, None)?)
+}
+
+/// The first row of each run of `group` rows, after checking that every row of a run equals its
+/// first (one host sync for both checks).
+///
+/// # Shapes
+/// - `ids`, `mask`: `[batch, len]` → `[batch / group]` int64
+fn run_firsts(ids: &Tensor, mask: &Tensor, group: i64) -> Result<Tensor> {
     let (batch, len) = (ids.size()[0], ids.size()[1]);
     let runs = batch / group;
-    // [runs, group, len]: every row of a run equals its first (one host sync for both checks).
+    // [runs, group, len]
     let same = |t: &Tensor| -> Result<Tensor> {
         let t = t.f_view([runs, group, len])?;
         Ok(t.f_eq_tensor(&t.f_narrow(1, 0, 1)?)?.f_all()?)
@@ -149,10 +199,42 @@ pub(crate) fn prefill(
             "prefill_group {group}: the {batch} prompt rows are not runs of {group} identical prompts"
         )));
     }
-    let firsts = Tensor::f_arange_start_step(0, batch, group, (Kind::Int64, ids.device()))?; // [runs]
-    let pick = |t: &Tensor| t.f_index_select(0, &firsts);
-    let hidden = model.hidden_states(&pick(ids)?, &pick(mask)?, &pick(positions)?, Some(cache))?;
-    let logits = model.logits_from_hidden(&hidden.f_select(1, last)?)?; // [runs, vocab]
+    Ok(Tensor::f_arange_start_step(0, batch, group, (Kind::Int64, ids.device()))?)
+}
+
+/// [`prefill`] of prompts with images: their features in place of the placeholders, at the
+/// multimodal positions; with `group > 1` only the first row of each run (and its images) goes
+/// through the model. Returns the last position's logits and each row's position delta.
+///
+/// # Shapes
+/// - `ids`, `mask`: `[batch, prompt_len]` → `[batch, vocab]` and `[batch]`
+fn prefill_images(
+    model: &CausalLm,
+    ids: &Tensor,
+    mask: &Tensor,
+    images: &Images,
+    cache: &mut KvCache,
+    group: i64,
+) -> Result<(Tensor, Tensor)> {
+    let last = ids.size()[1] - 1;
+    let (ids_p, mask_p, images_p);
+    let (ids, mask, images) = if group == 1 {
+        (ids, mask, images)
+    } else {
+        let firsts = run_firsts(ids, mask, group)?;
+        let rows = model.images_per_row(ids, images)?;
+        let which: Vec<usize> = rows.iter().step_by(group as usize).flat_map(|r| r.clone()).collect();
+        (ids_p, mask_p, images_p) =
+            (ids.f_index_select(0, &firsts)?, mask.f_index_select(0, &firsts)?, images.select(&which)?);
+        (&ids_p, &mask_p, &images_p)
+    };
+    let (positions, deltas) = model.image_positions(ids, mask, &images.grids)?;
+    let features = model.image_features(images)?;
+    let hidden = model.hidden_states_with_images(ids, mask, &positions, &features, Some(cache))?;
+    let logits = model.logits_from_hidden(&hidden.f_select(1, last)?)?;
+    if group == 1 {
+        return Ok((logits, deltas));
+    }
     cache.repeat_rows(group)?;
-    Ok(logits.f_repeat_interleave_self_int(group, 0, None)?)
+    Ok((logits.f_repeat_interleave_self_int(group, 0, None)?, deltas.f_repeat_interleave_self_int(group, 0, None)?))
 }

@@ -33,7 +33,64 @@ pub struct Images {
     pub grids: Vec<[i64; 3]>,
 }
 
+impl Images {
+    /// Patch rows (`t · h · w`) of each image.
+    fn patch_counts(&self) -> Vec<i64> {
+        self.grids.iter().map(|g| g[0] * g[1] * g[2]).collect()
+    }
+
+    /// The images `which` names, in that order: their patch rows and grids.
+    pub fn select(&self, which: &[usize]) -> Result<Images> {
+        let counts = self.patch_counts();
+        let starts: Vec<i64> = counts.iter().scan(0, |s, c| Some(std::mem::replace(s, *s + c))).collect();
+        if let Some(bad) = which.iter().find(|&&i| i >= counts.len()) {
+            return Err(ModelError::Input(format!("image {bad} of {}", counts.len())));
+        }
+        let parts: Vec<Tensor> = which
+            .iter()
+            .map(|&i| self.pixel_values.f_narrow(0, starts[i], counts[i]))
+            .collect::<std::result::Result<_, _>>()?;
+        let pixel_values = match parts.is_empty() {
+            true => self.pixel_values.f_narrow(0, 0, 0)?,
+            false => Tensor::f_cat(&parts, 0)?,
+        };
+        Ok(Images { pixel_values, grids: which.iter().map(|&i| self.grids[i]).collect() })
+    }
+}
+
 impl CausalLm {
+    /// The images of each row of `input_ids`, as index ranges into `images`: a row takes as many
+    /// images, in order, as its placeholders cover.
+    ///
+    /// # Shapes
+    /// - `input_ids`: `[batch, seq]`
+    pub fn images_per_row(&self, input_ids: &Tensor, images: &Images) -> Result<Vec<std::ops::Range<usize>>> {
+        let cfg = self.tower()?.config();
+        let merge = cfg.spatial_merge_size * cfg.spatial_merge_size;
+        let per_row = input_ids.f_eq(cfg.image_token_id)?.f_sum_dim_intlist(-1, false, Kind::Int64)?;
+        let per_row = Vec::<i64>::try_from(per_row.f_to_device(tch::Device::Cpu)?)?;
+        let tokens: Vec<i64> = images.patch_counts().iter().map(|c| c / merge).collect();
+        let (mut out, mut next) = (Vec::with_capacity(per_row.len()), 0usize);
+        for (row, mut want) in per_row.into_iter().enumerate() {
+            let first = next;
+            while want > 0 {
+                let Some(&n) = tokens.get(next) else {
+                    return Err(ModelError::Input(format!("row {row}: more image placeholders than images")));
+                };
+                want -= n;
+                next += 1;
+            }
+            if want < 0 {
+                return Err(ModelError::Input(format!("row {row}: its image placeholders end inside an image")));
+            }
+            out.push(first..next);
+        }
+        if next != tokens.len() {
+            return Err(ModelError::Input(format!("{} images for {next} the placeholders cover", tokens.len())));
+        }
+        Ok(out)
+    }
+
     /// The vision tower, where this model reads images.
     pub fn vision(&self) -> Option<&VisionTower> {
         self.vision.as_ref()
