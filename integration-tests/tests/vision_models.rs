@@ -234,3 +234,89 @@ fn qwen2_5_vl_generates_with_images() {
         .to_string();
     assert!(e.contains("row 1: more image placeholders than images") && !e.contains('\n'), "{e}");
 }
+
+/// Prompt rows with images — verl's `<image>` markers with relative paths, TRL's chat messages with
+/// image parts and `{bytes, path}` structs, and verl's Parquet layout with the images' bytes —
+/// tokenize to the ids transformers' `Qwen2_5_VLProcessor` makes from the same rows (its chat
+/// template rendering the image parts, one `<|image_pad|>` per merged patch); bad rows are one-line
+/// errors naming the prompt.
+#[test]
+fn prompt_rows_with_images_tokenize_as_transformers_processor() {
+    use rlhf_trainer::config::DataConfig;
+    use rlhf_trainer::data::{read_prompt_data, PromptDataset};
+    use rlhf_trainer::prompt_images::PromptImages;
+    if python().is_none() {
+        return;
+    }
+    let dir = fixture();
+    let model_dir = dir.join("model");
+    let tok = rlhf_tokenizer::HfTokenizer::from_dir(&model_dir).unwrap();
+    let arch = rlhf_models::ModelConfig::from_dir(&model_dir).unwrap().arch;
+    let images = PromptImages::for_model(&model_dir, &arch, &tok).unwrap().expect("the model reads images");
+    let want: Vec<Vec<u32>> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompt_ids.json")).unwrap()).unwrap();
+    for file in ["prompts.jsonl", "prompts.parquet"] {
+        let cfg = DataConfig {
+            prompts: dir.join(file).display().to_string(),
+            max_prompt_len: 512,
+            apply_chat_template: true,
+            ..DataConfig::default()
+        };
+        let raw = read_prompt_data(&cfg).unwrap();
+        let ds = PromptDataset::new_with_images(raw, &tok, &cfg, 0, Some(&images)).unwrap();
+        let ids: Vec<Vec<u32>> = ds.records.iter().map(|r| r.ids.clone()).collect();
+        assert_eq!(ids, want, "{file}: prompt ids");
+        let grids: Vec<Vec<[usize; 3]>> = ds.records.iter().map(|r| r.grids.clone()).collect();
+        assert_eq!(grids, vec![vec![[1, 6, 8]], vec![[1, 4, 10], [1, 4, 4]], vec![]], "{file}: grids");
+        // The rewards see the images' names: paths, or the row and index of bytes.
+        let names = &ds.records[1].metadata["images"];
+        let first = if file.ends_with(".jsonl") {
+            dir.join("images/b.png").display().to_string()
+        } else {
+            "prompt 2 image 0".into()
+        };
+        assert_eq!(names[0], serde_json::Value::from(first), "{file}: image names");
+        // Text prompts only: a row with images is refused by number.
+        let raw = read_prompt_data(&cfg).unwrap();
+        let e = PromptDataset::new(raw, &tok, &cfg, 0).unwrap_err().to_string();
+        assert!(e.starts_with("prompt 1: has 1 image(s), which this run does not read"), "{e}");
+    }
+    // Bad rows: a missing file, a corrupt one, markers that do not match the images, a prompt too
+    // long to keep its images.
+    let bad = tempfile::tempdir().unwrap();
+    std::fs::write(bad.path().join("corrupt.png"), b"\x89PNG\r\n\x1a\nnope").unwrap();
+    let a = dir.join("images/a.png").display().to_string();
+    for (row, max_len, needle) in [
+        (serde_json::json!({"prompt": "<image>x", "images": ["missing.png"]}), 512, "missing.png"),
+        (
+            serde_json::json!({"prompt": "<image>x", "images": ["corrupt.png"]}),
+            512,
+            "corrupt.png: not a decodable image",
+        ),
+        (
+            serde_json::json!({"prompt": "<image><image>x", "images": [a]}),
+            512,
+            "prompt 1: 2 <image> placeholder(s) for 1 image(s)",
+        ),
+        (
+            serde_json::json!({"prompt": "<image>x", "images": [a]}),
+            20,
+            "prompt 1: 47 tokens with its images, more than data.max_prompt_len = 20",
+        ),
+        (serde_json::json!({"prompt": "x", "images": "a.png"}), 512, "line 1: images: expected a list of images"),
+    ] {
+        let file = bad.path().join("p.jsonl");
+        std::fs::write(&file, format!("{row}\n")).unwrap();
+        let cfg = DataConfig {
+            prompts: file.display().to_string(),
+            max_prompt_len: max_len,
+            apply_chat_template: true,
+            ..DataConfig::default()
+        };
+        let e = read_prompt_data(&cfg)
+            .and_then(|raw| PromptDataset::new_with_images(raw, &tok, &cfg, 0, Some(&images)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{needle}: {e}");
+    }
+}

@@ -335,6 +335,8 @@ mod tests {
             rope_theta: 10_000.0,
             image_token_id: 0,
             video_token_id: 1,
+            vision_start_token_id: 2,
+            vision_end_token_id: 3,
         }
     }
 

@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 
 use crate::config::DataConfig;
 use crate::error::{Result, TrainerError};
+use crate::prompt_images::PromptImages;
 use crate::tabular::Columns;
+use rlhf_vision::ImageRef;
 
 /// One prompt, ready for generation.
 #[derive(Debug, Clone)]
@@ -24,6 +26,10 @@ pub struct PromptRecord {
     pub metadata: Value,
     /// The prompt as chat messages before templating (a plain prompt is one user message).
     pub messages: Vec<ChatMessage>,
+    /// The prompt's images, in the order of their placeholders in `ids`.
+    pub images: Vec<ImageRef>,
+    /// Each image's grid `[t, h, w]` in patches.
+    pub grids: Vec<[usize; 3]>,
 }
 
 /// A raw prompt line before tokenization.
@@ -78,8 +84,12 @@ fn label_of(v: Option<&Value>, at: &str) -> std::result::Result<Option<String>, 
     }
 }
 
-/// One prompt of a JSON object (a JSONL line or a Parquet row); `at` is `line N` or `row N`.
-fn prompt_of(mut obj: Map<String, Value>, at: &str) -> std::result::Result<RawPrompt, String> {
+/// One prompt of a JSON object (a JSONL line or a Parquet row) of the file `path`; `at` is
+/// `line N` or `row N`. Images stay in the metadata, checked, with relative paths resolved from
+/// the file's directory ([`crate::prompt_images::normalize_row`]).
+fn prompt_of(mut obj: Map<String, Value>, path: &Path, at: &str) -> std::result::Result<RawPrompt, String> {
+    let base = path.parent().unwrap_or(Path::new("."));
+    crate::prompt_images::normalize_row(&mut obj, base, at)?;
     let label = label_of(obj.get("label"), at)?;
     obj.remove("label");
     // TRL's conversational format: `prompt` holds the chat messages.
@@ -120,7 +130,7 @@ pub fn read_prompt_data(cfg: &DataConfig) -> Result<Vec<RawPrompt>> {
     crate::tabular::for_each_row(&cfg.prompts, &cols, |n, path, row| {
         let err = |message: String| TrainerError::Data { path: path.to_path_buf(), message };
         let obj = row.map_err(|reason| err(format!("row {n}: {reason}")))?;
-        out.push(prompt_of(obj, &format!("row {n}")).map_err(err)?);
+        out.push(prompt_of(obj, path, &format!("row {n}")).map_err(err)?);
         Ok(())
     })?;
     if out.is_empty() {
@@ -182,7 +192,7 @@ pub fn read_prompts_with(path: &Path, cols: &Columns) -> Result<Vec<RawPrompt>> 
         let v: Value = serde_json::from_str(line).map_err(|e| err(format!("line {n}: not valid JSON: {e}")))?;
         let Value::Object(mut obj) = v else { return Err(err(format!("line {n}: expected a JSON object"))) };
         cols.rename(&mut obj).map_err(|reason| err(format!("line {n}: {reason}")))?;
-        out.push(prompt_of(obj, &format!("line {n}")).map_err(err)?);
+        out.push(prompt_of(obj, path, &format!("line {n}")).map_err(err)?);
     }
     if out.is_empty() {
         return Err(TrainerError::Data {
@@ -194,13 +204,27 @@ pub fn read_prompts_with(path: &Path, cols: &Columns) -> Result<Vec<RawPrompt>> 
 }
 
 impl PromptDataset {
-    /// Renders and tokenizes raw prompts.
+    /// Renders and tokenizes raw prompts (text only: a prompt with images is refused).
     pub fn new(raw: Vec<RawPrompt>, tok: &HfTokenizer, cfg: &DataConfig, seed: u64) -> Result<Self> {
+        Self::new_with_images(raw, tok, cfg, seed, None)
+    }
+
+    /// [`PromptDataset::new`], with each prompt's images placed as `images` says (the model's
+    /// processor and placeholders): `<image>` markers replaced, one placeholder token per merged
+    /// patch. A prompt with images cannot be truncated.
+    pub fn new_with_images(
+        raw: Vec<RawPrompt>,
+        tok: &HfTokenizer,
+        cfg: &DataConfig,
+        seed: u64,
+        images: Option<&PromptImages>,
+    ) -> Result<Self> {
         let use_template = cfg.apply_chat_template && tok.has_chat_template();
         let mut records = Vec::with_capacity(raw.len());
         let mut truncated = 0;
-        for r in raw {
-            let (text, label, metadata, templated, messages) = match r {
+        for (n, r) in raw.into_iter().enumerate() {
+            let at = format!("prompt {}", n + 1);
+            let (text, label, mut metadata, templated, messages) = match r {
                 RawPrompt::Text { prompt, label, metadata } => {
                     let messages = vec![ChatMessage::new("user", prompt.as_str())];
                     if use_template {
@@ -213,16 +237,35 @@ impl PromptDataset {
                     (tok.apply_chat_template(&messages, true)?, label, metadata, true, messages)
                 }
             };
+            let found = crate::prompt_images::take_images(&mut metadata, &at)?;
             // A rendered template already contains its special tokens.
-            let mut ids = tok.encode(&text, !templated)?;
+            let (text, mut ids, grids) = match (found.is_empty(), images) {
+                (true, _) => {
+                    let ids = tok.encode(&text, !templated)?;
+                    (text, ids, Vec::new())
+                }
+                (false, Some(images)) => images.expand(&text, tok, !templated, &found, &at)?,
+                (false, None) => return Err(TrainerError::Run(format!(
+                    "{at}: has {} image(s), which this run does not read (RL and evaluation read text prompts only)",
+                    found.len()
+                ))),
+            };
             if ids.is_empty() {
                 return Err(TrainerError::Run(format!("prompt {text:?} encodes to no tokens")));
             }
             if ids.len() > cfg.max_prompt_len {
+                if !found.is_empty() {
+                    return Err(TrainerError::Run(format!(
+                        "{at}: {} tokens with its images, more than data.max_prompt_len = {} (a prompt with images \
+                         is not truncated: raise the limit or lower the processor's max_pixels)",
+                        ids.len(),
+                        cfg.max_prompt_len
+                    )));
+                }
                 truncated += 1;
                 ids.drain(..ids.len() - cfg.max_prompt_len);
             }
-            records.push(PromptRecord { text, ids, label, metadata, messages });
+            records.push(PromptRecord { text, ids, label, metadata, messages, images: found, grids });
         }
         if truncated > 0 {
             tracing::warn!(

@@ -27,6 +27,7 @@ pub mod optim;
 pub mod plugin_log;
 pub mod plugins;
 pub mod progress;
+pub mod prompt_images;
 pub mod random_qwen2;
 pub mod ranked_checkpoint;
 pub mod rl;

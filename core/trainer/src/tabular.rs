@@ -6,7 +6,8 @@
 //! A row becomes `{column: value}`: strings stay strings, lists become arrays, structs (a chat
 //! message) objects, numbers and booleans stay themselves; a null cell is an absent field (so a
 //! file can mix `prompt`/`response` rows and `messages` rows); a binary column is read as UTF-8
-//! text, and a row where it is not is counted as a bad row. Rows are decoded one row group at a time, so a large file is never read whole.
+//! text, and a row where it is not is counted as a bad row — but the `bytes` of a struct (an image
+//! as `datasets` writes it, `{bytes, path}`) is passed on as `{"$binary": "<base64>"}`. Rows are decoded one row group at a time, so a large file is never read whole.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -276,9 +277,18 @@ fn json_of(f: &Field) -> std::result::Result<Value, String> {
         Field::Bytes(b) => {
             Value::String(String::from_utf8(b.data().to_vec()).map_err(|_| "not valid UTF-8".to_string())?)
         }
-        Field::Group(row) => {
-            Value::Object(row.get_column_iter().map(|(k, v)| Ok((k.clone(), json_of(v)?))).collect::<Row>()?)
-        }
+        Field::Group(row) => Value::Object(
+            row.get_column_iter()
+                .map(|(k, v)| match v {
+                    // An image as `datasets` writes its `Image` feature: `{bytes: binary, path}`.
+                    Field::Bytes(b) if k == "bytes" => {
+                        let text = rlhf_vision::prompt::encode_base64(b.data());
+                        Ok((k.clone(), serde_json::json!({ rlhf_vision::prompt::BINARY_KEY: text })))
+                    }
+                    _ => Ok((k.clone(), json_of(v)?)),
+                })
+                .collect::<Row>()?,
+        ),
         Field::ListInternal(list) => {
             Value::Array(list.elements().iter().map(json_of).collect::<std::result::Result<_, _>>()?)
         }

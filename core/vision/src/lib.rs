@@ -4,10 +4,12 @@
 
 pub mod error;
 pub mod load;
+pub mod prompt;
 pub mod qwen;
 pub mod resample;
 
 pub use error::{Result, VisionError};
 pub use load::{load_bytes, load_path, RgbImage};
+pub use prompt::ImageRef;
 pub use qwen::{smart_resize, Patches, QwenVlProcessor};
 pub use resample::{resize, Filter};

@@ -226,24 +226,34 @@ impl QwenVlProcessor {
         self.patch_size * self.merge_size
     }
 
+    /// The size (height, width) an image of `height × width` is processed at: `smart_resize`'s, or
+    /// its own without `do_resize`; checked to be whole merged patches.
+    fn target_size(&self, height: usize, width: usize, name: &str) -> Result<(usize, usize)> {
+        let size_err = |message: String| VisionError::Size { source_name: name.to_string(), message };
+        let (h, w) = if self.do_resize {
+            smart_resize(height, width, self.factor(), self.min_pixels, self.max_pixels).map_err(size_err)?
+        } else {
+            (height, width)
+        };
+        if h % self.factor() != 0 || w % self.factor() != 0 {
+            return Err(size_err(format!("{w}×{h} is not a multiple of {} on both sides", self.factor())));
+        }
+        Ok((h, w))
+    }
+
+    /// The grid `[1, h, w]` in patches of an image of `height × width`, as [`Self::preprocess`]
+    /// gives it, without computing the patches.
+    pub fn grid(&self, height: usize, width: usize, name: &str) -> Result<[usize; 3]> {
+        let (h, w) = self.target_size(height, width, name)?;
+        Ok([1, h / self.patch_size, w / self.patch_size])
+    }
+
     /// The patches of `image` (`name` for errors): resized, rescaled, normalised, patchified.
     pub fn preprocess(&self, image: &RgbImage, name: &str) -> Result<Patches> {
-        let size_err = |message: String| VisionError::Size { source_name: name.to_string(), message };
-        let image = if self.do_resize {
-            let (h, w) = smart_resize(image.height, image.width, self.factor(), self.min_pixels, self.max_pixels)
-                .map_err(size_err)?;
-            if (h, w) == (image.height, image.width) {
-                image.clone()
-            } else {
-                resize(image, w, h, self.filter)
-            }
-        } else {
-            image.clone()
-        };
+        let (h, w) = self.target_size(image.height, image.width, name)?;
+        let image =
+            if (h, w) == (image.height, image.width) { image.clone() } else { resize(image, w, h, self.filter) };
         let (h, w, p, m, t) = (image.height, image.width, self.patch_size, self.merge_size, self.temporal_patch_size);
-        if h % (p * m) != 0 || w % (p * m) != 0 {
-            return Err(size_err(format!("{w}×{h} is not a multiple of {} on both sides", p * m)));
-        }
         // Per channel, as transformers: `u8 · rescale` in f64 cast to f32, then `(x − mean) / std` in f32.
         let value = |byte: u8, c: usize| -> f32 {
             let mut x = if self.do_rescale { (f64::from(byte) * self.rescale_factor) as f32 } else { f32::from(byte) };

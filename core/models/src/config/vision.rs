@@ -103,6 +103,9 @@ pub struct VisionConfig {
     pub image_token_id: i64,
     /// The placeholder of a video's features, refused in prompts (videos are not read).
     pub video_token_id: i64,
+    /// The tokens around an image's placeholders (`<|vision_start|>`, `<|vision_end|>`).
+    pub vision_start_token_id: i64,
+    pub vision_end_token_id: i64,
 }
 
 impl VisionConfig {
@@ -202,6 +205,8 @@ pub(crate) fn qwen2_5_vl(path: &Path, top: &Map<String, Value>) -> Result<Vision
         rope_theta: vision_rope_theta(path, v)?,
         image_token_id: top_int("image_token_id", 151655)?,
         video_token_id: top_int("video_token_id", 151656)?,
+        vision_start_token_id: top_int("vision_start_token_id", 151652)?,
+        vision_end_token_id: top_int("vision_end_token_id", 151653)?,
     };
     if cfg.hidden_size % cfg.num_heads != 0 || cfg.head_dim() % 4 != 0 {
         return Err(ModelError::config(
