@@ -227,6 +227,32 @@ fn qwen2_5_vl_generates_with_images() {
     let out = rlhf_generation::generate_with_images(&m, &ids2, &mask2, &twice, &cfg).unwrap();
     let want2: Vec<Vec<i64>> = want.iter().flat_map(|r| [r.clone(), r.clone()]).collect();
     assert_eq!(Vec::<Vec<i64>>::try_from(&out.responses().unwrap()).unwrap(), want2, "grouped greedy tokens");
+    // Sampled, the trainer's log-probs of the sampled tokens (the whole sequences with their
+    // images, at multimodal positions) equal generation's own.
+    let sample = rlhf_generation::GenerateConfig {
+        sampling: rlhf_generation::Sampling::Sample { temperature: 1.0, top_k: None, top_p: None },
+        logprobs: true,
+        seed: Some(3),
+        prefill_group: 1,
+        ..cfg.clone()
+    };
+    let out = rlhf_generation::generate_with_images(&m, ids, mask, &imgs, &sample).unwrap();
+    let opts = rlhf_generation::LogProbOptions::default();
+    let lp = tch::no_grad(|| {
+        rlhf_generation::token_logprobs_with_images(
+            &m,
+            &out.sequences,
+            &out.attention_mask,
+            &imgs,
+            out.prompt_len,
+            opts,
+        )
+    })
+    .unwrap();
+    let live = out.response_mask.to_kind(Kind::Float);
+    let diff = ((&lp.logprobs - out.logprobs.as_ref().unwrap()) * &live).abs().max().double_value(&[]);
+    println!("sampled tokens: max |Δlogprob| trainer vs generation = {diff:.2e}");
+    assert!(diff < 1e-5, "log-probs differ by {diff}");
     // Placeholders and images that do not match are one-line errors naming the row.
     let cfg = rlhf_generation::GenerateConfig { prefill_group: 1, ..cfg };
     let e = rlhf_generation::generate_with_images(&m, ids, mask, &imgs.select(&[0]).unwrap(), &cfg)

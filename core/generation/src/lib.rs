@@ -20,8 +20,8 @@ pub use error::{GenerationError, Result};
 pub use generate::{generate, generate_until, generate_with_images, GenerateConfig, Generated, StopCheck};
 pub use graphs::{graph_failures, graph_replays};
 pub use logprobs::{
-    masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass, LogProbOptions,
-    LogProbPass, TokenLogProbs,
+    masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass,
+    token_logprobs_with_images, LogProbOptions, LogProbPass, TokenLogProbs,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{RowWindow, Sampling};

@@ -12,7 +12,7 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, SharedPrefixes};
+use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, SharedPrefixes};
 
 use crate::error::{GenerationError, Result};
 
@@ -67,6 +67,27 @@ pub fn token_logprobs(
     }
     let positions = position_ids_from_mask(attention_mask)?;
     let hidden = model.hidden_states(input_ids, attention_mask, &positions, None)?; // [b, seq, h]
+    from_hidden(model, &hidden, input_ids, from, opts)
+}
+
+/// [`token_logprobs`] of sequences whose prompts hold `images` (a vision-language model): the
+/// images' features in place of their placeholders, every token at its multimodal position — the
+/// positions generation gave them ([`crate::generate_with_images`]).
+///
+/// # Shapes
+/// As [`token_logprobs`].
+pub fn token_logprobs_with_images(
+    model: &CausalLm,
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    images: &Images,
+    from: i64,
+    opts: LogProbOptions,
+) -> Result<TokenLogProbs> {
+    check_from(input_ids, from)?;
+    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids)?;
+    let features = model.image_features(images)?;
+    let hidden = model.hidden_states_with_images(input_ids, attention_mask, &positions, &features, None)?;
     from_hidden(model, &hidden, input_ids, from, opts)
 }
 

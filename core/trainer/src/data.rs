@@ -245,10 +245,12 @@ impl PromptDataset {
                     (text, ids, Vec::new())
                 }
                 (false, Some(images)) => images.expand(&text, tok, !templated, &found, &at)?,
-                (false, None) => return Err(TrainerError::Run(format!(
+                (false, None) => {
+                    return Err(TrainerError::Run(format!(
                     "{at}: has {} image(s), which this run does not read (RL and evaluation read text prompts only)",
                     found.len()
-                ))),
+                )))
+                }
             };
             if ids.is_empty() {
                 return Err(TrainerError::Run(format!("prompt {text:?} encodes to no tokens")));
