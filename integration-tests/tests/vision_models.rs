@@ -346,3 +346,36 @@ fn prompt_rows_with_images_tokenize_as_transformers_processor() {
         assert!(e.contains(needle) && !e.contains('\n'), "{needle}: {e}");
     }
 }
+
+/// `rlhf generate` with an image: the prompt's `<image>` marker takes the `--image` file, and the
+/// greedy continuation is transformers' `generate` on its processor's ids.
+#[test]
+fn cli_generates_with_an_image() {
+    if python().is_none() {
+        return;
+    }
+    let dir = fixture();
+    let want: Vec<u32> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompt_greedy.json")).unwrap()).unwrap();
+    let image = dir.join("images/a.png");
+    let model = dir.join("model");
+    let args = ["generate", "--model", model.to_str().unwrap(), "--chat", "--json", "--max-new-tokens", "6"];
+    let out = rlhf_integration_tests::rlhf(
+        &[&args[..], &["--prompt", "<image>What colour is it?", "--image", image.to_str().unwrap()]].concat(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(line["response_ids"].clone()).unwrap();
+    assert_eq!(ids, want, "response ids");
+    // The prompt as transformers' processor makes it: the image's placeholders expanded.
+    let prompts: Vec<Vec<u32>> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompt_ids.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> = serde_json::from_value(line["prompt_ids"].clone()).unwrap();
+    assert_eq!(prompt, prompts[0], "prompt ids");
+    // Markers and images must match.
+    let out = rlhf_integration_tests::rlhf(
+        &[&args[..], &["--prompt", "<image><image>x", "--image", image.to_str().unwrap()]].concat(),
+    );
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("--prompt 1: 2 <image> placeholder(s) for 1 image(s)"), "{e}");
+}

@@ -1,7 +1,13 @@
-//! `rlhf generate`: batched generation from the command line.
+//! `rlhf generate`: batched generation from the command line (with images, for a model that reads
+//! them: `<image>` markers in the prompts, `--image` files in their order).
 
-use rlhf_generation::{batch::to_rows, generate, left_pad, GenerateConfig, GenerationError, Sampling};
+use rlhf_generation::{
+    batch::to_rows, generate, generate_with_images, left_pad, GenerateConfig, GenerationError, Sampling,
+};
 use rlhf_tokenizer::ChatMessage;
+use rlhf_trainer::prompt_images::PromptImages;
+use rlhf_vision::prompt::IMAGE_MARKER;
+use rlhf_vision::ImageRef;
 
 use crate::common::ModelArgs;
 
@@ -15,6 +21,10 @@ pub struct Args {
     /// Wrap each prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// An image file for a model that reads images; repeat for several. The prompts' `<image>`
+    /// markers take them in order.
+    #[arg(long)]
+    image: Vec<std::path::PathBuf>,
     #[arg(long, default_value_t = 64)]
     max_new_tokens: i64,
     /// 0 means greedy decoding.
@@ -36,16 +46,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--temperature {}: must be a finite number >= 0 (0 = greedy)", args.temperature);
     }
     let (model, tok) = args.model.load_lm_and_tokenizer()?;
+    let vision = PromptImages::for_model(model.source_dir(), model.arch(), &tok)?;
+    if !args.image.is_empty() && vision.is_none() {
+        anyhow::bail!("--image: {} reads no images", args.model.model.display());
+    }
+    let mut images = args.image.iter().map(|p| ImageRef::Path(p.clone()));
     let mut prompts = Vec::with_capacity(args.prompt.len());
-    for p in &args.prompt {
+    for (i, p) in args.prompt.iter().enumerate() {
         let text =
             if args.chat { tok.apply_chat_template(&[ChatMessage::new("user", p.as_str())], true)? } else { p.clone() };
         // A rendered chat template already holds its special tokens.
-        let ids = tok.encode(&text, !args.chat)?;
+        let ids = match &vision {
+            Some(v) => {
+                let mine: Vec<ImageRef> = images.by_ref().take(p.matches(IMAGE_MARKER).count()).collect();
+                v.expand(&text, &tok, !args.chat, &mine, &format!("--prompt {}", i + 1))?.1
+            }
+            None => tok.encode(&text, !args.chat)?,
+        };
         if ids.is_empty() {
             anyhow::bail!("prompt {p:?} encodes to no tokens");
         }
         prompts.push(ids.into_iter().map(i64::from).collect::<Vec<_>>());
+    }
+    if images.next().is_some() {
+        anyhow::bail!(
+            "--image: {} images for the prompts' {IMAGE_MARKER} markers, more than they hold",
+            args.image.len()
+        );
     }
     let sampling = if args.temperature > 0.0 {
         Sampling::Sample { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p }
@@ -59,7 +86,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..GenerateConfig::greedy(args.max_new_tokens, eos, i64::from(tok.pad_token_id()))
     };
     let batch = left_pad(&prompts, cfg.pad_token_id, model.device())?;
-    let out = generate(&model, &batch.input_ids, &batch.attention_mask, &cfg).map_err(|e| match e {
+    let out = match &vision {
+        Some(v) if !args.image.is_empty() => {
+            let refs: Vec<ImageRef> = args.image.iter().map(|p| ImageRef::Path(p.clone())).collect();
+            generate_with_images(&model, &batch.input_ids, &batch.attention_mask, &v.patches(&refs)?, &cfg)
+        }
+        _ => generate(&model, &batch.input_ids, &batch.attention_mask, &cfg),
+    }
+    .map_err(|e| match e {
         e @ GenerationError::NonFiniteLogits { .. } => anyhow::anyhow!("{}: {e}", args.model.model.display()),
         e => e.into(),
     })?;

@@ -98,10 +98,29 @@ impl PromptImages {
         &self.processor
     }
 
+    /// The patches of `images` for the model ([`rlhf_models::Images`]), in order.
+    pub fn patches(&self, images: &[ImageRef]) -> Result<rlhf_models::Images> {
+        let (mut rows, mut grids) = (Vec::with_capacity(images.len()), Vec::with_capacity(images.len()));
+        for image in images {
+            let name = image.name();
+            let decoded = image.load().map_err(|e| TrainerError::Run(e.to_string()))?;
+            let p = self.processor.preprocess(&decoded, &name).map_err(|e| TrainerError::Run(e.to_string()))?;
+            rows.push(tch::Tensor::f_from_slice(&p.values)?.f_view([p.len() as i64, p.dim as i64])?);
+            grids.push(p.grid.map(|g| g as i64));
+        }
+        let dim =
+            (3 * self.processor.temporal_patch_size * self.processor.patch_size * self.processor.patch_size) as i64;
+        let pixel_values = match rows.is_empty() {
+            true => tch::Tensor::f_zeros([0, dim], (tch::Kind::Float, tch::Device::Cpu))?,
+            false => tch::Tensor::f_cat(&rows, 0)?,
+        };
+        Ok(rlhf_models::Images { pixel_values, grids })
+    }
+
     /// The rendered `text` with its markers replaced and its `ids` (tokenized from that text)
     /// with each placeholder repeated once per merged patch of its image; also each image's grid.
     /// Every image is decoded here, so a missing or corrupt one fails before training starts.
-    pub(crate) fn expand(
+    pub fn expand(
         &self,
         text: &str,
         tok: &HfTokenizer,
