@@ -177,7 +177,7 @@ impl CausalLm {
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let cfg = &config.arch;
         let backbone = Backbone::load(&w, cfg)?;
-        let vision = crate::multimodal::load_tower(&w, cfg)?;
+        let vision = VisionTower::load_for(&w, cfg)?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {

@@ -8,20 +8,10 @@ use tch::{Kind, Tensor};
 
 use crate::backbone::Routing;
 use crate::checkpointing::{self, Checkpointed};
-use crate::config::ArchConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::KvCache;
 use crate::model::{check_ids, CausalLm};
 use crate::vision_tower::VisionTower;
-use crate::weights::WeightLoader;
-
-/// The vision tower of `cfg` from its scope in the checkpoint, where the model reads images.
-pub(crate) fn load_tower(w: &WeightLoader, cfg: &ArchConfig) -> Result<Option<VisionTower>> {
-    let (Some(vision), Some(mm)) = (&cfg.vision, cfg.multimodal) else { return Ok(None) };
-    let prefix = mm.vision_prefixes.first().copied().unwrap_or("visual.");
-    let w = prefix.trim_end_matches('.').split('.').fold(w.clone(), |w, part| w.pp(part));
-    VisionTower::load(&w, vision).map(Some)
-}
 
 /// Images of a batch as the processor makes them: every image's patch rows one after another, in
 /// the order their placeholders appear (row by row), and each image's grid.

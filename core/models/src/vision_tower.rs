@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use tch::{Kind, Tensor};
 
-use crate::config::{NormKind, VisionConfig};
+use crate::config::{ArchConfig, NormKind, VisionConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::{activate, apply_rotary, Linear, RmsNorm};
 use crate::weights::WeightLoader;
@@ -117,6 +117,14 @@ impl Layout {
 }
 
 impl VisionTower {
+    /// The vision tower of `cfg` from its scope in the checkpoint, where the model reads images.
+    pub(crate) fn load_for(w: &WeightLoader, cfg: &ArchConfig) -> Result<Option<Self>> {
+        let (Some(vision), Some(mm)) = (&cfg.vision, cfg.multimodal) else { return Ok(None) };
+        let prefix = mm.vision_prefixes.first().copied().unwrap_or("visual.");
+        let w = prefix.trim_end_matches('.').split('.').fold(w.clone(), |w, part| w.pp(part));
+        Self::load(&w, vision).map(Some)
+    }
+
     /// Loads the tower from `w` (the `visual` scope).
     pub fn load(w: &WeightLoader, cfg: &VisionConfig) -> Result<Self> {
         let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
