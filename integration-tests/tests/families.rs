@@ -19,6 +19,19 @@ use tch::{Device, Kind, Tensor};
 /// The largest logit difference tolerated, as in `transformers_parity.rs`.
 const TOL: f64 = 1e-4;
 
+/// The same for the Gated DeltaNet families (Qwen3.5, Qwen3-Next): the chunked delta rule's f32
+/// rounding differs between CPU kinds more than attention's — 1.1e-5 to 2.8e-5 on most, up to
+/// 2.6e-4 measured on an AMD EPYC, where transformers' own f32 logits were 2.3e-4 from its f64
+/// ones (logits of about 15; a wrong formula is off by 1e-2 and more).
+const LINEAR_TOL: f64 = 5e-4;
+
+/// The tolerance for family `name`'s logits: [`TOL`] ([`LINEAR_TOL`] with linear attention), or
+/// twice transformers' own f32 error where the fixture measured it (`reference.json`'s `key`).
+fn tol_for(name: &str, dir: &Path, key: &str) -> f64 {
+    let base = if name.starts_with("qwen3_5") || name == "qwen3_next" { LINEAR_TOL } else { TOL };
+    base.max(measured_tol(dir, key))
+}
+
 fn reference(dir: &Path) -> HashMap<String, Tensor> {
     Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect()
 }
@@ -50,8 +63,9 @@ fn logits_of_padded_and_packed_batches_match_transformers() {
         let r = reference(&dir);
         let logits = tch::no_grad(|| model.forward(&r["input_ids"], &r["attention_mask"])).unwrap();
         let diff = masked_max_abs_diff(&logits, &r["logits"], &r["attention_mask"]);
+        let tol = tol_for(name, &dir, "");
         println!("{name}: padded max |Δlogit| = {diff:.2e}");
-        assert!(diff < TOL, "{name}: padded batch logits differ by {diff}");
+        assert!(diff < tol, "{name}: padded batch logits differ by {diff}");
         // Both prompts packed in one row, segment ids 1 and 2: each must equal its prompt alone.
         let ids = &r["packed_ids"];
         let (a, b) = (r["packed_logits_0"].size()[0], r["packed_logits_1"].size()[0]);
@@ -63,12 +77,12 @@ fn logits_of_padded_and_packed_batches_match_transformers() {
         let want = Tensor::cat(&[&r["packed_logits_0"], &r["packed_logits_1"]], 0);
         let diff = (&packed - &want).abs().max().double_value(&[]);
         println!("{name}: packed max |Δlogit| = {diff:.2e}");
-        assert!(diff < TOL, "{name}: packed row logits differ by {diff}");
+        assert!(diff < tol, "{name}: packed row logits differ by {diff}");
         // Linear attention: a row past two chunks of the delta rule.
         if let Some(long) = r.get("long_ids") {
             let logits = tch::no_grad(|| model.forward(long, &long.ones_like())).unwrap().squeeze_dim(0);
             let diff = (&logits - &r["long_logits"]).abs().max().double_value(&[]);
-            let tol = measured_tol(&root.join(name), "long_f32_error");
+            let tol = tol_for(name, &dir, "long_f32_error");
             println!("{name}: {} tokens max |Δlogit| = {diff:.2e} (tolerance {tol:.1e})", long.size()[1]);
             assert!(diff < tol, "{name}: long row logits differ by {diff}");
         }
@@ -160,7 +174,7 @@ fn saved_checkpoints_reload_in_transformers_with_the_same_names_and_logits() {
         let flat: Vec<f32> = rows.concat();
         let theirs = Tensor::from_slice(&flat).view([rows.len() as i64, -1]);
         let diff = (ours - &theirs).abs().max().double_value(&[]);
-        let tol = measured_tol(&root.join(name), "save_f32_error");
+        let tol = tol_for(name, &root.join(name), "save_f32_error");
         println!("{name}: saved → transformers max |Δlogit| = {diff:.2e} (tolerance {tol:.1e})");
         assert!(diff < tol, "{name}: transformers reads our save differently ({diff})");
     }
