@@ -21,7 +21,7 @@ const TOL: f64 = 1e-4;
 
 /// The same for the Gated DeltaNet families (Qwen3.5, Qwen3-Next): the chunked delta rule's f32
 /// rounding differs between CPU kinds more than attention's — 1.1e-5 to 2.8e-5 on most, up to
-/// 2.6e-4 measured on an AMD EPYC, where transformers' own f32 logits were 2.3e-4 from its f64
+/// 2.6e-4 measured on an AMD EPYC with AVX2 only, where transformers' own f32 logits were 2.3e-4 from its f64
 /// ones (logits of about 15; a wrong formula is off by 1e-2 and more).
 const LINEAR_TOL: f64 = 5e-4;
 

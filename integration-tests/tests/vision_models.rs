@@ -330,6 +330,11 @@ fn prompt_rows_with_images_tokenize_as_transformers_processor() {
             "prompt 1: 47 tokens with its images, more than data.max_prompt_len = 20",
         ),
         (serde_json::json!({"prompt": "x", "images": "a.png"}), 512, "line 1: images: expected a list of images"),
+        (
+            serde_json::json!({"messages": [{"role": "user", "content": [{"type": "image"}]}]}),
+            512,
+            "line 1: messages[0].content: an image part, and the row has no `images`",
+        ),
     ] {
         let file = bad.path().join("p.jsonl");
         std::fs::write(&file, format!("{row}\n")).unwrap();

@@ -27,14 +27,17 @@ pub(crate) fn normalize_row(obj: &mut Map<String, Value>, base: &Path, at: &str)
             }
         }
     }
+    let has_images = obj.get("images").is_some_and(|v| !v.is_null());
     for key in ["messages", "prompt"] {
         let Some(Value::Array(messages)) = obj.get_mut(key) else { continue };
         for (i, m) in messages.iter_mut().enumerate() {
             let Some(content) = m.get_mut("content").filter(|c| c.is_array()) else { continue };
-            *content =
-                Value::String(flatten_content(content).ok_or_else(|| {
-                    format!("{at}: {key}[{i}].content: parts must be `text` or `image` (got {content})")
-                })?);
+            let text = flatten_content(content)
+                .ok_or_else(|| format!("{at}: {key}[{i}].content: parts must be `text` or `image` (got {content})"))?;
+            if !has_images && text.contains(rlhf_vision::prompt::IMAGE_MARKER) {
+                return Err(format!("{at}: {key}[{i}].content: an image part, and the row has no `images`"));
+            }
+            *content = Value::String(text);
         }
     }
     Ok(())

@@ -29,9 +29,30 @@ impl RgbImage {
     }
 }
 
-/// Decodes the image file at `path` (PNG, JPEG, WebP, GIF's first frame, BMP).
+/// The largest image file read (far above any photo a model takes, whose pixels are limited by
+/// [`MAX_PIXELS`]); checked before the file is read, so a path naming a device or a huge file
+/// cannot make the reader allocate without bound.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// Decodes the image file at `path` (PNG, JPEG, WebP, GIF's first frame, BMP): a regular file of
+/// at most [`MAX_FILE_BYTES`].
 pub fn load_path(path: &Path) -> Result<RgbImage> {
-    let bytes = std::fs::read(path).map_err(|source| VisionError::Io { path: path.to_path_buf(), source })?;
+    use std::io::Read;
+    let io = |source| VisionError::Io { path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    let size_err = |message: String| VisionError::Size { source_name: path.display().to_string(), message };
+    if !meta.is_file() {
+        return Err(size_err("not a regular file".into()));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(size_err(format!("{} bytes, more than an image file may have ({MAX_FILE_BYTES})", meta.len())));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(size_err(format!("grew past {MAX_FILE_BYTES} bytes while read")));
+    }
     load_bytes(&bytes, &path.display().to_string())
 }
 

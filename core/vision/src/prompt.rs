@@ -54,14 +54,22 @@ pub fn images_of(v: &Value, base: &Path, at: &str) -> std::result::Result<Vec<Im
         Value::Array(a) => a,
         other => return Err(format!("{at}: images: expected a list of images, got {}", kind(other))),
     };
-    let path = |p: &str| {
+    // A relative path is joined to `base` and may not leave it (`..`); an absolute one is the
+    // user's own choice.
+    let path = |i: usize, p: &str| -> std::result::Result<ImageRef, String> {
         let p = Path::new(p);
-        ImageRef::Path(if p.is_absolute() { p.to_path_buf() } else { base.join(p) })
+        if p.is_absolute() {
+            return Ok(ImageRef::Path(p.to_path_buf()));
+        }
+        if p.components().any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)) {
+            return Err(format!("{at}: images[{i}]: {} leaves the data file's directory", p.display()));
+        }
+        Ok(ImageRef::Path(base.join(p)))
     };
     list.iter()
         .enumerate()
         .map(|(i, item)| match item {
-            Value::String(p) if !p.is_empty() => Ok(path(p)),
+            Value::String(p) if !p.is_empty() => path(i, p),
             Value::Object(o) => match (o.get("bytes"), o.get("path")) {
                 (Some(Value::Object(b)), _) if b.contains_key(BINARY_KEY) => {
                     let text = b.get(BINARY_KEY).and_then(Value::as_str).unwrap_or_default();
@@ -74,7 +82,7 @@ pub fn images_of(v: &Value, base: &Path, at: &str) -> std::result::Result<Vec<Im
                     let bytes = bytes.ok_or_else(|| format!("{at}: images[{i}].bytes: expected bytes"))?;
                     Ok(ImageRef::Bytes { name: format!("{at} image {i}"), bytes: bytes.into() })
                 }
-                (None | Some(Value::Null), Some(Value::String(p))) if !p.is_empty() => Ok(path(p)),
+                (None | Some(Value::Null), Some(Value::String(p))) if !p.is_empty() => path(i, p),
                 _ => Err(format!("{at}: images[{i}]: a struct needs its `bytes` or a `path`")),
             },
             other => {
@@ -216,8 +224,21 @@ mod tests {
             (json!([5]), "row 3: images[0]: expected a path or a {bytes, path} struct, got a number"),
             (json!([{"bytes": null, "path": null}]), "row 3: images[0]: a struct needs its `bytes` or a `path`"),
             (json!([{"bytes": {"$binary": "!!"}}]), "row 3: images[0].bytes: not base64"),
+            (json!(["../secret.png"]), "row 3: images[0]: ../secret.png leaves the data file's directory"),
+            (json!([{"path": "a/../../b.png"}]), "row 3: images[0]: a/../../b.png leaves the data file's directory"),
         ] {
             assert_eq!(images_of(&bad, base, "row 3").unwrap_err(), msg);
+        }
+    }
+
+    #[test]
+    fn a_device_or_a_directory_is_not_read_as_an_image() {
+        let dir = tempfile::tempdir().unwrap();
+        for p in [dir.path(), Path::new("/dev/zero")] {
+            if p.exists() {
+                let e = load_path(p).unwrap_err().to_string();
+                assert!(e.ends_with("not a regular file") || e.contains("Is a directory"), "{e}");
+            }
         }
     }
 
