@@ -10,9 +10,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 
-use rlhf_integration_tests::{fixtures, python};
+use rlhf_integration_tests::python;
 use rlhf_models::{CausalLm, Images};
 use rlhf_vision::{load_path, QwenVlProcessor};
 use tch::{Device, Kind, Tensor};
@@ -22,28 +21,11 @@ const TOL: f64 = 1e-4;
 
 /// The fixture, made once per test process.
 fn fixture() -> &'static Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        make(dir.path());
-        dir
-    })
-    .path()
+    rlhf_integration_tests::vl_fixture()
 }
 
 fn reference(dir: &Path) -> HashMap<String, Tensor> {
     Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect()
-}
-
-fn make(dir: &Path) {
-    let python = python().expect("python with transformers");
-    let out = Command::new(python)
-        .arg(fixtures().join("make_vl.py"))
-        .args(["--out", dir.to_str().unwrap()])
-        .output()
-        .expect("spawn python");
-    assert!(out.status.success(), "make_vl.py failed: {}", String::from_utf8_lossy(&out.stderr));
-    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
 }
 
 /// Our processor's patches for each row's images, in order.

@@ -282,6 +282,34 @@ pub fn token_logprobs_pass(
     Ok((TokenLogProbs { aux_loss: aux, ..lp }, pass))
 }
 
+/// [`token_logprobs_pass`] of sequences whose prompts hold `images` (see
+/// [`token_logprobs_with_images`]): the features go through the tower once, with a graph when the
+/// tower trains (its gradient then arrives through the embeddings). A prompt with images is never
+/// shared across rows (`opts.share_prefix` is ignored).
+///
+/// # Shapes
+/// As [`token_logprobs`].
+pub fn token_logprobs_pass_with_images(
+    model: &CausalLm,
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    images: &Images,
+    from: i64,
+    opts: LogProbOptions,
+    checkpointed: bool,
+) -> Result<(TokenLogProbs, LogProbPass)> {
+    check_from(input_ids, from)?;
+    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids)?;
+    let features = model.image_features(images)?;
+    let layers = if checkpointed {
+        let c = model.hidden_states_checkpointed_with_images(input_ids, attention_mask, &positions, &features)?;
+        Layers::Checkpointed(Box::new(c))
+    } else {
+        Layers::Graph(model.hidden_states_with_images(input_ids, attention_mask, &positions, &features, None)?)
+    };
+    head_pass(model, layers, input_ids.shallow_clone(), from, opts)
+}
+
 /// With [`LogProbOptions::share_prefix`], the rows' shared first `from` tokens — `None` when
 /// sharing is off or no prompt is held by more than one row (then the plain pass runs).
 fn shared_prefix(

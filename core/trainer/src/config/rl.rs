@@ -67,6 +67,9 @@ pub struct ModelConfig {
     pub lora: LoraConfig,
     /// LoRA on the critic (its value head always trains).
     pub critic_lora: LoraConfig,
+    /// Keep a vision-language policy's vision tower (and its patch merger) frozen, as TRL, verl
+    /// and OpenRLHF do by default; `false` trains it with the language model.
+    pub freeze_vision: bool,
 }
 
 impl Default for ModelConfig {
@@ -77,6 +80,7 @@ impl Default for ModelConfig {
             critic: "actor".into(),
             lora: LoraConfig::default(),
             critic_lora: LoraConfig::default(),
+            freeze_vision: true,
         }
     }
 }

@@ -80,7 +80,7 @@ fn pad2(t: &Tensor, left: i64, right: i64, value: f64) -> Result<Tensor> {
 ///
 /// # Shapes
 /// Each part: `sequences`, `attention_mask` `[n_i, P_i + R_i]`, `action_mask` and
-/// `behavior_logprobs` `[n_i, R_i]`, `rewards`, `group_ids` `[n_i]`; returns `[Σ n_i, P + R]` with
+/// `behavior_logprobs` `[n_i, R_i]`, `rewards`, `group_ids`, `records` `[n_i]`; returns `[Σ n_i, P + R]` with
 /// `P = max P_i`, `R = max R_i`.
 pub fn concat(mut parts: Vec<Selected>, pad: i64) -> Result<Selected> {
     if parts.iter().all(|p| p.rewards.size()[0] == 0) {
@@ -105,6 +105,7 @@ pub fn concat(mut parts: Vec<Selected>, pad: i64) -> Result<Selected> {
     let cat = |xs: &[Tensor]| Tensor::f_cat(xs, 0);
     let rewards: Vec<Tensor> = parts.iter().map(|s| s.rewards.shallow_clone()).collect();
     let groups: Vec<Tensor> = parts.iter().map(|s| s.group_ids.shallow_clone()).collect();
+    let records: Vec<Tensor> = parts.iter().map(|s| s.records.shallow_clone()).collect();
     Ok(Selected {
         sequences: cat(&seqs)?,
         attention_mask: cat(&attn)?,
@@ -112,7 +113,10 @@ pub fn concat(mut parts: Vec<Selected>, pad: i64) -> Result<Selected> {
         prompt_len: p,
         rewards: cat(&rewards)?,
         group_ids: cat(&groups)?,
+        records: cat(&records)?,
         behavior_logprobs: if beh.len() == parts.len() { Some(cat(&beh)?) } else { None },
+        // Found again from `records` ([`crate::rl::visual`]).
+        images: None,
     })
 }
 
@@ -162,6 +166,8 @@ mod tests {
             prompt_len: p as i64,
             rewards: Tensor::from_slice(&vec![reward; n as usize]),
             group_ids: Tensor::from_slice(&vec![7i64; n as usize]),
+            records: Tensor::from_slice(&vec![3i64; n as usize]),
+            images: None,
         }
     }
 
@@ -178,6 +184,8 @@ mod tests {
             behavior_logprobs: None,
             rewards: empty.rewards.narrow(0, 0, 0),
             group_ids: empty.group_ids.narrow(0, 0, 0),
+            records: empty.records.narrow(0, 0, 0),
+            images: None,
             prompt_len: 1,
         };
         let s = concat(vec![a, empty, b], 0).unwrap();

@@ -3,8 +3,11 @@
 //! state before each response token — everything the algorithm's `prepare` and the minibatch
 //! losses compare against.
 
-use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, LogProbPass, TokenLogProbs};
-use rlhf_models::{CausalLm, ScalarHeadModel};
+use rlhf_generation::{
+    token_logprobs, token_logprobs_pass, token_logprobs_pass_with_images, token_logprobs_with_images, LogProbOptions,
+    LogProbPass, TokenLogProbs,
+};
+use rlhf_models::{CausalLm, Images, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};
 
@@ -13,6 +16,7 @@ use crate::metrics::StepMetrics;
 use crate::rl::phase::{PhaseClock, PhaseCost};
 use crate::rl::rollout::Rollout;
 use crate::rl::score::Scored;
+use crate::rl::visual::{self, RowImages};
 use crate::train_engine::TrainEngine;
 
 /// One generation batch after scoring, on the training device.
@@ -20,7 +24,8 @@ use crate::train_engine::TrainEngine;
 /// # Shapes
 /// `B` scored samples, prompt length `P`, `R` response slots:
 /// `sequences`, `attention_mask` `[B, P + R]` (i64); `action_mask`, `old_logprobs`,
-/// `ref_logprobs`, `values`, `behavior_logprobs` `[B, R]` f32; `rewards [B]` f32; `group_ids [B]` i64.
+/// `ref_logprobs`, `values`, `behavior_logprobs` `[B, R]` f32; `rewards [B]` f32; `group_ids`,
+/// `records` `[B]` i64.
 pub struct Batch {
     pub sequences: Tensor,
     pub attention_mask: Tensor,
@@ -31,6 +36,10 @@ pub struct Batch {
     pub values: Option<Tensor>,
     pub rewards: Tensor,
     pub group_ids: Tensor,
+    /// Each row's prompt, as its index into the run's prompt records.
+    pub records: Tensor,
+    /// Each row's images, when the policy reads images and the rows hold some.
+    pub images: Option<RowImages>,
     /// An external engine's log-probs of the sampled tokens (see [`crate::rl::rollout::Rollout`]).
     pub behavior_logprobs: Option<Tensor>,
     /// The actor's log-probs (and entropy) of the batch **with** their autograd graph, when the
@@ -87,6 +96,8 @@ pub fn select(rollout: &Rollout, scored: &Scored, group_of_row: &[(usize, i64)],
         Tensor::f_from_slice(&scored.rewards.iter().map(|&x| x as f32).collect::<Vec<_>>())?.f_to_device(device)?;
     let group_ids: Vec<i64> = scored.rows.iter().map(|&r| group_of_row[r].1).collect();
     let group_ids = Tensor::f_from_slice(&group_ids)?.f_to_device(device)?;
+    let records: Vec<i64> = scored.rows.iter().map(|&r| group_of_row[r].0 as i64).collect();
+    let records = Tensor::f_from_slice(&records)?.f_to_device(device)?;
     let index = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
     let gen = &rollout.generated;
     Ok(Selected {
@@ -96,6 +107,8 @@ pub fn select(rollout: &Rollout, scored: &Scored, group_of_row: &[(usize, i64)],
         prompt_len: gen.prompt_len,
         rewards,
         group_ids,
+        records,
+        images: None,
         behavior_logprobs: rollout.behavior_logprobs.as_ref().map(|t| t.f_index_select(0, &index)).transpose()?,
     })
 }
@@ -118,6 +131,9 @@ pub struct Selected {
     pub prompt_len: i64,
     pub rewards: Tensor,
     pub group_ids: Tensor,
+    /// Each row's prompt record (i64), and its images once [`crate::rl::visual`] found them.
+    pub records: Tensor,
+    pub images: Option<RowImages>,
     pub behavior_logprobs: Option<Tensor>,
 }
 
@@ -160,6 +176,8 @@ pub fn compute(
             prompt_len: p_len,
             rewards: s.rewards,
             group_ids: s.group_ids,
+            records: s.records,
+            images: s.images,
             behavior_logprobs: s.behavior_logprobs,
             policy: None,
             policy_checkpoint: None,
@@ -167,11 +185,13 @@ pub fn compute(
         };
         return Ok((batch, Some(zeros()?), times));
     }
+    let images = s.images.as_deref().map(|rows| visual::cat(rows, None)).transpose()?.flatten();
+    let images = images.as_ref();
     let t = PhaseClock::start(device);
     let ref_logprobs = match models.reference {
         Some(r) => {
             let no_entropy = LogProbOptions { entropy: false, ..opts };
-            Some(tch::no_grad(|| token_logprobs(r, seq, attn, p_len, no_entropy))?.logprobs)
+            Some(tch::no_grad(|| logprobs(r, seq, attn, images, p_len, no_entropy))?.logprobs)
         }
         None => None,
     };
@@ -191,7 +211,7 @@ pub fn compute(
             // ZeRO stage 3: the kept pass gathers layer by layer, as the training passes do.
             engine.shard_params()?;
         }
-        let (lp, ck) = token_logprobs_pass(models.actor, seq, attn, p_len, opts, checkpointing)?; // with grad
+        let (lp, ck) = logprobs_pass(models.actor, seq, attn, images, p_len, opts, checkpointing)?; // with grad
         let detached = TokenLogProbs {
             logprobs: lp.logprobs.f_detach()?,
             entropy: lp.entropy.as_ref().map(Tensor::f_detach).transpose()?,
@@ -206,7 +226,7 @@ pub fn compute(
         };
         (detached, Some(policy), Some(ck))
     } else {
-        (tch::no_grad(|| token_logprobs(models.actor, seq, attn, p_len, opts))?, None, None)
+        (tch::no_grad(|| logprobs(models.actor, seq, attn, images, p_len, opts))?, None, None)
     };
     times.old_logprobs = t.stop();
     let batch = Batch {
@@ -219,12 +239,51 @@ pub fn compute(
         values,
         rewards: s.rewards,
         group_ids: s.group_ids,
+        records: s.records,
+        images: s.images,
         behavior_logprobs: s.behavior_logprobs,
         policy,
         policy_checkpoint,
         policy_rows: None,
     };
     Ok((batch, old.entropy, times))
+}
+
+/// [`token_logprobs`] of rows holding `images` (in row order) when there are any.
+///
+/// # Shapes
+/// As [`token_logprobs`].
+pub fn logprobs(
+    model: &CausalLm,
+    seq: &Tensor,
+    attn: &Tensor,
+    images: Option<&Images>,
+    from: i64,
+    opts: LogProbOptions,
+) -> Result<TokenLogProbs> {
+    Ok(match images {
+        Some(images) => token_logprobs_with_images(model, seq, attn, images, from, opts)?,
+        None => token_logprobs(model, seq, attn, from, opts)?,
+    })
+}
+
+/// [`token_logprobs_pass`] of rows holding `images` (in row order) when there are any.
+///
+/// # Shapes
+/// As [`token_logprobs`].
+pub fn logprobs_pass(
+    model: &CausalLm,
+    seq: &Tensor,
+    attn: &Tensor,
+    images: Option<&Images>,
+    from: i64,
+    opts: LogProbOptions,
+    checkpointed: bool,
+) -> Result<(TokenLogProbs, LogProbPass)> {
+    Ok(match images {
+        Some(images) => token_logprobs_pass_with_images(model, seq, attn, images, from, opts, checkpointed)?,
+        None => token_logprobs_pass(model, seq, attn, from, opts, checkpointed)?,
+    })
 }
 
 /// Sets `rollout/entropy`, `entropy`, `completions/mean_length`, `rollout/kl` and `kl` (the

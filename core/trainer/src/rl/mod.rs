@@ -38,6 +38,7 @@ pub mod score;
 pub mod setup;
 pub mod shard;
 pub mod state;
+pub mod visual;
 pub mod warmup;
 
 use std::path::{Path, PathBuf};
@@ -95,6 +96,8 @@ pub struct Trainer {
     algo: AlgorithmHandle,
     rewards: Vec<RewardSource>,
     data: PromptDataset,
+    /// The prompts' images, when the policy reads images ([`visual`]).
+    visual: Option<visual::Visual>,
     actor_opt: TrainEngine,
     critic_opt: Option<TrainEngine>,
     ptx: Option<PtxData>,
@@ -294,11 +297,12 @@ impl Trainer {
     /// every rank makes, so only when every rank has rows).
     fn experience(
         &mut self,
-        selected: experience::Selected,
+        mut selected: experience::Selected,
         batch_rows: usize,
         share_prompts: bool,
         pad: i64,
     ) -> Result<(experience::Batch, Option<tch::Tensor>, experience::ExperienceTimes)> {
+        selected.images = self.images_of_tensor(&selected.records)?;
         let (cfg, t) = (&self.cfg, &self.cfg.train);
         // On data-parallel ranks each keeps its own pass and trains on its own rows (see
         // `shard::gather_batch`).
@@ -327,7 +331,10 @@ impl Trainer {
         if let Some(p) = ref_whole {
             p.shard()?;
         }
-        let (exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
+        let (mut exp, entropy) = shard::gather_batch(&self.world, exp, entropy, pad)?;
+        if self.world.is_distributed() {
+            exp.images = self.images_of_tensor(&exp.records)?;
+        }
         Ok((exp, entropy, times))
     }
 

@@ -6,7 +6,7 @@
 //! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
 //! the whole optimizer step and is logged.
 
-use rlhf_generation::{token_logprobs_pass, LogProbOptions, LogProbPass, TokenLogProbs};
+use rlhf_generation::{LogProbOptions, LogProbPass, TokenLogProbs};
 use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
@@ -21,8 +21,9 @@ use crate::metrics::StepMetrics;
 use crate::optim::ema_update;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
-use crate::rl::experience::Batch;
+use crate::rl::experience::{logprobs_pass, Batch};
 use crate::rl::ptx::PtxData;
+use crate::rl::visual;
 use crate::router_aux::with_router_aux_loss;
 use crate::train_engine::{self, TrainEngine};
 
@@ -157,7 +158,8 @@ fn micro_loss(
             }
         }
         None => {
-            let (lp, ck) = token_logprobs_pass(actor, &seq, &attn, p_len, opts, cfg.gradient_checkpointing)?;
+            let images = batch.images.as_deref().map(|rows| visual::cat(rows, Some(part.rows))).transpose()?.flatten();
+            let (lp, ck) = logprobs_pass(actor, &seq, &attn, images.as_ref(), p_len, opts, cfg.gradient_checkpointing)?;
             passes.actor = Some(ck);
             lp // [n, R], grad
         }

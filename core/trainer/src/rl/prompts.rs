@@ -15,6 +15,9 @@ pub struct PromptBatch {
     /// Per row: (index into the dataset's records, group id). Group ids count prompts over the
     /// whole run, so they are unique across steps.
     pub group_of_row: Vec<(usize, i64)>,
+    /// The rows' images in row order, when the policy reads images and the rows hold some
+    /// (set once the batch is this rank's, see [`crate::rl::visual`]).
+    pub images: Option<rlhf_models::Images>,
 }
 
 /// Token ids as the models take them.
@@ -45,7 +48,7 @@ pub fn next_batch(
     }
     *prompts_seen += prompts;
     let padded = left_pad(&rows, i64::from(tok.pad_token_id()), device)?;
-    Ok(PromptBatch { padded, group_of_row })
+    Ok(PromptBatch { padded, group_of_row, images: None })
 }
 
 #[cfg(test)]

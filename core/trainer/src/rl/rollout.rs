@@ -3,7 +3,9 @@
 //! only EOS has one token: it is kept and scored, so a policy cannot escape its rewards by
 //! stopping at once.
 
-use rlhf_generation::{batch::to_rows, generate, GenerateConfig, Generated, GenerationError, RowWindow, Sampling};
+use rlhf_generation::{
+    batch::to_rows, generate, generate_with_images, GenerateConfig, Generated, GenerationError, RowWindow, Sampling,
+};
 use rlhf_models::CausalLm;
 
 use crate::config::RolloutConfig;
@@ -52,8 +54,12 @@ pub fn sample(
 /// # Shapes
 /// As [`sample`].
 pub fn sample_with(actor: &CausalLm, batch: &PromptBatch, gen_cfg: &GenerateConfig) -> Result<Rollout> {
-    let mut generated = generate(actor, &batch.padded.input_ids, &batch.padded.attention_mask, gen_cfg)
-        .map_err(|e| diverged(actor, e))?;
+    let (ids, mask) = (&batch.padded.input_ids, &batch.padded.attention_mask);
+    let generated = match &batch.images {
+        Some(images) => generate_with_images(actor, ids, mask, images, gen_cfg),
+        None => generate(actor, ids, mask, gen_cfg),
+    };
+    let mut generated = generated.map_err(|e| diverged(actor, e))?;
     let behavior_logprobs = generated.logprobs.take();
     finish(generated, behavior_logprobs, &gen_cfg.eos_token_ids)
 }

@@ -10,7 +10,7 @@ use crate::rl::phase::{PhaseClock, PhaseCost};
 use crate::rl::rollout::Rollout;
 use crate::rl::score::{self, SourceScores};
 use crate::rl::shard::{self, Part};
-use crate::rl::{dynamic, prompts, Trainer};
+use crate::rl::{dynamic, prompts, visual, Trainer};
 
 /// What a step trains on, once sampled and scored.
 pub(super) struct Sampled {
@@ -91,7 +91,9 @@ impl Trainer {
         } else {
             let global =
                 prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
-            let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
+            let (mut batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
+            let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
+            batch.images = self.images_of(&records)?.map(|rows| visual::cat(&rows, None)).transpose()?.flatten();
             self.sync_engine(m)?;
             let (rollout, env) = self.sample(&batch, part, eos_ids, pad)?;
             (rollout, env, batch.group_of_row, part)

@@ -26,15 +26,46 @@ use crate::data::{PromptDataset, RawPrompt};
 use crate::error::{Result, TrainerError};
 use crate::metrics::MetricsWriter;
 use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry};
+use crate::prompt_images::PromptImages;
 use crate::rl::eval::Evaluator;
 use crate::rl::optimise;
 use crate::rl::prompts::ids_i64;
 use crate::rl::ptx::PtxData;
 use crate::rl::score::{self, RewardSource};
+use crate::rl::visual::Visual;
 use crate::rl::warmup::sft_warmup;
 use crate::rl::Trainer;
 use crate::run_lock::RunLock;
 use crate::train_engine::TrainEngine;
+
+/// What RL on prompts with images does not do yet, refused before anything is built: a critic
+/// (its value model reads no images), vLLM (its requests carry no images yet), asynchronous
+/// rollouts and environments.
+fn check_image_run(cfg: &RlConfig, req: Requirements, env: bool) -> Result<()> {
+    let refuse = |key: &str, what: &str| {
+        Err(TrainerError::Config(format!(
+            "{}: {key}: {what}, and data.prompts `{}` holds images",
+            cfg.source_of(key),
+            cfg.data.prompts
+        )))
+    };
+    if req.critic {
+        return refuse(
+            "algorithm.name",
+            &format!("`{}` trains a critic, whose value model reads no images", cfg.algorithm.name),
+        );
+    }
+    if cfg.rollout.engine == crate::config::EngineKind::Vllm {
+        return refuse("rollout.engine", "the vLLM engine is not sent images yet");
+    }
+    if cfg.rollout.max_staleness > 0 {
+        return refuse("rollout.max_staleness", "asynchronous rollouts carry no images yet");
+    }
+    if env {
+        return refuse("environment", "multi-turn environments take no images yet");
+    }
+    Ok(())
+}
 
 /// `run.run_dir`, or `runs/<algo>-<unix time>`.
 fn run_dir_of(cfg: &RlConfig) -> PathBuf {
@@ -413,15 +444,28 @@ impl Trainer {
             toml::to_string(&cfg).map_err(|e| TrainerError::Config(format!("cannot serialise config: {e}")))?;
         let actor_dir = actor_dir_of(&cfg, out_dir)?;
         let tok = crate::model_source::tokenizer(&actor_dir, &cfg.data.chat_template_kwargs)?;
-        let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
+        let arch = rlhf_models::ModelConfig::from_dir(&actor_dir)?.arch;
+        let images = PromptImages::for_model(&actor_dir, &arch, &tok)?;
+        let data = PromptDataset::new_with_images(raw, &tok, &cfg.data, cfg.run.seed, images.as_ref())?;
         let evaluator = match eval {
             Some(e) => {
                 let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
-                let held_out = PromptDataset::new(e.raw, &tok, &unshuffled, cfg.run.seed)?;
-                Some(Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed, e.env)?)
+                let held_out = PromptDataset::new_with_images(e.raw, &tok, &unshuffled, cfg.run.seed, images.as_ref())?;
+                let visual = images.clone().map(|i| Visual::new(i, held_out.records.len()));
+                let ev = Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed, e.env)?;
+                Some(ev.with_images(visual))
             }
             None => None,
         };
+        let with_images = data.records.iter().any(|r| !r.images.is_empty());
+        if with_images {
+            check_image_run(&cfg, algo.requirements(), env.is_some())?;
+        }
+        let visual = images.filter(|_| with_images).map(|i| {
+            // Two generation batches' prompts (dynamic sampling may draw more in a step; those are
+            // patched again when needed).
+            Visual::new(i, 2 * cfg.rollout.prompts_per_batch)
+        });
         if cfg.rollout.prompts_per_batch > data.records.len() {
             tracing::warn!(
                 "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \
@@ -434,6 +478,12 @@ impl Trainer {
         let warmup_dir = if resume.is_some() { &run_dir } else { out_dir };
         let (mut actor, actor_dir) =
             warmed_up_actor(&cfg, warmup_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
+        // Before the optimizers collect the trainable parameters.
+        let tower = actor.set_vision_trainable(!cfg.model.freeze_vision);
+        if tower > 0 {
+            let how = if cfg.model.freeze_vision { "frozen (model.freeze_vision)" } else { "trained" };
+            tracing::info!("the vision tower's {tower} parameters are {how}");
+        }
         let (mut reference, mut critic, ema) =
             companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
         // Every rank has its models (a rank that failed before here meets this agreement at the
@@ -491,6 +541,7 @@ impl Trainer {
             algo,
             rewards,
             data,
+            visual,
             actor_opt,
             critic_opt,
             ptx,

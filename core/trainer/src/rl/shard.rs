@@ -53,7 +53,7 @@ pub fn prompts(global: PromptBatch, prompts: usize, g: usize, world: &World) -> 
         attention_mask: narrow(&global.padded.attention_mask)?,
     };
     let group_of_row = global.group_of_row[offset..offset + rows].to_vec();
-    Ok((PromptBatch { padded, group_of_row }, Part { offset, rows, total }))
+    Ok((PromptBatch { padded, group_of_row, images: None }, Part { offset, rows, total }))
 }
 
 /// Every rank's source scores and kept rows, in rank order: the kept rows become global row
@@ -163,7 +163,8 @@ fn gather_rows_fused(world: &World, items: &[RowsOf], counts: &[i64]) -> Result<
 }
 
 /// The whole batch on every rank: every tensor of every rank's [`Batch`] (and entropy) gathered
-/// in rank order, responses right-padded to the longest (`pad` ids, zero masks and values).
+/// in rank order, responses right-padded to the longest (`pad` ids, zero masks and values); the
+/// rows' images are left for the caller to find from their records.
 ///
 /// # Shapes
 /// Per rank `[B_r, P + R_r]`, `[B_r, R_r]`, `[B_r]` → `[ΣB_r, P + max R_r]`, `[ΣB_r, max R_r]`, `[ΣB_r]`.
@@ -186,13 +187,14 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
         token(&b.old_logprobs),
         row(&b.rewards),
         row(&b.group_ids),
+        row(&b.records),
     ];
     let optional = [&b.ref_logprobs, &b.values, &b.behavior_logprobs, &entropy];
     items.extend(optional.iter().filter_map(|t| t.as_ref()).map(token));
     let mut all = gather_rows_fused(world, &items, &counts)?.into_iter();
     let mut next = || all.next().ok_or_else(|| TrainerError::Distributed("gather_batch: a tensor went missing".into()));
-    let (sequences, attention_mask, action_mask, old_logprobs, rewards, group_ids) =
-        (next()?, next()?, next()?, next()?, next()?, next()?);
+    let (sequences, attention_mask, action_mask, old_logprobs, rewards, group_ids, records) =
+        (next()?, next()?, next()?, next()?, next()?, next()?, next()?);
     let mut opt = |t: &Option<Tensor>| t.as_ref().map(|_| next()).transpose();
     let (ref_logprobs, values, behavior_logprobs, entropy) =
         (opt(&b.ref_logprobs)?, opt(&b.values)?, opt(&b.behavior_logprobs)?, opt(&entropy)?);
@@ -216,6 +218,9 @@ pub fn gather_batch(world: &World, b: Batch, entropy: Option<Tensor>, pad: i64) 
         values,
         rewards,
         group_ids,
+        records,
+        // Every rank finds the gathered rows' images from `records` ([`crate::rl::visual`]).
+        images: None,
         behavior_logprobs,
         policy,
         policy_checkpoint,

@@ -74,6 +74,8 @@ pub struct Evaluator {
     seed: u64,
     /// The evaluation's own environment instance, with `[environment]`.
     env: Option<episodes::EvalEnv>,
+    /// The held-out prompts' images, when the policy reads images.
+    visual: Option<crate::rl::visual::Visual>,
 }
 
 impl Evaluator {
@@ -99,7 +101,12 @@ impl Evaluator {
             top_p: cfg.top_p.unwrap_or(rollout.top_p),
             ..rollout.clone()
         };
-        Ok(Evaluator { cfg: cfg.clone(), data, rewards, correct, generation, seed, env })
+        Ok(Evaluator { cfg: cfg.clone(), data, rewards, correct, generation, seed, env, visual: None })
+    }
+
+    /// The evaluator, patching its prompts' images with `visual` (a policy that reads images).
+    pub fn with_images(self, visual: Option<crate::rl::visual::Visual>) -> Self {
+        Evaluator { visual, ..self }
     }
 
     /// Whether to evaluate after step `step` of `total` (0: before training).
@@ -196,8 +203,14 @@ impl Evaluator {
                 group_of_row.push((i, i as i64));
             }
         }
-        let global = PromptBatch { padded: left_pad(&rows, pad, actor.device())?, group_of_row };
-        let (batch, part) = shard::prompts(global, ids.len(), n, world)?;
+        let global = PromptBatch { padded: left_pad(&rows, pad, actor.device())?, group_of_row, images: None };
+        let (mut batch, part) = shard::prompts(global, ids.len(), n, world)?;
+        if let Some(v) = self.visual.as_mut() {
+            let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
+            if records.iter().any(|&r| !self.data.records[r].images.is_empty()) {
+                batch.images = crate::rl::visual::cat(&v.rows(&self.data, &records)?, None)?;
+            }
+        }
         let mut local = Vec::with_capacity(part.rows);
         if part.rows > 0 {
             let (out, env_rewards) = self.sample_chunk(actor, engine, tok, &batch, part, eos_ids, pad)?;

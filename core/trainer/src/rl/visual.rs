@@ -1,0 +1,127 @@
+//! Images in the RL step (a vision-language policy, see `docs/vision.md`). A row's images are
+//! those of its prompt: every stage that runs a model over rows — the rollout, the old policy,
+//! the reference, each minibatch — passes the rows' images with them, in row order. The rows
+//! carry their prompt's dataset index (`records`), so a batch gathered from other data-parallel
+//! ranks, concatenated by dynamic sampling or cut into minibatches finds its images again; each
+//! prompt's images are decoded and patched once and shared by its G samples.
+
+use rlhf_models::Images;
+use std::collections::HashMap;
+use tch::{Kind, Tensor};
+
+use crate::data::PromptDataset;
+use crate::error::{Result, TrainerError};
+use crate::prompt_images::PromptImages;
+
+/// Per row: its prompt's images (patches and grids; none for a text-only prompt). The G rows of
+/// a prompt share its patches' storage ([`shared`]).
+pub type RowImages = Vec<Images>;
+
+/// `images` without a copy of its patches.
+pub fn shared(images: &Images) -> Images {
+    Images { pixel_values: images.pixel_values.shallow_clone(), grids: images.grids.clone() }
+}
+
+/// How the run turns prompts' images into the policy's inputs, with the patches of recent
+/// prompts kept.
+pub struct Visual {
+    prompts: PromptImages,
+    patched: HashMap<usize, Images>,
+    /// Prompts whose patches are kept at most (then the store starts afresh).
+    capacity: usize,
+}
+
+impl Visual {
+    /// `capacity`: prompts whose patches are kept (a few generation batches' worth).
+    pub fn new(prompts: PromptImages, capacity: usize) -> Self {
+        Visual { prompts, patched: HashMap::new(), capacity: capacity.max(1) }
+    }
+
+    /// The images of each of `records` (indices into `data.records`), in order.
+    pub fn rows(&mut self, data: &PromptDataset, records: &[usize]) -> Result<RowImages> {
+        let mut out = Vec::with_capacity(records.len());
+        for &r in records {
+            if let Some(p) = self.patched.get(&r) {
+                out.push(shared(p));
+                continue;
+            }
+            let record = data.records.get(r).ok_or_else(|| {
+                TrainerError::Run(format!("prompt {r} of {}: no such prompt for its images", data.records.len()))
+            })?;
+            let patches = self.prompts.patches(&record.images)?;
+            if self.patched.len() >= self.capacity {
+                self.patched.clear();
+            }
+            self.patched.insert(r, shared(&patches));
+            out.push(patches);
+        }
+        Ok(out)
+    }
+}
+
+impl super::Trainer {
+    /// The images of rows whose prompts are `records`, in row order; `None` when the policy reads
+    /// no images or none of the rows holds one (the text-only passes then run).
+    pub(super) fn images_of(&mut self, records: &[usize]) -> Result<Option<RowImages>> {
+        let Some(visual) = self.visual.as_mut() else { return Ok(None) };
+        if records.iter().all(|&r| self.data.records.get(r).is_some_and(|p| p.images.is_empty())) {
+            return Ok(None);
+        }
+        visual.rows(&self.data, records).map(Some)
+    }
+
+    /// [`Self::images_of`] a `[B]` i64 tensor of records.
+    pub(super) fn images_of_tensor(&mut self, records: &Tensor) -> Result<Option<RowImages>> {
+        let records = Vec::<i64>::try_from(records.f_to_kind(Kind::Int64)?.f_to_device(tch::Device::Cpu)?)?;
+        self.images_of(&records.into_iter().map(|r| r.max(0) as usize).collect::<Vec<_>>())
+    }
+}
+
+/// The images of the rows `idx` names (all rows with `None`), one after another in row order —
+/// the layout the model takes them in; `None` when those rows hold no image (the text-only
+/// passes then run).
+pub fn cat(rows: &[Images], idx: Option<&[i64]>) -> Result<Option<Images>> {
+    let picked: Vec<&Images> = match idx {
+        Some(idx) => idx
+            .iter()
+            .map(|&i| {
+                rows.get(i as usize)
+                    .ok_or_else(|| TrainerError::Run(format!("row {i} of {} has no images entry", rows.len())))
+            })
+            .collect::<Result<_>>()?,
+        None => rows.iter().collect(),
+    };
+    let grids: Vec<[i64; 3]> = picked.iter().flat_map(|i| i.grids.iter().copied()).collect();
+    let parts: Vec<&Tensor> = picked.iter().map(|i| &i.pixel_values).filter(|t| t.size()[0] > 0).collect();
+    if grids.is_empty() || parts.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Images { pixel_values: Tensor::f_cat(&parts, 0)?, grids }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(rows: i64, fill: f64) -> Images {
+        let pixel_values = Tensor::full([rows, 3], fill, (Kind::Float, tch::Device::Cpu));
+        Images { pixel_values, grids: if rows > 0 { vec![[1, 1, rows]] } else { vec![] } }
+    }
+
+    /// Rows' images come out in the order asked, text-only rows adding none.
+    #[test]
+    fn cat_lays_out_the_picked_rows_images_in_row_order() {
+        let rows = vec![image(2, 1.0), image(0, 0.0), image(1, 3.0)];
+        let all = cat(&rows, None).unwrap().unwrap();
+        assert_eq!(all.grids, [[1, 1, 2], [1, 1, 1]]);
+        assert_eq!(
+            Vec::<f32>::try_from(all.pixel_values.sum_dim_intlist(1, false, Kind::Float)).unwrap(),
+            [3.0, 3.0, 9.0]
+        );
+        let some = cat(&rows, Some(&[2, 1, 0])).unwrap().unwrap();
+        assert_eq!(some.grids, [[1, 1, 1], [1, 1, 2]]);
+        assert_eq!(Vec::<f32>::try_from(some.pixel_values.select(1, 0)).unwrap(), [3.0, 1.0, 1.0]);
+        assert!(cat(&rows, Some(&[1])).unwrap().is_none());
+        assert!(cat(&rows, Some(&[3])).is_err());
+    }
+}

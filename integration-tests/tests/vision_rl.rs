@@ -1,0 +1,191 @@
+//! GRPO on prompts with images, with the tiny random Qwen2.5-VL of `fixtures/make_vl.py` and its
+//! three prompt rows (one image; two images in chat content parts; text alone): the run trains,
+//! every pass over a row sees that row's images — the minibatches' fresh log-probs equal the old
+//! policy's (an importance ratio off by 1e-4 would be clipped), also after 2 ranks gathered the
+//! batch —, the reward function receives each row's image paths as the `images` column (as TRL
+//! passes dataset columns), 2 ranks sample what one process samples, the vision tower stays as
+//! loaded unless `model.freeze_vision = false`, and what is not supported yet is refused by name.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rlhf_integration_tests::{metrics, python, rlhf, vl_fixture};
+use tch::Tensor;
+
+/// Writes the run's config and reward function into `dir`; returns the config's path.
+fn setup(dir: &Path) -> PathBuf {
+    let fx = vl_fixture();
+    let seen = dir.join("seen.jsonl");
+    let reward = dir.join("reward.py");
+    // The completion's length as the reward (the samples differ, so the groups' advantages do),
+    // and every call's `images` column logged.
+    std::fs::write(
+        &reward,
+        format!(
+            "import json\n\ndef reward_func(completions, images=None, **kwargs):\n    with open({seen:?}, 'a') as f:\n        \
+             f.write(json.dumps(images) + '\\n')\n    return [float(len(str(c))) for c in completions]\n",
+            seen = seen.display().to_string()
+        ),
+    )
+    .unwrap();
+    let config = format!(
+        r#"
+[run]
+seed = 7
+device = "cpu"
+dtype = "f32"
+
+[model]
+actor = "{model}"
+
+[data]
+prompts = "{prompts}"
+max_prompt_len = 256
+
+[rollout]
+prompts_per_batch = 3
+samples_per_prompt = 2
+max_new_tokens = 4
+temperature = 1.0
+
+[train]
+steps = 2
+ppo_epochs = 1
+minibatch_size = 2
+gradient_accumulation_steps = 3
+lr = 1e-3
+
+[algorithm]
+name = "grpo"
+
+[algorithm.config]
+beta = 0.04
+epsilon = 1e-4
+
+[[rewards]]
+plugin = "reward-python"
+name = "length"
+
+[rewards.config]
+file = "{reward}"
+workers = 1
+"#,
+        model = fx.join("model").display(),
+        prompts = fx.join("prompts.jsonl").display(),
+        reward = reward.display(),
+    );
+    let path = dir.join("grpo-vl.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+fn train(config: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
+    let args = ["train", "--config", config.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--no-progress"];
+    rlhf(&[&args[..], extra].concat())
+}
+
+fn trained(config: &Path, run: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let out = train(config, run, extra);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    metrics(run).into_iter().filter(|l| l["step"] != 0).collect()
+}
+
+fn weights(dir: &Path) -> HashMap<String, Tensor> {
+    let mut out = HashMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            out.extend(Tensor::read_safetensors(&p).unwrap());
+        }
+    }
+    out
+}
+
+/// Whether every tensor whose name starts with `prefix` is the same in both.
+fn same(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>, prefix: &str) -> bool {
+    let names: Vec<&String> = a.keys().filter(|k| k.starts_with(prefix)).collect();
+    assert!(!names.is_empty(), "no tensor named {prefix}*");
+    names.iter().all(|k| a[*k].equal(&b[*k]))
+}
+
+fn value(line: &serde_json::Value, key: &str) -> f64 {
+    line[key].as_f64().unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+#[test]
+fn grpo_trains_on_prompts_with_images_on_one_process_and_two_ranks() {
+    if python().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let one = trained(&config, &dir.path().join("one"), &[]);
+    assert_eq!(one.len(), 2);
+    for l in &one {
+        // Three shuffled micro-batches of two rows, one optimizer step: every fresh pass saw its
+        // rows' images (their log-probs are the old ones).
+        assert_eq!(value(l, "clip_ratio/low_mean") + value(l, "clip_ratio/high_mean"), 0.0, "{l}");
+        assert!(value(l, "approx_kl").abs() < 1e-9, "{l}");
+        assert!(value(l, "loss/total").is_finite());
+    }
+    assert_eq!(value(&one[0], "kl"), 0.0);
+
+    // The reward function got each row's images by path (none for the text row).
+    let fx = vl_fixture();
+    let img = |n: &str| serde_json::json!(fx.join("images").join(n).display().to_string());
+    let calls = std::fs::read_to_string(dir.path().join("seen.jsonl")).unwrap();
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    for line in calls.lines() {
+        seen.extend(serde_json::from_str::<Vec<serde_json::Value>>(line).unwrap());
+    }
+    assert_eq!(seen.len(), 12, "2 steps of 6 samples");
+    for want in
+        [serde_json::json!([img("a.png")]), serde_json::json!([img("b.png"), img("c.png")]), serde_json::Value::Null]
+    {
+        assert_eq!(seen.iter().filter(|s| **s == want).count(), 4, "{want} in {seen:?}");
+    }
+
+    // The frozen tower (the default) is saved as loaded; the language model trained.
+    let (before, after) = (weights(&fx.join("model")), weights(&dir.path().join("one/actor")));
+    assert!(same(&before, &after, "visual."));
+    assert!(!same(&before, &after, "model.layers."));
+
+    // 2 ranks: the same samples (rewards) at the first step, the same fresh log-probs as the old
+    // ones after the gather, and the same loss as one process.
+    let two = trained(&config, &dir.path().join("two"), &["--nproc", "2"]);
+    assert_eq!(one[0]["reward"], two[0]["reward"]);
+    assert_eq!(value(&two[0], "clip_ratio/low_mean") + value(&two[0], "clip_ratio/high_mean"), 0.0);
+    let (a, b) = (value(&one[0], "loss/total"), value(&two[0], "loss/total"));
+    assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "loss/total {a} on one process, {b} on 2 ranks");
+}
+
+#[test]
+fn the_vision_tower_trains_when_asked_and_unsupported_runs_are_refused() {
+    if python().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let ppo = dir.path().join("ppo.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &ppo,
+        text.replace("name = \"grpo\"\n\n[algorithm.config]\nbeta = 0.04\nepsilon = 1e-4", "name = \"ppo\""),
+    )
+    .unwrap();
+    let run = dir.path().join("tower");
+    trained(&config, &run, &["--set", "model.freeze_vision=false", "--set", "train.steps=1"]);
+    let (before, after) = (weights(&vl_fixture().join("model")), weights(&run.join("actor")));
+    assert!(!same(&before, &after, "visual."), "the tower did not train");
+
+    for (config, set, says) in [
+        (&ppo, "train.steps=1", "algorithm.name: `ppo` trains a critic, whose value model reads no images"),
+        (&config, "rollout.max_staleness=1", "rollout.max_staleness: asynchronous rollouts carry no images yet"),
+    ] {
+        let run = dir.path().join("refused");
+        let out = train(config, &run, &["--set", set]);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains(says) && e.contains("holds images"), "{set}: {e}");
+        assert!(!run.join("metrics.jsonl").exists(), "{set}: a refused run wrote metrics");
+    }
+}
