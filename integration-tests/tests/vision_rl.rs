@@ -4,7 +4,8 @@
 //! policy's (an importance ratio off by 1e-4 would be clipped), also after 2 ranks gathered the
 //! batch —, the reward function receives each row's image paths as the `images` column (as TRL
 //! passes dataset columns), 2 ranks sample what one process samples, the vision tower stays as
-//! loaded unless `model.freeze_vision = false`, and what is not supported yet is refused by name.
+//! loaded unless `model.freeze_vision = false`, ZeRO stage 3 gathers the tower for its passes, a
+//! resumed run continues bit for bit, and what is not supported yet is refused by name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -119,7 +120,7 @@ fn grpo_trains_on_prompts_with_images_on_one_process_and_two_ranks() {
     }
     let dir = tempfile::tempdir().unwrap();
     let config = setup(dir.path());
-    let one = trained(&config, &dir.path().join("one"), &[]);
+    let one = trained(&config, &dir.path().join("one"), &["--set", "checkpoint.every=1"]);
     assert_eq!(one.len(), 2);
     for l in &one {
         // Three shuffled micro-batches of two rows, one optimizer step: every fresh pass saw its
@@ -157,6 +158,30 @@ fn grpo_trains_on_prompts_with_images_on_one_process_and_two_ranks() {
     assert_eq!(value(&two[0], "clip_ratio/low_mean") + value(&two[0], "clip_ratio/high_mean"), 0.0);
     let (a, b) = (value(&one[0], "loss/total"), value(&two[0], "loss/total"));
     assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "loss/total {a} on one process, {b} on 2 ranks");
+    // At ZeRO stage 3 (the tower sharded with the embeddings, gathered for each pass; a rank whose
+    // rows hold no image gathers it too).
+    let three = trained(&config, &dir.path().join("three"), &["--nproc", "2", "--set", "distributed.zero_stage=3"]);
+    assert_eq!(one[0]["reward"], three[0]["reward"]);
+    assert_eq!(value(&three[0], "clip_ratio/low_mean") + value(&three[0], "clip_ratio/high_mean"), 0.0);
+    let c = value(&three[0], "loss/total");
+    assert!((a - c).abs() <= 1e-5 * a.abs().max(1.0), "loss/total {a} on one process, {c} at ZeRO stage 3");
+
+    // Resumed from the checkpoint of step 1, the run ends with the same weights and metrics.
+    let (run, res) = (dir.path().join("one"), dir.path().join("resumed"));
+    rlhf_integration_tests::copy_dir(&run, &res);
+    std::fs::remove_dir_all(res.join("checkpoints/step-000002")).unwrap();
+    std::fs::remove_dir_all(res.join("actor")).unwrap();
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let first: Vec<&str> = text.lines().filter(|l| !l.contains("\"step\":2")).collect();
+    std::fs::write(res.join("metrics.jsonl"), first.join("\n") + "\n").unwrap();
+    let out = rlhf(&["train", "--no-progress", "--resume", res.join("checkpoints/step-000001").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let w = |r: &Path| std::fs::read(r.join("actor/model.safetensors")).unwrap();
+    assert!(w(&run) == w(&res), "the resumed run's actor differs");
+    let last = |r: &Path| metrics(r).pop().unwrap();
+    for key in ["reward", "loss/total", "kl", "entropy"] {
+        assert_eq!(last(&run)[key], last(&res)[key], "{key}");
+    }
 }
 
 #[test]

@@ -29,6 +29,12 @@ impl Images {
         self.grids.iter().map(|g| g[0] * g[1] * g[2]).collect()
     }
 
+    /// No image (a batch of text rows that must still take the image path, see
+    /// [`CausalLm::image_features`]).
+    pub fn none() -> Images {
+        Images { pixel_values: Tensor::zeros([0, 0], (Kind::Float, tch::Device::Cpu)), grids: Vec::new() }
+    }
+
     /// The images `which` names, in that order: their patch rows and grids.
     pub fn select(&self, which: &[usize]) -> Result<Images> {
         let counts = self.patch_counts();
@@ -93,14 +99,29 @@ impl CausalLm {
     }
 
     /// The features of `images`, one row per image token in placeholder order; with a graph
-    /// when the tower's parameters require gradients.
+    /// when the tower's parameters require gradients. With a parameter gate (ZeRO stage 3) the
+    /// tower — in the outer unit — is gathered for it and released after, also for no image: the
+    /// gate's calls are collectives every rank makes, whatever its rows hold (a trained tower
+    /// under a gate is not supported: its graph would outlive the gathered weights).
     ///
     /// # Shapes
     /// - returns `[patches / merge², hidden]` in the model's dtype
     pub fn image_features(&self, images: &Images) -> Result<Tensor> {
         let tower = self.tower()?;
-        let x = images.pixel_values.f_to_device(self.device())?;
-        tower.forward(&x, &images.grids)
+        crate::gate::gather(&self.gate, crate::gate::Unit::Outer)?;
+        let out = if images.grids.is_empty() {
+            Tensor::f_zeros([0, self.config.arch.hidden_size], (self.kind(), self.device())).map_err(ModelError::from)
+        } else {
+            let x = images.pixel_values.f_to_device(self.device()).map_err(ModelError::from);
+            x.and_then(|x| tower.forward(&x, &images.grids))
+        };
+        crate::gate::release(&self.gate, crate::gate::Unit::Outer, false)?;
+        out
+    }
+
+    /// Whether the model's passes go through a parameter gate (ZeRO stage 3).
+    pub fn is_gated(&self) -> bool {
+        self.gate.is_some()
     }
 
     /// The multimodal positions of a batch whose prompts hold `grids`' images, and each row's

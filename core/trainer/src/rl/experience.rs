@@ -280,6 +280,10 @@ pub fn logprobs_pass(
     opts: LogProbOptions,
     checkpointed: bool,
 ) -> Result<(TokenLogProbs, LogProbPass)> {
+    // Under a parameter gate (ZeRO stage 3) every rank's pass makes the same gate calls: rows
+    // without images still take the image path (the tower gathered, run on no image).
+    let none = Images::none();
+    let images = images.or_else(|| (model.vision().is_some() && model.is_gated()).then_some(&none));
     Ok(match images {
         Some(images) => token_logprobs_pass_with_images(model, seq, attn, images, from, opts, checkpointed)?,
         None => token_logprobs_pass(model, seq, attn, from, opts, checkpointed)?,

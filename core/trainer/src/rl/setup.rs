@@ -445,6 +445,13 @@ impl Trainer {
         let actor_dir = actor_dir_of(&cfg, out_dir)?;
         let tok = crate::model_source::tokenizer(&actor_dir, &cfg.data.chat_template_kwargs)?;
         let arch = rlhf_models::ModelConfig::from_dir(&actor_dir)?.arch;
+        if arch.vision.is_some() && !cfg.model.freeze_vision && cfg.distributed.zero_stage == 3 {
+            return Err(TrainerError::Config(format!(
+                "{}: model.freeze_vision: training the vision tower at distributed.zero_stage = 3 is not \
+                 supported yet (stages 0-2 train it)",
+                cfg.source_of("model.freeze_vision")
+            )));
+        }
         let images = PromptImages::for_model(&actor_dir, &arch, &tok)?;
         let data = PromptDataset::new_with_images(raw, &tok, &cfg.data, cfg.run.seed, images.as_ref())?;
         let evaluator = match eval {
