@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rlhf_integration_tests::python;
-use rlhf_models::{CausalLm, Images};
+use rlhf_models::{CausalLm, Images, Visual};
 use rlhf_vision::{load_path, QwenVlProcessor};
 use tch::{Device, Kind, Tensor};
 
@@ -47,9 +47,9 @@ fn images(dir: &Path) -> Images {
 fn greedy(m: &CausalLm, ids: &Tensor, mask: &Tensor, images: &Images, steps: i64) -> Tensor {
     let (b, width) = (ids.size()[0], ids.size()[1]);
     let mut cache = m.new_cache(b, width + steps).unwrap();
-    let (pos, deltas) = m.image_positions(ids, mask, &images.grids).unwrap();
-    let features = m.image_features(images).unwrap();
-    let h = m.hidden_states_with_images(ids, mask, &pos, &features, Some(&mut cache)).unwrap();
+    let (pos, deltas) = m.image_positions(ids, mask, &images.grids, width).unwrap();
+    let visual = Visual { features: m.image_features(images).unwrap(), prompt_len: width };
+    let h = m.hidden_states_with_images(ids, mask, &pos, &visual, Some(&mut cache)).unwrap();
     let mut next = m.logits_from_hidden(&h.select(1, width - 1)).unwrap().argmax(-1, false).unsqueeze(-1);
     let (mut mask, mut out) = (mask.shallow_clone(), vec![next.shallow_clone()]);
     for _ in 1..steps {
@@ -157,9 +157,10 @@ fn qwen2_5_vl_gradients_match_transformers() {
     let plain =
         grads(&m, &names, || token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward());
     let checkpointed = grads(&m, &names, || {
-        let (pos, _) = m.image_positions(ids, mask, &imgs.grids).unwrap();
-        let features = m.image_features(&imgs).unwrap();
-        let ck = m.hidden_states_checkpointed_with_images(ids, mask, &pos, &features).unwrap();
+        let width = ids.size()[1];
+        let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
+        let visual = Visual { features: m.image_features(&imgs).unwrap(), prompt_len: width };
+        let ck = m.hidden_states_checkpointed_with_images(ids, mask, &pos, &visual).unwrap();
         token_loss(&m.logits_from_hidden(ck.hidden()).unwrap(), targets, mask).backward();
         m.backward_checkpointed(&ck).unwrap();
     });
@@ -225,7 +226,7 @@ fn qwen2_5_vl_generates_with_images() {
             &m,
             &out.sequences,
             &out.attention_mask,
-            &imgs,
+            rlhf_generation::ImageInputs { images: &imgs, prompt_len: out.prompt_len },
             out.prompt_len,
             opts,
         )

@@ -228,9 +228,10 @@ fn prefill_images(
             (ids.f_index_select(0, &firsts)?, mask.f_index_select(0, &firsts)?, images.select(&which)?);
         (&ids_p, &mask_p, &images_p)
     };
-    let (positions, deltas) = model.image_positions(ids, mask, &images.grids)?;
-    let features = model.image_features(images)?;
-    let hidden = model.hidden_states_with_images(ids, mask, &positions, &features, Some(cache))?;
+    let seq = ids.size()[1];
+    let (positions, deltas) = model.image_positions(ids, mask, &images.grids, seq)?;
+    let visual = rlhf_models::Visual { features: model.image_features(images)?, prompt_len: seq };
+    let hidden = model.hidden_states_with_images(ids, mask, &positions, &visual, Some(cache))?;
     let logits = model.logits_from_hidden(&hidden.f_select(1, last)?)?;
     if group == 1 {
         return Ok((logits, deltas));

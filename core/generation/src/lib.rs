@@ -21,7 +21,8 @@ pub use generate::{generate, generate_until, generate_with_images, GenerateConfi
 pub use graphs::{graph_failures, graph_replays};
 pub use logprobs::{
     masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass,
-    token_logprobs_pass_with_images, token_logprobs_with_images, LogProbOptions, LogProbPass, TokenLogProbs,
+    token_logprobs_pass_with_images, token_logprobs_with_images, ImageInputs, LogProbOptions, LogProbPass,
+    TokenLogProbs,
 };
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{RowWindow, Sampling};

@@ -12,7 +12,7 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, SharedPrefixes};
+use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, SharedPrefixes, Visual};
 
 use crate::error::{GenerationError, Result};
 
@@ -70,7 +70,17 @@ pub fn token_logprobs(
     from_hidden(model, &hidden, input_ids, from, opts)
 }
 
-/// [`token_logprobs`] of sequences whose prompts hold `images` (a vision-language model): the
+/// The images of a batch's prompts and the columns those prompts take: the image placeholders are
+/// read in the first `prompt_len` columns (an image token after them, in a sampled response, is
+/// text, as generation read it); a batch whose prompts and answers interleave (left-padded
+/// supervised pairs) takes the whole width.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageInputs<'a> {
+    pub images: &'a Images,
+    pub prompt_len: i64,
+}
+
+/// [`token_logprobs`] of sequences whose prompts hold images (a vision-language model): the
 /// images' features in place of their placeholders, every token at its multimodal position — the
 /// positions generation gave them ([`crate::generate_with_images`]).
 ///
@@ -80,14 +90,15 @@ pub fn token_logprobs_with_images(
     model: &CausalLm,
     input_ids: &Tensor,
     attention_mask: &Tensor,
-    images: &Images,
+    images: ImageInputs<'_>,
     from: i64,
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
     check_from(input_ids, from)?;
-    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids)?;
-    let features = model.image_features(images)?;
-    let hidden = model.hidden_states_with_images(input_ids, attention_mask, &positions, &features, None)?;
+    let ImageInputs { images, prompt_len } = images;
+    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids, prompt_len)?;
+    let visual = Visual { features: model.image_features(images)?, prompt_len };
+    let hidden = model.hidden_states_with_images(input_ids, attention_mask, &positions, &visual, None)?;
     from_hidden(model, &hidden, input_ids, from, opts)
 }
 
@@ -293,19 +304,20 @@ pub fn token_logprobs_pass_with_images(
     model: &CausalLm,
     input_ids: &Tensor,
     attention_mask: &Tensor,
-    images: &Images,
+    images: ImageInputs<'_>,
     from: i64,
     opts: LogProbOptions,
     checkpointed: bool,
 ) -> Result<(TokenLogProbs, LogProbPass)> {
     check_from(input_ids, from)?;
-    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids)?;
-    let features = model.image_features(images)?;
+    let ImageInputs { images, prompt_len } = images;
+    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids, prompt_len)?;
+    let visual = Visual { features: model.image_features(images)?, prompt_len };
     let layers = if checkpointed {
-        let c = model.hidden_states_checkpointed_with_images(input_ids, attention_mask, &positions, &features)?;
+        let c = model.hidden_states_checkpointed_with_images(input_ids, attention_mask, &positions, &visual)?;
         Layers::Checkpointed(Box::new(c))
     } else {
-        Layers::Graph(model.hidden_states_with_images(input_ids, attention_mask, &positions, &features, None)?)
+        Layers::Graph(model.hidden_states_with_images(input_ids, attention_mask, &positions, &visual, None)?)
     };
     head_pass(model, layers, input_ids.shallow_clone(), from, opts)
 }

@@ -282,7 +282,7 @@ impl DecoderModel {
         position_ids: &Tensor,
         key_mask: &Tensor,
         past: i64,
-        visual: Option<&Tensor>,
+        visual: Option<&crate::multimodal::Visual>,
     ) -> Result<(Tensor, LayerShared)> {
         let seq = input_ids.size()[1];
         let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids, visual)?;
@@ -359,15 +359,15 @@ impl DecoderModel {
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
-        visual: Option<&Tensor>,
+        visual: Option<&crate::multimodal::Visual>,
     ) -> Result<(Tensor, (Tensor, Tensor), Option<(Tensor, Tensor)>, SideInputs)> {
         let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
         if let Some(scale) = self.embed_scale {
             // Gemma multiplies by √hidden rounded to the weights' dtype first.
             h = h.f_mul(&Tensor::f_scalar_tensor(scale, (h.kind(), h.device()))?)?;
         }
-        if let Some(features) = visual {
-            h = self.place_visual(&h, input_ids, features)?;
+        if let Some(visual) = visual {
+            h = self.place_visual(&h, input_ids, visual)?;
         }
         let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
         let rotary_local = self.rotary_local.as_ref().map(|r| r.cos_sin(position_ids, h.kind())).transpose()?;
@@ -375,16 +375,22 @@ impl DecoderModel {
         Ok((h, rotary, rotary_local, SideInputs::with_per_layer(per_layer)))
     }
 
-    /// `h` with the rows of `features` in place of the image placeholders, in order
-    /// (transformers' `masked_scatter`).
+    /// `h` with the rows of `visual.features` in place of the image placeholders among the first
+    /// `visual.prompt_len` columns, in order (transformers' `masked_scatter`). Only a pass from the
+    /// first token (no cache before it) carries features.
     ///
     /// # Shapes
-    /// - `h`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]`; `features`: `[placeholders, hidden]`
-    fn place_visual(&self, h: &Tensor, input_ids: &Tensor, features: &Tensor) -> Result<Tensor> {
+    /// - `h`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]`; `visual.features`: `[placeholders, hidden]`
+    fn place_visual(&self, h: &Tensor, input_ids: &Tensor, visual: &crate::multimodal::Visual) -> Result<Tensor> {
         let token = self
             .image_token
             .ok_or_else(|| ModelError::Input("image features for a model that reads no images".into()))?;
-        let at = input_ids.f_eq(token)?;
+        let features = &visual.features;
+        // Placeholders are the prompt's: an image token sampled in a response is text.
+        let in_prompt = Tensor::f_arange(input_ids.size()[1], (tch::Kind::Int64, input_ids.device()))?
+            .f_lt(visual.prompt_len)?
+            .f_unsqueeze(0)?;
+        let at = input_ids.f_eq(token)?.f_logical_and(&in_prompt)?;
         let n = at.f_sum(tch::Kind::Int64)?.f_int64_value(&[])?;
         let width = h.size()[2];
         if features.size() != [n, width] {

@@ -55,6 +55,6 @@ pub use gate::{ParamGate, Unit};
 pub use layers::{position_ids_from_mask, KvCache};
 pub use lora::LoraConfig;
 pub use model::CausalLm;
-pub use multimodal::Images;
+pub use multimodal::{Images, Visual};
 pub use prefix::SharedPrefixes;
 pub use scalar_head::{last_token_index, ScalarHeadModel};

@@ -13,6 +13,22 @@ use crate::layers::KvCache;
 use crate::model::{check_ids, CausalLm};
 use crate::vision_tower::VisionTower;
 
+/// Image features and where they go: the image placeholders among the first `prompt_len` columns
+/// of the ids (a sampled response may hold an image token; it is text, as generation read it).
+#[derive(Debug)]
+pub struct Visual {
+    /// `[placeholders, hidden]`, from [`CausalLm::image_features`].
+    pub features: Tensor,
+    pub prompt_len: i64,
+}
+
+impl Visual {
+    /// The same features and prompt length, sharing storage.
+    pub fn shallow_clone(&self) -> Visual {
+        Visual { features: self.features.shallow_clone(), prompt_len: self.prompt_len }
+    }
+}
+
 /// Images of a batch as the processor makes them: every image's patch rows one after another, in
 /// the order their placeholders appear (row by row), and each image's grid.
 #[derive(Debug)]
@@ -124,8 +140,8 @@ impl CausalLm {
         self.gate.is_some()
     }
 
-    /// The multimodal positions of a batch whose prompts hold `grids`' images, and each row's
-    /// delta (see [`crate::qwen2_5_vl::mrope_positions`]).
+    /// The multimodal positions of a batch whose prompts — the first `prompt_len` columns — hold
+    /// `grids`' images, and each row's delta (see [`crate::qwen2_5_vl::mrope_positions`]).
     ///
     /// # Shapes
     /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[3, batch, seq]` and `[batch]` int64
@@ -134,36 +150,38 @@ impl CausalLm {
         input_ids: &Tensor,
         attention_mask: &Tensor,
         grids: &[[i64; 3]],
+        prompt_len: i64,
     ) -> Result<(Tensor, Tensor)> {
         let cfg = self.tower()?.config();
         crate::qwen2_5_vl::mrope_positions(
             input_ids,
             attention_mask,
             grids,
+            prompt_len,
             cfg.image_token_id,
             cfg.video_token_id,
             cfg.spatial_merge_size,
         )
     }
 
-    /// Final hidden states with `features` in place of the image placeholders
+    /// Final hidden states with `visual`'s features in place of the prompt's image placeholders
     /// ([`CausalLm::image_features`]), at the multimodal `position_ids`
-    /// ([`CausalLm::image_positions`]).
+    /// ([`CausalLm::image_positions`]); `cache`, when given, must be empty.
     ///
     /// # Shapes
-    /// - `input_ids`: `[batch, seq]`; `attention_mask`: `[batch, past + seq]`; `position_ids`:
-    ///   `[3, batch, seq]`; `features`: `[placeholders, hidden]` → `[batch, seq, hidden]`
+    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `position_ids`: `[3, batch, seq]`;
+    ///   `visual.features`: `[placeholders, hidden]` → `[batch, seq, hidden]`
     pub fn hidden_states_with_images(
         &self,
         input_ids: &Tensor,
         attention_mask: &Tensor,
         position_ids: &Tensor,
-        features: &Tensor,
+        visual: &Visual,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         check_ids(input_ids, attention_mask)?;
         let routing = Routing::Off;
-        Ok(self.backbone.run(input_ids, position_ids, attention_mask, cache, &self.gate, routing, Some(features))?.0)
+        Ok(self.backbone.run(input_ids, position_ids, attention_mask, cache, &self.gate, routing, Some(visual))?.0)
     }
 
     /// [`CausalLm::hidden_states_with_images`] as a checkpointed pass (see
@@ -172,17 +190,17 @@ impl CausalLm {
     ///
     /// # Shapes
     /// - `input_ids`, `attention_mask`: `[batch, seq]`; `position_ids`: `[3, batch, seq]`;
-    ///   `features`: `[placeholders, hidden]`; hidden `[batch, seq, hidden]`
+    ///   `visual.features`: `[placeholders, hidden]`; hidden `[batch, seq, hidden]`
     pub fn hidden_states_checkpointed_with_images(
         &self,
         input_ids: &Tensor,
         attention_mask: &Tensor,
         position_ids: &Tensor,
-        features: &Tensor,
+        visual: &Visual,
     ) -> Result<Checkpointed> {
         check_ids(input_ids, attention_mask)?;
         let inputs = (input_ids, position_ids, attention_mask);
-        checkpointing::forward(&self.backbone, &self.gate, inputs, Some(features))
+        checkpointing::forward(&self.backbone, &self.gate, inputs, Some(visual))
     }
 
     /// Full forward of prompts with images, without a cache.
@@ -190,9 +208,10 @@ impl CausalLm {
     /// # Shapes
     /// - `input_ids`, `attention_mask`: `[batch, seq]` → logits `[batch, seq, vocab]`
     pub fn forward_with_images(&self, input_ids: &Tensor, attention_mask: &Tensor, images: &Images) -> Result<Tensor> {
-        let (pos, _) = self.image_positions(input_ids, attention_mask, &images.grids)?;
-        let features = self.image_features(images)?;
-        let h = self.hidden_states_with_images(input_ids, attention_mask, &pos, &features, None)?;
+        let seq = input_ids.size()[1];
+        let (pos, _) = self.image_positions(input_ids, attention_mask, &images.grids, seq)?;
+        let visual = Visual { features: self.image_features(images)?, prompt_len: seq };
+        let h = self.hidden_states_with_images(input_ids, attention_mask, &pos, &visual, None)?;
         self.logits_from_hidden(&h)
     }
 

@@ -51,7 +51,9 @@ pub(crate) const LEGACY: Multimodal = Multimodal { language_prefix: "model", vis
 /// delta, `max(position) + 1 − tokens`, which later tokens add to their plain position.
 ///
 /// `grids` are the images' `[t, h, w]` in patches, in the order their placeholders appear
-/// (row by row); each image's placeholder run has `t·h·w / merge²` tokens.
+/// (row by row); each image's placeholder run has `t·h·w / merge²` tokens. Only the first
+/// `prompt_len` columns hold placeholders: an image token after them (a sampled response's) is
+/// text, as generation reads it.
 ///
 /// # Shapes
 /// - `ids`, `mask`: `[batch, seq]` int64 → positions `[3, batch, seq]` int64 and deltas `[batch]`
@@ -60,6 +62,7 @@ pub fn mrope_positions(
     ids: &Tensor,
     mask: &Tensor,
     grids: &[[i64; 3]],
+    prompt_len: i64,
     image_token: i64,
     video_token: i64,
     merge: i64,
@@ -79,7 +82,8 @@ pub fn mrope_positions(
         let valid: Vec<i64> = (0..seq).filter(|&s| mask_h[(b * seq + s) as usize] != 0).collect();
         let (mut current, mut max, mut k) = (0i64, -1i64, 0usize);
         while k < valid.len() {
-            let token = row[valid[k] as usize];
+            // A token after the prompt is text, whatever its id (a sampled response's).
+            let token = if valid[k] < prompt_len { row[valid[k] as usize] } else { -1 };
             if token == video_token {
                 return Err(ModelError::Input(format!("row {b}: a video placeholder (videos are not read)")));
             }
@@ -95,7 +99,7 @@ pub fn mrope_positions(
             };
             let (h, w) = (h / merge, w / merge);
             let n = (t * h * w) as usize;
-            let run = valid[k..].iter().take_while(|&&s| row[s as usize] == image_token).count();
+            let run = valid[k..].iter().take_while(|&&s| s < prompt_len && row[s as usize] == image_token).count();
             if run < n {
                 return Err(ModelError::Input(format!(
                     "row {b}: {run} image placeholders where the image has {n} tokens ({t}×{h}×{w} merged patches)"
@@ -139,7 +143,7 @@ mod tests {
         let ids = Tensor::from_slice(&[1i64, 2, img, img, img, img, img, img, 3, 4, 0, 0, 0, 0, 0, 0, 0, 5, 6, 7])
             .view([2, 10]);
         let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]).view([2, 10]);
-        let (pos, deltas) = mrope_positions(&ids, &mask, &[[1, 4, 6]], img, 8, 2).unwrap();
+        let (pos, deltas) = mrope_positions(&ids, &mask, &[[1, 4, 6]], 100, img, 8, 2).unwrap();
         let row = |a: i64, b: i64| Vec::<i64>::try_from(pos.get(a).get(b)).unwrap();
         assert_eq!(row(0, 0), vec![0, 1, 2, 2, 2, 2, 2, 2, 5, 6]);
         assert_eq!(row(1, 0), vec![0, 1, 2, 2, 2, 3, 3, 3, 5, 6]);
@@ -147,11 +151,18 @@ mod tests {
         assert_eq!(row(1, 1), vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
         // 7 − 10 for the image row; 0 for text alone.
         assert_eq!(Vec::<i64>::try_from(deltas).unwrap(), vec![-3, 0]);
-        let e = mrope_positions(&ids, &mask, &[], img, 8, 2).unwrap_err().to_string();
+        let e = mrope_positions(&ids, &mask, &[], 100, img, 8, 2).unwrap_err().to_string();
         assert!(e.contains("row 0: more image placeholders than images"), "{e}");
-        let e = mrope_positions(&ids, &mask, &[[1, 4, 8]], img, 8, 2).unwrap_err().to_string();
+        let e = mrope_positions(&ids, &mask, &[[1, 4, 8]], 100, img, 8, 2).unwrap_err().to_string();
         assert!(e.contains("row 0: 6 image placeholders where the image has 8 tokens"), "{e}");
-        let e = mrope_positions(&ids, &mask, &[[1, 4, 6], [1, 2, 2]], img, 8, 2).unwrap_err().to_string();
+        let e = mrope_positions(&ids, &mask, &[[1, 4, 6], [1, 2, 2]], 100, img, 8, 2).unwrap_err().to_string();
         assert!(e.contains("2 images for fewer placeholders"), "{e}");
+        // Sampled after an 8-token prompt, an image or video token is text: row 0's last two
+        // tokens, row 1's last one.
+        let ids = Tensor::from_slice(&[1i64, 2, img, img, img, img, img, img, img, 8, 0, 0, 0, 0, 0, 0, 0, 5, 6, img])
+            .view([2, 10]);
+        let (pos, _) = mrope_positions(&ids, &mask, &[[1, 4, 6]], 8, img, 8, 2).unwrap();
+        assert_eq!(Vec::<i64>::try_from(pos.get(0).get(0)).unwrap(), vec![0, 1, 2, 2, 2, 2, 2, 2, 5, 6]);
+        assert_eq!(Vec::<i64>::try_from(pos.get(0).get(1)).unwrap(), vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
     }
 }

@@ -46,13 +46,17 @@ pub fn task_prompts(name: &str) -> Result<Vec<RawPrompt>> {
     if let Some(split) = name.strip_prefix("multiplication") {
         return crate::builtin_calc::prompts(split);
     }
+    if let Some(split) = name.strip_prefix("shapes") {
+        return crate::builtin_shapes::prompts(split);
+    }
     match name {
         "addition" => Ok(addition_prompts()),
         "addition-train" => Ok(split(false)),
         "addition-test" => Ok(split(true)),
         other => Err(TrainerError::Config(format!(
             "unknown built-in task `builtin:{other}` (available: builtin:addition, builtin:addition-train, \
-             builtin:addition-test, builtin:multiplication, builtin:multiplication-train, builtin:multiplication-test)"
+             builtin:addition-test, builtin:multiplication, builtin:multiplication-train, builtin:multiplication-test, \
+             builtin:shapes, builtin:shapes-train, builtin:shapes-test)"
         ))),
     }
 }

@@ -13,6 +13,8 @@
 //! - `builtin:tiny-qwen3.5`: Qwen3.5's hybrid text model: a Gated DeltaNet layer (2 key heads of 16
 //!   serving 4 value heads of 16) then a gated full-attention layer rotating a quarter of each head;
 //!   its `1 + w` norms start at zero as transformers initialises them.
+//! - `builtin:tiny-qwen2.5-vl`: Qwen2.5-VL with a vision tower, over the words of the built-in
+//!   visual task ([`crate::builtin_vl`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +26,7 @@ use crate::builtin::{tokenizer_json, WORDS};
 use crate::error::{Result, TrainerError};
 
 /// The built-in models, by the name after `builtin:`.
-pub const MODELS: &[&str] = &["tiny", "tiny-calc", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3.5"];
+pub const MODELS: &[&str] = &["tiny", "tiny-calc", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3.5", "tiny-qwen2.5-vl"];
 
 /// The families the built-in models come in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +49,7 @@ pub fn write_model(name: &str, dir: &Path, seed: u64) -> Result<()> {
         "tiny-qwen3" => write_decoder(dir, seed, &tokenizer_json(), words, Arch::Qwen3),
         "tiny-qwen3-moe" => write_decoder(dir, seed, &tokenizer_json(), words, Arch::Qwen3Moe),
         "tiny-qwen3.5" => write_decoder(dir, seed, &tokenizer_json(), words, Arch::Qwen3_5),
+        "tiny-qwen2.5-vl" => crate::builtin_vl::write_model(dir, seed),
         other => Err(TrainerError::Config(format!(
             "unknown built-in model `builtin:{other}` (available: {})",
             MODELS.iter().map(|m| format!("builtin:{m}")).collect::<Vec<_>>().join(", ")

@@ -16,6 +16,8 @@ pub mod arrow_dir;
 pub mod builtin;
 pub mod builtin_calc;
 pub mod builtin_models;
+pub mod builtin_shapes;
+pub mod builtin_vl;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

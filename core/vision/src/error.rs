@@ -18,6 +18,9 @@ pub enum VisionError {
     /// The image's size is outside what the processor accepts.
     #[error("{source_name}: {message}")]
     Size { source_name: String, message: String },
+    /// An image could not be encoded.
+    #[error("cannot encode an image: {0}")]
+    Encode(String),
     /// A processor configuration value is wrong.
     #[error("{path}: {key}: {message}")]
     Config { path: PathBuf, key: String, message: String },

@@ -7,6 +7,7 @@ pub mod load;
 pub mod prompt;
 pub mod qwen;
 pub mod resample;
+pub mod shapes;
 
 pub use error::{Result, VisionError};
 pub use load::{load_bytes, load_path, RgbImage};

@@ -4,8 +4,8 @@
 //! losses compare against.
 
 use rlhf_generation::{
-    token_logprobs, token_logprobs_pass, token_logprobs_pass_with_images, token_logprobs_with_images, LogProbOptions,
-    LogProbPass, TokenLogProbs,
+    token_logprobs, token_logprobs_pass, token_logprobs_pass_with_images, token_logprobs_with_images, ImageInputs,
+    LogProbOptions, LogProbPass, TokenLogProbs,
 };
 use rlhf_models::{CausalLm, Images, ScalarHeadModel};
 
@@ -186,7 +186,7 @@ pub fn compute(
         return Ok((batch, Some(zeros()?), times));
     }
     let images = s.images.as_deref().map(|rows| visual::cat(rows, None)).transpose()?.flatten();
-    let images = images.as_ref();
+    let images = images.as_ref().map(|images| ImageInputs { images, prompt_len: p_len });
     let t = PhaseClock::start(device);
     let ref_logprobs = match models.reference {
         Some(r) => {
@@ -249,7 +249,7 @@ pub fn compute(
     Ok((batch, old.entropy, times))
 }
 
-/// [`token_logprobs`] of rows holding `images` (in row order) when there are any.
+/// [`token_logprobs`] of rows holding images (in row order) when there are any.
 ///
 /// # Shapes
 /// As [`token_logprobs`].
@@ -257,7 +257,7 @@ pub fn logprobs(
     model: &CausalLm,
     seq: &Tensor,
     attn: &Tensor,
-    images: Option<&Images>,
+    images: Option<ImageInputs<'_>>,
     from: i64,
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
@@ -267,7 +267,7 @@ pub fn logprobs(
     })
 }
 
-/// [`token_logprobs_pass`] of rows holding `images` (in row order) when there are any.
+/// [`token_logprobs_pass`] of rows holding images (in row order) when there are any.
 ///
 /// # Shapes
 /// As [`token_logprobs`].
@@ -275,7 +275,7 @@ pub fn logprobs_pass(
     model: &CausalLm,
     seq: &Tensor,
     attn: &Tensor,
-    images: Option<&Images>,
+    images: Option<ImageInputs<'_>>,
     from: i64,
     opts: LogProbOptions,
     checkpointed: bool,
@@ -283,7 +283,8 @@ pub fn logprobs_pass(
     // Under a parameter gate (ZeRO stage 3) every rank's pass makes the same gate calls: rows
     // without images still take the image path (the tower gathered, run on no image).
     let none = Images::none();
-    let images = images.or_else(|| (model.vision().is_some() && model.is_gated()).then_some(&none));
+    let gated = model.vision().is_some() && model.is_gated();
+    let images = images.or_else(|| gated.then_some(ImageInputs { images: &none, prompt_len: seq.size()[1] }));
     Ok(match images {
         Some(images) => token_logprobs_pass_with_images(model, seq, attn, images, from, opts, checkpointed)?,
         None => token_logprobs_pass(model, seq, attn, from, opts, checkpointed)?,

@@ -6,7 +6,7 @@
 //! number of minibatches in its step, as TRL/accelerate do. A non-finite loss or gradient skips
 //! the whole optimizer step and is logged.
 
-use rlhf_generation::{LogProbOptions, LogProbPass, TokenLogProbs};
+use rlhf_generation::{ImageInputs, LogProbOptions, LogProbPass, TokenLogProbs};
 use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
@@ -159,7 +159,8 @@ fn micro_loss(
         }
         None => {
             let images = batch.images.as_deref().map(|rows| visual::cat(rows, Some(part.rows))).transpose()?.flatten();
-            let (lp, ck) = logprobs_pass(actor, &seq, &attn, images.as_ref(), p_len, opts, cfg.gradient_checkpointing)?;
+            let images = images.as_ref().map(|images| ImageInputs { images, prompt_len: p_len });
+            let (lp, ck) = logprobs_pass(actor, &seq, &attn, images, p_len, opts, cfg.gradient_checkpointing)?;
             passes.actor = Some(ck);
             lp // [n, R], grad
         }

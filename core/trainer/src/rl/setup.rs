@@ -185,7 +185,7 @@ fn warmed_up_actor(
     run_dir: &Path,
     actor_dir: PathBuf,
     tok: &HfTokenizer,
-    data: &PromptDataset,
+    (data, images): (&PromptDataset, Option<&PromptImages>),
     resume: bool,
     device: Device,
     kind: Kind,
@@ -214,12 +214,15 @@ fn warmed_up_actor(
         }),
         None => r.label.clone(),
     };
-    let pairs: Vec<(Vec<i64>, Vec<i64>)> = data
+    let (records, pairs): (Vec<usize>, Vec<(Vec<i64>, Vec<i64>)>) = data
         .records
         .iter()
-        .filter_map(|r| target(r).map(|l| (r, l)))
-        .map(|(r, l)| Ok((ids_i64(&r.ids), ids_i64(&tok.encode(&l, false)?))))
-        .collect::<Result<_>>()?;
+        .enumerate()
+        .filter_map(|(i, r)| target(r).map(|l| (i, r, l)))
+        .map(|(i, r, l)| Ok((i, (ids_i64(&r.ids), ids_i64(&tok.encode(&l, false)?)))))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
     if pairs.is_empty() {
         return Err(TrainerError::Config(format!(
             "{}: warmup.steps: the prompts of data.prompts have no `{}` to warm up on",
@@ -229,7 +232,13 @@ fn warmed_up_actor(
     }
     let eos = tok.eos_token_ids().first().copied().map(i64::from).unwrap_or(0);
     let pad = i64::from(tok.pad_token_id());
-    let loss = sft_warmup(&actor, &pairs, eos, pad, &cfg.warmup, cfg.run.seed)?;
+    // Each batch's images, decoded and patched when drawn.
+    let pair_images = |picked: &[usize]| -> Result<Option<rlhf_models::Images>> {
+        let Some(p) = images else { return Ok(None) };
+        let rows = picked.iter().map(|&i| p.patches(&data.records[records[i]].images)).collect::<Result<Vec<_>>>()?;
+        crate::rl::visual::cat(&rows, None)
+    };
+    let loss = sft_warmup(&actor, &pairs, eos, pad, &cfg.warmup, cfg.run.seed, Some(&pair_images))?;
     tracing::info!("supervised warm-up: {} steps, final loss {loss:.4}", cfg.warmup.steps);
     actor.save(&dir)?;
     let actor = CausalLm::from_dir(&dir, device, kind)?;
@@ -468,11 +477,7 @@ impl Trainer {
         if with_images {
             check_image_run(&cfg, algo.requirements(), env.is_some())?;
         }
-        let visual = images.filter(|_| with_images).map(|i| {
-            // Two generation batches' prompts (dynamic sampling may draw more in a step; those are
-            // patched again when needed).
-            Visual::new(i, 2 * cfg.rollout.prompts_per_batch)
-        });
+        let visual_of = images.filter(|_| with_images);
         if cfg.rollout.prompts_per_batch > data.records.len() {
             tracing::warn!(
                 "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \
@@ -483,8 +488,19 @@ impl Trainer {
             );
         }
         let warmup_dir = if resume.is_some() { &run_dir } else { out_dir };
-        let (mut actor, actor_dir) =
-            warmed_up_actor(&cfg, warmup_dir, actor_dir, &tok, &data, resume.is_some(), device, kind)?;
+        let (mut actor, actor_dir) = warmed_up_actor(
+            &cfg,
+            warmup_dir,
+            actor_dir,
+            &tok,
+            (&data, visual_of.as_ref()),
+            resume.is_some(),
+            device,
+            kind,
+        )?;
+        // Two generation batches' prompts keep their patches (dynamic sampling may draw more in a
+        // step; those are patched again when needed).
+        let visual = visual_of.map(|i| Visual::new(i, 2 * cfg.rollout.prompts_per_batch));
         // Before the optimizers collect the trainable parameters.
         let tower = actor.set_vision_trainable(!cfg.model.freeze_vision);
         if tower > 0 {
