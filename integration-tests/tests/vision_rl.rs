@@ -5,7 +5,8 @@
 //! batch —, the reward function receives each row's image paths as the `images` column (as TRL
 //! passes dataset columns), 2 ranks sample what one process samples, the vision tower stays as
 //! loaded unless `model.freeze_vision = false`, ZeRO stage 3 gathers the tower for its passes, a
-//! resumed run continues bit for bit, and what is not supported yet is refused by name.
+//! resumed run continues bit for bit, `rlhf eval` reads the rows with their images, and what is
+//! not supported yet is refused by name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -150,6 +151,16 @@ fn grpo_trains_on_prompts_with_images_on_one_process_and_two_ranks() {
     let (before, after) = (weights(&fx.join("model")), weights(&dir.path().join("one/actor")));
     assert!(same(&before, &after, "visual."));
     assert!(!same(&before, &after, "model.layers."));
+
+    // `rlhf eval` of the trained actor reads the same rows, images included.
+    let summary = dir.path().join("eval.json");
+    let (actor, prompts) = (dir.path().join("one/actor"), fx.join("prompts.jsonl"));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let out =
+        rlhf(&["eval", "--model", &s(&actor), "--config", &s(&config), "--data", &s(&prompts), "--out", &s(&summary)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(summary["metrics"]["eval/prompts"], 3.0, "{summary}");
 
     // 2 ranks: the same samples (rewards) at the first step, the same fresh log-probs as the old
     // ones after the gather, and the same loss as one process.
