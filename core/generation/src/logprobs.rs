@@ -95,11 +95,24 @@ pub fn token_logprobs_with_images(
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
     check_from(input_ids, from)?;
-    let ImageInputs { images, prompt_len } = images;
-    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids, prompt_len)?;
-    let visual = Visual { features: model.image_features(images)?, prompt_len };
+    let (positions, visual) = image_inputs(model, input_ids, attention_mask, images)?;
     let hidden = model.hidden_states_with_images(input_ids, attention_mask, &positions, &visual, None)?;
     from_hidden(model, &hidden, input_ids, from, opts)
+}
+
+/// The multimodal positions of the batch and its images' features, placed in the prompts' columns.
+///
+/// # Shapes
+/// - `input_ids`, `attention_mask`: `[batch, seq]` → positions `[3, batch, seq]`
+fn image_inputs(
+    model: &CausalLm,
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    images: ImageInputs<'_>,
+) -> Result<(Tensor, Visual)> {
+    let ImageInputs { images, prompt_len } = images;
+    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids, prompt_len)?;
+    Ok((positions, Visual { features: model.image_features(images)?, prompt_len }))
 }
 
 /// [`token_logprobs`] as a checkpointed pass (activation checkpointing, see
@@ -310,9 +323,7 @@ pub fn token_logprobs_pass_with_images(
     checkpointed: bool,
 ) -> Result<(TokenLogProbs, LogProbPass)> {
     check_from(input_ids, from)?;
-    let ImageInputs { images, prompt_len } = images;
-    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids, prompt_len)?;
-    let visual = Visual { features: model.image_features(images)?, prompt_len };
+    let (positions, visual) = image_inputs(model, input_ids, attention_mask, images)?;
     let layers = if checkpointed {
         let c = model.hidden_states_checkpointed_with_images(input_ids, attention_mask, &positions, &visual)?;
         Layers::Checkpointed(Box::new(c))

@@ -66,12 +66,7 @@ pub fn write_model(dir: &Path, seed: u64) -> Result<()> {
     let write = |name: &str, v: &serde_json::Value| rlhf_models::weights::write_json(&dir.join(name), v);
     write("config.json", &config(vocab))?;
     write("tokenizer.json", &tokenizer_json())?;
-    write(
-        "tokenizer_config.json",
-        &json!({"eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "bos_token": null,
-                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 256}),
-    )?;
-    write("generation_config.json", &json!({"eos_token_id": 1, "pad_token_id": 0}))?;
+    crate::builtin_models::write_tokenizer_files(dir, 256)?;
     write(
         "preprocessor_config.json",
         &json!({"image_processor_type": "Qwen2VLImageProcessor", "patch_size": PATCH,

@@ -38,35 +38,6 @@ use crate::rl::Trainer;
 use crate::run_lock::RunLock;
 use crate::train_engine::TrainEngine;
 
-/// What RL on prompts with images does not do yet, refused before anything is built: a critic
-/// (its value model reads no images), vLLM (its requests carry no images yet), asynchronous
-/// rollouts and environments.
-fn check_image_run(cfg: &RlConfig, req: Requirements, env: bool) -> Result<()> {
-    let refuse = |key: &str, what: &str| {
-        Err(TrainerError::Config(format!(
-            "{}: {key}: {what}, and data.prompts `{}` holds images",
-            cfg.source_of(key),
-            cfg.data.prompts
-        )))
-    };
-    if req.critic {
-        return refuse(
-            "algorithm.name",
-            &format!("`{}` trains a critic, whose value model reads no images", cfg.algorithm.name),
-        );
-    }
-    if cfg.rollout.engine == crate::config::EngineKind::Vllm {
-        return refuse("rollout.engine", "the vLLM engine is not sent images yet");
-    }
-    if cfg.rollout.max_staleness > 0 {
-        return refuse("rollout.max_staleness", "asynchronous rollouts carry no images yet");
-    }
-    if env {
-        return refuse("environment", "multi-turn environments take no images yet");
-    }
-    Ok(())
-}
-
 /// `run.run_dir`, or `runs/<algo>-<unix time>`.
 fn run_dir_of(cfg: &RlConfig) -> PathBuf {
     cfg.run.run_dir.clone().unwrap_or_else(|| {
@@ -214,15 +185,14 @@ fn warmed_up_actor(
         }),
         None => r.label.clone(),
     };
-    let (records, pairs): (Vec<usize>, Vec<(Vec<i64>, Vec<i64>)>) = data
-        .records
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| target(r).map(|l| (i, r, l)))
-        .map(|(i, r, l)| Ok((i, (ids_i64(&r.ids), ids_i64(&tok.encode(&l, false)?)))))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .unzip();
+    // Each pair's (prompt, response) ids and the record its prompt is.
+    let (mut records, mut pairs) = (Vec::new(), Vec::new());
+    for (i, r) in data.records.iter().enumerate() {
+        if let Some(l) = target(r) {
+            records.push(i);
+            pairs.push((ids_i64(&r.ids), ids_i64(&tok.encode(&l, false)?)));
+        }
+    }
     if pairs.is_empty() {
         return Err(TrainerError::Config(format!(
             "{}: warmup.steps: the prompts of data.prompts have no `{}` to warm up on",
@@ -475,7 +445,7 @@ impl Trainer {
         };
         let with_images = data.records.iter().any(|r| !r.images.is_empty());
         if with_images {
-            check_image_run(&cfg, algo.requirements(), env.is_some())?;
+            crate::rl::visual::check_run(&cfg, algo.requirements(), env.is_some())?;
         }
         let visual_of = images.filter(|_| with_images);
         if cfg.rollout.prompts_per_batch > data.records.len() {

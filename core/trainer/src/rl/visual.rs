@@ -77,6 +77,35 @@ impl super::Trainer {
     }
 }
 
+/// What RL on prompts with images does not do yet, refused before anything is built: a critic
+/// (its value model reads no images), vLLM (its requests carry no images yet), asynchronous
+/// rollouts and environments.
+pub fn check_run(cfg: &crate::config::RlConfig, req: rlhf_plugin_api::Requirements, env: bool) -> Result<()> {
+    let refuse = |key: &str, what: &str| {
+        Err(TrainerError::Config(format!(
+            "{}: {key}: {what}, and data.prompts `{}` holds images",
+            cfg.source_of(key),
+            cfg.data.prompts
+        )))
+    };
+    if req.critic {
+        return refuse(
+            "algorithm.name",
+            &format!("`{}` trains a critic, whose value model reads no images", cfg.algorithm.name),
+        );
+    }
+    if cfg.rollout.engine == crate::config::EngineKind::Vllm {
+        return refuse("rollout.engine", "the vLLM engine is not sent images yet");
+    }
+    if cfg.rollout.max_staleness > 0 {
+        return refuse("rollout.max_staleness", "asynchronous rollouts carry no images yet");
+    }
+    if env {
+        return refuse("environment", "multi-turn environments take no images yet");
+    }
+    Ok(())
+}
+
 /// The images of the rows `idx` names (all rows with `None`), one after another in row order —
 /// the layout the model takes them in; `None` when those rows hold no image (the text-only
 /// passes then run).
