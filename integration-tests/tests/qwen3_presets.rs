@@ -13,7 +13,16 @@ use rlhf_integration_tests::{metrics, rlhf_bin};
 
 const STEPS: &str = "train.steps=150";
 
+/// One run at a time: each run keeps both cores busy (one process's two threads, or two ranks),
+/// and two at once oversubscribe them — libtorch's OpenMP threads spin while they wait, and the
+/// Gated DeltaNet's many small kernels ran several times slower that way.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn run(preset: &str, run_dir: &Path, extra: &[&str]) -> Output {
+    let _one = one_at_a_time();
     let mut c = std::process::Command::new(rlhf_bin());
     c.args(["train", "--config", &format!("{}/../configs/{preset}", env!("CARGO_MANIFEST_DIR")), "--no-progress"])
         .args(["--run-dir", run_dir.to_str().unwrap(), "--set", STEPS, "--set", "eval.data=\"\""])

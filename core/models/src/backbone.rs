@@ -77,7 +77,7 @@ impl Backbone {
         mut cache: Option<&mut KvCache>,
         gate: &Gate,
         routing: Routing,
-        visual: Option<&crate::multimodal::Visual>,
+        visual: Option<&crate::visual_input::Visual>,
     ) -> Result<(Tensor, Option<RouterStats>)> {
         let past = cache.as_ref().map_or(0, |c| c.len());
         let (mut h, mut shared) = self.embed(ids, pos, key_mask, past, visual)?;
@@ -137,7 +137,7 @@ impl Backbone {
         pos: &Tensor,
         key_mask: &Tensor,
         past: i64,
-        visual: Option<&crate::multimodal::Visual>,
+        visual: Option<&crate::visual_input::Visual>,
     ) -> Result<(Tensor, LayerShared)> {
         match (self, visual) {
             (Backbone::Decoder(m), _) => m.embed(ids, pos, key_mask, past, visual),

@@ -50,7 +50,7 @@ struct Segment {
     past: i64,
     /// Image features in place of the image placeholders (with the vision tower's graph when it
     /// trains).
-    visual: Option<crate::multimodal::Visual>,
+    visual: Option<crate::visual_input::Visual>,
     shared: LayerShared,
     /// `[rows, seq, hidden]` each: the input of layer `i`, then the final norm's.
     inputs: Vec<Tensor>,
@@ -62,7 +62,7 @@ impl Segment {
         backbone: &Backbone,
         (ids, positions, key_mask): (&Tensor, &Tensor, &Tensor),
         past: i64,
-        visual: Option<&crate::multimodal::Visual>,
+        visual: Option<&crate::visual_input::Visual>,
     ) -> Result<Self> {
         let (h, shared) = backbone.embed(ids, positions, key_mask, past, visual)?;
         let inputs = vec![h];
@@ -71,7 +71,7 @@ impl Segment {
             positions: positions.shallow_clone(),
             key_mask: key_mask.shallow_clone(),
             past,
-            visual: visual.map(crate::multimodal::Visual::shallow_clone),
+            visual: visual.map(crate::visual_input::Visual::shallow_clone),
             shared,
             inputs,
         })
@@ -219,7 +219,7 @@ pub(crate) fn forward(
     backbone: &Backbone,
     gate: &Gate,
     (ids, positions, key_mask): (&Tensor, &Tensor, &Tensor),
-    visual: Option<&crate::multimodal::Visual>,
+    visual: Option<&crate::visual_input::Visual>,
 ) -> Result<Checkpointed> {
     gather(gate, Unit::Outer)?;
     prefetch(gate, Unit::Layer(0))?;

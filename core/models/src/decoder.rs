@@ -282,7 +282,7 @@ impl DecoderModel {
         position_ids: &Tensor,
         key_mask: &Tensor,
         past: i64,
-        visual: Option<&crate::multimodal::Visual>,
+        visual: Option<&crate::visual_input::Visual>,
     ) -> Result<(Tensor, LayerShared)> {
         let seq = input_ids.size()[1];
         let (h, rotary, rotary_local, side) = self.embed_rotary(input_ids, position_ids, visual)?;
@@ -359,7 +359,7 @@ impl DecoderModel {
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
-        visual: Option<&crate::multimodal::Visual>,
+        visual: Option<&crate::visual_input::Visual>,
     ) -> Result<(Tensor, (Tensor, Tensor), Option<(Tensor, Tensor)>, SideInputs)> {
         let mut h = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
         if let Some(scale) = self.embed_scale {
@@ -381,7 +381,7 @@ impl DecoderModel {
     ///
     /// # Shapes
     /// - `h`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]`; `visual.features`: `[placeholders, hidden]`
-    fn place_visual(&self, h: &Tensor, input_ids: &Tensor, visual: &crate::multimodal::Visual) -> Result<Tensor> {
+    fn place_visual(&self, h: &Tensor, input_ids: &Tensor, visual: &crate::visual_input::Visual) -> Result<Tensor> {
         let token = self
             .image_token
             .ok_or_else(|| ModelError::Input("image features for a model that reads no images".into()))?;

@@ -45,6 +45,7 @@ pub mod qwen3_5;
 pub mod qwen3_moe;
 pub mod scalar_head;
 pub mod vision_tower;
+pub mod visual_input;
 pub mod weights;
 
 pub use checkpointing::Checkpointed;
@@ -55,6 +56,7 @@ pub use gate::{ParamGate, Unit};
 pub use layers::{position_ids_from_mask, KvCache};
 pub use lora::LoraConfig;
 pub use model::CausalLm;
-pub use multimodal::{Images, Visual};
+pub use multimodal::Images;
 pub use prefix::SharedPrefixes;
 pub use scalar_head::{last_token_index, ScalarHeadModel};
+pub use visual_input::Visual;

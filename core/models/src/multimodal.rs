@@ -13,21 +13,7 @@ use crate::layers::KvCache;
 use crate::model::{check_ids, CausalLm};
 use crate::vision_tower::VisionTower;
 
-/// Image features and where they go: the image placeholders among the first `prompt_len` columns
-/// of the ids (a sampled response may hold an image token; it is text, as generation read it).
-#[derive(Debug)]
-pub struct Visual {
-    /// `[placeholders, hidden]`, from [`CausalLm::image_features`].
-    pub features: Tensor,
-    pub prompt_len: i64,
-}
-
-impl Visual {
-    /// The same features and prompt length, sharing storage.
-    pub fn shallow_clone(&self) -> Visual {
-        Visual { features: self.features.shallow_clone(), prompt_len: self.prompt_len }
-    }
-}
+pub use crate::visual_input::Visual;
 
 /// Images of a batch as the processor makes them: every image's patch rows one after another, in
 /// the order their placeholders appear (row by row), and each image's grid.

@@ -158,33 +158,11 @@ pub fn dataset(name: &str) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Va
 }
 
 pub(crate) fn tokenizer_json() -> serde_json::Value {
-    word_level_tokenizer(&["<pad>", "<eos>", "<unk>"], WORDS.iter().map(|w| w.to_string()), "<unk>")
-}
-
-/// A whitespace-split, word-level `tokenizer.json`: `specials` (ids 0, 1, ..., marked special),
-/// then `words`; unknown words map to `unk`.
-pub(crate) fn word_level_tokenizer(
-    specials: &[&str],
-    words: impl IntoIterator<Item = String>,
-    unk: &str,
-) -> serde_json::Value {
-    let mut vocab = serde_json::Map::new();
-    for (i, w) in specials.iter().map(|s| s.to_string()).chain(words).enumerate() {
-        vocab.insert(w, json!(i));
-    }
-    let added: Vec<_> = specials
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false,
-                   "normalized": false, "special": true})
-        })
-        .collect();
-    json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": unk}
-    })
+    crate::builtin_tokenizer::word_level_tokenizer(
+        &["<pad>", "<eos>", "<unk>"],
+        WORDS.iter().map(|w| w.to_string()),
+        "<unk>",
+    )
 }
 
 #[cfg(test)]

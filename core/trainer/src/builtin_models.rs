@@ -130,7 +130,7 @@ fn write_decoder(dir: &Path, seed: u64, tokenizer: &serde_json::Value, vocab: i6
     let write = |name: &str, v: &serde_json::Value| rlhf_models::weights::write_json(&dir.join(name), v);
     write("config.json", &config(arch, vocab, head_dim))?;
     write("tokenizer.json", tokenizer)?;
-    write_tokenizer_files(dir, 64)?;
+    crate::builtin_tokenizer::write_tokenizer_files(dir, 64)?;
 
     tch::manual_seed(seed as i64);
     let opts = (Kind::Float, Device::Cpu);
@@ -178,19 +178,6 @@ fn write_decoder(dir: &Path, seed: u64, tokenizer: &serde_json::Value, vocab: i6
         t.insert("lm_head.weight".into(), normal(&[vocab, hidden]));
     }
     rlhf_models::weights::save_safetensors(dir, &t, rlhf_models::model::DEFAULT_MAX_SHARD_BYTES)?;
-    Ok(())
-}
-
-/// `tokenizer_config.json` and `generation_config.json` of a built-in model (`<pad>` 0, `<eos>` 1,
-/// `<unk>`, no BOS) whose inputs are at most `max_len` tokens.
-pub(crate) fn write_tokenizer_files(dir: &Path, max_len: usize) -> Result<()> {
-    let write = |name: &str, v: &serde_json::Value| rlhf_models::weights::write_json(&dir.join(name), v);
-    write(
-        "tokenizer_config.json",
-        &json!({"eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "bos_token": null,
-                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}),
-    )?;
-    write("generation_config.json", &json!({"eos_token_id": 1, "pad_token_id": 0}))?;
     Ok(())
 }
 

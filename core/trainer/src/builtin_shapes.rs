@@ -33,7 +33,7 @@ const SIDE: u32 = 56;
 
 /// The word-level `tokenizer.json` of the task (the vision tokens split out whole).
 pub fn tokenizer_json() -> serde_json::Value {
-    crate::builtin::word_level_tokenizer(SPECIALS, WORDS.iter().map(|w| w.to_string()), "<unk>")
+    crate::builtin_tokenizer::word_level_tokenizer(SPECIALS, WORDS.iter().map(|w| w.to_string()), "<unk>")
 }
 
 /// A random quadrant other than those in `taken`.

@@ -66,7 +66,7 @@ pub fn write_model(dir: &Path, seed: u64) -> Result<()> {
     let write = |name: &str, v: &serde_json::Value| rlhf_models::weights::write_json(&dir.join(name), v);
     write("config.json", &config(vocab))?;
     write("tokenizer.json", &tokenizer_json())?;
-    crate::builtin_models::write_tokenizer_files(dir, 256)?;
+    crate::builtin_tokenizer::write_tokenizer_files(dir, 256)?;
     write(
         "preprocessor_config.json",
         &json!({"image_processor_type": "Qwen2VLImageProcessor", "patch_size": PATCH,

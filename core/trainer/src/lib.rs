@@ -17,6 +17,7 @@ pub mod builtin;
 pub mod builtin_calc;
 pub mod builtin_models;
 pub mod builtin_shapes;
+pub mod builtin_tokenizer;
 pub mod builtin_vl;
 pub mod checkpoint;
 pub mod config;

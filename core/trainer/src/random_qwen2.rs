@@ -99,7 +99,7 @@ const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + me
 fn tokenizer_json(vocab: i64) -> serde_json::Value {
     let words = WORDS.iter().map(|w| w.to_string()).chain((0..).map(|i| format!("w{i}")));
     let words = words.take(vocab as usize - SPECIALS.len());
-    crate::builtin::word_level_tokenizer(&SPECIALS, words, "<|endoftext|>")
+    crate::builtin_tokenizer::word_level_tokenizer(&SPECIALS, words, "<|endoftext|>")
 }
 
 /// Writes a random Qwen2 checkpoint of `shape` into `dir` (created), its weights stored in `kind`
