@@ -31,6 +31,11 @@ impl Images {
         self.grids.iter().map(|g| g[0] * g[1] * g[2]).collect()
     }
 
+    /// The same images, sharing the patches' storage.
+    pub fn shallow_clone(&self) -> Images {
+        Images { pixel_values: self.pixel_values.shallow_clone(), grids: self.grids.clone() }
+    }
+
     /// No image (a batch of text rows that must still take the image path, see
     /// [`CausalLm::image_features`]).
     pub fn none() -> Images {

@@ -437,9 +437,8 @@ impl Trainer {
             Some(e) => {
                 let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
                 let held_out = PromptDataset::new_with_images(e.raw, &tok, &unshuffled, cfg.run.seed, images.as_ref())?;
-                let visual = images.clone().map(|i| Visual::new(i, held_out.records.len()));
                 let ev = Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed, e.env)?;
-                Some(ev.with_images(visual))
+                Some(ev.with_images(images.clone()))
             }
             None => None,
         };

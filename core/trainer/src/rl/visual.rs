@@ -14,13 +14,8 @@ use crate::error::{Result, TrainerError};
 use crate::prompt_images::PromptImages;
 
 /// Per row: its prompt's images (patches and grids; none for a text-only prompt). The G rows of
-/// a prompt share its patches' storage ([`shared`]).
+/// a prompt share its patches' storage.
 pub type RowImages = Vec<Images>;
-
-/// `images` without a copy of its patches.
-pub fn shared(images: &Images) -> Images {
-    Images { pixel_values: images.pixel_values.shallow_clone(), grids: images.grids.clone() }
-}
 
 /// How the run turns prompts' images into the policy's inputs, with the patches of recent
 /// prompts kept.
@@ -37,12 +32,21 @@ impl Visual {
         Visual { prompts, patched: HashMap::new(), capacity: capacity.max(1) }
     }
 
+    /// [`Visual::rows`], or `None` when none of `records` holds an image (the text-only passes
+    /// then run).
+    pub fn rows_with_images(&mut self, data: &PromptDataset, records: &[usize]) -> Result<Option<RowImages>> {
+        if records.iter().all(|&r| data.records.get(r).is_some_and(|p| p.images.is_empty())) {
+            return Ok(None);
+        }
+        self.rows(data, records).map(Some)
+    }
+
     /// The images of each of `records` (indices into `data.records`), in order.
     pub fn rows(&mut self, data: &PromptDataset, records: &[usize]) -> Result<RowImages> {
         let mut out = Vec::with_capacity(records.len());
         for &r in records {
             if let Some(p) = self.patched.get(&r) {
-                out.push(shared(p));
+                out.push(p.shallow_clone());
                 continue;
             }
             let record = data.records.get(r).ok_or_else(|| {
@@ -52,7 +56,7 @@ impl Visual {
             if self.patched.len() >= self.capacity {
                 self.patched.clear();
             }
-            self.patched.insert(r, shared(&patches));
+            self.patched.insert(r, patches.shallow_clone());
             out.push(patches);
         }
         Ok(out)
@@ -63,11 +67,10 @@ impl super::Trainer {
     /// The images of rows whose prompts are `records`, in row order; `None` when the policy reads
     /// no images or none of the rows holds one (the text-only passes then run).
     pub(super) fn images_of(&mut self, records: &[usize]) -> Result<Option<RowImages>> {
-        let Some(visual) = self.visual.as_mut() else { return Ok(None) };
-        if records.iter().all(|&r| self.data.records.get(r).is_some_and(|p| p.images.is_empty())) {
-            return Ok(None);
+        match self.visual.as_mut() {
+            Some(visual) => visual.rows_with_images(&self.data, records),
+            None => Ok(None),
         }
-        visual.rows(&self.data, records).map(Some)
     }
 
     /// [`Self::images_of`] a `[B]` i64 tensor of records.

@@ -104,9 +104,11 @@ impl Evaluator {
         Ok(Evaluator { cfg: cfg.clone(), data, rewards, correct, generation, seed, env, visual: None })
     }
 
-    /// The evaluator, patching its prompts' images with `visual` (a policy that reads images).
-    pub fn with_images(self, visual: Option<crate::rl::visual::Visual>) -> Self {
-        Evaluator { visual, ..self }
+    /// The evaluator, patching its prompts' images with `images` (a policy that reads images; one
+    /// chunk of prompts' patches kept at a time).
+    pub fn with_images(self, images: Option<crate::prompt_images::PromptImages>) -> Self {
+        let chunk = self.generation.prompts_per_batch;
+        Evaluator { visual: images.map(|i| crate::rl::visual::Visual::new(i, chunk)), ..self }
     }
 
     /// Whether to evaluate after step `step` of `total` (0: before training).
@@ -207,9 +209,8 @@ impl Evaluator {
         let (mut batch, part) = shard::prompts(global, ids.len(), n, world)?;
         if let Some(v) = self.visual.as_mut() {
             let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
-            if records.iter().any(|&r| !self.data.records[r].images.is_empty()) {
-                batch.images = crate::rl::visual::cat(&v.rows(&self.data, &records)?, None)?;
-            }
+            let rows = v.rows_with_images(&self.data, &records)?;
+            batch.images = rows.map(|rows| crate::rl::visual::cat(&rows, None)).transpose()?.flatten();
         }
         let mut local = Vec::with_capacity(part.rows);
         if part.rows > 0 {

@@ -44,9 +44,8 @@ pub fn evaluate_saved(
     let images = crate::prompt_images::PromptImages::for_model(&model_dir, actor.arch(), &tok)?;
     let data =
         crate::data::PromptDataset::new_with_images(inputs.raw, &tok, &unshuffled, cfg.run.seed, images.as_ref())?;
-    let visual = images.map(|i| crate::rl::visual::Visual::new(i, data.records.len()));
     let evaluator = Evaluator::new(&cfg.eval, data, inputs.rewards, &cfg.rollout, cfg.run.seed, inputs.env)?;
-    let mut evaluator = evaluator.with_images(visual);
+    let mut evaluator = evaluator.with_images(images);
     let eos: Vec<i64> = tok.eos_token_ids().iter().map(|&i| i64::from(i)).collect();
     let m = evaluator.evaluate(&actor, None, &tok, &eos, i64::from(tok.pad_token_id()), world, samples, 0);
     if model_dir.starts_with(std::env::temp_dir()) && model_dir.to_string_lossy().contains("rlhf-eval-") {
