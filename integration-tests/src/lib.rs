@@ -268,6 +268,25 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// The tiny random Qwen3-VL and Qwen3.5 of `fixtures/make_vl3.py` (`qwen3_vl/`, `qwen3_5/`) with
+/// transformers' reference outputs, made once per test process (needs [`python`]).
+pub fn vl3_fixture() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let python = python().expect("python with transformers");
+        let out = Command::new(python)
+            .arg(fixtures().join("make_vl3.py"))
+            .args(["--out", dir.path().to_str().unwrap()])
+            .output()
+            .expect("spawn python");
+        assert!(out.status.success(), "make_vl3.py failed: {}", String::from_utf8_lossy(&out.stderr));
+        println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+        dir
+    })
+    .path()
+}
+
 /// The tiny random Qwen2.5-VL of `fixtures/make_vl.py` with its images, prompt rows and
 /// transformers' reference outputs, made once per test process (needs [`python`]).
 pub fn vl_fixture() -> &'static Path {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rlhf_integration_tests::python;
-use rlhf_models::{CausalLm, Images, Visual};
+use rlhf_models::{CausalLm, Images};
 use rlhf_vision::{load_path, QwenVlProcessor};
 use tch::{Device, Kind, Tensor};
 
@@ -48,7 +48,7 @@ fn greedy(m: &CausalLm, ids: &Tensor, mask: &Tensor, images: &Images, steps: i64
     let (b, width) = (ids.size()[0], ids.size()[1]);
     let mut cache = m.new_cache(b, width + steps).unwrap();
     let (pos, deltas) = m.image_positions(ids, mask, &images.grids, width).unwrap();
-    let visual = Visual { features: m.image_features(images).unwrap(), prompt_len: width };
+    let visual = m.visual(images, width).unwrap();
     let h = m.hidden_states_with_images(ids, mask, &pos, &visual, Some(&mut cache)).unwrap();
     let mut next = m.logits_from_hidden(&h.select(1, width - 1)).unwrap().argmax(-1, false).unsqueeze(-1);
     let (mut mask, mut out) = (mask.shallow_clone(), vec![next.shallow_clone()]);
@@ -159,7 +159,7 @@ fn qwen2_5_vl_gradients_match_transformers() {
     let checkpointed = grads(&m, &names, || {
         let width = ids.size()[1];
         let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
-        let visual = Visual { features: m.image_features(&imgs).unwrap(), prompt_len: width };
+        let visual = m.visual(&imgs, width).unwrap();
         let ck = m.hidden_states_checkpointed_with_images(ids, mask, &pos, &visual).unwrap();
         token_loss(&m.logits_from_hidden(ck.hidden()).unwrap(), targets, mask).backward();
         m.backward_checkpointed(&ck).unwrap();

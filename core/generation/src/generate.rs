@@ -230,7 +230,7 @@ fn prefill_images(
     };
     let seq = ids.size()[1];
     let (positions, deltas) = model.image_positions(ids, mask, &images.grids, seq)?;
-    let visual = rlhf_models::Visual { features: model.image_features(images)?, prompt_len: seq };
+    let visual = model.visual(images, seq)?;
     let hidden = model.hidden_states_with_images(ids, mask, &positions, &visual, Some(cache))?;
     let logits = model.logits_from_hidden(&hidden.f_select(1, last)?)?;
     if group == 1 {

@@ -112,7 +112,7 @@ fn image_inputs(
 ) -> Result<(Tensor, Visual)> {
     let ImageInputs { images, prompt_len } = images;
     let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids, prompt_len)?;
-    Ok((positions, Visual { features: model.image_features(images)?, prompt_len }))
+    Ok((positions, model.visual(images, prompt_len)?))
 }
 
 /// [`token_logprobs`] as a checkpointed pass (activation checkpointing, see

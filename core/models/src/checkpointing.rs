@@ -100,6 +100,8 @@ impl Segment {
 struct SideLeaves {
     per_layer: Option<Tensor>,
     kv: std::collections::BTreeMap<usize, (Tensor, Tensor)>,
+    /// Qwen3-VL's deep-stack features, where they carry the trained tower's graph.
+    deepstack: Vec<Tensor>,
 }
 
 impl SideLeaves {
@@ -114,7 +116,14 @@ impl SideLeaves {
             (*k, *v) = (leaf(k)?, leaf(v)?);
             kv.insert(*i, (k.shallow_clone(), v.shallow_clone()));
         }
-        Ok(SideLeaves { per_layer, kv })
+        let mut deepstack = Vec::new();
+        if let Some(d) = side.deepstack.borrow_mut().as_mut().filter(|d| d.features.iter().any(Tensor::requires_grad)) {
+            for f in d.features.iter_mut() {
+                *f = leaf(f)?;
+                deepstack.push(f.shallow_clone());
+            }
+        }
+        Ok(SideLeaves { per_layer, kv, deepstack })
     }
 
     /// `Σ k ⊙ ∂L/∂k + Σ v ⊙ ∂L/∂v` over the pair layer `i` just recomputed into `segment`, whose
@@ -424,13 +433,24 @@ pub(crate) fn backward(backbone: &Backbone, ck: &Checkpointed) -> Result<()> {
 }
 
 /// Backpropagates `g` (`[rows, seq, hidden]`) through `segment`'s recomputed embeddings, with the
-/// gradient its layers left on the per-layer inputs made from them.
+/// gradient its layers left on the per-layer inputs made from them and on the deep-stack
+/// features (one backward through a trained vision tower's graph).
 fn embeddings_back(backbone: &Backbone, segment: &Segment, leaves: &SideLeaves, g: &Tensor) -> Result<()> {
     let (h, per_layer) = segment.embeddings(backbone)?;
-    match (per_layer, leaves.per_layer_grad()?) {
-        (Some(p), Some(gp)) => vjp(&[h, p], &[g, &gp]),
-        _ => vjp(&[h], &[g]),
+    let (mut y, mut grads) = (vec![h], vec![g.shallow_clone()]);
+    if let (Some(p), Some(gp)) = (per_layer, leaves.per_layer_grad()?) {
+        y.push(p);
+        grads.push(gp);
     }
+    let features = segment.visual.as_ref().map_or(&[][..], |v| &v.deepstack[..]);
+    for (f, l) in features.iter().zip(&leaves.deepstack) {
+        let gl = l.grad();
+        if gl.defined() {
+            y.push(f.shallow_clone());
+            grads.push(gl);
+        }
+    }
+    vjp(&y, &grads.iter().collect::<Vec<_>>())
 }
 
 /// Recomputes `f(x)` with a graph from the `x` (as leaves) and backpropagates `g` (one per

@@ -19,9 +19,9 @@ use tch::Tensor;
 use crate::config::{ArchConfig, BlockLayout};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    step_attention_mask, windowed_attention_mask, Attention, CacheLayer, ExpertsBeside, GatedDeltaNet, GatedMlp,
-    KvCache, LayerShared, Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm, Rotary, RouterRecord,
-    SideInputs, SparseMoe,
+    step_attention_mask, windowed_attention_mask, Attention, CacheLayer, Deepstack, ExpertsBeside, GatedDeltaNet,
+    GatedMlp, KvCache, LayerShared, Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm, Rotary,
+    RouterRecord, SideInputs, SparseMoe,
 };
 use crate::lora::StackedWeight;
 use crate::weights::WeightLoader;
@@ -366,22 +366,36 @@ impl DecoderModel {
             // Gemma multiplies by √hidden rounded to the weights' dtype first.
             h = h.f_mul(&Tensor::f_scalar_tensor(scale, (h.kind(), h.device()))?)?;
         }
+        let mut deepstack = None;
         if let Some(visual) = visual {
-            h = self.place_visual(&h, input_ids, visual)?;
+            let at;
+            (h, at) = self.place_visual(&h, input_ids, visual)?;
+            if !visual.deepstack.is_empty() {
+                deepstack =
+                    Some(Deepstack { at, features: visual.deepstack.iter().map(Tensor::shallow_clone).collect() });
+            }
         }
         let rotary = self.rotary.cos_sin(position_ids, h.kind())?;
         let rotary_local = self.rotary_local.as_ref().map(|r| r.cos_sin(position_ids, h.kind())).transpose()?;
         let per_layer = self.per_layer_embed.as_ref().map(|p| p.forward(input_ids, &h)).transpose()?;
-        Ok((h, rotary, rotary_local, SideInputs::with_per_layer(per_layer)))
+        let side = SideInputs::with_per_layer(per_layer);
+        *side.deepstack.borrow_mut() = deepstack;
+        Ok((h, rotary, rotary_local, side))
     }
 
     /// `h` with the rows of `visual.features` in place of the image placeholders among the first
-    /// `visual.prompt_len` columns, in order (transformers' `masked_scatter`). Only a pass from the
-    /// first token (no cache before it) carries features.
+    /// `visual.prompt_len` columns, in order (transformers' `masked_scatter`), and where they are.
+    /// Only a pass from the first token (no cache before it) carries features.
     ///
     /// # Shapes
-    /// - `h`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]`; `visual.features`: `[placeholders, hidden]`
-    fn place_visual(&self, h: &Tensor, input_ids: &Tensor, visual: &crate::visual_input::Visual) -> Result<Tensor> {
+    /// - `h`: `[batch, seq, hidden]`; `input_ids`: `[batch, seq]`; `visual.features` (and each of
+    ///   `visual.deepstack`): `[placeholders, hidden]` → `[batch, seq, hidden]` and `[batch, seq]` bool
+    fn place_visual(
+        &self,
+        h: &Tensor,
+        input_ids: &Tensor,
+        visual: &crate::visual_input::Visual,
+    ) -> Result<(Tensor, Tensor)> {
         let token = self
             .image_token
             .ok_or_else(|| ModelError::Input("image features for a model that reads no images".into()))?;
@@ -393,13 +407,20 @@ impl DecoderModel {
         let at = input_ids.f_eq(token)?.f_logical_and(&in_prompt)?;
         let n = at.f_sum(tch::Kind::Int64)?.f_int64_value(&[])?;
         let width = h.size()[2];
-        if features.size() != [n, width] {
+        if let Some(f) = std::iter::once(features).chain(&visual.deepstack).find(|f| f.size() != [n, width]) {
             return Err(ModelError::Input(format!(
                 "{n} image placeholders (token {token}) for image features {:?} (expected [{n}, {width}])",
-                features.size()
+                f.size()
             )));
         }
-        Ok(h.f_masked_scatter(&at.f_unsqueeze(-1)?, &features.f_to_kind(h.kind())?)?)
+        if visual.deepstack.len() > self.layers.len() {
+            return Err(ModelError::Input(format!(
+                "{} deep-stack features for {} decoder layers",
+                visual.deepstack.len(),
+                self.layers.len()
+            )));
+        }
+        Ok((h.f_masked_scatter(&at.f_unsqueeze(-1)?, &features.f_to_kind(h.kind())?)?, at))
     }
 
     /// Why a decode step of this model cannot be captured as a CUDA graph (it reads a value
@@ -460,10 +481,10 @@ impl DecoderModel {
         if let Some(branch) = &block.per_layer {
             h = branch.forward(&h, &shared.side.per_layer_input(i)?)?;
         }
-        match &block.scalar {
-            Some(s) => Ok(h.f_mul(s)?),
-            None => Ok(h),
+        if let Some(s) = &block.scalar {
+            h = h.f_mul(s)?;
         }
+        shared.side.add_deepstack(i, h)
     }
 
     /// The last RMSNorm.

@@ -56,6 +56,7 @@ const MULTIMODAL: &[&Multimodal] = &[
     &crate::qwen3_5::MULTIMODAL_MOE,
     &crate::gemma4::MULTIMODAL,
     &crate::qwen2_5_vl::MULTIMODAL,
+    &crate::qwen3_vl::MULTIMODAL,
 ];
 
 /// The language model of a multimodal checkpoint: its `text_config` (or, for a flat config, the
@@ -85,6 +86,14 @@ fn text_of(
         }
     };
     let mrope = crate::config::vision::take_mrope(path, &mut text, scope)?;
+    if let Some(theta) = mm.rope_theta {
+        let in_block = ["rope_parameters", "rope_scaling"]
+            .iter()
+            .any(|k| text.get(*k).and_then(Value::as_object).is_some_and(|b| b.contains_key("rope_theta")));
+        if !in_block && !text.contains_key("rope_theta") {
+            text.insert("rope_theta".into(), Value::from(theta));
+        }
+    }
     check_keys(path, &text, mm.family, scope)?;
     let mut hf: HfConfig = parse_json(path, &Value::Object(text).to_string())?;
     hf.architectures = top.architectures.clone();
@@ -106,9 +115,14 @@ fn text_of(
             ));
         }
         let half = arch.rotary_dim / 2;
-        let mrope =
-            mrope.ok_or_else(|| ModelError::config(path, &format!("{scope}rope_scaling.mrope_section"), "missing"))?;
-        if mrope.section.iter().sum::<i64>() != half {
+        let section = |section| crate::config::Mrope { section, interleaved: true };
+        let mut mrope = mrope
+            .or(mm.mrope_section.map(section))
+            .ok_or_else(|| ModelError::config(path, &format!("{scope}rope_scaling.mrope_section"), "missing"))?;
+        // transformers' Qwen3-VL and Qwen3.5 interleave the axes whatever `mrope_interleaved` says.
+        let interleaved = vision.kind == crate::config::TowerKind::Qwen3;
+        mrope.interleaved |= interleaved;
+        if !interleaved && mrope.section.iter().sum::<i64>() != half {
             return Err(ModelError::config(
                 path,
                 &format!("{scope}rope_scaling.mrope_section"),
@@ -117,6 +131,13 @@ fn text_of(
         }
         if let Some(rope) = arch.rope.as_mut() {
             rope.mrope = Some(mrope);
+        }
+        if vision.deepstack_blocks.len() as i64 > arch.num_layers {
+            return Err(ModelError::config(
+                path,
+                "vision_config.deepstack_visual_indexes",
+                format!("{} deep-stack features for {} decoder layers", vision.deepstack_blocks.len(), arch.num_layers),
+            ));
         }
         arch.vision = Some(vision);
     }

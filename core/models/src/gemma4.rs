@@ -76,6 +76,8 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     ],
     flat: false,
     vision: None,
+    mrope_section: None,
+    rope_theta: None,
     legacy: None,
 };
 

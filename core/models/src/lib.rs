@@ -43,8 +43,10 @@ pub mod qwen2_5_vl;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod qwen3_vl;
 pub mod scalar_head;
 pub mod vision_tower;
+pub mod vision_tower3;
 pub mod visual_input;
 pub mod weights;
 

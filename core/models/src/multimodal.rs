@@ -1,5 +1,5 @@
 //! Images in a causal language model's input (vision-language checkpoints, today Qwen2.5-VL):
-//! the vision tower's features ([`CausalLm::image_features`]) replace the image placeholders of
+//! the vision tower's features ([`CausalLm::visual`]) replace the image placeholders of
 //! the prompt's token embeddings, and the tokens take the multimodal RoPE's 3-D positions
 //! ([`CausalLm::image_positions`]); generation continues each row from its delta
 //! (`position + delta` on all three axes).
@@ -11,7 +11,7 @@ use crate::checkpointing::{self, Checkpointed};
 use crate::error::{ModelError, Result};
 use crate::layers::KvCache;
 use crate::model::{check_ids, CausalLm};
-use crate::vision_tower::VisionTower;
+use crate::vision_tower::{TowerOutput, VisionTower};
 
 pub use crate::visual_input::Visual;
 
@@ -37,7 +37,7 @@ impl Images {
     }
 
     /// No image (a batch of text rows that must still take the image path, see
-    /// [`CausalLm::image_features`]).
+    /// [`CausalLm::visual`]).
     pub fn none() -> Images {
         Images { pixel_values: Tensor::zeros([0, 0], (Kind::Float, tch::Device::Cpu)), grids: Vec::new() }
     }
@@ -105,25 +105,29 @@ impl CausalLm {
         })
     }
 
-    /// The features of `images`, one row per image token in placeholder order; with a graph
+    /// The features of `images` for a pass whose prompts are the first `prompt_len` columns: one
+    /// row per image token in placeholder order (and Qwen3-VL's deep-stack rows); with a graph
     /// when the tower's parameters require gradients. With a parameter gate (ZeRO stage 3) the
     /// tower — in the outer unit — is gathered for it and released after, also for no image: the
     /// gate's calls are collectives every rank makes, whatever its rows hold (a trained tower
     /// under a gate is not supported: its graph would outlive the gathered weights).
     ///
     /// # Shapes
-    /// - returns `[patches / merge², hidden]` in the model's dtype
-    pub fn image_features(&self, images: &Images) -> Result<Tensor> {
+    /// - returns [`Visual`] of `[patches / merge², hidden]` each, in the model's dtype
+    pub fn visual(&self, images: &Images, prompt_len: i64) -> Result<Visual> {
         let tower = self.tower()?;
         crate::gate::gather(&self.gate, crate::gate::Unit::Outer)?;
         let out = if images.grids.is_empty() {
-            Tensor::f_zeros([0, self.config.arch.hidden_size], (self.kind(), self.device())).map_err(ModelError::from)
+            let none = || Tensor::f_zeros([0, self.config.arch.hidden_size], (self.kind(), self.device()));
+            let deep = tower.config().deepstack_blocks.iter().map(|_| none()).collect::<std::result::Result<_, _>>();
+            none().and_then(|f| Ok(TowerOutput { features: f, deepstack: deep? })).map_err(ModelError::from)
         } else {
             let x = images.pixel_values.f_to_device(self.device()).map_err(ModelError::from);
             x.and_then(|x| tower.forward(&x, &images.grids))
         };
         crate::gate::release(&self.gate, crate::gate::Unit::Outer, false)?;
-        out
+        let out = out?;
+        Ok(Visual { features: out.features, deepstack: out.deepstack, prompt_len })
     }
 
     /// Whether the model's passes go through a parameter gate (ZeRO stage 3).
@@ -156,7 +160,7 @@ impl CausalLm {
     }
 
     /// Final hidden states with `visual`'s features in place of the prompt's image placeholders
-    /// ([`CausalLm::image_features`]), at the multimodal `position_ids`
+    /// ([`CausalLm::visual`]), at the multimodal `position_ids`
     /// ([`CausalLm::image_positions`]); `cache`, when given, must be empty.
     ///
     /// # Shapes
@@ -201,7 +205,7 @@ impl CausalLm {
     pub fn forward_with_images(&self, input_ids: &Tensor, attention_mask: &Tensor, images: &Images) -> Result<Tensor> {
         let seq = input_ids.size()[1];
         let (pos, _) = self.image_positions(input_ids, attention_mask, &images.grids, seq)?;
-        let visual = Visual { features: self.image_features(images)?, prompt_len: seq };
+        let visual = self.visual(images, seq)?;
         let h = self.hidden_states_with_images(input_ids, attention_mask, &pos, &visual, None)?;
         self.logits_from_hidden(&h)
     }

@@ -35,6 +35,8 @@ const BASE: Multimodal = Multimodal {
     ],
     flat: true,
     vision: Some(vision::qwen2_5_vl),
+    mrope_section: None,
+    rope_theta: None,
     legacy: None,
 };
 

@@ -15,11 +15,12 @@
 //! The rope block may carry `mrope_section` / `mrope_interleaved`, the multimodal RoPE's split of
 //! the frequencies between time, height and width: for text every token has the same position on
 //! all three axes, so each frequency rotates by the same angle whichever axis it is assigned to
-//! and the split changes nothing; it is read and set aside.
+//! and the split changes nothing; a text checkpoint sets it aside.
 //!
 //! The Hub's checkpoints are the multimodal `qwen3_5` ([`MULTIMODAL`]): their language model loads
-//! from `text_config` and `model.language_model.*`; the vision tower is kept as loaded and saved
-//! back unchanged (prompts with images are refused until vision lands).
+//! from `text_config` and `model.language_model.*`, the vision tower — Qwen3-VL's without the deep
+//! stack ([`crate::vision_tower3`]) — from `model.visual.*`, and image tokens take the interleaved
+//! multimodal RoPE's 3-D positions.
 
 use std::path::Path;
 
@@ -27,7 +28,8 @@ use serde_json::Value;
 
 use crate::config::rope::{self, RopeContext};
 use crate::config::{
-    self, ArchConfig, AttnKind, Defaults, Family, HfConfig, LinearAttnConfig, MoeConfig, Multimodal, NormKind, QkNorm,
+    self, vision, ArchConfig, AttnKind, Defaults, Family, HfConfig, LinearAttnConfig, MoeConfig, Multimodal, NormKind,
+    QkNorm,
 };
 use crate::error::{ModelError, Result};
 
@@ -58,7 +60,9 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     classifier: "Qwen3_5ForSequenceClassification",
     keys: &["vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"],
     flat: false,
-    vision: None,
+    vision: Some(vision::qwen3_5),
+    mrope_section: Some([11, 11, 10]),
+    rope_theta: None,
     legacy: None,
 };
 

@@ -1,5 +1,9 @@
-//! The Qwen2.5-VL vision tower (transformers' `Qwen2_5_VisionTransformerPretrainedModel`): a ViT
-//! over an image's patches that outputs one feature per `merge × merge` block of patches, in the
+//! The Qwen-VL vision towers ([`VisionTower`]: Qwen2.5-VL's, below, and Qwen3-VL's in
+//! [`crate::vision_tower3`]) and what they share: the patches' coordinates, the 2-D rotary, the
+//! attention within segments.
+//!
+//! The Qwen2.5-VL tower (transformers' `Qwen2_5_VisionTransformerPretrainedModel`) is a ViT over
+//! an image's patches that outputs one feature per `merge × merge` block of patches, in the
 //! language model's width.
 //!
 //! - **Patch embedding**: a `Conv3d` whose kernel is its stride and the whole patch, i.e. a linear
@@ -25,7 +29,7 @@ use std::collections::BTreeMap;
 
 use tch::{Kind, Tensor};
 
-use crate::config::{ArchConfig, NormKind, VisionConfig};
+use crate::config::{ArchConfig, NormKind, TowerKind, VisionConfig};
 use crate::error::{ModelError, Result};
 use crate::layers::{activate, apply_rotary, Linear, RmsNorm};
 use crate::weights::WeightLoader;
@@ -47,7 +51,7 @@ struct Block {
 
 /// The Qwen2.5-VL vision tower.
 #[derive(Debug)]
-pub struct VisionTower {
+pub struct WindowTower {
     cfg: VisionConfig,
     patch_embed: Tensor, // [hidden, channels, temporal, patch, patch]
     blocks: Vec<Block>,
@@ -81,17 +85,7 @@ impl Layout {
             for _ in 0..t {
                 frames.push((start, h * w));
                 start += h * w;
-                // Patches come in merge blocks: block (bh, bw), then (i, j) inside it.
-                for bh in 0..h / m {
-                    for bw in 0..w / m {
-                        for i in 0..m {
-                            for j in 0..m {
-                                rows.push(bh * m + i);
-                                cols.push(bw * m + j);
-                            }
-                        }
-                    }
-                }
+                merge_block_coords(h, w, m, &mut rows, &mut cols);
             }
             let (lh, lw) = (h / m, w / m);
             let mut window_start = windows.last().map_or(0, |&(s, l)| s + l);
@@ -116,15 +110,143 @@ impl Layout {
     }
 }
 
+/// Row and column of each patch of one `h × w` frame in the processor's order: merge block
+/// `(bh, bw)` row-major, then `(i, j)` inside it.
+pub(crate) fn merge_block_coords(h: i64, w: i64, m: i64, rows: &mut Vec<i64>, cols: &mut Vec<i64>) {
+    for bh in 0..h / m {
+        for bw in 0..w / m {
+            for i in 0..m {
+                for j in 0..m {
+                    rows.push(bh * m + i);
+                    cols.push(bw * m + j);
+                }
+            }
+        }
+    }
+}
+
+/// `1 / θ^(2i / (head_dim/2))`, `i < head_dim / 4`, in f32 as transformers computes it.
+///
+/// # Shapes
+/// returns `[head_dim / 4]` f32
+pub(crate) fn rotary_inv_freq(cfg: &VisionConfig, device: tch::Device) -> Result<Tensor> {
+    let quarter = cfg.head_dim() / 2;
+    let inv_freq = Tensor::f_arange_start_step(0, quarter, 2, (Kind::Float, device))?.f_div_scalar(quarter as f64)?;
+    Ok(Tensor::f_scalar_tensor(cfg.rope_theta, (Kind::Float, device))?.f_pow(&inv_freq)?.f_reciprocal()?)
+}
+
+/// cos and signed sin tables (`[−sin, sin]`, see [`apply_rotary`]) of every patch's row and
+/// column: each head's first half turns with the row, the second with the column, in f32.
+///
+/// # Shapes
+/// - `inv_freq`: `[head_dim / 4]`; `rows`, `cols`: one per patch → `([patches, head_dim], same)`
+pub(crate) fn rotary_tables(inv_freq: &Tensor, rows: &[i64], cols: &[i64]) -> Result<(Tensor, Tensor)> {
+    let axis = |v: &[i64]| -> Result<Tensor> {
+        Ok(Tensor::f_from_slice(v)?
+            .f_to_device(inv_freq.device())?
+            .f_to_kind(Kind::Float)?
+            .f_unsqueeze(-1)?
+            .f_mul(inv_freq)?)
+    };
+    let freqs = Tensor::f_cat(&[axis(rows)?, axis(cols)?], -1)?; // [n, head_dim / 2]
+    let (c, s) = (freqs.f_cos()?, freqs.f_sin()?);
+    Ok((Tensor::f_cat(&[&c, &c], -1)?, Tensor::f_cat(&[&s.f_neg()?, &s], -1)?))
+}
+
+/// Rotates `qkv`'s queries and keys with the 2-D tables, in f32 as transformers does.
+///
+/// # Shapes
+/// - `qkv`: `[n, 3, heads, head_dim]`; `cos`, `sin`: `[n, head_dim]` → `q`, `k`, `v`
+///   `[n, heads, head_dim]`
+pub(crate) fn rotate_qkv(qkv: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let (n, hd) = (qkv.size()[0], qkv.size()[3]);
+    let rotate = |i: i64| -> Result<Tensor> {
+        let x = qkv.f_select(1, i)?;
+        let (c, s) = (cos.f_view([n, 1, 1, hd])?, sin.f_view([n, 1, 1, hd])?);
+        Ok(apply_rotary(&x.f_to_kind(Kind::Float)?.f_unsqueeze(2)?, &c, &s)?.f_squeeze_dim(2)?.f_to_kind(x.kind())?)
+    };
+    Ok((rotate(0)?, rotate(1)?, qkv.f_select(1, 2)?))
+}
+
+/// A Qwen-VL vision tower: Qwen2.5-VL's windowed one, or Qwen3-VL's (also Qwen3.5's).
+#[derive(Debug)]
+pub enum VisionTower {
+    Qwen2_5(WindowTower),
+    Qwen3(crate::vision_tower3::Qwen3Tower),
+}
+
+/// What a tower makes of a batch's images, one row per image token in placeholder order.
+///
+/// # Shapes
+/// `features`: `[tokens, out_hidden]`; `deepstack`: one `[tokens, out_hidden]` per deep-stack
+/// layer (Qwen3-VL), added to the language model's first layers' outputs
+#[derive(Debug)]
+pub struct TowerOutput {
+    pub features: Tensor,
+    pub deepstack: Vec<Tensor>,
+}
+
 impl VisionTower {
     /// The vision tower of `cfg` from its scope in the checkpoint, where the model reads images.
     pub(crate) fn load_for(w: &WeightLoader, cfg: &ArchConfig) -> Result<Option<Self>> {
         let (Some(vision), Some(mm)) = (&cfg.vision, cfg.multimodal) else { return Ok(None) };
         let prefix = mm.vision_prefixes.first().copied().unwrap_or("visual.");
         let w = prefix.trim_end_matches('.').split('.').fold(w.clone(), |w, part| w.pp(part));
-        Self::load(&w, vision).map(Some)
+        Ok(Some(match vision.kind {
+            TowerKind::Qwen2_5 => VisionTower::Qwen2_5(WindowTower::load(&w, vision)?),
+            TowerKind::Qwen3 => VisionTower::Qwen3(crate::vision_tower3::Qwen3Tower::load(&w, vision)?),
+        }))
     }
 
+    /// The tower's configuration.
+    pub fn config(&self) -> &VisionConfig {
+        match self {
+            VisionTower::Qwen2_5(t) => &t.cfg,
+            VisionTower::Qwen3(t) => t.config(),
+        }
+    }
+
+    /// Every parameter of the tower.
+    pub fn parameters(&self) -> Vec<&Tensor> {
+        match self {
+            VisionTower::Qwen2_5(t) => t.parameters(),
+            VisionTower::Qwen3(t) => t.parameters(),
+        }
+    }
+
+    /// The merged features of the images (and the deep-stack ones), in the order of their
+    /// patches, after checking `pixel_values` against `grids`.
+    ///
+    /// # Shapes
+    /// - `pixel_values`: `[patches, channels · temporal_patch · patch²]` (all images' rows, one
+    ///   after another); `grids[i] = [t, h, w]` in patches → `[patches / merge², out_hidden_size]`
+    pub fn forward(&self, pixel_values: &Tensor, grids: &[[i64; 3]]) -> Result<TowerOutput> {
+        check_patches(self.config(), pixel_values, grids)?;
+        match self {
+            VisionTower::Qwen2_5(t) => Ok(TowerOutput { features: t.forward(pixel_values, grids)?, deepstack: vec![] }),
+            VisionTower::Qwen3(t) => t.forward(pixel_values, grids),
+        }
+    }
+}
+
+/// Checks `pixel_values` against `grids` before any computation.
+fn check_patches(c: &VisionConfig, pixel_values: &Tensor, grids: &[[i64; 3]]) -> Result<()> {
+    let m = c.spatial_merge_size;
+    let patches: i64 = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+    if let Some(g) = grids.iter().find(|g| g.iter().any(|&x| x <= 0) || g[1] % m != 0 || g[2] % m != 0) {
+        return Err(ModelError::Input(format!("image grid {g:?}: height and width must be positive multiples of {m}")));
+    }
+    if pixel_values.size() != [patches, c.patch_dim()] {
+        return Err(ModelError::Input(format!(
+            "pixel_values {:?} do not match the grids {grids:?}: expected [{patches}, {}]",
+            pixel_values.size(),
+            c.patch_dim()
+        )));
+    }
+    Ok(())
+}
+
+impl WindowTower {
     /// Loads the tower from `w` (the `visual` scope).
     pub fn load(w: &WeightLoader, cfg: &VisionConfig) -> Result<Self> {
         let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
@@ -150,13 +272,8 @@ impl VisionTower {
             .collect::<Result<Vec<_>>>()?;
         let merged = d * cfg.spatial_merge_size * cfg.spatial_merge_size;
         let merger = w.pp("merger");
-        // `1 / θ^(2i / (head_dim/2))`, `i < head_dim / 4`, in f32 as transformers computes it.
-        let quarter = cfg.head_dim() / 2;
-        let inv_freq =
-            Tensor::f_arange_start_step(0, quarter, 2, (Kind::Float, w.device()))?.f_div_scalar(quarter as f64)?;
-        let inv_freq =
-            Tensor::f_scalar_tensor(cfg.rope_theta, (Kind::Float, w.device()))?.f_pow(&inv_freq)?.f_reciprocal()?;
-        Ok(VisionTower {
+        let inv_freq = rotary_inv_freq(cfg, w.device())?;
+        Ok(WindowTower {
             patch_embed,
             blocks,
             merger_norm: norm(&merger.pp("ln_q"), d)?,
@@ -165,11 +282,6 @@ impl VisionTower {
             inv_freq,
             cfg: cfg.clone(),
         })
-    }
-
-    /// The tower's configuration.
-    pub fn config(&self) -> &VisionConfig {
-        &self.cfg
     }
 
     /// Every parameter of the tower.
@@ -188,33 +300,12 @@ impl VisionTower {
         out
     }
 
-    /// Checks `pixel_values` against `grids` before any computation.
-    fn check(&self, pixel_values: &Tensor, grids: &[[i64; 3]]) -> Result<()> {
-        let c = &self.cfg;
-        let m = c.spatial_merge_size;
-        let patches: i64 = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
-        if let Some(g) = grids.iter().find(|g| g.iter().any(|&x| x <= 0) || g[1] % m != 0 || g[2] % m != 0) {
-            return Err(ModelError::Input(format!(
-                "image grid {g:?}: height and width must be positive multiples of {m}"
-            )));
-        }
-        if pixel_values.size() != [patches, c.patch_dim()] {
-            return Err(ModelError::Input(format!(
-                "pixel_values {:?} do not match the grids {grids:?}: expected [{patches}, {}]",
-                pixel_values.size(),
-                c.patch_dim()
-            )));
-        }
-        Ok(())
-    }
-
     /// The merged features of the images, in the order of their patches.
     ///
     /// # Shapes
     /// - `pixel_values`: `[patches, channels · temporal_patch · patch²]` (all images' rows, one
     ///   after another); `grids[i] = [t, h, w]` in patches → `[patches / merge², out_hidden_size]`
-    pub fn forward(&self, pixel_values: &Tensor, grids: &[[i64; 3]]) -> Result<Tensor> {
-        self.check(pixel_values, grids)?;
+    fn forward(&self, pixel_values: &Tensor, grids: &[[i64; 3]]) -> Result<Tensor> {
         let layout = Layout::new(&self.cfg, grids);
         let device = pixel_values.device();
         let kind = self.patch_embed.kind();
@@ -231,7 +322,7 @@ impl VisionTower {
             Ok(t.f_reshape(blocks.as_slice())?.f_index_select(0, &order)?.f_reshape(t.size().as_slice())?)
         };
         let mut h = permute(&x)?;
-        let (cos, sin) = self.rotary(&layout, device)?;
+        let (cos, sin) = rotary_tables(&self.inv_freq, &layout.rows, &layout.cols)?;
         let (cos, sin) = (permute(&cos)?, permute(&sin)?);
         for block in &self.blocks {
             let segments = if block.full { &layout.frames } else { &layout.windows };
@@ -243,24 +334,6 @@ impl VisionTower {
         Ok(merged.f_index_select(0, &order.f_argsort(0, false)?)?)
     }
 
-    /// cos and signed sin tables (`[−sin, sin]`, see [`apply_rotary`]) of every patch's row and
-    /// column, in f32 and the processor's order.
-    ///
-    /// # Shapes
-    /// returns `([patches, head_dim], [patches, head_dim])`
-    fn rotary(&self, layout: &Layout, device: tch::Device) -> Result<(Tensor, Tensor)> {
-        let axis = |v: &[i64]| -> Result<Tensor> {
-            Ok(Tensor::f_from_slice(v)?
-                .f_to_device(device)?
-                .f_to_kind(Kind::Float)?
-                .f_unsqueeze(-1)?
-                .f_mul(&self.inv_freq)?)
-        };
-        let freqs = Tensor::f_cat(&[axis(&layout.rows)?, axis(&layout.cols)?], -1)?; // [n, head_dim / 2]
-        let (c, s) = (freqs.f_cos()?, freqs.f_sin()?);
-        Ok((Tensor::f_cat(&[&c, &c], -1)?, Tensor::f_cat(&[&s.f_neg()?, &s], -1)?))
-    }
-
     /// One block: attention within `segments`, then the MLP, each added to the residual.
     ///
     /// # Shapes
@@ -268,15 +341,7 @@ impl VisionTower {
     fn block(&self, b: &Block, h: &Tensor, cos: &Tensor, sin: &Tensor, segments: &[(i64, i64)]) -> Result<Tensor> {
         let (n, heads, hd) = (h.size()[0], self.cfg.num_heads, self.cfg.head_dim());
         let qkv = b.qkv.forward(&b.norm1.forward(h)?)?.f_reshape([n, 3, heads, hd])?;
-        // Rotated in f32 as transformers does, viewed as [n, heads, 1, head_dim].
-        let rotate = |i: i64| -> Result<Tensor> {
-            let x = qkv.f_select(1, i)?;
-            let (c, s) = (cos.f_view([n, 1, 1, hd])?, sin.f_view([n, 1, 1, hd])?);
-            Ok(apply_rotary(&x.f_to_kind(Kind::Float)?.f_unsqueeze(2)?, &c, &s)?
-                .f_squeeze_dim(2)?
-                .f_to_kind(x.kind())?)
-        };
-        let (q, k, v) = (rotate(0)?, rotate(1)?, qkv.f_select(1, 2)?);
+        let (q, k, v) = rotate_qkv(&qkv, cos, sin)?;
         let y = segment_attention(&q, &k, &v, segments)?.f_reshape([n, heads * hd])?;
         let h = h.f_add(&b.proj.forward(&y)?)?;
         let x = b.norm2.forward(&h)?;
@@ -291,7 +356,7 @@ impl VisionTower {
 /// # Shapes
 /// - `q`, `k`, `v`: `[tokens, heads, head_dim]`; `segments`: `(start, length)` covering every
 ///   token once → `[tokens, heads, head_dim]`
-fn segment_attention(q: &Tensor, k: &Tensor, v: &Tensor, segments: &[(i64, i64)]) -> Result<Tensor> {
+pub(crate) fn segment_attention(q: &Tensor, k: &Tensor, v: &Tensor, segments: &[(i64, i64)]) -> Result<Tensor> {
     let mut by_len: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for &(start, len) in segments.iter().filter(|s| s.1 > 0) {
         by_len.entry(len).or_default().push(start);
@@ -328,6 +393,9 @@ mod tests {
 
     fn cfg() -> VisionConfig {
         VisionConfig {
+            kind: TowerKind::Qwen2_5,
+            num_position_embeddings: 0,
+            deepstack_blocks: vec![],
             depth: 1,
             hidden_size: 8,
             intermediate_size: 8,

@@ -126,6 +126,13 @@ pub struct Multimodal {
     /// Reads the vision tower from the top-level config: its tensors are then loaded and images
     /// read, instead of carried through.
     pub vision: Option<ReadVision>,
+    /// transformers' `mrope_section` where the text config gives none (the interleaved families,
+    /// whose sections need not add up to the rotary frequencies: each axis takes every third
+    /// frequency up to three times its count).
+    pub mrope_section: Option<[i64; 3]>,
+    /// The text model's `rope_theta` when its config gives none, where it differs from the text
+    /// family's default (Qwen3-VL's 500000 beside Qwen3's 10000).
+    pub rope_theta: Option<f64>,
     /// The same model in transformers' older tensor names (`model.layers.*`, `visual.*`), read
     /// when a checkpoint stores them so.
     pub legacy: Option<&'static Multimodal>,

@@ -21,7 +21,7 @@ use crate::error::{ModelError, Result};
 pub use blocks::{Gemma4Layers, GptOssMoe, HeadGeometry, LinearAttnConfig, MoeConfig, Multimodal, PerLayerInput};
 pub use hf::HfConfig;
 pub use rope::{RopeConfig, RopeScaling};
-pub use vision::{Mrope, VisionConfig};
+pub use vision::{Mrope, TowerKind, VisionConfig};
 
 /// The model families this crate implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -154,15 +154,28 @@ fn resolves_qwen3_5_hybrid_layers() {
 fn resolves_the_text_model_of_a_multimodal_qwen3_5_and_refuses_what_it_does_not_read() {
     let text = r#"{"model_type":"qwen3_5_text","vocab_size":10,"hidden_size":16,"num_hidden_layers":4,
         "num_attention_heads":2,"num_key_value_heads":1,"head_dim":16,"intermediate_size":32,
-        "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":8,"linear_value_head_dim":4}"#;
+        "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":8,"linear_value_head_dim":4,
+        "rope_parameters":{"rope_type":"default","mrope_section":[1,1,0],"partial_rotary_factor":0.25}}"#;
     let json = format!(
         r#"{{"model_type":"qwen3_5","architectures":["Qwen3_5ForConditionalGeneration"],"text_config":{text},
-        "vision_config":{{"depth":1}},"image_token_id":5,"tie_word_embeddings":true}}"#
+        "vision_config":{{"depth":1,"hidden_size":8,"num_heads":2,"out_hidden_size":16,"num_position_embeddings":4}},
+        "image_token_id":5,"tie_word_embeddings":true}}"#
     );
     let (_d, cfg) = write_config(&json);
     let a = cfg.unwrap().arch;
     assert_eq!((a.family, a.backbone_prefix(), a.tie_word_embeddings), (Family::Qwen3_5, "model.language_model", true));
     assert_eq!(a.sequence_classification_architecture(), "Qwen3_5ForSequenceClassification");
+    // The vision tower is Qwen3-VL's without a deep stack; the multimodal RoPE interleaves.
+    let v = a.vision.clone().unwrap();
+    assert_eq!((v.kind, v.patch_size, v.image_token_id, v.deepstack_blocks.len()), (TowerKind::Qwen3, 16, 5, 0));
+    assert_eq!(a.rope.as_ref().and_then(|r| r.mrope), Some(Mrope { section: [1, 1, 0], interleaved: true }));
+    // Without a section, transformers' default; the sections need not add up when interleaved.
+    for (from, want) in [(r#""mrope_section":[1,1,0],"#, [11, 11, 10]), ("[1,1,0]", [1, 1, 1])] {
+        let to = if want == [1, 1, 1] { "[1,1,1]" } else { "" };
+        let (_d, cfg) = write_config(&json.replace(from, to));
+        let rope = cfg.unwrap().arch.rope.unwrap();
+        assert_eq!(rope.mrope, Some(Mrope { section: want, interleaved: true }));
+    }
     for (edit, name) in [
         (json.replace(r#""image_token_id":5"#, r#""image_token_id":5,"clip_qkv":8"#), "config.json: clip_qkv"),
         (json.replace(r#""hidden_size":16"#, r#""hidden_size":16,"clip_qkv":8"#), "config.json: text_config.clip_qkv"),
@@ -171,6 +184,8 @@ fn resolves_the_text_model_of_a_multimodal_qwen3_5_and_refuses_what_it_does_not_
             "config.json: text_config.model_type",
         ),
         (json.replace(&format!(r#""text_config":{text},"#), ""), "config.json: text_config: missing"),
+        (json.replace(r#""depth":1"#, r#""depth":1,"deepstack_visual_indexes":[0]"#), "vision_config.deepstack"),
+        (json.replace(r#""num_position_embeddings":4"#, r#""num_position_embeddings":5"#), "not a square grid"),
     ] {
         let (_d, cfg) = write_config(&edit);
         let e = cfg.unwrap_err().to_string();

@@ -79,9 +79,21 @@ pub(crate) fn take_mrope(path: &Path, text: &mut Map<String, Value>, scope: &str
     Ok(None)
 }
 
-/// The Qwen2.5-VL vision tower (`vision_config`, transformers' `Qwen2_5_VLVisionConfig`).
+/// Which vision tower a checkpoint has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TowerKind {
+    /// Qwen2.5-VL: RMSNorm, SwiGLU, window attention ([`crate::vision_tower`]).
+    Qwen2_5,
+    /// Qwen3-VL and Qwen3.5: LayerNorm, a GELU MLP, a learned position grid resampled to each
+    /// image, attention over the whole image, deep-stack features ([`crate::vision_tower3`]).
+    Qwen3,
+}
+
+/// A Qwen-VL vision tower (`vision_config`, transformers' `Qwen2_5_VLVisionConfig`,
+/// `Qwen3VLVisionConfig`, `Qwen3_5VisionConfig`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct VisionConfig {
+    pub kind: TowerKind,
     pub depth: i64,
     pub hidden_size: i64,
     pub intermediate_size: i64,
@@ -90,10 +102,16 @@ pub struct VisionConfig {
     pub patch_size: i64,
     pub temporal_patch_size: i64,
     pub spatial_merge_size: i64,
-    /// Window of the windowed-attention blocks, in pixels (112: 8 patches of 14, 4 merged tokens).
+    /// Qwen2.5-VL: window of the windowed-attention blocks, in pixels (112: 8 patches of 14, 4
+    /// merged tokens).
     pub window_size: i64,
-    /// The blocks that attend over the whole image instead of windows.
+    /// Qwen2.5-VL: the blocks that attend over the whole image instead of windows.
     pub fullatt_blocks: Vec<i64>,
+    /// Qwen3-VL, Qwen3.5: rows of the learned position table, a square grid.
+    pub num_position_embeddings: i64,
+    /// Qwen3-VL: the blocks whose output a deep-stack merger adds to the language model's first
+    /// layers, in order (layer `j` takes block `deepstack_blocks[j]`'s).
+    pub deepstack_blocks: Vec<i64>,
     /// Width of the merged features: the language model's hidden size.
     pub out_hidden_size: i64,
     pub activation: Activation,
@@ -120,8 +138,8 @@ impl VisionConfig {
     }
 }
 
-/// The keys of `vision_config` this loader implements (with the old spellings of the Hub's
-/// first Qwen2.5-VL configs: `in_chans`, `spatial_patch_size`).
+/// The keys of Qwen2.5-VL's `vision_config` this loader implements (with the old spellings of the
+/// Hub's first Qwen2.5-VL configs: `in_chans`, `spatial_patch_size`).
 const VISION_KEYS: &[&str] = &[
     "depth",
     "num_hidden_layers",
@@ -144,86 +162,223 @@ const VISION_KEYS: &[&str] = &[
     "tokens_per_second",
 ];
 
-/// Reads `vision_config` of `top` (the checkpoint's `config.json`) for Qwen2.5-VL, with
-/// transformers' defaults, and the image and video token ids of the top level.
-pub(crate) fn qwen2_5_vl(path: &Path, top: &Map<String, Value>) -> Result<VisionConfig> {
-    let v = top.get("vision_config").and_then(Value::as_object).ok_or_else(|| {
-        ModelError::config(path, "vision_config", "missing: the vision tower's keys are not in this config")
-    })?;
-    let key = |k: &str| format!("vision_config.{k}");
-    if let Some(bad) = v.keys().find(|k| !VISION_KEYS.contains(&k.as_str()) && !keys::INERT.contains(&k.as_str())) {
-        return Err(ModelError::config(
-            path,
-            &key(bad),
-            "not a vision key this loader implements (refused rather than ignored)",
-        ));
+/// The keys of Qwen3-VL's and Qwen3.5's `vision_config` (Qwen3.5's has no deep stack).
+const VISION3_KEYS: &[&str] = &[
+    "depth",
+    "num_hidden_layers",
+    "hidden_size",
+    "hidden_act",
+    "intermediate_size",
+    "num_heads",
+    "num_attention_heads",
+    "in_channels",
+    "patch_size",
+    "spatial_merge_size",
+    "temporal_patch_size",
+    "out_hidden_size",
+    "num_position_embeddings",
+    "rope_parameters",
+    "deepstack_visual_indexes",
+];
+
+/// Reads `vision_config` of a checkpoint's top level, and the placeholder token ids beside it.
+struct Reader<'a> {
+    path: &'a Path,
+    top: &'a Map<String, Value>,
+    v: &'a Map<String, Value>,
+}
+
+impl<'a> Reader<'a> {
+    /// The `vision_config` of `top`, every key of it in `implemented` or inert.
+    fn new(path: &'a Path, top: &'a Map<String, Value>, implemented: &[&str]) -> Result<Self> {
+        let v = top.get("vision_config").and_then(Value::as_object).ok_or_else(|| {
+            ModelError::config(path, "vision_config", "missing: the vision tower's keys are not in this config")
+        })?;
+        if let Some(bad) = v.keys().find(|k| !implemented.contains(&k.as_str()) && !keys::INERT.contains(&k.as_str())) {
+            return Err(ModelError::config(
+                path,
+                &format!("vision_config.{bad}"),
+                "not a vision key this loader implements (refused rather than ignored)",
+            ));
+        }
+        Ok(Reader { path, top, v })
     }
-    let int = |names: &[&str], default: i64| -> Result<i64> {
+
+    /// The first of `names` present, a positive integer, else `default`.
+    fn int(&self, names: &[&str], default: i64) -> Result<i64> {
         for n in names {
-            match v.get(*n) {
+            match self.v.get(*n) {
                 None | Some(Value::Null) => continue,
                 Some(x) => {
                     return match x.as_i64() {
                         Some(i) if i > 0 => Ok(i),
-                        _ => Err(ModelError::config(path, &key(n), format!("expected a positive integer, got {x}"))),
+                        _ => Err(ModelError::config(
+                            self.path,
+                            &format!("vision_config.{n}"),
+                            format!("expected a positive integer, got {x}"),
+                        )),
                     }
                 }
             }
         }
         Ok(default)
-    };
-    let top_int = |n: &str, default: i64| -> Result<i64> {
-        match top.get(n) {
+    }
+
+    /// A list of block indices (`default` when absent), each below `depth`.
+    fn blocks(&self, name: &str, default: &[i64], depth: i64) -> Result<Vec<i64>> {
+        let key = format!("vision_config.{name}");
+        let list = match self.v.get(name) {
+            None | Some(Value::Null) => default.to_vec(),
+            Some(x) => x
+                .as_array()
+                .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>())
+                .ok_or_else(|| ModelError::config(self.path, &key, format!("expected block indices, got {x}")))?,
+        };
+        if let Some(bad) = list.iter().find(|&&b| b < 0 || b >= depth) {
+            return Err(ModelError::config(self.path, &key, format!("block {bad} of a tower of {depth}")));
+        }
+        Ok(list)
+    }
+
+    /// A top-level token id, else `default`.
+    fn token(&self, n: &str, default: i64) -> Result<i64> {
+        match self.top.get(n) {
             None | Some(Value::Null) => Ok(default),
             Some(x) => x
                 .as_i64()
                 .filter(|i| *i >= 0)
-                .ok_or_else(|| ModelError::config(path, n, format!("expected a token id, got {x}"))),
+                .ok_or_else(|| ModelError::config(self.path, n, format!("expected a token id, got {x}"))),
         }
-    };
-    let cfg = VisionConfig {
-        depth: int(&["depth", "num_hidden_layers"], 32)?,
-        hidden_size: int(&["hidden_size"], 3584)?,
-        intermediate_size: int(&["intermediate_size"], 3420)?,
-        num_heads: int(&["num_heads", "num_attention_heads"], 16)?,
-        in_channels: int(&["in_channels", "in_chans"], 3)?,
-        patch_size: int(&["patch_size", "spatial_patch_size"], 14)?,
-        temporal_patch_size: int(&["temporal_patch_size"], 2)?,
-        spatial_merge_size: int(&["spatial_merge_size"], 2)?,
-        window_size: int(&["window_size"], 112)?,
-        fullatt_blocks: match v.get("fullatt_block_indexes") {
-            None | Some(Value::Null) => vec![7, 15, 23, 31],
-            Some(x) => x.as_array().and_then(|a| a.iter().map(Value::as_i64).collect()).ok_or_else(|| {
-                ModelError::config(path, &key("fullatt_block_indexes"), format!("expected block indices, got {x}"))
-            })?,
-        },
-        out_hidden_size: int(&["out_hidden_size"], 3584)?,
-        activation: match v.get("hidden_act").and_then(Value::as_str) {
-            None => Activation::Silu,
-            Some(name) => activation(path, &key("hidden_act"), name)?,
-        },
-        rope_theta: vision_rope_theta(path, v)?,
-        image_token_id: top_int("image_token_id", 151655)?,
-        video_token_id: top_int("video_token_id", 151656)?,
-        vision_start_token_id: top_int("vision_start_token_id", 151652)?,
-        vision_end_token_id: top_int("vision_end_token_id", 151653)?,
-    };
-    if cfg.hidden_size % cfg.num_heads != 0 || cfg.head_dim() % 4 != 0 {
-        return Err(ModelError::config(
-            path,
-            &key("num_heads"),
-            format!(
-                "hidden_size {} over {} heads must give a head size divisible by 4",
-                cfg.hidden_size, cfg.num_heads
-            ),
-        ));
     }
+
+    fn activation(&self, default: Activation) -> Result<Activation> {
+        match self.v.get("hidden_act").and_then(Value::as_str) {
+            None => Ok(default),
+            Some(name) => activation(self.path, "vision_config.hidden_act", name),
+        }
+    }
+
+    /// The placeholder tokens: `[image, video, start, end]`'s defaults.
+    fn tokens(&self, cfg: &mut VisionConfig, defaults: [i64; 4]) -> Result<()> {
+        cfg.image_token_id = self.token("image_token_id", defaults[0])?;
+        cfg.video_token_id = self.token("video_token_id", defaults[1])?;
+        cfg.vision_start_token_id = self.token("vision_start_token_id", defaults[2])?;
+        cfg.vision_end_token_id = self.token("vision_end_token_id", defaults[3])?;
+        Ok(())
+    }
+
+    /// Heads that split the width into head sizes divisible by 4 (the 2-D rotary's halves).
+    fn check_heads(&self, cfg: &VisionConfig) -> Result<()> {
+        if cfg.hidden_size % cfg.num_heads != 0 || cfg.head_dim() % 4 != 0 {
+            return Err(ModelError::config(
+                self.path,
+                "vision_config.num_heads",
+                format!(
+                    "hidden_size {} over {} heads must give a head size divisible by 4",
+                    cfg.hidden_size, cfg.num_heads
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Qwen-VL's placeholder tokens (`<|image_pad|>`, `<|video_pad|>`, `<|vision_start|>`,
+/// `<|vision_end|>`) in Qwen2.5's and Qwen3's vocabulary.
+const QWEN_TOKENS: [i64; 4] = [151655, 151656, 151652, 151653];
+
+/// Reads `vision_config` of `top` (the checkpoint's `config.json`) for Qwen2.5-VL, with
+/// transformers' defaults, and the image and video token ids of the top level.
+pub(crate) fn qwen2_5_vl(path: &Path, top: &Map<String, Value>) -> Result<VisionConfig> {
+    let r = Reader::new(path, top, VISION_KEYS)?;
+    let depth = r.int(&["depth", "num_hidden_layers"], 32)?;
+    let mut cfg = VisionConfig {
+        kind: TowerKind::Qwen2_5,
+        depth,
+        hidden_size: r.int(&["hidden_size"], 3584)?,
+        intermediate_size: r.int(&["intermediate_size"], 3420)?,
+        num_heads: r.int(&["num_heads", "num_attention_heads"], 16)?,
+        in_channels: r.int(&["in_channels", "in_chans"], 3)?,
+        patch_size: r.int(&["patch_size", "spatial_patch_size"], 14)?,
+        temporal_patch_size: r.int(&["temporal_patch_size"], 2)?,
+        spatial_merge_size: r.int(&["spatial_merge_size"], 2)?,
+        window_size: r.int(&["window_size"], 112)?,
+        fullatt_blocks: r.blocks("fullatt_block_indexes", &[7, 15, 23, 31], i64::MAX)?,
+        num_position_embeddings: 0,
+        deepstack_blocks: Vec::new(),
+        out_hidden_size: r.int(&["out_hidden_size"], 3584)?,
+        activation: r.activation(Activation::Silu)?,
+        rope_theta: vision_rope_theta(path, r.v)?,
+        image_token_id: 0,
+        video_token_id: 0,
+        vision_start_token_id: 0,
+        vision_end_token_id: 0,
+    };
+    r.tokens(&mut cfg, QWEN_TOKENS)?;
+    r.check_heads(&cfg)?;
     let merged_window = cfg.spatial_merge_size * cfg.patch_size;
     if cfg.window_size < merged_window {
         return Err(ModelError::config(
             path,
-            &key("window_size"),
+            "vision_config.window_size",
             format!("{} is smaller than one merged patch ({merged_window} pixels)", cfg.window_size),
+        ));
+    }
+    Ok(cfg)
+}
+
+/// Reads `vision_config` of a Qwen3-VL checkpoint (with its deep stack).
+pub(crate) fn qwen3_vl(path: &Path, top: &Map<String, Value>) -> Result<VisionConfig> {
+    qwen3_tower(path, top, true, QWEN_TOKENS)
+}
+
+/// Reads `vision_config` of a Qwen3.5 checkpoint: Qwen3-VL's tower without the deep stack, and
+/// Qwen3.5's vocabulary's placeholder tokens.
+pub(crate) fn qwen3_5(path: &Path, top: &Map<String, Value>) -> Result<VisionConfig> {
+    qwen3_tower(path, top, false, [248056, 248057, 248053, 248054])
+}
+
+/// The Qwen3-VL tower with transformers' defaults; `deepstack` says whether the family has one.
+fn qwen3_tower(path: &Path, top: &Map<String, Value>, deepstack: bool, tokens: [i64; 4]) -> Result<VisionConfig> {
+    let keys = match deepstack {
+        true => VISION3_KEYS,
+        false => &VISION3_KEYS[..VISION3_KEYS.len() - 1],
+    };
+    let r = Reader::new(path, top, keys)?;
+    let depth = r.int(&["depth", "num_hidden_layers"], 27)?;
+    let mut cfg = VisionConfig {
+        kind: TowerKind::Qwen3,
+        depth,
+        hidden_size: r.int(&["hidden_size"], 1152)?,
+        intermediate_size: r.int(&["intermediate_size"], 4304)?,
+        num_heads: r.int(&["num_heads", "num_attention_heads"], 16)?,
+        in_channels: r.int(&["in_channels"], 3)?,
+        patch_size: r.int(&["patch_size"], 16)?,
+        temporal_patch_size: r.int(&["temporal_patch_size"], 2)?,
+        spatial_merge_size: r.int(&["spatial_merge_size"], 2)?,
+        window_size: 0,
+        fullatt_blocks: Vec::new(),
+        num_position_embeddings: r.int(&["num_position_embeddings"], 2304)?,
+        deepstack_blocks: match deepstack {
+            true => r.blocks("deepstack_visual_indexes", &[8, 16, 24], depth)?,
+            false => Vec::new(),
+        },
+        out_hidden_size: r.int(&["out_hidden_size"], 3584)?,
+        activation: r.activation(Activation::GeluTanh)?,
+        rope_theta: vision_rope_theta(path, r.v)?,
+        image_token_id: 0,
+        video_token_id: 0,
+        vision_start_token_id: 0,
+        vision_end_token_id: 0,
+    };
+    r.tokens(&mut cfg, tokens)?;
+    r.check_heads(&cfg)?;
+    let side = (cfg.num_position_embeddings as f64).sqrt() as i64;
+    if side * side != cfg.num_position_embeddings {
+        return Err(ModelError::config(
+            path,
+            "vision_config.num_position_embeddings",
+            format!("{} is not a square grid of positions", cfg.num_position_embeddings),
         ));
     }
     Ok(cfg)

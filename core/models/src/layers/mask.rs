@@ -129,12 +129,39 @@ pub struct LayerShared {
 pub struct SideInputs {
     pub per_layer: RefCell<Option<Tensor>>,
     pub kv: RefCell<BTreeMap<usize, (Tensor, Tensor)>>,
+    /// Qwen3-VL's deep-stack features, when the forward's prompts hold images.
+    pub deepstack: RefCell<Option<Deepstack>>,
+}
+
+/// What Qwen3-VL's first layers add at the image tokens (DeepStack): `features[j]` to the output
+/// of layer `j`.
+///
+/// # Shapes
+/// `at`: `[batch, seq]` bool; `features`: `[image tokens, hidden]` each
+#[derive(Debug)]
+pub struct Deepstack {
+    pub at: Tensor,
+    pub features: Vec<Tensor>,
 }
 
 impl SideInputs {
     /// Per-layer inputs `per_layer` (`None` for models without them).
     pub fn with_per_layer(per_layer: Option<Tensor>) -> Self {
-        SideInputs { per_layer: RefCell::new(per_layer), kv: Default::default() }
+        SideInputs { per_layer: RefCell::new(per_layer), kv: Default::default(), deepstack: Default::default() }
+    }
+
+    /// `h` (layer `i`'s output) with its deep-stack features added at the image tokens, if it
+    /// takes some.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
+    pub fn add_deepstack(&self, i: usize, h: Tensor) -> Result<Tensor> {
+        match self.deepstack.borrow().as_ref() {
+            Some(d) if i < d.features.len() => {
+                Ok(h.f_index_put(&[Some(&d.at)], &d.features[i].f_to_kind(h.kind())?, true)?)
+            }
+            _ => Ok(h),
+        }
     }
 
     /// Layer `i`'s slice of the per-layer inputs, `[batch, seq, dim]`.

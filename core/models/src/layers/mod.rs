@@ -25,7 +25,8 @@ pub use gemma4::{ExpertsBeside, PerLayerBranch, PerLayerEmbed};
 pub use linear::{activate, linear, Linear, FEW_ROWS};
 pub use load_balance::{RouterRecord, RouterStats};
 pub use mask::{
-    attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, LayerShared, SideInputs,
+    attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, Deepstack, LayerShared,
+    SideInputs,
 };
 pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};
