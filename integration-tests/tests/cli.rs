@@ -253,3 +253,42 @@ fn bench_smoke() {
         }
     }
 }
+
+/// `rlhf bench --image-size`: the RL section on the built-in visual task's scenes drawn at that
+/// size, every prompt's image tokens counted in its length; a model that reads no images, or a
+/// prompts file beside the drawn task, is refused in one line.
+#[test]
+fn bench_runs_a_grpo_step_with_an_image_per_prompt() {
+    let bench = |extra: &[&str]| {
+        let cwd = tempfile::tempdir().unwrap();
+        #[rustfmt::skip]
+        let args = [
+            "bench", "--only", "rl", "--batch", "2", "--group", "2", "--new-tokens", "4", "--repeats", "1",
+            "--no-record", "--json",
+        ];
+        std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+            .args(args)
+            .args(extra)
+            .current_dir(cwd.path())
+            .output()
+            .expect("spawn rlhf")
+    };
+    let out = bench(&["--model", "builtin:tiny-qwen2.5-vl", "--image-size", "112"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // 112 pixels: 8 × 8 patches of 14, 16 image tokens, the vision start and end, 5 or 6 words.
+    let rl = stdout.lines().find(|l| l.contains("prompts builtin:shapes-train at 112 x 112 pixels")).unwrap_or("");
+    let mean: f64 = rl.rsplit("(mean ").next().and_then(|m| m.split(' ').next()).and_then(|m| m.parse().ok()).unwrap();
+    assert!((23.0..=24.0).contains(&mean), "{rl}");
+    for (extra, want) in [
+        (vec!["--model", "builtin:tiny", "--image-size", "112"], "--image-size 112: the model reads no images"),
+        (
+            vec!["--model", "builtin:tiny-qwen2.5-vl", "--image-size", "112", "--prompts", "p.jsonl"],
+            "leave out --prompts",
+        ),
+    ] {
+        let out = bench(&extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(want) && !stderr.contains("panicked"), "{stderr}");
+    }
+}

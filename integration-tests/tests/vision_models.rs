@@ -39,7 +39,7 @@ fn images(dir: &Path) -> Images {
         values.push(Tensor::from_slice(&p.values).view([p.len() as i64, p.dim as i64]));
         grids.push(p.grid.map(|g| g as i64));
     }
-    Images { pixel_values: Tensor::cat(&values, 0), grids }
+    Images::new(Tensor::cat(&values, 0), grids)
 }
 
 /// Greedy decoding through the cache: the prompt with its images and 3-D positions, then each

@@ -35,7 +35,7 @@ fn images(dir: &Path, processor: &QwenVlProcessor) -> Images {
         values.push(Tensor::from_slice(&p.values).view([p.len() as i64, p.dim as i64]));
         grids.push(p.grid.map(|g| g as i64));
     }
-    Images { pixel_values: Tensor::cat(&values, 0), grids }
+    Images::new(Tensor::cat(&values, 0), grids)
 }
 
 fn logit_diff(ours: &Tensor, theirs: &Tensor, mask: &Tensor) -> f64 {
@@ -88,6 +88,16 @@ fn check(name: &str, deepstack: usize) {
     let d = logit_diff(&logits, &r["logits"], mask);
     println!("{name}: max |Δlogit| = {d:.2e}");
     assert!(d < TOL, "{name}: logits differ by {d}");
+    // The tower's features computed once (as the trainer keeps a frozen tower's), then taken by
+    // a pass instead of the tower: the same logits within f32 rounding (the images went through
+    // the tower one batch at a time).
+    let with = m.with_features(&imgs).unwrap();
+    assert_eq!(with.features.as_ref().map(Vec::len), Some(imgs.grids.len()));
+    let cached = tch::no_grad(|| m.forward_with_images(ids, mask, &with)).unwrap();
+    let d = logit_diff(&cached, &logits, mask);
+    assert!(d < 1e-5, "{name}: logits from kept features differ by {d}");
+    let picked = with.select(&[2, 0]).unwrap();
+    assert_eq!(picked.features.as_ref().unwrap()[1].features, with.features.as_ref().unwrap()[0].features);
     // Greedy tokens through the rollout engine (the prompt's images prefilled, each row's delta
     // after it).
     let cfg = rlhf_generation::GenerateConfig::greedy(8, vec![], 0);

@@ -15,6 +15,15 @@ Deliberate departures from TRL's defaults, so both sides do the same work:
     instead of TRL's default bf16 autocast;
   - loss_type="grpo" and scale_rewards="group" (the `rlhf` grpo plugin's defaults).
 
+Prompts with images (rows with an `images` list of paths, their text with `<image>` markers, as
+`rlhf bench --image-size` writes them): the model loads as a vision-language model, the prompt
+becomes one user message whose content parts are the text around the markers and an image part
+for each, and the processor is Qwen-VL's (`Qwen2_5_VLProcessor`: the checkpoint's
+`preprocessor_config.json`, its tokenizer, and a chat template that renders the parts as they
+are, an image as `<|vision_start|><|image_pad|><|vision_end|>`: the token ids `rlhf` makes of the
+same row). The vision tower is frozen, as `rlhf` keeps it by default (`model.freeze_vision`). TRL
+suppresses sampled image tokens; `rlhf` samples them as text.
+
 Step time is measured between consecutive `on_step_end` callbacks (after a CUDA synchronize), so
 it covers everything a step does (generation, reward, reference log-probs, forward, backward,
 optimizer); the first `--warmup` steps are excluded and the median of the rest is reported.
@@ -115,6 +124,49 @@ def peak_rss_gb():
     return None
 
 
+# Renders each content part as it is, an image as Qwen-VL's placeholder run (expanded by the
+# processor to one `<|image_pad|>` per merged patch).
+VL_TEMPLATE = (
+    "{% for message in messages %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endfor %}"
+)
+
+
+def vision_language(model_dir, dtype, tokenizer, rows):
+    """The model as a vision-language model, Qwen-VL's processor over `tokenizer`, and the rows as
+    conversational prompts with image parts where their `<image>` markers are, the images opened."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    # Without torchvision transformers cannot resolve the video processor's class, which images
+    # do not use: skip that one check.
+    check = Qwen2_5_VLProcessor.check_argument_for_proper_class
+    Qwen2_5_VLProcessor.check_argument_for_proper_class = (
+        lambda self, name, arg: None if name == "video_processor" else check(self, name, arg))
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+    processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=VL_TEMPLATE)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
+    # The vision tower frozen, as `rlhf` keeps it by default (`model.freeze_vision`).
+    for p in model.model.visual.parameters():
+        p.requires_grad_(False)
+    out = []
+    for r in rows:
+        pieces = r["prompt"].split("<image>")
+        content = []
+        for i, text in enumerate(pieces):
+            if i > 0:
+                content.append({"type": "image"})
+            if text:
+                content.append({"type": "text", "text": text})
+        images = [Image.open(p).convert("RGB") for p in r["images"] or []]
+        if len(images) != len(pieces) - 1:
+            fail(f"{len(pieces) - 1} <image> markers for {len(images)} images in {r['prompt']!r}", 2)
+        out.append({"prompt": [{"role": "user", "content": content}], "images": images, "label": r["label"]})
+    return model, processor, out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only check that trl imports")
@@ -157,9 +209,13 @@ def main():
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                rows.append({"prompt": r["prompt"], "label": r.get("label")})
+                rows.append({"prompt": r["prompt"], "label": r.get("label"), "images": r.get("images")})
     if not rows:
         fail(f"{args.prompts}: no prompts", 2)
+    with_images = any(r["images"] for r in rows)
+    if not with_images:
+        for r in rows:
+            del r["images"]
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     # tokenizer.json as it is, like `rlhf` (AutoTokenizer in transformers 5 may rebuild it from the
@@ -167,7 +223,11 @@ def main():
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    if with_images:
+        model, processing_class, rows = vision_language(args.model, dtype, tokenizer, rows)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+        processing_class = tokenizer
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -235,7 +295,7 @@ def main():
         reward_funcs=[accuracy],
         args=config,
         train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
+        processing_class=processing_class,
         callbacks=[timer],
     )
     trainer.train()

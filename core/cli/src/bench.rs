@@ -39,6 +39,7 @@ use anyhow::{bail, Context};
 use tch::{Device, Kind};
 
 use rlhf_models::{ArchConfig, CausalLm};
+use rlhf_trainer::builtin_vl::{write_shaped, VlShape};
 use rlhf_trainer::config::RlConfig;
 use rlhf_trainer::random_qwen2::{write_qwen2, Qwen2Shape};
 
@@ -89,6 +90,9 @@ fn time_runs(device: Device, repeats: usize, mut f: impl FnMut() -> anyhow::Resu
 const QWEN2_HALF_B: &str = "qwen2-0.5b";
 /// A decode bound by the host: 6 layers of hidden size 256.
 const QWEN2_6X256: &str = "qwen2-6x256";
+/// Random Qwen2.5-VL over the built-in visual task's words: tiny, and about 100M parameters.
+const VL_TINY: &str = "tiny-qwen2.5-vl";
+const VL_SMALL: &str = "qwen2.5-vl-100m";
 
 /// The model directory and its display name: a directory or Hub id, or a random model written
 /// into `work`.
@@ -109,9 +113,12 @@ fn model_dir(spec: &str, seed: u64, kind: Kind, work: &Path) -> anyhow::Result<(
         "tiny" => rlhf_trainer::builtin_models::write_tiny_model(&dir, seed)?,
         QWEN2_HALF_B => write_qwen2(&dir, &Qwen2Shape::HALF_B, kind, seed).map(drop)?,
         QWEN2_6X256 => write_qwen2(&dir, &Qwen2Shape { layers: 6, ..Qwen2Shape::SMALL }, kind, seed).map(drop)?,
+        // Positions for a 448-pixel image's 256 tokens and more.
+        VL_TINY => write_shaped(&dir, &VlShape { max_positions: 2048, ..VlShape::TINY }, seed)?,
+        VL_SMALL => write_shaped(&dir, &VlShape::SMALL, seed)?,
         other => bail!(
             "--model builtin:{other}: unknown built-in model (available: builtin:tiny, builtin:{QWEN2_HALF_B}, \
-             builtin:{QWEN2_6X256})"
+             builtin:{QWEN2_6X256}, builtin:{VL_TINY}, builtin:{VL_SMALL})"
         ),
     }
     Ok((dir, format!("{builtin}-random")))
@@ -240,6 +247,10 @@ impl RlPlans {
     fn new(b: &Bench<'_>, sections: [bool; 6]) -> anyhow::Result<Self> {
         let [_, _, do_rl, do_dp, do_overlap, _] = sections;
         let a = b.args;
+        let images = match a.image_size {
+            0 => None,
+            side => Some(rl::write_image_prompts(&b.work.0, side, &b.arch, a.prompts.is_some())?),
+        };
         let setup = rl::RlSetup {
             model_dir: &b.model_dir,
             device: &a.device,
@@ -249,7 +260,7 @@ impl RlPlans {
             prompt_len: a.rl_prompt_len,
             new_tokens: a.new_tokens,
             repeats: a.repeats,
-            prompts: a.prompts.as_deref(),
+            prompts: images.as_deref().or(a.prompts.as_deref()),
             run_dir: b.work.0.join("rl-run"),
             gradient_checkpointing: a.gradient_checkpointing,
             bf16_decode: a.bf16_decode,
@@ -261,7 +272,11 @@ impl RlPlans {
         let overlap_setup = rl::RlSetup { warmup: !a.overlap_no_warmup, run_dir: setup.run_dir.clone(), ..setup };
         let overlap = if do_overlap { Some(rl::config(&overlap_setup)?) } else { None };
         let prompts = rl.as_ref().map(|cfg| rl::prompts(cfg, &b.model_dir)).transpose()?;
-        let source = a.prompts.as_ref().map_or("builtin:addition".to_string(), |p| p.display().to_string());
+        let source = match (a.image_size, &a.prompts) {
+            (0, None) => "builtin:addition".to_string(),
+            (0, Some(p)) => p.display().to_string(),
+            (side, _) => format!("builtin:shapes-train at {side} x {side} pixels"),
+        };
         Ok(RlPlans { rl, dp, overlap, prompts, source })
     }
 }
@@ -277,8 +292,14 @@ fn run_trl(b: &Bench<'_>, plans: &RlPlans) -> anyhow::Result<Option<trl::TrlResu
     let python = trl::python(a.python.as_deref());
     let versions = trl::check(&python, a.trl_script.as_deref(), &b.work.0)?;
     let file = b.work.0.join("trl-prompts.jsonl");
-    let lines: Vec<String> =
-        prompts.iter().map(|(p, l)| serde_json::json!({"prompt": p, "label": l}).to_string()).collect();
+    let lines: Vec<String> = prompts
+        .iter()
+        .map(|p| match p.images.is_empty() {
+            true => serde_json::json!({"prompt": p.text, "label": p.label}),
+            false => serde_json::json!({"prompt": p.text, "label": p.label, "images": p.images}),
+        })
+        .map(|v| v.to_string())
+        .collect();
     std::fs::write(&file, lines.join("\n") + "\n")?;
     let algo = &cfg.algorithm.config;
     println!("trl:   running {} steps with {} ({versions}) ...", a.repeats + 1, python.display());

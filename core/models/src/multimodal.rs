@@ -16,16 +16,30 @@ use crate::vision_tower::{TowerOutput, VisionTower};
 pub use crate::visual_input::Visual;
 
 /// Images of a batch as the processor makes them: every image's patch rows one after another, in
-/// the order their placeholders appear (row by row), and each image's grid.
+/// the order their placeholders appear (row by row), and each image's grid; and, where a frozen
+/// tower already ran on them ([`CausalLm::with_features`]), each image's features, which a pass
+/// then takes instead of running the tower again.
 #[derive(Debug)]
 pub struct Images {
     /// `[patches, channels · temporal_patch · patch²]`
     pub pixel_values: Tensor,
     /// `[t, h, w]` in patches, per image.
     pub grids: Vec<[i64; 3]>,
+    /// One per image, when computed.
+    pub features: Option<Vec<TowerOutput>>,
 }
 
 impl Images {
+    /// The processor's patches and grids, no features yet.
+    pub fn new(pixel_values: Tensor, grids: Vec<[i64; 3]>) -> Images {
+        Images { pixel_values, grids, features: None }
+    }
+
+    /// The same patches without their features (for a model whose tower differs).
+    pub fn without_features(&self) -> Images {
+        Images::new(self.pixel_values.shallow_clone(), self.grids.clone())
+    }
+
     /// Patch rows (`t · h · w`) of each image.
     fn patch_counts(&self) -> Vec<i64> {
         self.grids.iter().map(|g| g[0] * g[1] * g[2]).collect()
@@ -33,13 +47,14 @@ impl Images {
 
     /// The same images, sharing the patches' storage.
     pub fn shallow_clone(&self) -> Images {
-        Images { pixel_values: self.pixel_values.shallow_clone(), grids: self.grids.clone() }
+        let features = self.features.as_ref().map(|f| f.iter().map(TowerOutput::shallow_clone).collect());
+        Images { pixel_values: self.pixel_values.shallow_clone(), grids: self.grids.clone(), features }
     }
 
     /// No image (a batch of text rows that must still take the image path, see
     /// [`CausalLm::visual`]).
     pub fn none() -> Images {
-        Images { pixel_values: Tensor::zeros([0, 0], (Kind::Float, tch::Device::Cpu)), grids: Vec::new() }
+        Images::new(Tensor::zeros([0, 0], (Kind::Float, tch::Device::Cpu)), Vec::new())
     }
 
     /// The images `which` names, in that order: their patch rows and grids.
@@ -57,7 +72,8 @@ impl Images {
             true => self.pixel_values.f_narrow(0, 0, 0)?,
             false => Tensor::f_cat(&parts, 0)?,
         };
-        Ok(Images { pixel_values, grids: which.iter().map(|&i| self.grids[i]).collect() })
+        let features = self.features.as_ref().map(|f| which.iter().map(|&i| f[i].shallow_clone()).collect());
+        Ok(Images { pixel_values, grids: which.iter().map(|&i| self.grids[i]).collect(), features })
     }
 }
 
@@ -116,6 +132,26 @@ impl CausalLm {
     /// - returns [`Visual`] of `[patches / merge², hidden]` each, in the model's dtype
     pub fn visual(&self, images: &Images, prompt_len: i64) -> Result<Visual> {
         let tower = self.tower()?;
+        // Features computed before (a frozen tower's): no tower pass. A gated model always runs
+        // it, so that every rank makes the same gate calls.
+        if let (Some(per_image), false) = (&images.features, self.is_gated()) {
+            if per_image.len() != images.grids.len() {
+                return Err(ModelError::Input(format!(
+                    "features of {} images for {} images",
+                    per_image.len(),
+                    images.grids.len()
+                )));
+            }
+            let none = || Tensor::f_zeros([0, self.config.arch.hidden_size], (self.kind(), self.device()));
+            let cat = |parts: Vec<&Tensor>| -> Result<Tensor> {
+                Ok(if parts.is_empty() { none()? } else { Tensor::f_cat(&parts, 0)? })
+            };
+            let features = cat(per_image.iter().map(|f| &f.features).collect())?;
+            let deepstack = (0..tower.config().deepstack_blocks.len())
+                .map(|j| cat(per_image.iter().map(|f| &f.deepstack[j]).collect()))
+                .collect::<Result<_>>()?;
+            return Ok(Visual { features, deepstack, prompt_len });
+        }
         crate::gate::gather(&self.gate, crate::gate::Unit::Outer)?;
         let out = if images.grids.is_empty() {
             let none = || Tensor::f_zeros([0, self.config.arch.hidden_size], (self.kind(), self.device()));
@@ -128,6 +164,44 @@ impl CausalLm {
         crate::gate::release(&self.gate, crate::gate::Unit::Outer, false)?;
         let out = out?;
         Ok(Visual { features: out.features, deepstack: out.deepstack, prompt_len })
+    }
+
+    /// `images` with each image's features from this model's tower, computed now without a graph
+    /// (for a frozen tower: every later pass over them, [`CausalLm::visual`], takes these instead
+    /// of running the tower again).
+    ///
+    /// # Shapes
+    /// - each image's features `[t · h · w / merge², hidden]` (and as many deep-stack rows)
+    pub fn with_features(&self, images: &Images) -> Result<Images> {
+        let merge = self.tower()?.config().spatial_merge_size.pow(2);
+        let all = tch::no_grad(|| self.visual(&images.without_features(), 0))?;
+        let counts: Vec<i64> = images.patch_counts().iter().map(|c| c / merge).collect();
+        let split = |t: &Tensor| t.f_split_with_sizes(&counts, 0);
+        let features = split(&all.features)?;
+        let deep = all.deepstack.iter().map(split).collect::<std::result::Result<Vec<_>, _>>()?;
+        let per_image = features
+            .into_iter()
+            .enumerate()
+            .map(|(i, features)| TowerOutput {
+                features,
+                deepstack: deep.iter().map(|d| d[i].shallow_clone()).collect(),
+            })
+            .collect();
+        Ok(Images { features: Some(per_image), ..images.shallow_clone() })
+    }
+
+    /// Whether `other`'s vision tower is this model's, weight for weight (the features of one are
+    /// the other's).
+    pub fn same_vision(&self, other: &CausalLm) -> bool {
+        match (self.vision.as_ref(), other.vision.as_ref()) {
+            (Some(a), Some(b)) => {
+                let (pa, pb) = (a.parameters(), b.parameters());
+                a.config() == b.config()
+                    && pa.len() == pb.len()
+                    && pa.iter().zip(&pb).all(|(x, y)| x.size() == y.size() && x.kind() == y.kind() && x.equal(y))
+            }
+            _ => false,
+        }
     }
 
     /// Whether the model's passes go through a parameter gate (ZeRO stage 3).

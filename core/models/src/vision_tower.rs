@@ -186,6 +186,16 @@ pub struct TowerOutput {
     pub deepstack: Vec<Tensor>,
 }
 
+impl TowerOutput {
+    /// The same features, sharing storage.
+    pub fn shallow_clone(&self) -> TowerOutput {
+        TowerOutput {
+            features: self.features.shallow_clone(),
+            deepstack: self.deepstack.iter().map(Tensor::shallow_clone).collect(),
+        }
+    }
+}
+
 impl VisionTower {
     /// The vision tower of `cfg` from its scope in the checkpoint, where the model reads images.
     pub(crate) fn load_for(w: &WeightLoader, cfg: &ArchConfig) -> Result<Option<Self>> {

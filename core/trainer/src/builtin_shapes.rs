@@ -71,6 +71,11 @@ fn scene(i: usize, rng: &mut SplitMix) -> (Vec<Shape>, &'static str, String) {
 
 /// Prompts of `builtin:shapes{split}`: `""` (all 400), `-train` (320) or `-test` (80).
 pub fn prompts(split: &str) -> Result<Vec<RawPrompt>> {
+    prompts_sized(split, SIDE)
+}
+
+/// [`prompts`] with the scenes drawn `side` pixels a side (the benchmark's larger images).
+pub fn prompts_sized(split: &str, side: u32) -> Result<Vec<RawPrompt>> {
     let keep = |i: usize| match split {
         "" => Ok(true),
         "-train" => Ok(i % 5 != 4),
@@ -87,7 +92,7 @@ pub fn prompts(split: &str) -> Result<Vec<RawPrompt>> {
         if !keep(i)? {
             continue;
         }
-        let bytes = png(&shapes, SIDE).map_err(|e| TrainerError::Run(e.to_string()))?;
+        let bytes = png(&shapes, side).map_err(|e| TrainerError::Run(e.to_string()))?;
         let described: Vec<String> = shapes
             .iter()
             .map(|s| format!("{} {:?} in quadrant {}", COLOURS[s.colour].0, s.kind, s.quadrant).to_lowercase())

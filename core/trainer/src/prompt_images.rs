@@ -117,7 +117,7 @@ impl PromptImages {
             true => tch::Tensor::f_zeros([0, dim], (tch::Kind::Float, tch::Device::Cpu))?,
             false => tch::Tensor::f_cat(&rows, 0)?,
         };
-        Ok(rlhf_models::Images { pixel_values, grids })
+        Ok(rlhf_models::Images::new(pixel_values, grids))
     }
 
     /// The rendered `text` with its markers replaced and its `ids` (tokenized from that text)

@@ -161,7 +161,7 @@ pub fn expand_placeholders(
 }
 
 /// Standard base64 (with or without padding).
-fn decode_base64(text: &str) -> Option<Vec<u8>> {
+pub fn decode_base64(text: &str) -> Option<Vec<u8>> {
     let value = |c: u8| -> Option<u32> {
         Some(match c {
             b'A'..=b'Z' => c - b'A',

@@ -80,6 +80,12 @@ pub struct BenchArgs {
     /// addition task.
     #[arg(long)]
     pub(super) prompts: Option<PathBuf>,
+    /// Give every RL prompt one image this many pixels a side: the built-in visual task's scenes
+    /// and questions (`builtin:shapes-train`) drawn at that size, for a model that reads images
+    /// (`builtin:tiny-qwen2.5-vl`, `builtin:qwen2.5-vl-100m`, or a Qwen-VL checkpoint over that
+    /// task's words); with --vs-trl TRL gets the same images. 0: no images.
+    #[arg(long, default_value_t = 0)]
+    pub(super) image_size: u32,
     /// Peak TFLOP/s of the device for MFU (default: by CUDA device name; on CPU MFU is n/a without it).
     #[arg(long)]
     pub(super) peak_tflops: Option<f64>,

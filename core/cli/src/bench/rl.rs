@@ -4,10 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
+use rlhf_models::ArchConfig;
 use rlhf_plugin_api::PluginKind;
 use rlhf_trainer::config::ConfigSource;
-use rlhf_trainer::data::PromptDataset;
+use rlhf_trainer::data::{PromptDataset, RawPrompt};
 use rlhf_trainer::metrics::StepMetrics;
+use rlhf_trainer::prompt_images::PromptImages;
 use rlhf_trainer::{PluginRegistry, RlConfig, Trainer};
 use tch::Device;
 
@@ -84,17 +86,34 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
     Ok(RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets)?)
 }
 
-/// `(prompt text, label)` pairs.
-pub type LabelledPrompts = Vec<(String, Option<String>)>;
+/// A prompt as TRL is given it: its text (as the model sees it, or for a prompt with images the
+/// row's text with its `<image>` markers), its label, and its images' paths.
+#[derive(Debug, Clone)]
+pub struct BenchPrompt {
+    pub text: String,
+    pub label: Option<String>,
+    pub images: Vec<String>,
+}
+
+/// The RL section's prompts.
+pub type LabelledPrompts = Vec<BenchPrompt>;
 
 /// The prompts as the model sees them (template applied, truncated like the trainer does) with
-/// their labels, and their mean length in tokens.
+/// their labels, and their mean length in tokens (image placeholders included).
 pub fn prompts(cfg: &RlConfig, model_dir: &Path) -> anyhow::Result<(LabelledPrompts, f64)> {
     let tok = rlhf_tokenizer::HfTokenizer::from_dir(model_dir)?;
     let raw = match cfg.data.prompts.strip_prefix("builtin:") {
         Some(task) => rlhf_trainer::builtin::task_prompts(task)?,
         None => rlhf_trainer::data::read_prompt_data(&cfg.data)?,
     };
+    let arch = rlhf_models::ModelConfig::from_dir(model_dir)?.arch;
+    let images = PromptImages::for_model(model_dir, &arch, &tok)?;
+    if let Some(images) = images.as_ref() {
+        let rows: LabelledPrompts = raw.iter().map(image_row).collect::<anyhow::Result<_>>()?;
+        let data = PromptDataset::new_with_images(raw, &tok, &cfg.data, cfg.run.seed, Some(images))?;
+        let mean = data.records.iter().map(|r| r.ids.len() as f64).sum::<f64>() / data.records.len().max(1) as f64;
+        return Ok((rows, mean));
+    }
     let data = PromptDataset::new(raw, &tok, &cfg.data, cfg.run.seed)?;
     let mut out = Vec::with_capacity(data.records.len());
     for r in &data.records {
@@ -104,10 +123,57 @@ pub fn prompts(cfg: &RlConfig, model_dir: &Path) -> anyhow::Result<(LabelledProm
         } else {
             r.text.clone()
         };
-        out.push((text, r.label.clone()));
+        out.push(BenchPrompt { text, label: r.label.clone(), images: Vec::new() });
     }
     let mean = data.records.iter().map(|r| r.ids.len() as f64).sum::<f64>() / data.records.len().max(1) as f64;
     Ok((out, mean))
+}
+
+/// A text row with images as TRL is given it: its text with the `<image>` markers and the images'
+/// paths (the rows were read from a file: their images are absolute paths).
+fn image_row(raw: &RawPrompt) -> anyhow::Result<BenchPrompt> {
+    let RawPrompt::Text { prompt, label, metadata } = raw else {
+        anyhow::bail!("--vs-trl with images compares text prompts with `<image>` markers, not chat messages");
+    };
+    let images = match metadata.get("images") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .and_then(|a| a.iter().map(|p| p.as_str().map(String::from)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| anyhow::anyhow!("--vs-trl with images needs image paths, got {v}"))?,
+    };
+    Ok(BenchPrompt { text: prompt.clone(), label: label.clone(), images })
+}
+
+/// Writes the built-in visual task's training scenes drawn `side` pixels a side into `work`
+/// (`images/*.png`) with a JSONL of their prompts (`<image> question`, `images`, `label`); returns
+/// the JSONL's path. `arch` must read images, and the prompts must not come from elsewhere too.
+pub fn write_image_prompts(work: &Path, side: u32, arch: &ArchConfig, other_prompts: bool) -> anyhow::Result<PathBuf> {
+    if arch.vision.is_none() {
+        anyhow::bail!("--image-size {side}: the model reads no images (try --model builtin:tiny-qwen2.5-vl)");
+    }
+    if other_prompts {
+        anyhow::bail!("--image-size draws the built-in visual task's prompts: leave out --prompts");
+    }
+    if !(28..=2048).contains(&side) {
+        anyhow::bail!("--image-size {side}: expected 28 to 2048 pixels");
+    }
+    let dir = work.join("images");
+    std::fs::create_dir_all(&dir)?;
+    let mut lines = Vec::new();
+    for (i, row) in rlhf_trainer::builtin_shapes::prompts_sized("-train", side)?.into_iter().enumerate() {
+        let RawPrompt::Text { prompt, label, metadata } = row else { continue };
+        let b64 = metadata["images"][0]["bytes"]["$binary"].as_str().unwrap_or_default();
+        let bytes =
+            rlhf_vision::prompt::decode_base64(b64).ok_or_else(|| anyhow::anyhow!("scene {i}: no image bytes"))?;
+        let file = dir.join(format!("{i}.png"));
+        std::fs::write(&file, bytes)?;
+        let row = serde_json::json!({"prompt": prompt, "images": [file.display().to_string()], "label": label});
+        lines.push(row.to_string());
+    }
+    let path = work.join("image-prompts.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n")?;
+    Ok(path)
 }
 
 fn median_of(steps: &[StepMetrics], key: &str) -> f64 {

@@ -76,6 +76,9 @@ pub struct Models<'a> {
     pub actor: &'a CausalLm,
     pub reference: Option<&'a CausalLm>,
     pub critic: Option<&'a ScalarHeadModel>,
+    /// The reference's vision tower is the actor's: it takes the image features the actor's
+    /// frozen tower made ([`rlhf_models::Images::features`]); else it runs its own.
+    pub ref_shares_vision: bool,
 }
 
 /// Time and peak memory per model.
@@ -191,6 +194,11 @@ pub fn compute(
     let ref_logprobs = match models.reference {
         Some(r) => {
             let no_entropy = LogProbOptions { entropy: false, ..opts };
+            let own = images.filter(|_| !models.ref_shares_vision).map(|i| i.images.without_features());
+            let images = match &own {
+                Some(own) => Some(ImageInputs { images: own, prompt_len: p_len }),
+                None => images,
+            };
             Some(tch::no_grad(|| logprobs(r, seq, attn, images, p_len, no_entropy))?.logprobs)
         }
         None => None,

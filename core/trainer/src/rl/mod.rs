@@ -98,6 +98,11 @@ pub struct Trainer {
     data: PromptDataset,
     /// The prompts' images, when the policy reads images ([`visual`]).
     visual: Option<visual::Visual>,
+    /// The tower is frozen and ungated: each prompt's features are computed once, kept with its
+    /// patches ([`visual`]).
+    frozen_features: bool,
+    /// The reference's vision tower is the actor's (it may take the actor's features).
+    ref_shares_vision: bool,
     actor_opt: TrainEngine,
     critic_opt: Option<TrainEngine>,
     ptx: Option<PtxData>,
@@ -323,7 +328,12 @@ impl Trainer {
         }
         let opts =
             LogProbOptions { max_chunk_elements: t.logprob_chunk_elements, entropy: true, share_prefix: share_prompts };
-        let models = Models { actor: &self.actor, reference: self.reference.as_ref(), critic: self.critic.as_ref() };
+        let models = Models {
+            actor: &self.actor,
+            reference: self.reference.as_ref(),
+            critic: self.critic.as_ref(),
+            ref_shares_vision: self.ref_shares_vision,
+        };
         let shard_actor = if reuse && stage3 { Some(&mut self.actor_opt) } else { None };
         let passes = experience::Passes { reuse, checkpointing: t.gradient_checkpointing, shard_actor };
         let (exp, entropy, times) =

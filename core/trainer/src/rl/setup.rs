@@ -478,6 +478,9 @@ impl Trainer {
         }
         let (mut reference, mut critic, ema) =
             companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
+        let ref_shares_vision = reference.as_ref().is_some_and(|r| actor.same_vision(r));
+        // A frozen, ungated tower's features are computed once per prompt (see `visual`).
+        let frozen_features = visual.is_some() && cfg.model.freeze_vision && cfg.distributed.zero_stage < 3;
         // Every rank has its models (a rank that failed before here meets this agreement at the
         // end of its setup); then they start from rank 0's weights, before the optimizers copy
         // them into masters.
@@ -533,6 +536,8 @@ impl Trainer {
             algo,
             rewards,
             data,
+            frozen_features,
+            ref_shares_vision,
             visual,
             actor_opt,
             critic_opt,

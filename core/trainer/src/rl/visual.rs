@@ -3,9 +3,11 @@
 //! the reference, each minibatch — passes the rows' images with them, in row order. The rows
 //! carry their prompt's dataset index (`records`), so a batch gathered from other data-parallel
 //! ranks, concatenated by dynamic sampling or cut into minibatches finds its images again; each
-//! prompt's images are decoded and patched once and shared by its G samples.
+//! prompt's images are decoded and patched once and shared by its G samples. A frozen tower (the
+//! default) runs once per prompt too: its features are kept with the patches, and the rollout,
+//! the old policy, the reference (when its tower is the actor's) and every minibatch take them.
 
-use rlhf_models::Images;
+use rlhf_models::{CausalLm, Images};
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
@@ -34,15 +36,21 @@ impl Visual {
 
     /// [`Visual::rows`], or `None` when none of `records` holds an image (the text-only passes
     /// then run).
-    pub fn rows_with_images(&mut self, data: &PromptDataset, records: &[usize]) -> Result<Option<RowImages>> {
+    pub fn rows_with_images(
+        &mut self,
+        data: &PromptDataset,
+        records: &[usize],
+        tower: Option<&CausalLm>,
+    ) -> Result<Option<RowImages>> {
         if records.iter().all(|&r| data.records.get(r).is_some_and(|p| p.images.is_empty())) {
             return Ok(None);
         }
-        self.rows(data, records).map(Some)
+        self.rows(data, records, tower).map(Some)
     }
 
-    /// The images of each of `records` (indices into `data.records`), in order.
-    pub fn rows(&mut self, data: &PromptDataset, records: &[usize]) -> Result<RowImages> {
+    /// The images of each of `records` (indices into `data.records`), in order; with `tower` (a
+    /// frozen one) with their features, each prompt's computed once and kept with its patches.
+    pub fn rows(&mut self, data: &PromptDataset, records: &[usize], tower: Option<&CausalLm>) -> Result<RowImages> {
         let mut out = Vec::with_capacity(records.len());
         for &r in records {
             if let Some(p) = self.patched.get(&r) {
@@ -53,6 +61,10 @@ impl Visual {
                 TrainerError::Run(format!("prompt {r} of {}: no such prompt for its images", data.records.len()))
             })?;
             let patches = self.prompts.patches(&record.images)?;
+            let patches = match tower {
+                Some(model) if !record.images.is_empty() => model.with_features(&patches)?,
+                _ => patches,
+            };
             if self.patched.len() >= self.capacity {
                 self.patched.clear();
             }
@@ -67,8 +79,9 @@ impl super::Trainer {
     /// The images of rows whose prompts are `records`, in row order; `None` when the policy reads
     /// no images or none of the rows holds one (the text-only passes then run).
     pub(super) fn images_of(&mut self, records: &[usize]) -> Result<Option<RowImages>> {
+        let tower = self.frozen_features.then_some(&self.actor);
         match self.visual.as_mut() {
-            Some(visual) => visual.rows_with_images(&self.data, records),
+            Some(visual) => visual.rows_with_images(&self.data, records, tower),
             None => Ok(None),
         }
     }
@@ -128,7 +141,13 @@ pub fn cat(rows: &[Images], idx: Option<&[i64]>) -> Result<Option<Images>> {
     if grids.is_empty() || parts.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Images { pixel_values: Tensor::f_cat(&parts, 0)?, grids }))
+    // The frozen tower's features where every picked row has them.
+    let features = picked
+        .iter()
+        .map(|i| i.features.as_ref().map(|f| f.iter().map(|x| x.shallow_clone())))
+        .collect::<Option<Vec<_>>>()
+        .map(|f| f.into_iter().flatten().collect());
+    Ok(Some(Images { pixel_values: Tensor::f_cat(&parts, 0)?, grids, features }))
 }
 
 #[cfg(test)]
@@ -137,7 +156,7 @@ mod tests {
 
     fn image(rows: i64, fill: f64) -> Images {
         let pixel_values = Tensor::full([rows, 3], fill, (Kind::Float, tch::Device::Cpu));
-        Images { pixel_values, grids: if rows > 0 { vec![[1, 1, rows]] } else { vec![] } }
+        Images::new(pixel_values, if rows > 0 { vec![[1, 1, rows]] } else { vec![] })
     }
 
     /// Rows' images come out in the order asked, text-only rows adding none.
