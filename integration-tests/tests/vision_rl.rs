@@ -229,7 +229,7 @@ fn the_vision_tower_trains_when_asked_and_unsupported_runs_are_refused() {
 /// `configs/grpo-vl.toml` (the built-in visual task on `builtin:tiny-qwen2.5-vl`) learns from the
 /// images: the reward rises by 0.3 and held-out greedy accuracy ends at 0.4 or more, where the
 /// questions alone allow 0.3 (the most frequent answer of each question; `builtin_shapes`' own
-/// test bounds it by 0.35). Seeds 42–45 end at 0.46–0.68 on an AMD EPYC. 2 ranks sample what one
+/// test bounds it by 0.35). Seeds 42–45 end at 0.40–0.71 on an AMD EPYC. 2 ranks sample what one
 /// process samples over the first steps.
 #[test]
 fn the_visual_preset_learns_from_the_images() {

@@ -49,30 +49,46 @@ impl Visual {
     }
 
     /// The images of each of `records` (indices into `data.records`), in order; with `tower` (a
-    /// frozen one) with their features, each prompt's computed once and kept with its patches.
+    /// frozen one) with their features, the prompts not kept yet going through the tower together
+    /// once, each prompt's features then kept with its patches.
     pub fn rows(&mut self, data: &PromptDataset, records: &[usize], tower: Option<&CausalLm>) -> Result<RowImages> {
-        let mut out = Vec::with_capacity(records.len());
+        let mut fresh: Vec<(usize, Images)> = Vec::new();
         for &r in records {
-            if let Some(p) = self.patched.get(&r) {
-                out.push(p.shallow_clone());
+            if self.patched.contains_key(&r) || fresh.iter().any(|(f, _)| *f == r) {
                 continue;
             }
             let record = data.records.get(r).ok_or_else(|| {
                 TrainerError::Run(format!("prompt {r} of {}: no such prompt for its images", data.records.len()))
             })?;
-            let patches = self.prompts.patches(&record.images)?;
-            let patches = match tower {
-                Some(model) if !record.images.is_empty() => model.with_features(&patches)?,
-                _ => patches,
-            };
-            if self.patched.len() >= self.capacity {
-                self.patched.clear();
-            }
-            self.patched.insert(r, patches.shallow_clone());
-            out.push(patches);
+            fresh.push((r, self.prompts.patches(&record.images)?));
         }
+        if let Some(model) = tower {
+            with_features(model, &mut fresh)?;
+        }
+        let out = records
+            .iter()
+            .map(|r| {
+                let kept = self.patched.get(r).or_else(|| fresh.iter().find(|(f, _)| f == r).map(|(_, p)| p));
+                kept.map(Images::shallow_clone).ok_or_else(|| TrainerError::Run(format!("prompt {r}: no patches")))
+            })
+            .collect::<Result<RowImages>>()?;
+        if self.patched.len() + fresh.len() > self.capacity {
+            self.patched.clear();
+        }
+        self.patched.extend(fresh);
         Ok(out)
     }
+}
+
+/// Gives each of `prompts`' images its features from `model`'s tower, all of them in one pass.
+fn with_features(model: &CausalLm, prompts: &mut [(usize, Images)]) -> Result<()> {
+    let rows: Vec<Images> = prompts.iter().map(|(_, p)| p.shallow_clone()).collect();
+    let Some(all) = cat(&rows, None)? else { return Ok(()) };
+    let mut features = model.with_features(&all)?.features.unwrap_or_default().into_iter();
+    for (_, p) in prompts.iter_mut() {
+        p.features = Some(features.by_ref().take(p.grids.len()).collect());
+    }
+    Ok(())
 }
 
 impl super::Trainer {
