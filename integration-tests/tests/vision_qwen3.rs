@@ -98,6 +98,23 @@ fn check(name: &str, deepstack: usize) {
     assert!(d < 1e-5, "{name}: logits from kept features differ by {d}");
     let picked = with.select(&[2, 0]).unwrap();
     assert_eq!(picked.features.as_ref().unwrap()[1].features, with.features.as_ref().unwrap()[0].features);
+    // A critic made from the checkpoint (its tower with it): its values with the images are its
+    // head on the language model's hidden states with the images, and not those without them.
+    let critic = rlhf_models::ScalarHeadModel::from_causal_lm_dir(&src, Device::Cpu, Kind::Float).unwrap();
+    assert!(critic.vision().is_some() && m.same_vision(critic.vision()), "{name}: the critic's tower");
+    let width = ids.size()[1];
+    let (values, _) = tch::no_grad(|| critic.values_pass_with_images(ids, mask, &imgs, width, false)).unwrap();
+    let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
+    let h =
+        tch::no_grad(|| m.hidden_states_with_images(ids, mask, &pos, &m.visual(&imgs, width).unwrap(), None)).unwrap();
+    let score = critic.vs.variables()["score.weight"].shallow_clone();
+    let want = h.linear::<&Tensor>(&score, None).squeeze_dim(-1);
+    let real = mask.to_kind(Kind::Bool);
+    let d = (&values - &want).abs().masked_select(&real).max().double_value(&[]);
+    assert!(d < 1e-6, "{name}: critic values with images differ from the head on the hidden states by {d}");
+    let text_only = tch::no_grad(|| critic.values(ids, mask)).unwrap();
+    let d = (&values - &text_only).abs().masked_select(&real).max().double_value(&[]);
+    assert!(d > 1e-3, "{name}: the critic's values do not depend on the images ({d})");
     // Greedy tokens through the rollout engine (the prompt's images prefilled, each row's delta
     // after it).
     let cfg = rlhf_generation::GenerateConfig::greedy(8, vec![], 0);

@@ -214,8 +214,19 @@ fn the_vision_tower_trains_when_asked_and_unsupported_runs_are_refused() {
     let (before, after) = (weights(&vl_fixture().join("model")), weights(&run.join("actor")));
     assert!(!same(&before, &after, "visual."), "the tower did not train");
 
+    // PPO: the critic (made from the actor's checkpoint, its tower with it) reads the rows' images
+    // in the experience pass and in every minibatch: their values are the same (a value off by
+    // 1e-6 would be clipped).
+    let critic_run = dir.path().join("ppo");
+    for l in trained(&ppo, &critic_run, &["--set", "algorithm.config.cliprange_value=1e-6"]) {
+        assert_eq!(value(&l, "ppo/vf_clipfrac"), 0.0, "{l}");
+        assert!(value(&l, "loss/value").is_finite() && value(&l, "ppo/values_mean").is_finite(), "{l}");
+    }
+
+    let text_critic = rlhf_integration_tests::model_dir("llama-rm").display().to_string();
+    let text_critic_set = format!("model.critic={text_critic:?}");
     for (config, set, says) in [
-        (&ppo, "train.steps=1", "algorithm.name: `ppo` trains a critic, whose value model reads no images"),
+        (&ppo, text_critic_set.as_str(), "reads no images"),
         (&config, "rollout.max_staleness=1", "rollout.max_staleness: asynchronous rollouts carry no images yet"),
     ] {
         let run = dir.path().join("refused");

@@ -131,38 +131,7 @@ impl CausalLm {
     /// # Shapes
     /// - returns [`Visual`] of `[patches / merge², hidden]` each, in the model's dtype
     pub fn visual(&self, images: &Images, prompt_len: i64) -> Result<Visual> {
-        let tower = self.tower()?;
-        // Features computed before (a frozen tower's): no tower pass. A gated model always runs
-        // it, so that every rank makes the same gate calls.
-        if let (Some(per_image), false) = (&images.features, self.is_gated()) {
-            if per_image.len() != images.grids.len() {
-                return Err(ModelError::Input(format!(
-                    "features of {} images for {} images",
-                    per_image.len(),
-                    images.grids.len()
-                )));
-            }
-            let none = || Tensor::f_zeros([0, self.config.arch.hidden_size], (self.kind(), self.device()));
-            let cat = |parts: Vec<&Tensor>| -> Result<Tensor> {
-                Ok(if parts.is_empty() { none()? } else { Tensor::f_cat(&parts, 0)? })
-            };
-            let features = cat(per_image.iter().map(|f| &f.features).collect())?;
-            let deepstack = (0..tower.config().deepstack_blocks.len())
-                .map(|j| cat(per_image.iter().map(|f| &f.deepstack[j]).collect()))
-                .collect::<Result<_>>()?;
-            return Ok(Visual { features, deepstack, prompt_len });
-        }
-        crate::gate::gather(&self.gate, crate::gate::Unit::Outer)?;
-        let out = if images.grids.is_empty() {
-            let none = || Tensor::f_zeros([0, self.config.arch.hidden_size], (self.kind(), self.device()));
-            let deep = tower.config().deepstack_blocks.iter().map(|_| none()).collect::<std::result::Result<_, _>>();
-            none().and_then(|f| Ok(TowerOutput { features: f, deepstack: deep? })).map_err(ModelError::from)
-        } else {
-            let x = images.pixel_values.f_to_device(self.device()).map_err(ModelError::from);
-            x.and_then(|x| tower.forward(&x, &images.grids))
-        };
-        crate::gate::release(&self.gate, crate::gate::Unit::Outer, false)?;
-        let out = out?;
+        let out = tower_features(self.tower()?, &self.gate, self.config.arch.hidden_size, self.kind(), images)?;
         Ok(Visual { features: out.features, deepstack: out.deepstack, prompt_len })
     }
 
@@ -192,16 +161,8 @@ impl CausalLm {
 
     /// Whether `other`'s vision tower is this model's, weight for weight (the features of one are
     /// the other's).
-    pub fn same_vision(&self, other: &CausalLm) -> bool {
-        match (self.vision.as_ref(), other.vision.as_ref()) {
-            (Some(a), Some(b)) => {
-                let (pa, pb) = (a.parameters(), b.parameters());
-                a.config() == b.config()
-                    && pa.len() == pb.len()
-                    && pa.iter().zip(&pb).all(|(x, y)| x.size() == y.size() && x.kind() == y.kind() && x.equal(y))
-            }
-            _ => false,
-        }
+    pub fn same_vision(&self, other: Option<&VisionTower>) -> bool {
+        same_tower(self.vision.as_ref(), other)
     }
 
     /// Whether the model's passes go through a parameter gate (ZeRO stage 3).
@@ -221,16 +182,7 @@ impl CausalLm {
         grids: &[[i64; 3]],
         prompt_len: i64,
     ) -> Result<(Tensor, Tensor)> {
-        let cfg = self.tower()?.config();
-        crate::qwen2_5_vl::mrope_positions(
-            input_ids,
-            attention_mask,
-            grids,
-            prompt_len,
-            cfg.image_token_id,
-            cfg.video_token_id,
-            cfg.spatial_merge_size,
-        )
+        image_positions(self.tower()?, input_ids, attention_mask, grids, prompt_len)
     }
 
     /// Final hidden states with `visual`'s features in place of the prompt's image placeholders
@@ -302,4 +254,86 @@ impl CausalLm {
 /// - `plain`: `[batch, seq]`; `deltas`: `[batch]` → `[batch, seq]`
 pub fn shifted_positions(plain: &Tensor, deltas: &Tensor) -> Result<Tensor> {
     Ok(plain.f_add(&deltas.f_to_kind(Kind::Int64)?.f_unsqueeze(-1)?)?)
+}
+
+/// Whether two towers are the same, weight for weight (the features of one are the other's).
+pub fn same_tower(a: Option<&VisionTower>, b: Option<&VisionTower>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            let (pa, pb) = (a.parameters(), b.parameters());
+            a.config() == b.config()
+                && pa.len() == pb.len()
+                && pa.iter().zip(&pb).all(|(x, y)| x.size() == y.size() && x.kind() == y.kind() && x.equal(y))
+        }
+        _ => false,
+    }
+}
+
+/// The multimodal positions of a batch whose prompts — the first `prompt_len` columns — hold
+/// `grids`' images, for `tower`'s placeholders (see [`crate::qwen2_5_vl::mrope_positions`]).
+///
+/// # Shapes
+/// - `input_ids`, `attention_mask`: `[batch, seq]` → `[3, batch, seq]` and `[batch]` int64
+pub(crate) fn image_positions(
+    tower: &VisionTower,
+    input_ids: &Tensor,
+    attention_mask: &Tensor,
+    grids: &[[i64; 3]],
+    prompt_len: i64,
+) -> Result<(Tensor, Tensor)> {
+    let cfg = tower.config();
+    crate::qwen2_5_vl::mrope_positions(
+        input_ids,
+        attention_mask,
+        grids,
+        prompt_len,
+        cfg.image_token_id,
+        cfg.video_token_id,
+        cfg.spatial_merge_size,
+    )
+}
+
+/// `images`' features from `tower` (see [`CausalLm::visual`]), or the ones they carry when the
+/// model is not gated; `hidden` and `kind` are the language model's.
+///
+/// # Shapes
+/// - returns `[patches / merge², hidden]` (and as many deep-stack rows)
+pub(crate) fn tower_features(
+    tower: &VisionTower,
+    gate: &crate::gate::Gate,
+    hidden: i64,
+    kind: Kind,
+    images: &Images,
+) -> Result<TowerOutput> {
+    let device = tower.parameters().first().map_or(tch::Device::Cpu, |p| p.device());
+    let none = || Tensor::f_zeros([0, hidden], (kind, device));
+    // Features computed before (a frozen tower's): no tower pass. A gated model always runs it,
+    // so that every rank makes the same gate calls.
+    if let (Some(per_image), false) = (&images.features, gate.is_some()) {
+        if per_image.len() != images.grids.len() {
+            return Err(ModelError::Input(format!(
+                "features of {} images for {} images",
+                per_image.len(),
+                images.grids.len()
+            )));
+        }
+        let cat = |parts: Vec<&Tensor>| -> Result<Tensor> {
+            Ok(if parts.is_empty() { none()? } else { Tensor::f_cat(&parts, 0)? })
+        };
+        let features = cat(per_image.iter().map(|f| &f.features).collect())?;
+        let deepstack = (0..tower.config().deepstack_blocks.len())
+            .map(|j| cat(per_image.iter().map(|f| &f.deepstack[j]).collect()))
+            .collect::<Result<_>>()?;
+        return Ok(TowerOutput { features, deepstack });
+    }
+    crate::gate::gather(gate, crate::gate::Unit::Outer)?;
+    let out = if images.grids.is_empty() {
+        let deep = tower.config().deepstack_blocks.iter().map(|_| none()).collect::<std::result::Result<_, _>>();
+        none().and_then(|f| Ok(TowerOutput { features: f, deepstack: deep? })).map_err(ModelError::from)
+    } else {
+        let x = images.pixel_values.f_to_device(device).map_err(ModelError::from);
+        x.and_then(|x| tower.forward(&x, &images.grids))
+    };
+    crate::gate::release(gate, crate::gate::Unit::Outer, false)?;
+    out
 }

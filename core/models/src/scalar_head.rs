@@ -1,5 +1,6 @@
 //! [`ScalarHeadModel`]: a backbone with one scalar per token (reward model, critic), loaded from
-//! and saved as transformers' `*ForSequenceClassification` with one label.
+//! and saved as transformers' `*ForSequenceClassification` with one label; with the checkpoint's
+//! vision tower where it reads images (the critic of a vision-language policy).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,9 @@ use crate::error::{ModelError, Result};
 use crate::layers::position_ids_from_mask;
 use crate::lora::LoraConfig;
 use crate::model::{check_ids, new_var_store, passthrough, save_dir, saved_config, DEFAULT_MAX_SHARD_BYTES};
+use crate::multimodal::Images;
+use crate::vision_tower::VisionTower;
+use crate::visual_input::Visual;
 use crate::weights::{Checkpoint, WeightLoader};
 
 /// A backbone with a scalar head `score.weight: [1, hidden]` (no bias), transformers'
@@ -24,6 +28,8 @@ pub struct ScalarHeadModel {
     pub vs: nn::VarStore,
     pub config: ModelConfig,
     backbone: Backbone,
+    /// The vision tower, where the checkpoint reads images (a critic of a vision-language policy).
+    vision: Option<VisionTower>,
     score: Tensor, // [1, hidden]
     source_dir: PathBuf,
     /// As [`CausalLm`]'s: carried through, saved back as loaded.
@@ -79,13 +85,15 @@ impl ScalarHeadModel {
         let vs = new_var_store(device, kind);
         let w = WeightLoader::new(&ckpt, &vs, kind);
         let backbone = Backbone::load(&w, &config.arch)?;
+        let vision = VisionTower::load_for(&w, &config.arch)?;
         let score = score(&w.pp("score"))?;
-        let passthrough = passthrough(&ckpt, &config.arch, false);
+        let passthrough = passthrough(&ckpt, &config.arch, vision.is_some());
         ckpt.check_all_used(ignorable)?;
         Ok(ScalarHeadModel {
             vs,
             config,
             backbone,
+            vision,
             score,
             source_dir: dir.to_path_buf(),
             passthrough,
@@ -137,6 +145,56 @@ impl ScalarHeadModel {
         let ck = checkpointing::forward(&self.backbone, &self.gate, (input_ids, &pos, attention_mask), None)?;
         let v = ck.hidden().f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?;
         Ok((v, ck))
+    }
+
+    /// The vision tower, where this model reads images.
+    pub fn vision(&self) -> Option<&VisionTower> {
+        self.vision.as_ref()
+    }
+
+    /// Stops (or restarts) gradient tracking on the vision tower's parameters; returns how many
+    /// there are.
+    pub fn set_vision_trainable(&self, trainable: bool) -> usize {
+        let params = self.vision.as_ref().map(VisionTower::parameters).unwrap_or_default();
+        for p in &params {
+            let _ = p.shallow_clone().set_requires_grad(trainable);
+        }
+        params.len()
+    }
+
+    /// [`ScalarHeadModel::values_pass`] of sequences whose prompts — the first `prompt_len`
+    /// columns — hold `images` (see [`crate::CausalLm::visual`]): their features in place of the
+    /// placeholders, every token at its multimodal position.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
+    pub fn values_pass_with_images(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        images: &Images,
+        prompt_len: i64,
+        checkpointed: bool,
+    ) -> Result<(Tensor, Option<Checkpointed>)> {
+        check_ids(input_ids, attention_mask)?;
+        let tower = self.vision.as_ref().ok_or_else(|| {
+            ModelError::Input(format!("model_type `{}` reads no images", self.config.arch.family.model_type()))
+        })?;
+        let (pos, _) = crate::multimodal::image_positions(tower, input_ids, attention_mask, &images.grids, prompt_len)?;
+        let out =
+            crate::multimodal::tower_features(tower, &self.gate, self.config.arch.hidden_size, self.kind(), images)?;
+        let visual = Visual { features: out.features, deepstack: out.deepstack, prompt_len };
+        let head = |h: &Tensor| -> Result<Tensor> {
+            Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
+        };
+        if checkpointed {
+            let ck =
+                checkpointing::forward(&self.backbone, &self.gate, (input_ids, &pos, attention_mask), Some(&visual))?;
+            return Ok((head(ck.hidden())?, Some(ck)));
+        }
+        let routing = crate::backbone::Routing::Off;
+        let (h, _) = self.backbone.run(input_ids, &pos, attention_mask, None, &self.gate, routing, Some(&visual))?;
+        Ok((head(&h)?, None))
     }
 
     /// [`ScalarHeadModel::values_checkpointed`] when `checkpointed`, else

@@ -79,6 +79,8 @@ pub struct Models<'a> {
     /// The reference's vision tower is the actor's: it takes the image features the actor's
     /// frozen tower made ([`rlhf_models::Images::features`]); else it runs its own.
     pub ref_shares_vision: bool,
+    /// The same for the critic's tower.
+    pub critic_shares_vision: bool,
 }
 
 /// Time and peak memory per model.
@@ -207,7 +209,14 @@ pub fn compute(
     let t = PhaseClock::start(device);
     // The value of the state before each response token: positions P−1 .. P+R−2.
     let values = match models.critic {
-        Some(c) => Some(tch::no_grad(|| c.values(seq, attn))?.f_narrow(1, p_len - 1, r_len)?), // [B, R]
+        Some(c) => {
+            let own = crate::rl::optimise::critic_images(c, images.map(|i| i.images), models.critic_shares_vision);
+            let v = tch::no_grad(|| match &own {
+                Some(own) => c.values_pass_with_images(seq, attn, own, p_len, false).map(|(v, _)| v),
+                None => c.values(seq, attn),
+            })?;
+            Some(v.f_narrow(1, p_len - 1, r_len)?) // [B, R]
+        }
         None => None,
     };
     times.values = t.stop();

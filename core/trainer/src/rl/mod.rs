@@ -103,6 +103,8 @@ pub struct Trainer {
     frozen_features: bool,
     /// The reference's vision tower is the actor's (it may take the actor's features).
     ref_shares_vision: bool,
+    /// The critic's vision tower is the actor's (both frozen, from the same weights).
+    critic_shares_vision: bool,
     actor_opt: TrainEngine,
     critic_opt: Option<TrainEngine>,
     ptx: Option<PtxData>,
@@ -333,6 +335,7 @@ impl Trainer {
             reference: self.reference.as_ref(),
             critic: self.critic.as_ref(),
             ref_shares_vision: self.ref_shares_vision,
+            critic_shares_vision: self.critic_shares_vision,
         };
         let shard_actor = if reuse && stage3 { Some(&mut self.actor_opt) } else { None };
         let passes = experience::Passes { reuse, checkpointing: t.gradient_checkpointing, shard_actor };
@@ -403,6 +406,7 @@ impl Trainer {
             ptx: self.ptx.as_ref(),
             world: &self.world,
             share_prompts,
+            critic_shares_vision: self.critic_shares_vision,
         };
         let rng = SplitMix(cfg.run.seed ^ (self.step as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
         let req = self.algo.requirements();

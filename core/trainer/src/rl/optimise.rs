@@ -7,7 +7,7 @@
 //! the whole optimizer step and is logged.
 
 use rlhf_generation::{ImageInputs, LogProbOptions, LogProbPass, TokenLogProbs};
-use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
+use rlhf_models::{CausalLm, Checkpointed, Images, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
 
@@ -38,6 +38,8 @@ pub struct Learner<'a> {
     pub world: &'a World,
     /// Compute each prompt once for the rows of a minibatch that hold it (`train.share_prompts`).
     pub share_prompts: bool,
+    /// The critic's vision tower is the actor's (it takes the actor's frozen tower's features).
+    pub critic_shares_vision: bool,
 }
 
 /// A minibatch's checkpointed passes (`train.gradient_checkpointing`), to backpropagate through
@@ -100,6 +102,7 @@ struct MicroCtx<'a> {
     epoch: usize,
     /// Optimizer steps taken so far.
     steps: usize,
+    critic_shares_vision: bool,
 }
 
 /// This rank's rows of one micro-batch.
@@ -137,6 +140,7 @@ fn micro_loss(
     // With gradient checkpointing the passes keep only layer inputs; `passes` backpropagates
     // through them after the loss.
     let mut passes = Passes::default();
+    let images = batch.images.as_deref().map(|rows| visual::cat(rows, Some(part.rows))).transpose()?.flatten();
     let lp = match part.reuse {
         Some((p, offset)) => {
             passes.reused_actor = batch.policy_checkpoint.is_some();
@@ -158,7 +162,6 @@ fn micro_loss(
             }
         }
         None => {
-            let images = batch.images.as_deref().map(|rows| visual::cat(rows, Some(part.rows))).transpose()?.flatten();
             let images = images.as_ref().map(|images| ImageInputs { images, prompt_len: p_len });
             let (lp, ck) = logprobs_pass(actor, &seq, &attn, images, p_len, opts, cfg.gradient_checkpointing)?;
             passes.actor = Some(ck);
@@ -167,7 +170,11 @@ fn micro_loss(
     };
     let values = match critic {
         Some(c) => {
-            let (v, ck) = c.values_pass(&seq, &attn, cfg.gradient_checkpointing)?;
+            let checkpointed = cfg.gradient_checkpointing;
+            let (v, ck) = match critic_images(c, images.as_ref(), ctx.critic_shares_vision) {
+                Some(own) => c.values_pass_with_images(&seq, &attn, &own, p_len, checkpointed)?,
+                None => c.values_pass(&seq, &attn, checkpointed)?,
+            };
             passes.critic = ck;
             Some(v.f_narrow(1, p_len - 1, r_len)?) // [n, R], grad
         }
@@ -205,6 +212,13 @@ fn micro_loss(
         local.add(name, *value);
     }
     Ok((loss, passes))
+}
+
+/// The images a critic's pass reads: the rows' (with the actor's features when the critic's
+/// tower is the actor's); `None` for rows without images or a critic that reads none.
+pub(crate) fn critic_images(critic: &ScalarHeadModel, images: Option<&Images>, shares: bool) -> Option<Images> {
+    let images = images.filter(|_| critic.vision().is_some())?;
+    Some(if shares { images.shallow_clone() } else { images.without_features() })
 }
 
 /// Backpropagates `loss` (already scaled for accumulation) through the graph and then through
@@ -304,7 +318,7 @@ pub fn optimise(
     progress: Option<&RunProgress>,
     m: &mut StepMetrics,
 ) -> Result<()> {
-    let Learner { actor, actor_opt, mut critic, ema, ptx, world, share_prompts } = learner;
+    let Learner { actor, actor_opt, mut critic, ema, ptx, world, share_prompts, critic_shares_vision } = learner;
     let device: Device = actor.device();
     let b = batch.len();
     let opts = LogProbOptions {
@@ -356,7 +370,9 @@ pub fn optimise(
                 if chunk.is_empty() || (!finite && !lockstep) {
                     continue;
                 }
-                let ctx = MicroCtx { batch, prepared, cfg, req, opts, step_tokens, k, epoch, steps: actor_opt.steps() };
+                let steps = actor_opt.steps();
+                let ctx =
+                    MicroCtx { batch, prepared, cfg, req, opts, step_tokens, k, epoch, steps, critic_shares_vision };
                 let part = MicroPart { rows: &chunk, reuse, minibatch_len: minibatch.len(), mine: mine.clone() };
                 let c = critic.as_ref().map(|(c, _)| *c);
                 let (loss, passes) = micro_loss(&ctx, actor, c, algo, ptx, &mut rng, &part, &mut local)?;

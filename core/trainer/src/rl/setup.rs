@@ -444,7 +444,7 @@ impl Trainer {
         };
         let with_images = data.records.iter().any(|r| !r.images.is_empty());
         if with_images {
-            crate::rl::visual::check_run(&cfg, algo.requirements(), env.is_some())?;
+            crate::rl::visual::check_run(&cfg, env.is_some())?;
         }
         let visual_of = images.filter(|_| with_images);
         if cfg.rollout.prompts_per_batch > data.records.len() {
@@ -478,7 +478,20 @@ impl Trainer {
         }
         let (mut reference, mut critic, ema) =
             companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
-        let ref_shares_vision = reference.as_ref().is_some_and(|r| actor.same_vision(r));
+        if let Some(c) = &critic {
+            if with_images && c.vision().is_none() {
+                return Err(TrainerError::Config(format!(
+                    "{}: model.critic `{}` reads no images, and data.prompts `{}` holds images",
+                    cfg.source_of("model.critic"),
+                    cfg.model.critic,
+                    cfg.data.prompts
+                )));
+            }
+            c.set_vision_trainable(!cfg.model.freeze_vision);
+        }
+        let ref_shares_vision = reference.as_ref().is_some_and(|r| actor.same_vision(r.vision()));
+        let critic_shares_vision =
+            cfg.model.freeze_vision && critic.as_ref().is_some_and(|c| actor.same_vision(c.vision()));
         // A frozen, ungated tower's features are computed once per prompt (see `visual`).
         let frozen_features = visual.is_some() && cfg.model.freeze_vision && cfg.distributed.zero_stage < 3;
         // Every rank has its models (a rank that failed before here meets this agreement at the
@@ -538,6 +551,7 @@ impl Trainer {
             data,
             frozen_features,
             ref_shares_vision,
+            critic_shares_vision,
             visual,
             actor_opt,
             critic_opt,

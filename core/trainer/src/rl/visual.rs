@@ -109,10 +109,9 @@ impl super::Trainer {
     }
 }
 
-/// What RL on prompts with images does not do yet, refused before anything is built: a critic
-/// (its value model reads no images), vLLM (its requests carry no images yet), asynchronous
-/// rollouts and environments.
-pub fn check_run(cfg: &crate::config::RlConfig, req: rlhf_plugin_api::Requirements, env: bool) -> Result<()> {
+/// What RL on prompts with images does not do yet, refused before anything is built: vLLM (its
+/// requests carry no images yet), asynchronous rollouts and environments.
+pub fn check_run(cfg: &crate::config::RlConfig, env: bool) -> Result<()> {
     let refuse = |key: &str, what: &str| {
         Err(TrainerError::Config(format!(
             "{}: {key}: {what}, and data.prompts `{}` holds images",
@@ -120,12 +119,6 @@ pub fn check_run(cfg: &crate::config::RlConfig, req: rlhf_plugin_api::Requiremen
             cfg.data.prompts
         )))
     };
-    if req.critic {
-        return refuse(
-            "algorithm.name",
-            &format!("`{}` trains a critic, whose value model reads no images", cfg.algorithm.name),
-        );
-    }
     if cfg.rollout.engine == crate::config::EngineKind::Vllm {
         return refuse("rollout.engine", "the vLLM engine is not sent images yet");
     }
