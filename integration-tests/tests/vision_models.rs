@@ -367,3 +367,64 @@ fn cli_generates_with_an_image() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains("--prompt 1: 2 <image> placeholder(s) for 1 image(s)"), "{e}");
 }
+
+/// `rlhf ppl` on lines with images: the features in place of the placeholders at the multimodal
+/// positions, the placeholders not predicted — the mean NLL of the forward checked above over the
+/// same ids; a missing image file or a model that reads no images is a one-line error.
+#[test]
+fn cli_perplexity_reads_images() {
+    use rlhf_trainer::prompt_images::PromptImages;
+    if python().is_none() {
+        return;
+    }
+    let dir = fixture();
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, image) = (dir.join("model"), dir.join("images/a.png"));
+    let text = "<image>What colour is it? Red.";
+    let write = |name: &str, image: &Path| {
+        let path = tmp.path().join(name);
+        let line = serde_json::json!({"text": text, "images": [image.display().to_string()]});
+        std::fs::write(&path, format!("{line}\n")).unwrap();
+        path
+    };
+    let data = write("ppl.jsonl", &image);
+    let ppl = |data: &Path, model: &Path| {
+        rlhf_integration_tests::rlhf(&[
+            "ppl",
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--json",
+        ])
+    };
+    let out = ppl(&data, &model);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    // The same line through the model's forward with its image.
+    let m = CausalLm::from_dir(&model, Device::Cpu, Kind::Float).unwrap();
+    let tok = rlhf_tokenizer::HfTokenizer::from_dir(&model).unwrap();
+    let arch = rlhf_models::ModelConfig::from_dir(&model).unwrap().arch;
+    let v = PromptImages::for_model(&model, &arch, &tok).unwrap().unwrap();
+    let refs = vec![rlhf_vision::ImageRef::Path(image.clone())];
+    let ids: Vec<i64> = v.expand(text, &tok, true, &refs, "line").unwrap().1.into_iter().map(i64::from).collect();
+    let ids = Tensor::from_slice(&ids).view([1, -1]);
+    let n = ids.size()[1];
+    let mask = Tensor::ones([1, n], (Kind::Int64, Device::Cpu));
+    let logits = tch::no_grad(|| m.forward_with_images(&ids, &mask, &v.patches(&refs).unwrap())).unwrap();
+    let targets = ids.narrow(1, 1, n - 1);
+    let logp = logits.narrow(1, 0, n - 1).log_softmax(-1, Kind::Double).gather(-1, &targets.unsqueeze(-1), false);
+    let text_targets = targets.ne(m.vision().unwrap().config().image_token_id).to_kind(Kind::Double);
+    let tokens = text_targets.sum(Kind::Double).double_value(&[]);
+    let nll = -(logp.squeeze_dim(-1) * &text_targets).sum(Kind::Double).double_value(&[]) / tokens;
+    assert_eq!(got["tokens"].as_f64(), Some(tokens), "{got}");
+    assert!((got["nll"].as_f64().unwrap() - nll).abs() < 1e-6, "{got} vs nll {nll}");
+    // Bad input: a missing image, a model that reads none.
+    let out = ppl(&write("missing.jsonl", &tmp.path().join("nope.png")), &model);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("nope.png") && e.trim().lines().count() == 1, "{e}");
+    let out = ppl(&data, &rlhf_integration_tests::model_dir("llama"));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("lines hold images") && e.trim().lines().count() == 1, "{e}");
+}

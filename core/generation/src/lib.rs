@@ -24,6 +24,6 @@ pub use logprobs::{
     token_logprobs_pass_with_images, token_logprobs_with_images, ImageInputs, LogProbOptions, LogProbPass,
     TokenLogProbs,
 };
-pub use perplexity::{perplexity, Perplexity};
+pub use perplexity::{perplexity, perplexity_with_images, Perplexity};
 pub use sampling::{RowWindow, Sampling};
 pub use session::{Session, Turn};

@@ -3,11 +3,11 @@
 
 use tch::Kind;
 
-use rlhf_models::CausalLm;
+use rlhf_models::{CausalLm, Images};
 
 use crate::batch::right_pad;
 use crate::error::{GenerationError, Result};
-use crate::logprobs::{masked_nll_sum, token_logprobs, LogProbOptions};
+use crate::logprobs::{masked_nll_sum, token_logprobs, token_logprobs_with_images, ImageInputs, LogProbOptions};
 
 /// Perplexity, mean negative log-likelihood and the number of predicted tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,19 +19,47 @@ pub struct Perplexity {
 
 /// Scores `sequences` in batches of `batch_size`; sequences shorter than 2 tokens add nothing.
 pub fn perplexity(model: &CausalLm, sequences: &[Vec<i64>], batch_size: usize, pad_id: i64) -> Result<Perplexity> {
-    let usable: Vec<&Vec<i64>> = sequences.iter().filter(|s| s.len() >= 2).collect();
+    perplexity_with_images(model, sequences, None, batch_size, pad_id)
+}
+
+/// [`perplexity`] of sequences that hold images (`images[i]` are sequence `i`'s, in placeholder
+/// order; a vision-language model): the features in place of the placeholders, every token at its
+/// multimodal position; the placeholders themselves are not predicted (as TRL's vision-language
+/// collator masks them out of the labels).
+pub fn perplexity_with_images(
+    model: &CausalLm,
+    sequences: &[Vec<i64>],
+    images: Option<&[Images]>,
+    batch_size: usize,
+    pad_id: i64,
+) -> Result<Perplexity> {
+    let usable: Vec<usize> = (0..sequences.len()).filter(|&i| sequences[i].len() >= 2).collect();
     if usable.is_empty() {
         return Err(GenerationError::Input("no sequence has at least 2 tokens: nothing to predict".into()));
     }
+    let image_token = images.and(model.vision()).map(|v| v.config().image_token_id);
     let mut total_nll = 0f64;
     let mut tokens = 0i64;
     tch::no_grad(|| -> Result<()> {
         for chunk in usable.chunks(batch_size.max(1)) {
-            let seqs: Vec<Vec<i64>> = chunk.iter().map(|s| (*s).clone()).collect();
+            let seqs: Vec<Vec<i64>> = chunk.iter().map(|&i| sequences[i].clone()).collect();
             let b = right_pad(&seqs, pad_id, model.device())?;
-            let lp = token_logprobs(model, &b.input_ids, &b.attention_mask, 1, LogProbOptions::default())?;
+            let opts = LogProbOptions::default();
+            let picked = images.map(|all| chunk_images(all, chunk)).transpose()?;
+            let lp = match &picked {
+                Some(imgs) if !imgs.grids.is_empty() => {
+                    let width = b.input_ids.size()[1];
+                    let inputs = ImageInputs { images: imgs, prompt_len: width };
+                    token_logprobs_with_images(model, &b.input_ids, &b.attention_mask, inputs, 1, opts)?
+                }
+                _ => token_logprobs(model, &b.input_ids, &b.attention_mask, 1, opts)?,
+            };
             let seq = b.attention_mask.size()[1];
-            let target_mask = b.attention_mask.f_narrow(1, 1, seq - 1)?.f_to_kind(Kind::Double)?;
+            let mut target_mask = b.attention_mask.f_narrow(1, 1, seq - 1)?.f_to_kind(Kind::Double)?;
+            if let Some(token) = image_token {
+                let text = b.input_ids.f_narrow(1, 1, seq - 1)?.f_ne(token)?.f_to_kind(Kind::Double)?;
+                target_mask = target_mask.f_mul(&text)?;
+            }
             let nll = masked_nll_sum(&lp.logprobs, &target_mask, Kind::Double)?;
             total_nll += f64::try_from(nll)?;
             tokens += i64::try_from(target_mask.f_sum(Kind::Int64)?)?;
@@ -40,4 +68,16 @@ pub fn perplexity(model: &CausalLm, sequences: &[Vec<i64>], batch_size: usize, p
     })?;
     let nll = total_nll / tokens as f64;
     Ok(Perplexity { ppl: nll.exp(), nll, tokens })
+}
+
+/// The images of the sequences `chunk` names, one after another.
+fn chunk_images(all: &[Images], chunk: &[usize]) -> Result<Images> {
+    let picked: Vec<&Images> = chunk.iter().map(|&i| &all[i]).collect();
+    let grids: Vec<[i64; 3]> = picked.iter().flat_map(|i| i.grids.iter().copied()).collect();
+    let parts: Vec<&tch::Tensor> = picked.iter().map(|i| &i.pixel_values).filter(|t| t.size()[0] > 0).collect();
+    let pixel_values = match parts.is_empty() {
+        true => tch::Tensor::f_zeros([0, 0], (Kind::Float, tch::Device::Cpu))?,
+        false => tch::Tensor::f_cat(&parts, 0)?,
+    };
+    Ok(Images::new(pixel_values, grids))
 }
