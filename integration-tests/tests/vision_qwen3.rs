@@ -1,4 +1,5 @@
-//! Qwen3-VL (deep stack, interleaved multimodal RoPE, learned position grid) and Qwen3.5's
+//! Qwen3-VL (deep stack, interleaved multimodal RoPE, learned position grid), Qwen3-VL-MoE (its
+//! stacked experts in both stored layouts) and Qwen3.5's
 //! multimodal checkpoint (the same tower without the deep stack, over the hybrid Gated DeltaNet
 //! language model) against transformers on tiny random checkpoints made at test time
 //! (`fixtures/make_vl3.py`): a left-padded batch of a prompt with one image, one with two and one
@@ -167,6 +168,38 @@ fn qwen3_vl_matches_transformers_with_images() {
         return;
     }
     check("qwen3_vl", 2);
+}
+
+/// Qwen3-VL-MoE as transformers 5 saves it, and with its experts stored the Hub's way round
+/// (`[experts, hidden, 2 · inter]`, `[experts, inter, hidden]`): the same logits, and a save that
+/// keeps the layout it loaded.
+#[test]
+fn qwen3_vl_moe_matches_transformers_with_images() {
+    if python().is_none() {
+        return;
+    }
+    check("qwen3_vl_moe", 2);
+    let dir = rlhf_integration_tests::vl3_fixture().join("qwen3_vl_moe");
+    let r = reference(&dir);
+    let processor = QwenVlProcessor::from_file(&dir.join("model/preprocessor_config.json")).unwrap();
+    let imgs = images(&dir, &processor);
+    let (ids, mask) = (&r["input_ids"], &r["attention_mask"]);
+    let hub = CausalLm::from_dir(&dir.join("hub"), Device::Cpu, Kind::Float).unwrap();
+    let logits = tch::no_grad(|| hub.forward_with_images(ids, mask, &imgs)).unwrap();
+    let d = logit_diff(&logits, &r["logits"], mask);
+    assert!(d < TOL, "the Hub's layout: logits differ by {d}");
+    let saved = dir.join("hub-saved");
+    hub.save(&saved).unwrap();
+    let shapes = |d: &Path| -> Vec<(String, Vec<i64>)> {
+        let mut v: Vec<_> = Tensor::read_safetensors(d.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(n, t)| (n, t.size()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(shapes(&saved), shapes(&dir.join("hub")), "the save changed the experts' layout");
 }
 
 #[test]

@@ -57,6 +57,7 @@ const MULTIMODAL: &[&Multimodal] = &[
     &crate::gemma4::MULTIMODAL,
     &crate::qwen2_5_vl::MULTIMODAL,
     &crate::qwen3_vl::MULTIMODAL,
+    &crate::qwen3_vl::MULTIMODAL_MOE,
 ];
 
 /// The language model of a multimodal checkpoint: its `text_config` (or, for a flat config, the
@@ -86,13 +87,8 @@ fn text_of(
         }
     };
     let mrope = crate::config::vision::take_mrope(path, &mut text, scope)?;
-    if let Some(theta) = mm.rope_theta {
-        let in_block = ["rope_parameters", "rope_scaling"]
-            .iter()
-            .any(|k| text.get(*k).and_then(Value::as_object).is_some_and(|b| b.contains_key("rope_theta")));
-        if !in_block && !text.contains_key("rope_theta") {
-            text.insert("rope_theta".into(), Value::from(theta));
-        }
+    if let Some(hook) = mm.text_hook {
+        hook(&mut text);
     }
     check_keys(path, &text, mm.family, scope)?;
     let mut hf: HfConfig = parse_json(path, &Value::Object(text).to_string())?;

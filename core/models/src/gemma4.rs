@@ -77,7 +77,7 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     flat: false,
     vision: None,
     mrope_section: None,
-    rope_theta: None,
+    text_hook: None,
     legacy: None,
 };
 

@@ -36,7 +36,7 @@ const BASE: Multimodal = Multimodal {
     flat: true,
     vision: Some(vision::qwen2_5_vl),
     mrope_section: None,
-    rope_theta: None,
+    text_hook: None,
     legacy: None,
 };
 

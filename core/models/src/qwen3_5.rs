@@ -62,7 +62,7 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     flat: false,
     vision: Some(vision::qwen3_5),
     mrope_section: Some([11, 11, 10]),
-    rope_theta: None,
+    text_hook: None,
     legacy: None,
 };
 

@@ -10,6 +10,8 @@
 //! The Hub's checkpoints nest the text model under `text_config` and store the tensors under
 //! `model.language_model.*` and `model.visual.*`, the LM head as `lm_head.weight`.
 
+use serde_json::{Map, Value};
+
 use crate::config::{vision, Family, Multimodal};
 
 /// Qwen3-VL as the Hub stores it.
@@ -24,7 +26,36 @@ pub(crate) const MULTIMODAL: Multimodal = Multimodal {
     flat: false,
     vision: Some(vision::qwen3_vl),
     mrope_section: Some([24, 20, 20]),
-    // `Qwen3VLTextConfig`'s default, where Qwen3's is 10000.
-    rope_theta: Some(500_000.0),
+    text_hook: Some(text_defaults),
     legacy: None,
 };
+
+/// Qwen3-VL-MoE as the Hub stores it: the language model is Qwen3-MoE's ([`crate::qwen3_moe`]),
+/// its routing always renormalised over the chosen experts, its experts stacked — `[experts,
+/// hidden, 2 · inter]` and `[experts, inter, hidden]` on the Hub, the other way round as
+/// transformers 5 saves them (both load, and a save keeps the layout).
+pub(crate) const MULTIMODAL_MOE: Multimodal = Multimodal {
+    model_type: "qwen3_vl_moe",
+    text_model_type: "qwen3_vl_moe_text",
+    family: Family::Qwen3Moe,
+    classifier: "Qwen3VLMoeForSequenceClassification",
+    text_hook: Some(moe_text_defaults),
+    ..MULTIMODAL
+};
+
+/// `Qwen3VLTextConfig`'s `rope_theta` (500000, where Qwen3's is 10000) when the config gives none.
+fn text_defaults(text: &mut Map<String, Value>) {
+    let in_block = ["rope_parameters", "rope_scaling"]
+        .iter()
+        .any(|k| text.get(*k).and_then(Value::as_object).is_some_and(|b| b.contains_key("rope_theta")));
+    if !in_block && !text.contains_key("rope_theta") {
+        text.insert("rope_theta".into(), Value::from(500_000.0));
+    }
+}
+
+/// [`text_defaults`], and the router's renormalisation, which `Qwen3VLMoeTextTopKRouter` always
+/// applies (the config has no `norm_topk_prob`).
+fn moe_text_defaults(text: &mut Map<String, Value>) {
+    text_defaults(text);
+    text.insert("norm_topk_prob".into(), Value::Bool(true));
+}

@@ -234,6 +234,11 @@ impl<'a> WeightLoader<'a> {
         self.ckpt.contains(&self.full_name(name))
     }
 
+    /// The stored shape of `name`, if the checkpoint has it.
+    pub fn shape(&self, name: &str) -> Option<Vec<i64>> {
+        self.ckpt.tensors.get(&self.full_name(name)).map(|(t, _)| t.size())
+    }
+
     /// Loads a trainable variable `name` of the given shape.
     ///
     /// # Shapes

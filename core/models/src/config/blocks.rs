@@ -130,9 +130,10 @@ pub struct Multimodal {
     /// whose sections need not add up to the rotary frequencies: each axis takes every third
     /// frequency up to three times its count).
     pub mrope_section: Option<[i64; 3]>,
-    /// The text model's `rope_theta` when its config gives none, where it differs from the text
-    /// family's default (Qwen3-VL's 500000 beside Qwen3's 10000).
-    pub rope_theta: Option<f64>,
+    /// Adjusts the text model's keys before the text family reads them: the multimodal model's
+    /// own defaults where they differ from the family's (Qwen3-VL's `rope_theta`), and what its
+    /// language model does whatever the keys say (Qwen3-VL-MoE always renormalises its routing).
+    pub text_hook: Option<fn(&mut serde_json::Map<String, serde_json::Value>)>,
     /// The same model in transformers' older tensor names (`model.layers.*`, `visual.*`), read
     /// when a checkpoint stores them so.
     pub legacy: Option<&'static Multimodal>,

@@ -93,9 +93,11 @@ enum Experts {
     /// `experts.{e}.{gate,up,down}_proj.weight`, one gated MLP each.
     Separate(Vec<GatedMlp>),
     /// `experts.gate_up_proj: [experts, 2 · inter, hidden]` (gate rows first) and
-    /// `experts.down_proj: [experts, hidden, inter]` (Qwen3.5-MoE's Hub checkpoints). LoRA does not
-    /// adapt them (they are not linear layers of their own).
-    Stacked { gate_up: StackedWeight, down: StackedWeight, act: Activation },
+    /// `experts.down_proj: [experts, hidden, inter]` (Qwen3.5-MoE's Hub checkpoints, and the
+    /// checkpoints transformers 5 writes); with `x_w` stored the other way round, `[experts,
+    /// hidden, 2 · inter]` (gate columns first) and `[experts, inter, hidden]`, computing `x · W`
+    /// (Qwen3-VL-MoE's Hub checkpoints). LoRA does not adapt them as linear layers of their own.
+    Stacked { gate_up: StackedWeight, down: StackedWeight, act: Activation, x_w: bool },
     /// gpt-oss's: `experts.gate_up_proj: [experts, hidden, 2 · inter]` (gate and up interleaved,
     /// `x · W`), `experts.down_proj: [experts, inter, hidden]`, each with a bias
     /// (`*_bias: [experts, out]`), and the clamped SwiGLU of [`GptOssMoe`].
@@ -125,11 +127,12 @@ impl Experts {
         let v = |i: usize| &views.0[i][e];
         match self {
             Experts::Separate(m) => m[e].forward(x),
-            Experts::Stacked { act, .. } => {
-                let both = linear(x, v(0), None)?; // [c, 2 · inter]
+            Experts::Stacked { act, x_w, .. } => {
+                let apply = |x: &Tensor, w: &Tensor| if *x_w { Ok(x.f_matmul(w)?) } else { linear(x, w, None) };
+                let both = apply(x, v(0))?; // [c, 2 · inter]
                 let half = both.size()[1] / 2;
                 let parts = both.f_split_with_sizes([half, half], 1)?;
-                linear(&activate(&parts[0], *act)?.f_mul(&parts[1])?, v(1), None)
+                apply(&activate(&parts[0], *act)?.f_mul(&parts[1])?, v(1))
             }
             Experts::GptOss { swiglu, .. } => {
                 let both = x.f_matmul(v(0))?.f_add(v(1))?; // [c, 2 · inter], gate and up interleaved
@@ -222,10 +225,17 @@ impl SparseMoe {
         }
         let router = w.pp("gate").get("weight", &[n, h])?;
         let experts = if ew.contains("gate_up_proj") {
+            // Which way round: the down projection tells (`[n, inter, hidden]` is `x · W`).
+            let x_w = inter != h && ew.shape("down_proj") == Some(vec![n, inter, h]);
+            let (gate_up, down) = match x_w {
+                true => ([n, h, 2 * inter], [n, inter, h]),
+                false => ([n, 2 * inter, h], [n, h, inter]),
+            };
             Experts::Stacked {
-                gate_up: StackedWeight::new(ew.get("gate_up_proj", &[n, 2 * inter, h])?),
-                down: StackedWeight::new(ew.get("down_proj", &[n, h, inter])?),
+                gate_up: StackedWeight::new(ew.get("gate_up_proj", &gate_up)?),
+                down: StackedWeight::new(ew.get("down_proj", &down)?),
                 act: cfg.activation,
+                x_w,
             }
         } else {
             Experts::Separate((0..n).map(|e| GatedMlp::load(&ew.pp(e), cfg, inter)).collect::<Result<Vec<_>>>()?)
@@ -262,6 +272,7 @@ impl SparseMoe {
                 gate_up: StackedWeight::new(ew.get("gate_up_proj", &[n, 2 * inter, h])?),
                 down: StackedWeight::new(ew.get("down_proj", &[n, h, inter])?),
                 act: cfg.activation,
+                x_w: false,
             },
             shared: None,
             num_experts: n,
