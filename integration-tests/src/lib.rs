@@ -268,40 +268,60 @@ impl Drop for ProcessGroup {
     }
 }
 
-/// The tiny random Qwen3-VL and Qwen3.5 of `fixtures/make_vl3.py` (`qwen3_vl/`, `qwen3_5/`) with
-/// transformers' reference outputs, made once per test process (needs [`python`]).
+/// The tiny random Qwen3-VL, Qwen3-VL-MoE and Qwen3.5 of `fixtures/make_vl3.py` (`qwen3_vl/`,
+/// `qwen3_vl_moe/`, `qwen3_5/`) with transformers' reference outputs, made once per test process
+/// (needs [`python`]).
 pub fn vl3_fixture() -> &'static Path {
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let python = python().expect("python with transformers");
-        let out = Command::new(python)
-            .arg(fixtures().join("make_vl3.py"))
-            .args(["--out", dir.path().to_str().unwrap()])
-            .output()
-            .expect("spawn python");
-        assert!(out.status.success(), "make_vl3.py failed: {}", String::from_utf8_lossy(&out.stderr));
-        println!("{}", String::from_utf8_lossy(&out.stdout).trim());
-        dir
-    })
-    .path()
+    DIR.get_or_init(|| made_by("make_vl3.py")).path()
 }
 
 /// The tiny random Qwen2.5-VL of `fixtures/make_vl.py` with its images, prompt rows and
 /// transformers' reference outputs, made once per test process (needs [`python`]).
 pub fn vl_fixture() -> &'static Path {
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let python = python().expect("python with transformers");
-        let out = Command::new(python)
-            .arg(fixtures().join("make_vl.py"))
-            .args(["--out", dir.path().to_str().unwrap()])
-            .output()
-            .expect("spawn python");
-        assert!(out.status.success(), "make_vl.py failed: {}", String::from_utf8_lossy(&out.stderr));
-        println!("{}", String::from_utf8_lossy(&out.stdout).trim());
-        dir
-    })
-    .path()
+    DIR.get_or_init(|| made_by("make_vl.py")).path()
+}
+
+/// A temporary directory filled by `fixtures/<script> --out DIR`.
+fn made_by(script: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let python = python().expect("python with transformers");
+    let out = Command::new(python)
+        .arg(fixtures().join(script))
+        .args(["--out", dir.path().to_str().unwrap()])
+        .output()
+        .expect("spawn python");
+    assert!(out.status.success(), "{script} failed: {}", String::from_utf8_lossy(&out.stderr));
+    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
+    dir
+}
+
+/// `−Σ log p(target)` over the real tokens (the vision fixtures' loss for their gradients).
+///
+/// # Shapes
+/// - `logits`: `[batch, seq, vocab]`; `targets`, `mask`: `[batch, seq]` → `[]`
+pub fn token_loss(logits: &tch::Tensor, targets: &tch::Tensor, mask: &tch::Tensor) -> tch::Tensor {
+    use tch::Kind;
+    let logp = logits.log_softmax(-1, Kind::Float).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+    -(logp * mask.to_kind(Kind::Float)).sum(Kind::Float)
+}
+
+/// The gradients of the parameters `names` of `vs` after `f` has backpropagated, from zero.
+pub fn grads_after(vs: &tch::nn::VarStore, names: &[String], f: impl FnOnce()) -> Vec<tch::Tensor> {
+    let vars = vs.variables();
+    for t in vars.values() {
+        let mut g = t.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    f();
+    names.iter().map(|n| vars.get(n).unwrap_or_else(|| panic!("no parameter {n}")).grad().copy()).collect()
+}
+
+/// Largest difference of two `[batch, seq, vocab]` logits over the real (unpadded) tokens of `mask`.
+pub fn logit_diff(ours: &tch::Tensor, theirs: &tch::Tensor, mask: &tch::Tensor) -> f64 {
+    let real = mask.to_kind(tch::Kind::Bool).unsqueeze(-1);
+    (ours - theirs).abs().masked_select(&real).max().double_value(&[])
 }

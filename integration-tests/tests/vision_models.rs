@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use rlhf_integration_tests::python;
+use rlhf_integration_tests::{grads_after as grads, logit_diff, python, token_loss};
 use rlhf_models::{CausalLm, Images};
 use rlhf_vision::{load_path, QwenVlProcessor};
 use tch::{Device, Kind, Tensor};
@@ -63,12 +63,6 @@ fn greedy(m: &CausalLm, ids: &Tensor, mask: &Tensor, images: &Images, steps: i64
     Tensor::cat(&out, 1)
 }
 
-/// Largest logit difference over the real (unpadded) tokens.
-fn logit_diff(ours: &Tensor, theirs: &Tensor, mask: &Tensor) -> f64 {
-    let real = mask.to_kind(Kind::Bool).unsqueeze(-1);
-    (ours - theirs).abs().masked_select(&real).max().double_value(&[])
-}
-
 fn tensor_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> =
         Tensor::read_safetensors(dir.join("model.safetensors")).unwrap().into_iter().map(|(n, _)| n).collect();
@@ -113,25 +107,6 @@ fn qwen2_5_vl_matches_transformers_with_images() {
     }
 }
 
-/// `−Σ log p(target)` over the real tokens, as the fixture computes it.
-fn token_loss(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Tensor {
-    let logp = logits.log_softmax(-1, Kind::Float).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
-    -(logp * mask.to_kind(Kind::Float)).sum(Kind::Float)
-}
-
-/// The gradients of the fixture's parameters after `f` has backpropagated, from zero.
-fn grads(m: &CausalLm, names: &[String], f: impl FnOnce()) -> Vec<Tensor> {
-    let vars = m.vs.variables();
-    for t in vars.values() {
-        let mut g = t.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
-    f();
-    names.iter().map(|n| vars.get(n).unwrap_or_else(|| panic!("no parameter {n}")).grad().copy()).collect()
-}
-
 /// Gradients through the language model, the image features' placement and the whole vision
 /// tower (windows, the full-attention block, the merger) equal transformers', in a plain and a
 /// checkpointed backward.
@@ -154,9 +129,10 @@ fn qwen2_5_vl_gradients_match_transformers() {
         .into_iter()
         .collect();
     assert_eq!(names.len(), 7);
-    let plain =
-        grads(&m, &names, || token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward());
-    let checkpointed = grads(&m, &names, || {
+    let plain = grads(&m.vs, &names, || {
+        token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward()
+    });
+    let checkpointed = grads(&m.vs, &names, || {
         let width = ids.size()[1];
         let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
         let visual = m.visual(&imgs, width).unwrap();
@@ -174,8 +150,9 @@ fn qwen2_5_vl_gradients_match_transformers() {
     }
     // Frozen, the tower takes no gradient and the language model's are unchanged.
     m.set_vision_trainable(false);
-    let frozen =
-        grads(&m, &names, || token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward());
+    let frozen = grads(&m.vs, &names, || {
+        token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward()
+    });
     for ((name, a), b) in names.iter().zip(&plain).zip(&frozen) {
         if name.contains("visual") {
             assert!(!b.defined() || b.abs().max().double_value(&[]) == 0.0, "{name}: a frozen tower took a gradient");

@@ -13,7 +13,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use rlhf_integration_tests::python;
+use rlhf_integration_tests::{grads_after as grads, logit_diff, python, token_loss};
 use rlhf_models::{CausalLm, Images};
 use rlhf_vision::{load_path, QwenVlProcessor};
 use tch::{Device, Kind, Tensor};
@@ -39,35 +39,11 @@ fn images(dir: &Path, processor: &QwenVlProcessor) -> Images {
     Images::new(Tensor::cat(&values, 0), grids)
 }
 
-fn logit_diff(ours: &Tensor, theirs: &Tensor, mask: &Tensor) -> f64 {
-    let real = mask.to_kind(Kind::Bool).unsqueeze(-1);
-    (ours - theirs).abs().masked_select(&real).max().double_value(&[])
-}
-
 fn tensor_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> =
         Tensor::read_safetensors(dir.join("model.safetensors")).unwrap().into_iter().map(|(n, _)| n).collect();
     names.sort();
     names
-}
-
-/// `−Σ log p(target)` over the real tokens, as the fixture computes it.
-fn token_loss(logits: &Tensor, targets: &Tensor, mask: &Tensor) -> Tensor {
-    let logp = logits.log_softmax(-1, Kind::Float).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
-    -(logp * mask.to_kind(Kind::Float)).sum(Kind::Float)
-}
-
-/// The gradients of `names` after `f` has backpropagated, from zero.
-fn grads(m: &CausalLm, names: &[String], f: impl FnOnce()) -> Vec<Tensor> {
-    let vars = m.vs.variables();
-    for t in vars.values() {
-        let mut g = t.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
-    f();
-    names.iter().map(|n| vars.get(n).unwrap_or_else(|| panic!("no parameter {n}")).grad().copy()).collect()
 }
 
 /// Everything the module docs list, for one checkpoint of the fixture.
@@ -141,9 +117,10 @@ fn check(name: &str, deepstack: usize) {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let plain =
-        grads(&m, &names, || token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward());
-    let checkpointed = grads(&m, &names, || {
+    let plain = grads(&m.vs, &names, || {
+        token_loss(&m.forward_with_images(ids, mask, &imgs).unwrap(), targets, mask).backward()
+    });
+    let checkpointed = grads(&m.vs, &names, || {
         let width = ids.size()[1];
         let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
         let visual = m.visual(&imgs, width).unwrap();
