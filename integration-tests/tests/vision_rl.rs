@@ -225,12 +225,18 @@ fn the_vision_tower_trains_when_asked_and_unsupported_runs_are_refused() {
 
     let text_critic = rlhf_integration_tests::model_dir("llama-rm").display().to_string();
     let text_critic_set = format!("model.critic={text_critic:?}");
+    // Asynchronous rollouts: the generation worker samples with the rows' images, so its
+    // behaviour log-probs are the trainer's old ones while both hold the same policy (step 1).
+    let lines = trained(&config, &dir.path().join("async"), &["--set", "rollout.max_staleness=1"]);
+    assert!(value(&lines[0], "is/logprob_diff_max") < 1e-4, "{}", lines[0]);
+    assert_eq!(value(&lines[1], "rollout/staleness"), 1.0);
+
     for (config, set, says) in [
         (&ppo, text_critic_set.as_str(), "reads no images"),
-        (&config, "rollout.max_staleness=1", "rollout.max_staleness: asynchronous rollouts carry no images yet"),
+        (&config, "environment.plugin=\"env-calculator\"", "multi-turn environments take no images yet"),
     ] {
         let run = dir.path().join("refused");
-        let out = train(config, &run, &["--set", set]);
+        let out = train(config, &run, &["--set", set, "--set", "environment.reward=\"sum\""]);
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && e.contains(says) && e.contains("holds images"), "{set}: {e}");
         assert!(!run.join("metrics.jsonl").exists(), "{set}: a refused run wrote metrics");

@@ -110,7 +110,7 @@ impl super::Trainer {
 }
 
 /// What RL on prompts with images does not do yet, refused before anything is built: vLLM (its
-/// requests carry no images yet), asynchronous rollouts and environments.
+/// requests carry no images yet) and environments.
 pub fn check_run(cfg: &crate::config::RlConfig, env: bool) -> Result<()> {
     let refuse = |key: &str, what: &str| {
         Err(TrainerError::Config(format!(
@@ -121,9 +121,6 @@ pub fn check_run(cfg: &crate::config::RlConfig, env: bool) -> Result<()> {
     };
     if cfg.rollout.engine == crate::config::EngineKind::Vllm {
         return refuse("rollout.engine", "the vLLM engine is not sent images yet");
-    }
-    if cfg.rollout.max_staleness > 0 {
-        return refuse("rollout.max_staleness", "asynchronous rollouts carry no images yet");
     }
     if env {
         return refuse("environment", "multi-turn environments take no images yet");

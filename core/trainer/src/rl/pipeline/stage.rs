@@ -142,7 +142,10 @@ impl Trainer {
     fn submit_next(&mut self) -> Result<()> {
         let (n_prompts, g) = (self.cfg.rollout.prompts_per_batch, self.cfg.rollout.samples_per_prompt);
         let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
-        let (batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
+        let (mut batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
+        // The rows' images go with them (a frozen tower's features too: every version's tower).
+        let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
+        batch.images = self.images_of(&records)?.map(|rows| crate::rl::visual::cat(&rows, None)).transpose()?.flatten();
         let episodes = self.env.is_some().then(|| episode::episodes_of(&batch, part.offset, &self.data));
         let Some(p) = self.pipeline.as_mut() else { return Ok(()) };
         let index = p.next;
