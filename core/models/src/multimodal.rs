@@ -263,7 +263,10 @@ pub fn same_tower(a: Option<&VisionTower>, b: Option<&VisionTower>) -> bool {
             let (pa, pb) = (a.parameters(), b.parameters());
             a.config() == b.config()
                 && pa.len() == pb.len()
-                && pa.iter().zip(&pb).all(|(x, y)| x.size() == y.size() && x.kind() == y.kind() && x.equal(y))
+                && pa.iter().zip(&pb).all(|(x, y)| {
+                    let alike = x.size() == y.size() && x.kind() == y.kind() && x.device() == y.device();
+                    alike && x.f_equal(y).unwrap_or(false)
+                })
         }
         _ => false,
     }

@@ -286,3 +286,28 @@ fn resolves_a_flat_qwen2_5_vl_config_and_refuses_bad_vision_keys() {
         assert!(e.contains(&format!("config.json: {name}")) && e.lines().count() == 1, "{name}: {e}");
     }
 }
+
+/// Qwen3-VL: the text model is Qwen3's with Qwen3-VL's `rope_theta` default and the interleaved
+/// multimodal RoPE; a deep stack deeper than the language model is refused by name.
+#[test]
+fn resolves_qwen3_vl_and_refuses_a_deep_stack_deeper_than_the_language_model() {
+    let json = r#"{"model_type":"qwen3_vl","text_config":{"model_type":"qwen3_vl_text","vocab_size":10,
+        "hidden_size":16,"num_hidden_layers":2,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":8,
+        "intermediate_size":32,"rope_parameters":{"rope_type":"default","mrope_section":[2,1,1]}},
+        "vision_config":{"depth":3,"hidden_size":8,"num_heads":2,"out_hidden_size":16,"num_position_embeddings":4,
+        "deepstack_visual_indexes":[0,1]},"image_token_id":5}"#;
+    let (_d, cfg) = write_config(json);
+    let a = cfg.unwrap().arch;
+    let rope = a.rope.clone().unwrap();
+    assert_eq!(
+        (a.family, rope.theta, rope.mrope),
+        (Family::Qwen3, 500_000.0, Some(Mrope { section: [2, 1, 1], interleaved: true }))
+    );
+    assert_eq!(a.vision.unwrap().deepstack_blocks, vec![0, 1]);
+    let (_d, cfg) = write_config(&json.replace("[0,1]", "[0,1,2]"));
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("vision_config.deepstack_visual_indexes: 3 deep-stack features for 2 decoder layers"), "{e}");
+    let (_d, cfg) = write_config(&json.replace("[0,1]", "[0,3]"));
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("vision_config.deepstack_visual_indexes: block 3 of a tower of 3"), "{e}");
+}
