@@ -45,6 +45,7 @@ pub mod qwen3_5;
 pub mod qwen3_moe;
 pub mod qwen3_vl;
 pub mod scalar_head;
+pub mod vision_layers;
 pub mod vision_tower;
 pub mod vision_tower3;
 pub mod visual_input;

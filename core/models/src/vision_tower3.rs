@@ -26,7 +26,7 @@ use tch::{Kind, Tensor};
 use crate::config::{Activation, VisionConfig};
 use crate::error::Result;
 use crate::layers::{activate, LayerNorm, Linear};
-use crate::vision_tower::{
+use crate::vision_layers::{
     merge_block_coords, rotary_inv_freq, rotary_tables, rotate_qkv, segment_attention, TowerOutput,
 };
 use crate::weights::WeightLoader;

@@ -210,7 +210,7 @@ pub fn compute(
     // The value of the state before each response token: positions P−1 .. P+R−2.
     let values = match models.critic {
         Some(c) => {
-            let own = crate::rl::optimise::critic_images(c, images.map(|i| i.images), models.critic_shares_vision);
+            let own = visual::critic_images(c, images.map(|i| i.images), models.critic_shares_vision);
             let v = tch::no_grad(|| match &own {
                 Some(own) => c.values_pass_with_images(seq, attn, own, p_len, false).map(|(v, _)| v),
                 None => c.values(seq, attn),

@@ -7,7 +7,7 @@
 //! the whole optimizer step and is logged.
 
 use rlhf_generation::{ImageInputs, LogProbOptions, LogProbPass, TokenLogProbs};
-use rlhf_models::{CausalLm, Checkpointed, Images, ScalarHeadModel};
+use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
 
@@ -171,7 +171,7 @@ fn micro_loss(
     let values = match critic {
         Some(c) => {
             let checkpointed = cfg.gradient_checkpointing;
-            let (v, ck) = match critic_images(c, images.as_ref(), ctx.critic_shares_vision) {
+            let (v, ck) = match visual::critic_images(c, images.as_ref(), ctx.critic_shares_vision) {
                 Some(own) => c.values_pass_with_images(&seq, &attn, &own, p_len, checkpointed)?,
                 None => c.values_pass(&seq, &attn, checkpointed)?,
             };
@@ -212,13 +212,6 @@ fn micro_loss(
         local.add(name, *value);
     }
     Ok((loss, passes))
-}
-
-/// The images a critic's pass reads: the rows' (with the actor's features when the critic's
-/// tower is the actor's); `None` for rows without images or a critic that reads none.
-pub(crate) fn critic_images(critic: &ScalarHeadModel, images: Option<&Images>, shares: bool) -> Option<Images> {
-    let images = images.filter(|_| critic.vision().is_some())?;
-    Some(if shares { images.shallow_clone() } else { images.without_features() })
 }
 
 /// Backpropagates `loss` (already scaled for accumulation) through the graph and then through

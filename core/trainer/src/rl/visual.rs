@@ -109,6 +109,17 @@ impl super::Trainer {
     }
 }
 
+/// The images a critic's pass reads: the rows' (with the actor's features when the critic's
+/// tower is the actor's); `None` for rows without images or a critic that reads none.
+pub(crate) fn critic_images(
+    critic: &rlhf_models::ScalarHeadModel,
+    images: Option<&Images>,
+    shares: bool,
+) -> Option<Images> {
+    let images = images.filter(|_| critic.vision().is_some())?;
+    Some(if shares { images.shallow_clone() } else { images.without_features() })
+}
+
 /// What RL on prompts with images does not do yet, refused before anything is built: vLLM (its
 /// requests carry no images yet) and environments.
 pub fn check_run(cfg: &crate::config::RlConfig, env: bool) -> Result<()> {
