@@ -45,9 +45,12 @@ pub fn perplexity_with_images(
             let seqs: Vec<Vec<i64>> = chunk.iter().map(|&i| sequences[i].clone()).collect();
             let b = right_pad(&seqs, pad_id, model.device())?;
             let opts = LogProbOptions::default();
-            let picked = images.map(|all| chunk_images(all, chunk)).transpose()?;
+            let picked = match images {
+                Some(all) => Images::concat(&chunk.iter().map(|&i| &all[i]).collect::<Vec<_>>())?,
+                None => None,
+            };
             let lp = match &picked {
-                Some(imgs) if !imgs.grids.is_empty() => {
+                Some(imgs) => {
                     let width = b.input_ids.size()[1];
                     let inputs = ImageInputs { images: imgs, prompt_len: width };
                     token_logprobs_with_images(model, &b.input_ids, &b.attention_mask, inputs, 1, opts)?
@@ -68,16 +71,4 @@ pub fn perplexity_with_images(
     })?;
     let nll = total_nll / tokens as f64;
     Ok(Perplexity { ppl: nll.exp(), nll, tokens })
-}
-
-/// The images of the sequences `chunk` names, one after another.
-fn chunk_images(all: &[Images], chunk: &[usize]) -> Result<Images> {
-    let picked: Vec<&Images> = chunk.iter().map(|&i| &all[i]).collect();
-    let grids: Vec<[i64; 3]> = picked.iter().flat_map(|i| i.grids.iter().copied()).collect();
-    let parts: Vec<&tch::Tensor> = picked.iter().map(|i| &i.pixel_values).filter(|t| t.size()[0] > 0).collect();
-    let pixel_values = match parts.is_empty() {
-        true => tch::Tensor::f_zeros([0, 0], (Kind::Float, tch::Device::Cpu))?,
-        false => tch::Tensor::f_cat(&parts, 0)?,
-    };
-    Ok(Images::new(pixel_values, grids))
 }

@@ -57,6 +57,22 @@ impl Images {
         Images::new(Tensor::zeros([0, 0], (Kind::Float, tch::Device::Cpu)), Vec::new())
     }
 
+    /// The images of `parts` one after another (with their features where every part has them);
+    /// `None` when they hold no image.
+    pub fn concat(parts: &[&Images]) -> Result<Option<Images>> {
+        let grids: Vec<[i64; 3]> = parts.iter().flat_map(|i| i.grids.iter().copied()).collect();
+        let rows: Vec<&Tensor> = parts.iter().map(|i| &i.pixel_values).filter(|t| t.size()[0] > 0).collect();
+        if grids.is_empty() || rows.is_empty() {
+            return Ok(None);
+        }
+        let features = parts
+            .iter()
+            .map(|i| i.features.as_ref().map(|f| f.iter().map(TowerOutput::shallow_clone)))
+            .collect::<Option<Vec<_>>>()
+            .map(|f| f.into_iter().flatten().collect());
+        Ok(Some(Images { pixel_values: Tensor::f_cat(&rows, 0)?, grids, features }))
+    }
+
     /// The images `which` names, in that order: their patch rows and grids.
     pub fn select(&self, which: &[usize]) -> Result<Images> {
         let counts = self.patch_counts();
@@ -131,7 +147,8 @@ impl CausalLm {
     /// # Shapes
     /// - returns [`Visual`] of `[patches / merge², hidden]` each, in the model's dtype
     pub fn visual(&self, images: &Images, prompt_len: i64) -> Result<Visual> {
-        let out = tower_features(self.tower()?, &self.gate, self.config.arch.hidden_size, self.kind(), images)?;
+        let opts = (self.kind(), self.device());
+        let out = tower_features(self.tower()?, &self.gate, self.config.arch.hidden_size, opts, images)?;
         Ok(Visual { features: out.features, deepstack: out.deepstack, prompt_len })
     }
 
@@ -297,7 +314,7 @@ pub(crate) fn image_positions(
 }
 
 /// `images`' features from `tower` (see [`CausalLm::visual`]), or the ones they carry when the
-/// model is not gated; `hidden` and `kind` are the language model's.
+/// model is not gated; `hidden`, `kind` and `device` are the language model's.
 ///
 /// # Shapes
 /// - returns `[patches / merge², hidden]` (and as many deep-stack rows)
@@ -305,10 +322,9 @@ pub(crate) fn tower_features(
     tower: &VisionTower,
     gate: &crate::gate::Gate,
     hidden: i64,
-    kind: Kind,
+    (kind, device): (Kind, tch::Device),
     images: &Images,
 ) -> Result<TowerOutput> {
-    let device = tower.parameters().first().map_or(tch::Device::Cpu, |p| p.device());
     let none = || Tensor::f_zeros([0, hidden], (kind, device));
     // Features computed before (a frozen tower's): no tower pass. A gated model always runs it,
     // so that every rank makes the same gate calls.

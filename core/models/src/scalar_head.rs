@@ -181,8 +181,13 @@ impl ScalarHeadModel {
             ModelError::Input(format!("model_type `{}` reads no images", self.config.arch.family.model_type()))
         })?;
         let (pos, _) = crate::multimodal::image_positions(tower, input_ids, attention_mask, &images.grids, prompt_len)?;
-        let out =
-            crate::multimodal::tower_features(tower, &self.gate, self.config.arch.hidden_size, self.kind(), images)?;
+        let out = crate::multimodal::tower_features(
+            tower,
+            &self.gate,
+            self.config.arch.hidden_size,
+            (self.kind(), self.device()),
+            images,
+        )?;
         let visual = Visual { features: out.features, deepstack: out.deepstack, prompt_len };
         let head = |h: &Tensor| -> Result<Tensor> {
             Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)

@@ -153,18 +153,7 @@ pub fn cat(rows: &[Images], idx: Option<&[i64]>) -> Result<Option<Images>> {
             .collect::<Result<_>>()?,
         None => rows.iter().collect(),
     };
-    let grids: Vec<[i64; 3]> = picked.iter().flat_map(|i| i.grids.iter().copied()).collect();
-    let parts: Vec<&Tensor> = picked.iter().map(|i| &i.pixel_values).filter(|t| t.size()[0] > 0).collect();
-    if grids.is_empty() || parts.is_empty() {
-        return Ok(None);
-    }
-    // The frozen tower's features where every picked row has them.
-    let features = picked
-        .iter()
-        .map(|i| i.features.as_ref().map(|f| f.iter().map(|x| x.shallow_clone())))
-        .collect::<Option<Vec<_>>>()
-        .map(|f| f.into_iter().flatten().collect());
-    Ok(Some(Images { pixel_values: Tensor::f_cat(&parts, 0)?, grids, features }))
+    Ok(Images::concat(&picked)?)
 }
 
 #[cfg(test)]
