@@ -351,9 +351,10 @@ fn bad_launch_environments_are_one_line_errors() {
     );
 }
 
-/// `cargo xtask train --algo grpo --nproc 2` (which runs this command): the embedded task is
-/// learnt on 2 ranks as on one — the same rewards while the sampled tokens agree, and at least the
-/// +0.3 reward gain the one-process preset test asks for.
+/// `cargo xtask train --algo grpo` and `--nproc 2` (which run this command): the embedded task is
+/// learnt on one process and on 2 ranks — the same rewards while the sampled tokens agree, and a
+/// gain of at least 0.25 on one process (the doctor's bar, which `rl.rs` asks of the other
+/// embedded presets; GRPO gains 0.46–0.58 over four seeds) and 0.3 on 2 ranks.
 #[test]
 fn the_embedded_grpo_task_learns_on_two_ranks_as_on_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -367,11 +368,12 @@ fn the_embedded_grpo_task_learns_on_two_ranks_as_on_one() {
     assert_eq!(r1[..10], r2[..10], "the first 10 steps sample the same tokens on 1 and 2 ranks");
     let k = r2.len() / 10;
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let (first1, last1) = (mean(&r1[..k]), mean(&r1[r1.len() - k..]));
+    assert!(last1 >= first1 + 0.25, "reward {first1:.3} -> {last1:.3} on one process (needs +0.25)");
     let (first, last) = (mean(&r2[..k]), mean(&r2[r2.len() - k..]));
     let same = r1.iter().zip(&r2).take_while(|(a, b)| a == b).count();
     println!(
-        "2 ranks: reward first 10% {first:.3}, last 10% {last:.3}; 1 rank: last 10% {:.3}; identical rewards for {same} of {} steps",
-        mean(&r1[r1.len() - k..]),
+        "2 ranks: reward first 10% {first:.3}, last 10% {last:.3}; 1 rank: {first1:.3} -> {last1:.3}; identical rewards for {same} of {} steps",
         r1.len()
     );
     assert!(last >= first + 0.3, "reward {first:.3} -> {last:.3} on 2 ranks (needs +0.3)");

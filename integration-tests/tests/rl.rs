@@ -476,12 +476,12 @@ fn loss_on_a_fixed_batch_decreases() {
 
 /// The embedded defaults (`cargo xtask train --algo X`) visibly learn: mean reward of the last 10 %
 /// of steps exceeds the first 10 % by at least 0.25, the doctor's bar. Measured over four seeds
-/// (the default and 1–3, release build): GRPO gains 0.46–0.58, PPO 0.50–0.60, sequence-level PPO
-/// 0.29–0.49 (0.33–0.40 with the sampling noise of earlier releases); a run that does not learn
-/// stays within ±0.1.
+/// (the default and 1–3, release build): PPO gains 0.50–0.60, sequence-level PPO 0.29–0.49
+/// (0.33–0.40 with the sampling noise of earlier releases); a run that does not learn stays within
+/// ±0.1. GRPO's default is held to the same bar in `data_parallel.rs`, beside its 2-rank run.
 #[test]
 fn embedded_presets_learn() {
-    for algo in ["grpo", "ppo", "ppo-seq"] {
+    for algo in ["ppo", "ppo-seq"] {
         let run = tempfile::tempdir().unwrap();
         let rd = run.path().join("r");
         let o = train(&["--algo", algo, "--run-dir", s(&rd)], &[]);
