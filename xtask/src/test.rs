@@ -1,5 +1,6 @@
-//! `cargo xtask test [ARGS...]`: build everything (the workspace, every plugin and the frozen-ABI
-//! test plugin of `integration-tests/frozen-abi/`), then `cargo test --workspace ARGS...`.
+//! `cargo xtask test [ARGS...]`: build everything (the workspace, whose members include every
+//! plugin, and the frozen-ABI test plugin of `integration-tests/frozen-abi/`), then
+//! `cargo test --workspace ARGS...`.
 //! `cargo xtask test --vllm` instead runs the opt-in tests against a real vLLM engine
 //! (installed into its own cached venv, [`crate::vllm`]). `cargo xtask test --record-goldens`
 //! instead re-records the golden files of `integration-tests/golden/` and prints, per metric, what
@@ -27,8 +28,10 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         // CI always lets pip confirm the packages; elsewhere the marker is enough.
         setup::ensure_test_deps(&torch, is_truthy(env::var_os("CI").as_deref()))?;
     }
+    // Every plugin is a workspace member: this builds their cdylibs too. (A separate
+    // `cargo build -p <plugin>...` would unify features over fewer packages and rebuild
+    // dependencies for nothing: minutes of a cold run.)
     cmd::run(torch.cargo().args(["build", "--workspace", "--all-targets"]))?;
-    build_plugins(&torch)?;
     build_frozen_abi_plugin(&torch)?;
     if let Some(python) = vllm_python {
         let mut command = torch.cargo();
@@ -46,20 +49,6 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     // --no-fail-fast: one run reports the failures of every crate.
     cmd::run(torch.cargo().args(["test", "--workspace", "--no-fail-fast"]).args(args))
-}
-
-/// Builds every workspace package under `plugins/` (their cdylibs are loaded by the tests).
-fn build_plugins(torch: &Torch) -> Result<()> {
-    let packages = plugin_packages(&project_root().join("plugins"))?;
-    if packages.is_empty() {
-        return Ok(());
-    }
-    let mut command = torch.cargo();
-    command.arg("build");
-    for package in &packages {
-        command.args(["-p", package]);
-    }
-    cmd::run(&mut command)
 }
 
 /// The manifest of the frozen-ABI workspace (not a member of the main one).
