@@ -6,7 +6,9 @@
 //! (`llama`: q/k rows permuted by llama.cpp's converter, a Llama 2-style SentencePiece vocabulary
 //! whose merges are rebuilt from the scores) and a Phi-3 (`phi3`: fused q/k/v and gate/up, that
 //! vocabulary with Phi-3's own normalizer and chat tokens); and an OLMo 2 (`olmo2`), which
-//! transformers cannot read from a GGUF, against the model written.
+//! transformers cannot read from a GGUF, against the model written; and a gpt-oss (`gpt-oss`: MXFP4
+//! experts, sinks, biases), whose llama.cpp tensors transformers' GGUF loader does not read, against
+//! the model written with transformers' dequantisation of the same MXFP4 blocks.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -122,6 +124,48 @@ fn a_phi3_gguf_with_long_rope_factors_and_partial_rotary_imports_to_the_model_wr
     assert_eq!(config["partial_rotary_factor"], 0.5);
     // A row of 40 tokens, past the original context of 16: the long factors.
     check_logits("phi3-long", dir.path(), &model_dir);
+}
+
+/// gpt-oss with its experts in MXFP4 as llama.cpp's converter writes them (repacked into ggml's
+/// blocks, gate and up apart or stacked, `W · x`): imported, transformers' interleaved `x · W`
+/// layout with the weights transformers dequantises from the same blocks, so the logits of the
+/// model written (sinks, biases, sliding and full layers, YaRN, a row past the original context);
+/// GPT-4o's pre-tokenizer; a file without its up experts is refused naming the tensor.
+#[test]
+fn a_gpt_oss_gguf_with_mxfp4_experts_imports_to_the_logits_of_the_model_written() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (model_dir, summary) = imported(&python, "gpt-oss", dir.path());
+    // Gate, up and down experts of 3 layers.
+    assert!(summary.source_types.contains(&("MXFP4".to_owned(), 9)), "{:?}", summary.source_types);
+    let config = read_json(&model_dir.join("config.json"));
+    assert_eq!(config["architectures"][0], "GptOssForCausalLM");
+    assert_eq!(config["layer_types"], serde_json::json!(["sliding_attention", "full_attention", "sliding_attention"]));
+    let yarn = &config["rope_scaling"];
+    assert_eq!((yarn["rope_type"].as_str(), yarn["factor"].as_f64()), (Some("yarn"), Some(4.0)));
+    assert_eq!(
+        (yarn["original_max_position_embeddings"].as_u64(), &yarn["truncate"]),
+        (Some(16), &serde_json::Value::Bool(false))
+    );
+    check_logits("gpt-oss", dir.path(), &model_dir);
+    check_tokens(dir.path(), &model_dir);
+
+    let weights = |d: &Path| -> HashMap<String, Tensor> {
+        Tensor::read_safetensors(d.join("model.safetensors")).unwrap().into_iter().collect()
+    };
+    let fused_dir = dir.path().join("fused");
+    let fused = GgufFile::open(&dir.path().join("gpt-oss-fused.gguf")).unwrap();
+    import_llama(&fused, &fused_dir, OutDtype::F32).unwrap();
+    let (apart, stacked) = (weights(&model_dir), weights(&fused_dir));
+    assert_eq!(apart.len(), stacked.len());
+    for (name, t) in &apart {
+        assert!(t.equal(&stacked[name]), "{name}: stacked gate/up experts import differently");
+    }
+
+    let no_up = GgufFile::open(&dir.path().join("gpt-oss-no-up.gguf")).unwrap();
+    let err = import_llama(&no_up, &dir.path().join("no-up"), OutDtype::F32).unwrap_err().to_string();
+    assert!(err.contains("gpt-oss-no-up.gguf") && err.contains("mlp.experts.gate_up_proj"), "{err}");
+    assert!(!dir.path().join("no-up").exists(), "nothing is written for a refused file");
 }
 
 /// The imported vocabulary tokenizes (BOS added where the file says) and decodes as transformers' tokenizer read from

@@ -1,4 +1,4 @@
-//! The K-quants (`Q4_K`, `Q5_K`, `Q6_K`) and `Q5_0`, `Q5_1` dequantised as the `gguf` Python package (llama.cpp's
+//! The K-quants (`Q4_K`, `Q5_K`, `Q6_K`), `Q5_0`, `Q5_1` and `MXFP4` dequantised as the `gguf` Python package (llama.cpp's
 //! reference) does, bit for bit, on random blocks it made.
 
 use rlhf_gguf::{dequantize, GgmlType};
@@ -10,7 +10,7 @@ fn k_quants_dequantise_as_the_gguf_package() {
     let out = std::process::Command::new(&python).arg(fixtures().join("gguf_kquants.py")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let reference: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for t in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q5_1] {
+    for t in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::MXFP4] {
         let case = &reference[t.name()];
         let hex = case["data"].as_str().unwrap();
         let data: Vec<u8> =

@@ -9,10 +9,13 @@
 //! | `Q4_1` | 20 | `f16 d`, `f16 m`, 16 bytes of nibbles | `d · n_j + m` |
 //! | `Q5_0` | 22 | `f16 d`, 4 bytes of fifth bits, 16 bytes of nibbles | `(n_j + 16·h_j − 16) · d` |
 //! | `Q5_1` | 24 | `f16 d`, `f16 m`, 4 bytes of fifth bits, 16 bytes of nibbles | `(n_j + 16·h_j) · d + m` |
+//! | `MXFP4` | 17 | `u8 e` (E8M0), 16 bytes of nibbles | `2^(e−128) · K[n_j]` |
 //!
 //! where the nibble `n_j` is the low four bits of byte `j` for `j < 16` and the high four bits
 //! of byte `j − 16` for `j ≥ 16`, and the fifth bit `h_j` is bit `j` of the little-endian `u32`
-//! before the nibbles. llama.cpp quantises to Q5_0 and Q8_0 the tensors of a K-quant file whose
+//! before the nibbles. MXFP4's nibbles are E2M1 codes (sign bit, then a value of 0, 0.5, 1, 1.5,
+//! 2, 3, 4 or 6), which ggml reads through `K = [0, 1, 2, 3, 4, 6, 8, 12, 0, −1, −2, −3, −4, −6,
+//! −8, −12]` (the values doubled) with half the shared scale `2^(e−127)`. llama.cpp quantises to Q5_0 and Q8_0 the tensors of a K-quant file whose
 //! rows are not a multiple of 256 (Gemma 3 270M's 640).
 //!
 //! The K-quants (256 elements per block, in sub-blocks with their own scales):
@@ -93,6 +96,14 @@ pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, String
                 out.extend(qs.iter().enumerate().map(|(j, &q)| value(q >> 4, j + 16)));
             }
         }
+        GgmlType::MXFP4 => {
+            for block in data.chunks_exact(17) {
+                let d = e8m0_half(block[0]);
+                let qs = &block[1..];
+                out.extend(qs.iter().map(|&q| d * f32::from(MXFP4_VALUES[usize::from(q & 0x0f)])));
+                out.extend(qs.iter().map(|&q| d * f32::from(MXFP4_VALUES[usize::from(q >> 4)])));
+            }
+        }
         GgmlType::Q4_K | GgmlType::Q5_K => {
             let five = t == GgmlType::Q5_K;
             for block in data.chunks_exact(t.block_bytes() as usize) {
@@ -112,6 +123,16 @@ pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>, String
     }
     debug_assert_eq!(out.len(), n);
     Ok(out)
+}
+
+/// The E2M1 values of the 16 MXFP4 codes, doubled (ggml's `kvalues_mxfp4`).
+const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `2^(e − 128)`, half the E8M0 scale `e`, exactly (ggml's `GGML_E8M0_TO_FP32_HALF`): the f32
+/// exponent field `e − 1` for `e ≥ 2`, and the subnormals `2^−128` and `2^−127` for 0 and 1.
+fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { u32::from(e - 1) << 23 };
+    f32::from_bits(bits)
 }
 
 /// Scale and min `j` (0..8) of a Q4_K / Q5_K block's 12 packed bytes (ggml's `get_scale_min_k4`).

@@ -1,8 +1,8 @@
 //! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2`,
-//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3` and `olmo2`: `model.safetensors`
+//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2` and `gpt-oss`: `model.safetensors`
 //! (dequantised), `config.json` (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
 //! `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`,
-//! `Olmo2ForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
+//! `Olmo2ForCausalLM`, `GptOssForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
 //! `tokenizer_config.json` ([`crate::tokenizer`]). Qwen2's q/k/v biases and Qwen3's per-head q/k norms
 //! (`attn_q_norm`, `attn_k_norm`) map to their transformers names; Qwen3-MoE's router
 //! (`ffn_gate_inp`) to `mlp.gate`, and its stacked experts (`ffn_{gate,up,down}_exps`,
@@ -19,7 +19,9 @@ use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
-use crate::layout::{hf_name, norm_shifted, required_names, unpermute_rows, Rope, EXPERT};
+use crate::layout::{
+    gate_up_interleaved, hf_name, norm_shifted, required_names, transpose_last, unpermute_rows, Transform, EXPERT,
+};
 use crate::params::{architecture, eos_value, LlamaParams, OutDtype, ROPE_FACTORS};
 use crate::reader::{GgufFile, TensorInfo};
 use crate::tokenizer::{self, SpecialIds};
@@ -50,14 +52,15 @@ struct Planned<'a> {
     /// With `{e}` for the expert where the tensor stacks the experts (`shape[0]` of them), each
     /// written as a tensor of its own.
     hf_name: String,
+    /// In the file (dims reversed).
     shape: Vec<usize>,
-    rope: Rope,
+    transform: Transform,
 }
 
-/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3` or `olmo2` GGUF into
-/// `out` (created if needed; existing files of the same names are overwritten). Everything is
-/// checked — architecture, tensor names, shapes, types, tokenizer — before the first file is
-/// written.
+/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2` or `gpt-oss`
+/// GGUF into `out` (created if needed; existing files of the same names are overwritten).
+/// Everything is checked — architecture, tensor names, shapes, types, tokenizer — before the first
+/// file is written.
 pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportSummary> {
     let path = g.path();
     let arch = architecture(g)?.to_owned();
@@ -120,7 +123,7 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
         if params.architecture == "phi3" && ROPE_FACTORS.contains(&info.name.as_str()) {
             continue; // read into the config's `rope_scaling`
         }
-        let Some((hf, rope, expected)) = hf_name(&info.name, params) else {
+        let Some((hf, transform, expected)) = hf_name(&info.name, params) else {
             unknown.push(info.name.clone());
             continue;
         };
@@ -135,7 +138,7 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
             return Err(GgufError::unsupported(
                 path,
                 format!(
-                    "tensor `{}` is {}, which this importer cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                    "tensor `{}` is {}, which this importer cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4)",
                     info.name, info.ggml_type
                 ),
             ));
@@ -144,7 +147,7 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
             Some((_, n)) => *n += 1,
             None => types.push((info.ggml_type.name().to_owned(), 1)),
         }
-        planned.push(Planned { info, hf_name: hf, shape: shape.iter().map(|&d| d as usize).collect(), rope });
+        planned.push(Planned { info, hf_name: hf, shape: shape.iter().map(|&d| d as usize).collect(), transform });
     }
     if !unknown.is_empty() {
         unknown.truncate(10);
@@ -157,7 +160,27 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
     if let Some(missing) = required_names(params).iter().find(|n| !have.contains_key(n.as_str())) {
         return Err(GgufError::invalid(path, format!("no tensor for `{missing}`")));
     }
+    check_halves(g, &planned)?;
     Ok((planned, types))
+}
+
+/// Every tensor made of halves (gpt-oss's `gate_up_proj` and its bias) has its gate and its up
+/// half once each, or the two stacked in one tensor — and nothing else.
+fn check_halves(g: &GgufFile, planned: &[Planned]) -> Result<()> {
+    let mut parts: HashMap<&str, Vec<Transform>> = HashMap::new();
+    for p in planned.iter().filter(|p| matches!(p.transform, Transform::Gate | Transform::Up | Transform::GateUp)) {
+        parts.entry(p.hf_name.as_str()).or_default().push(p.transform);
+    }
+    for (name, mut kinds) in parts {
+        kinds.sort_by_key(|t| *t as u8);
+        if kinds != [Transform::Gate, Transform::Up] && kinds != [Transform::GateUp] {
+            return Err(GgufError::invalid(
+                g.path(),
+                format!("`{name}` needs the gate and the up experts once each (or stacked), the file has {kinds:?}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Dequantises (un-permuting, un-shifting and splitting where the layout says) and writes
@@ -171,20 +194,51 @@ fn write_weights(
 ) -> Result<(PathBuf, usize, u64)> {
     let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(planned.len());
     let mut parameters = 0u64;
+    let bytes = |values: &[f32]| match dtype {
+        OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+    };
+    // gpt-oss's gate and up halves by HF name, until both are read.
+    let mut halves: HashMap<&str, [Option<Vec<f32>>; 2]> = HashMap::new();
     for p in planned {
         let mut values = g.dequantize(p.info)?;
-        if let Rope::Heads(n_head) = p.rope {
-            values = unpermute_rows(&values, p.shape[0], p.shape[1], n_head as usize);
+        parameters += values.len() as u64;
+        let s = &p.shape;
+        match p.transform {
+            Transform::Plain => {}
+            Transform::Unpermute(n_head) => values = unpermute_rows(&values, s[0], s[1], n_head as usize),
+            Transform::Transpose => values = transpose_last(&values, s[0], s[1], s[2]),
+            Transform::Gate | Transform::Up | Transform::GateUp => {
+                let slot = halves.entry(p.hf_name.as_str()).or_default();
+                if p.transform == Transform::GateUp {
+                    // `[experts, 2 · inter, cols]`: each expert's first `inter` rows are the gate's.
+                    let per = values.len() / s[0];
+                    let (gate, up): (Vec<&[f32]>, Vec<&[f32]>) =
+                        values.chunks(per).map(|expert| expert.split_at(per / 2)).unzip();
+                    *slot = [Some(gate.concat()), Some(up.concat())];
+                } else {
+                    slot[usize::from(p.transform == Transform::Up)] = Some(values);
+                }
+                let [Some(gate), Some(up)] = slot else { continue };
+                // `[experts, inter, cols]` halves (a bias has no `cols`).
+                let (experts, inter) = (s[0], if p.transform == Transform::GateUp { s[1] / 2 } else { s[1] });
+                let cols = s.get(2).copied();
+                let joined = gate_up_interleaved(gate, up, experts, inter);
+                let shape = match cols {
+                    Some(c) => vec![experts, c, 2 * inter],
+                    None => vec![experts, 2 * inter],
+                };
+                buffers.push((p.hf_name.clone(), shape, bytes(&joined)));
+                halves.remove(p.hf_name.as_str());
+                continue;
+            }
         }
         if norm_shifted(&p.hf_name, params) {
             values.iter_mut().for_each(|v| *v -= 1.0);
         }
-        parameters += values.len() as u64;
-        let bytes = |values: &[f32]| match dtype {
-            OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-        };
-        if p.hf_name.contains(EXPERT) {
+        if p.transform == Transform::Transpose {
+            buffers.push((p.hf_name.clone(), vec![s[0], s[2], s[1]], bytes(&values)));
+        } else if p.hf_name.contains(EXPERT) {
             // `[experts, out, in]`, one `[out, in]` tensor per expert.
             let per = values.len() / p.shape[0];
             for (e, chunk) in values.chunks(per).enumerate() {

@@ -11,15 +11,29 @@
 //!   Only for `llama`: Qwen's and Gemma's converters keep transformers' order (ggml's NeoX-style
 //!   rope pairs the halves as `rotate_half` does).
 //! - Gemma's RMSNorm weights are stored plus one ([`norm_shifted`]).
+//! - gpt-oss's experts: transformers stacks them as `x · W` (`gate_up_proj: [experts, hidden,
+//!   2 · inter]` with gate and up interleaved, `down_proj: [experts, inter, hidden]`), llama.cpp
+//!   as `W · x` with gate and up apart (`ffn_{gate,up,down}_exps`) or stacked (`ffn_gate_up_exps`):
+//!   [`Transform`] says how each is put back, [`gate_up_interleaved`] does it.
 
 use crate::params::LlamaParams;
 
-/// Which rows to un-permute.
+/// What becomes of a GGUF tensor's data on its way to its HF tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rope {
-    None,
-    /// Un-permute with this many heads.
-    Heads(u64),
+pub(crate) enum Transform {
+    /// As stored.
+    Plain,
+    /// Rows un-permuted with this many heads ([`unpermute_rows`]).
+    Unpermute(u64),
+    /// gpt-oss's `down_proj`: the last two dims swapped (GGUF `[experts, out, in]`, HF `[experts,
+    /// in, out]`, which gpt-oss multiplies as `x · W`).
+    Transpose,
+    /// One half of gpt-oss's `gate_up_proj` (or of its bias), which transformers stores as `[experts,
+    /// in, 2 · inter]` with gate and up interleaved (gate at even columns): the gate's `[experts,
+    /// inter, in]` or the up projection's, or both stacked (`ffn_gate_up_exps`, gate rows first).
+    Gate,
+    Up,
+    GateUp,
 }
 
 /// The placeholder of the expert index in a stacked tensor's HF name.
@@ -66,15 +80,77 @@ pub(crate) fn norm_shifted(hf_name: &str, p: &LlamaParams) -> bool {
     matches!(p.architecture.as_str(), "gemma2" | "gemma3") && hf_name.ends_with("norm.weight")
 }
 
-/// The HF name of a GGUF tensor, and whether its rows need un-permuting.
-pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<u64>)> {
+/// transformers' interleaved `gate_up_proj` `[experts, cols, 2 · inter]` from the gate's and the up
+/// projection's `[experts, inter, cols]` (a bias is `cols = 1`): column `2i` of expert `e` is the
+/// gate's row `i`, column `2i + 1` the up projection's.
+pub(crate) fn gate_up_interleaved(gate: &[f32], up: &[f32], experts: usize, inter: usize) -> Vec<f32> {
+    assert!(gate.len() == up.len() && experts * inter > 0 && gate.len() % (experts * inter) == 0, "bad gate/up");
+    let cols = gate.len() / (experts * inter);
+    let mut out = vec![0.0; 2 * gate.len()];
+    for e in 0..experts {
+        for i in 0..inter {
+            for c in 0..cols {
+                let from = (e * inter + i) * cols + c;
+                let to = (e * cols + c) * 2 * inter + 2 * i;
+                out[to] = gate[from];
+                out[to + 1] = up[from];
+            }
+        }
+    }
+    out
+}
+
+/// `[experts, rows, cols]` → `[experts, cols, rows]`.
+pub(crate) fn transpose_last(data: &[f32], experts: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; data.len()];
+    for e in 0..experts {
+        for r in 0..rows {
+            for c in 0..cols {
+                out[(e * cols + c) * rows + r] = data[(e * rows + r) * cols + c];
+            }
+        }
+    }
+    out
+}
+
+/// gpt-oss's tensors that the other architectures do not have: biases on q/k/v/o, the sinks, the
+/// router with its bias, and the biased experts.
+fn gpt_oss_name(rest: &str, p: &LlamaParams) -> Option<(&'static str, Transform, Vec<u64>)> {
+    let (h, m) = (p.hidden_size, p.moe?);
+    let (e, i) = (m.num_experts, m.moe_intermediate_size);
+    let (q_rows, kv_rows) = (p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim);
+    let plain = Transform::Plain;
+    Some(match rest {
+        "attn_q.bias" => ("self_attn.q_proj.bias", plain, vec![q_rows]),
+        "attn_k.bias" => ("self_attn.k_proj.bias", plain, vec![kv_rows]),
+        "attn_v.bias" => ("self_attn.v_proj.bias", plain, vec![kv_rows]),
+        "attn_output.bias" => ("self_attn.o_proj.bias", plain, vec![h]),
+        "attn_sinks.weight" => ("self_attn.sinks", plain, vec![p.num_attention_heads]),
+        "post_attention_norm.weight" => ("post_attention_layernorm.weight", plain, vec![h]),
+        "ffn_gate_inp.weight" => ("mlp.router.weight", plain, vec![e, h]),
+        "ffn_gate_inp.bias" => ("mlp.router.bias", plain, vec![e]),
+        "ffn_gate_exps.weight" => ("mlp.experts.gate_up_proj", Transform::Gate, vec![e, i, h]),
+        "ffn_up_exps.weight" => ("mlp.experts.gate_up_proj", Transform::Up, vec![e, i, h]),
+        "ffn_gate_up_exps.weight" => ("mlp.experts.gate_up_proj", Transform::GateUp, vec![e, 2 * i, h]),
+        "ffn_gate_exps.bias" => ("mlp.experts.gate_up_proj_bias", Transform::Gate, vec![e, i]),
+        "ffn_up_exps.bias" => ("mlp.experts.gate_up_proj_bias", Transform::Up, vec![e, i]),
+        "ffn_gate_up_exps.bias" => ("mlp.experts.gate_up_proj_bias", Transform::GateUp, vec![e, 2 * i]),
+        "ffn_down_exps.weight" => ("mlp.experts.down_proj", Transform::Transpose, vec![e, h, i]),
+        "ffn_down_exps.bias" => ("mlp.experts.down_proj_bias", plain, vec![e, h]),
+        _ => return None,
+    })
+}
+
+/// The HF name of a GGUF tensor, what becomes of its data, and its shape in the file (dims
+/// reversed).
+pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Transform, Vec<u64>)> {
     let llama = p.architecture == "llama";
     let gemma = matches!(p.architecture.as_str(), "gemma2" | "gemma3");
     let phi3 = p.architecture == "phi3";
     let olmo2 = p.architecture == "olmo2";
     let qk_norm = matches!(p.architecture.as_str(), "qwen3" | "qwen3moe" | "gemma3");
     // llama.cpp permutes q/k rows for `llama` only.
-    let heads = |n: u64| if llama { Rope::Heads(n) } else { Rope::None };
+    let heads = |n: u64| if llama { Transform::Unpermute(n) } else { Transform::Plain };
     let (h, inter) = (p.hidden_size, p.intermediate_size);
     let (q_rows, kv_rows) = (p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim);
     let top = match name {
@@ -84,7 +160,7 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<
         _ => None,
     };
     if let Some((n, shape)) = top {
-        return Some((n, Rope::None, shape));
+        return Some((n, Transform::Plain, shape));
     }
     let rest = name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
@@ -92,41 +168,48 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Rope, Vec<
     if layer >= p.num_hidden_layers {
         return None;
     }
+    if p.architecture == "gpt-oss" {
+        if let Some((suffix, transform, shape)) = gpt_oss_name(rest, p) {
+            return Some((format!("model.layers.{layer}.{suffix}"), transform, shape));
+        }
+    }
     let (suffix, rope, shape) = match rest {
-        "attn_norm.weight" => ("input_layernorm.weight", Rope::None, vec![h]),
+        "attn_norm.weight" => ("input_layernorm.weight", Transform::Plain, vec![h]),
         // Gemma 3's sandwich: llama.cpp's `ffn_norm` is the norm before the MLP.
-        "ffn_norm.weight" if gemma => ("pre_feedforward_layernorm.weight", Rope::None, vec![h]),
-        "ffn_norm.weight" => ("post_attention_layernorm.weight", Rope::None, vec![h]),
-        "post_attention_norm.weight" if gemma || olmo2 => ("post_attention_layernorm.weight", Rope::None, vec![h]),
-        "post_ffw_norm.weight" if gemma || olmo2 => ("post_feedforward_layernorm.weight", Rope::None, vec![h]),
+        "ffn_norm.weight" if gemma => ("pre_feedforward_layernorm.weight", Transform::Plain, vec![h]),
+        "ffn_norm.weight" => ("post_attention_layernorm.weight", Transform::Plain, vec![h]),
+        "post_attention_norm.weight" if gemma || olmo2 => {
+            ("post_attention_layernorm.weight", Transform::Plain, vec![h])
+        }
+        "post_ffw_norm.weight" if gemma || olmo2 => ("post_feedforward_layernorm.weight", Transform::Plain, vec![h]),
         // OLMo 2's q/k norms span all heads.
-        "attn_q_norm.weight" if olmo2 => ("self_attn.q_norm.weight", Rope::None, vec![q_rows]),
-        "attn_k_norm.weight" if olmo2 => ("self_attn.k_norm.weight", Rope::None, vec![kv_rows]),
+        "attn_q_norm.weight" if olmo2 => ("self_attn.q_norm.weight", Transform::Plain, vec![q_rows]),
+        "attn_k_norm.weight" if olmo2 => ("self_attn.k_norm.weight", Transform::Plain, vec![kv_rows]),
         "attn_q.weight" => ("self_attn.q_proj.weight", heads(p.num_attention_heads), vec![q_rows, h]),
         "attn_k.weight" => ("self_attn.k_proj.weight", heads(p.num_key_value_heads), vec![kv_rows, h]),
-        "attn_q.bias" if p.architecture == "qwen2" => ("self_attn.q_proj.bias", Rope::None, vec![q_rows]),
-        "attn_k.bias" if p.architecture == "qwen2" => ("self_attn.k_proj.bias", Rope::None, vec![kv_rows]),
-        "attn_v.bias" if p.architecture == "qwen2" => ("self_attn.v_proj.bias", Rope::None, vec![kv_rows]),
-        "attn_q_norm.weight" if qk_norm => ("self_attn.q_norm.weight", Rope::None, vec![p.head_dim]),
-        "attn_k_norm.weight" if qk_norm => ("self_attn.k_norm.weight", Rope::None, vec![p.head_dim]),
-        "attn_v.weight" => ("self_attn.v_proj.weight", Rope::None, vec![kv_rows, h]),
+        "attn_q.bias" if p.architecture == "qwen2" => ("self_attn.q_proj.bias", Transform::Plain, vec![q_rows]),
+        "attn_k.bias" if p.architecture == "qwen2" => ("self_attn.k_proj.bias", Transform::Plain, vec![kv_rows]),
+        "attn_v.bias" if p.architecture == "qwen2" => ("self_attn.v_proj.bias", Transform::Plain, vec![kv_rows]),
+        "attn_q_norm.weight" if qk_norm => ("self_attn.q_norm.weight", Transform::Plain, vec![p.head_dim]),
+        "attn_k_norm.weight" if qk_norm => ("self_attn.k_norm.weight", Transform::Plain, vec![p.head_dim]),
+        "attn_v.weight" => ("self_attn.v_proj.weight", Transform::Plain, vec![kv_rows, h]),
         // Phi-3's fused projections: `[q; k; v]` rows and `[gate; up]` rows, as transformers stores them.
-        "attn_qkv.weight" if phi3 => ("self_attn.qkv_proj.weight", Rope::None, vec![q_rows + 2 * kv_rows, h]),
-        "ffn_up.weight" if phi3 => ("mlp.gate_up_proj.weight", Rope::None, vec![2 * inter, h]),
-        "attn_output.weight" => ("self_attn.o_proj.weight", Rope::None, vec![h, q_rows]),
-        "ffn_gate.weight" if p.moe.is_none() && !phi3 => ("mlp.gate_proj.weight", Rope::None, vec![inter, h]),
-        "ffn_up.weight" if p.moe.is_none() => ("mlp.up_proj.weight", Rope::None, vec![inter, h]),
-        "ffn_down.weight" if p.moe.is_none() => ("mlp.down_proj.weight", Rope::None, vec![h, inter]),
+        "attn_qkv.weight" if phi3 => ("self_attn.qkv_proj.weight", Transform::Plain, vec![q_rows + 2 * kv_rows, h]),
+        "ffn_up.weight" if phi3 => ("mlp.gate_up_proj.weight", Transform::Plain, vec![2 * inter, h]),
+        "attn_output.weight" => ("self_attn.o_proj.weight", Transform::Plain, vec![h, q_rows]),
+        "ffn_gate.weight" if p.moe.is_none() && !phi3 => ("mlp.gate_proj.weight", Transform::Plain, vec![inter, h]),
+        "ffn_up.weight" if p.moe.is_none() => ("mlp.up_proj.weight", Transform::Plain, vec![inter, h]),
+        "ffn_down.weight" if p.moe.is_none() => ("mlp.down_proj.weight", Transform::Plain, vec![h, inter]),
         _ => match (rest, p.moe) {
-            ("ffn_gate_inp.weight", Some(m)) => ("mlp.gate.weight", Rope::None, vec![m.num_experts, h]),
+            ("ffn_gate_inp.weight", Some(m)) => ("mlp.gate.weight", Transform::Plain, vec![m.num_experts, h]),
             ("ffn_gate_exps.weight", Some(m)) => {
-                ("mlp.experts.{e}.gate_proj.weight", Rope::None, vec![m.num_experts, m.moe_intermediate_size, h])
+                ("mlp.experts.{e}.gate_proj.weight", Transform::Plain, vec![m.num_experts, m.moe_intermediate_size, h])
             }
             ("ffn_up_exps.weight", Some(m)) => {
-                ("mlp.experts.{e}.up_proj.weight", Rope::None, vec![m.num_experts, m.moe_intermediate_size, h])
+                ("mlp.experts.{e}.up_proj.weight", Transform::Plain, vec![m.num_experts, m.moe_intermediate_size, h])
             }
             ("ffn_down_exps.weight", Some(m)) => {
-                ("mlp.experts.{e}.down_proj.weight", Rope::None, vec![m.num_experts, h, m.moe_intermediate_size])
+                ("mlp.experts.{e}.down_proj.weight", Transform::Plain, vec![m.num_experts, h, m.moe_intermediate_size])
             }
             _ => return None,
         },
@@ -156,6 +239,19 @@ pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
         ],
         "phi3" => &["self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight"],
         "olmo2" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_feedforward_layernorm.weight"],
+        "gpt-oss" => &[
+            "self_attn.q_proj.bias",
+            "self_attn.k_proj.bias",
+            "self_attn.v_proj.bias",
+            "self_attn.o_proj.bias",
+            "self_attn.sinks",
+            "mlp.router.weight",
+            "mlp.router.bias",
+            "mlp.experts.gate_up_proj",
+            "mlp.experts.gate_up_proj_bias",
+            "mlp.experts.down_proj",
+            "mlp.experts.down_proj_bias",
+        ],
         _ => &[],
     };
     // OLMo 2 normalises after attention and after the MLP only.

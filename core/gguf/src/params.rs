@@ -151,10 +151,11 @@ impl LlamaParams {
                 })?;
                 (factor != 1.0).then(|| json!({"rope_type": "linear", "factor": factor}))
             }
+            Some("yarn") => Some(yarn(g, arch)?),
             Some(other) => {
                 return Err(GgufError::unsupported(
                     path,
-                    format!("rope scaling `{other}` is not supported (none, linear)"),
+                    format!("rope scaling `{other}` is not supported (none, linear, yarn)"),
                 ))
             }
         };
@@ -242,7 +243,7 @@ impl LlamaParams {
             tie_word_embeddings: g.tensor("output.weight").is_none(),
             moe,
             sliding_window: match arch {
-                "gemma2" | "gemma3" => Some(g.req_u64(&k("attention.sliding_window"))?),
+                "gemma2" | "gemma3" | "gpt-oss" => Some(g.req_u64(&k("attention.sliding_window"))?),
                 "phi3" => g.opt_u64(&k("attention.sliding_window"))?,
                 _ => None,
             },
@@ -251,16 +252,17 @@ impl LlamaParams {
         })
     }
 
-    /// The experts of a `qwen3moe` file; any other architecture with experts is refused.
+    /// The experts of a `qwen3moe` or `gpt-oss` file; any other architecture with experts is
+    /// refused.
     fn moe_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<MoeParams>> {
         let path = g.path();
         let k = |name: &str| format!("{arch}.{name}");
         let experts = g.opt_u64(&k("expert_count"))?.unwrap_or(0);
-        if arch != "qwen3moe" {
+        if !matches!(arch, "qwen3moe" | "gpt-oss") {
             if experts > 0 {
                 return Err(GgufError::unsupported(
                     path,
-                    format!("mixture-of-experts `{arch}` models are not supported (qwen3moe is)"),
+                    format!("mixture-of-experts `{arch}` models are not supported (qwen3moe and gpt-oss are)"),
                 ));
             }
             return Ok(None);
@@ -300,6 +302,7 @@ impl LlamaParams {
             "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
             "phi3" => ("Phi3ForCausalLM", "phi3"),
             "olmo2" => ("Olmo2ForCausalLM", "olmo2"),
+            "gpt-oss" => ("GptOssForCausalLM", "gpt_oss"),
             _ => ("LlamaForCausalLM", "llama"),
         };
         let mut config = json!({
@@ -344,6 +347,7 @@ impl LlamaParams {
             }
             "gemma2" | "gemma3_text" => self.gemma_keys(),
             "olmo2" => json!({"attention_bias": false}),
+            "gpt_oss" => self.gpt_oss_keys(),
             "phi3" => json!({
                 "sliding_window": self.sliding_window,
                 "partial_rotary_factor": self.rotary_dim as f64 / self.head_dim as f64,
@@ -360,6 +364,26 @@ impl LlamaParams {
             c.extend(e.clone());
         }
         config
+    }
+
+    /// What a gpt-oss config adds, as llama.cpp computes these models: even layers slide over
+    /// the file's window and odd ones attend to everything, biased attention, the experts'
+    /// `expert_feed_forward_length` as `intermediate_size`, and the SwiGLU clamped at 7 (which
+    /// llama.cpp fixes for gpt-oss and the file does not store).
+    fn gpt_oss_keys(&self) -> Value {
+        let m = self.moe.expect("a gpt-oss file has experts");
+        let layer_types: Vec<&str> = (0..self.num_hidden_layers)
+            .map(|i| if i % 2 == 0 { "sliding_attention" } else { "full_attention" })
+            .collect();
+        json!({
+            "num_local_experts": m.num_experts,
+            "num_experts_per_tok": m.num_experts_per_tok,
+            "intermediate_size": m.moe_intermediate_size,
+            "sliding_window": self.sliding_window,
+            "layer_types": layer_types,
+            "attention_bias": true,
+            "swiglu_limit": 7.0,
+        })
     }
 
     /// What a Gemma config adds, as llama.cpp computes these models: Gemma 3 has every sixth layer
@@ -426,6 +450,38 @@ fn long_rope_factors(g: &GgufFile, rotary_dim: u64) -> Result<Option<Value>> {
     Ok(Some(json!({"rope_type": "longrope", "long_factor": factors[0], "short_factor": factors[1]})))
 }
 
+/// YaRN as transformers' `rope_scaling`: the factor and the original context the file gives, its
+/// `β` bounds where it has them (transformers' 32 and 1 otherwise). The frequency band is rounded
+/// to whole dimensions as llama.cpp does (transformers' `truncate`), except for gpt-oss, whose
+/// released config does not round it.
+fn yarn(g: &GgufFile, arch: &str) -> Result<Value> {
+    let k = |name: &str| format!("{arch}.rope.scaling.{name}");
+    let factor = g
+        .opt_f64(&k("factor"))?
+        .filter(|f| f.is_finite() && *f >= 1.0)
+        .ok_or_else(|| GgufError::metadata(g.path(), &k("factor"), "missing or below 1 for YaRN"))?;
+    let original = g
+        .opt_u64(&k("original_context_length"))?
+        .filter(|n| *n > 0)
+        .ok_or_else(|| GgufError::metadata(g.path(), &k("original_context_length"), "missing for YaRN"))?;
+    let yarn = json!({
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "beta_fast": g.opt_f64(&k("yarn_beta_fast"))?.unwrap_or(32.0),
+        "beta_slow": g.opt_f64(&k("yarn_beta_slow"))?.unwrap_or(1.0),
+        "truncate": arch != "gpt-oss",
+    });
+    // llama.cpp multiplies these into its own YaRN magnitude scale, which transformers' keys do not
+    // express one for one.
+    for key in ["attn_factor", "yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor"] {
+        if g.opt_f64(&k(key))?.is_some_and(|v| v != 1.0 || key == "yarn_log_multiplier") {
+            return Err(GgufError::unsupported(g.path(), format!("YaRN with `{}` is not supported", k(key))));
+        }
+    }
+    Ok(yarn)
+}
+
 /// `eos_token_id`: one id, or `[eos, eot]` when the file names a separate end-of-turn token.
 pub(crate) fn eos_value(special: &SpecialIds) -> Value {
     match (special.eos, special.eot) {
@@ -438,12 +494,12 @@ pub(crate) fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2"].contains(&arch) {
+    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt-oss"].contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3; qwen3moe; gemma2; gemma3; phi3; olmo2)"
+                 qwen3; qwen3moe; gemma2; gemma3; phi3; olmo2; gpt-oss)"
             ),
         ));
     }

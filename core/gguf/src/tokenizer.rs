@@ -26,6 +26,11 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 const QWEN2_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's split (OpenAI's `o200k_base`; gpt-oss, Llama 4), as gpt-oss's `tokenizer.json` says:
+/// words keep a leading non-letter and an uppercase run with their lowercase tail, contractions
+/// stay on the word, digits in threes.
+const O200K_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The special token ids a GGUF declares.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SpecialIds {
@@ -57,7 +62,8 @@ pub struct TokenizerFiles {
 ///   which is also what these models' own `tokenizer.json` files say;
 /// - `llama3`, `llama-v3`, `llama-bpe`, `smaug-bpe`, `falcon3`, `dbrx`: Llama 3's regex
 ///   (`Split` + `ByteLevel` without its own regex);
-/// - `qwen2` (Qwen2, Qwen2.5, Qwen3): the same with single digits.
+/// - `qwen2` (Qwen2, Qwen2.5, Qwen3): the same with single digits;
+/// - `gpt-4o`, `llama4` (gpt-oss): GPT-4o's regex, then `ByteLevel` without its own.
 pub fn pre_tokenizer(pre: &str, add_prefix_space: bool) -> Option<Value> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": true, "use_regex": use_regex});
     Some(match pre {
@@ -66,8 +72,12 @@ pub fn pre_tokenizer(pre: &str, add_prefix_space: bool) -> Option<Value> {
             "type": "Sequence",
             "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)],
         }),
-        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "dbrx" | "qwen2" => {
-            let split = if pre == "qwen2" { QWEN2_SPLIT } else { LLAMA3_SPLIT };
+        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "dbrx" | "qwen2" | "gpt-4o" | "llama4" => {
+            let split = match pre {
+                "qwen2" => QWEN2_SPLIT,
+                "gpt-4o" | "llama4" => O200K_SPLIT,
+                _ => LLAMA3_SPLIT,
+            };
             json!({
                 "type": "Sequence",
                 "pretokenizers": [
@@ -90,7 +100,7 @@ fn ignore_merges(pre: &str) -> bool {
 const MAX_SPM_TOKEN_CHARS: usize = 1024;
 
 const KNOWN_PRE: &str = "gpt-2, mpt, olmo, jais, smollm, starcoder, refact, command-r, codeshell, exaone, minerva, \
-                         llama3, llama-v3, llama-bpe, smaug-bpe, falcon3, dbrx, qwen2";
+                         llama3, llama-v3, llama-bpe, smaug-bpe, falcon3, dbrx, qwen2, gpt-4o, llama4";
 
 /// The model side of `tokenizer.json` for one kind of vocabulary.
 struct Backend {

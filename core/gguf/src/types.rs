@@ -199,12 +199,17 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
+    /// OCP microscaling FP4 (gpt-oss's experts): 32 E2M1 values sharing a power-of-two scale.
+    MXFP4,
 }
 
 /// Every known type, for messages.
-pub(crate) const ALL_TYPES: [GgmlType; 20] = {
+pub(crate) const ALL_TYPES: [GgmlType; 21] = {
     use GgmlType::*;
-    [F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, I8, I16, I32, I64, F64, BF16]
+    [
+        F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, I8, I16, I32, I64, F64, BF16,
+        MXFP4,
+    ]
 };
 
 impl GgmlType {
@@ -237,6 +242,7 @@ impl GgmlType {
             I64 => 27,
             F64 => 28,
             BF16 => 30,
+            MXFP4 => 39,
         }
     }
 
@@ -264,6 +270,7 @@ impl GgmlType {
             I64 => "I64",
             F64 => "F64",
             BF16 => "BF16",
+            MXFP4 => "MXFP4",
         }
     }
 
@@ -272,7 +279,7 @@ impl GgmlType {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | MXFP4 => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => 256,
         }
     }
@@ -297,13 +304,14 @@ impl GgmlType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => 292,
+            MXFP4 => 17,
         }
     }
 
     /// Whether [`crate::dequantize`] handles it.
     pub fn can_dequantize(self) -> bool {
         use GgmlType::*;
-        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
+        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K | MXFP4)
     }
 }
 
