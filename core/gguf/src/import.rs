@@ -171,9 +171,9 @@ fn check_halves(g: &GgufFile, planned: &[Planned]) -> Result<()> {
     for p in planned.iter().filter(|p| matches!(p.transform, Transform::Gate | Transform::Up | Transform::GateUp)) {
         parts.entry(p.hf_name.as_str()).or_default().push(p.transform);
     }
-    for (name, mut kinds) in parts {
-        kinds.sort_by_key(|t| *t as u8);
-        if kinds != [Transform::Gate, Transform::Up] && kinds != [Transform::GateUp] {
+    for (name, kinds) in parts {
+        let count = |kind: Transform| kinds.iter().filter(|t| **t == kind).count();
+        if !matches!((count(Transform::Gate), count(Transform::Up), count(Transform::GateUp)), (1, 1, 0) | (0, 0, 1)) {
             return Err(GgufError::invalid(
                 g.path(),
                 format!("`{name}` needs the gate and the up experts once each (or stacked), the file has {kinds:?}"),
