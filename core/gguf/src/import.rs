@@ -160,27 +160,57 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
     if let Some(missing) = required_names(params).iter().find(|n| !have.contains_key(n.as_str())) {
         return Err(GgufError::invalid(path, format!("no tensor for `{missing}`")));
     }
-    check_halves(g, &planned)?;
+    check_sources(g, &planned)?;
     Ok((planned, types))
 }
 
-/// Every tensor made of halves (gpt-oss's `gate_up_proj` and its bias) has its gate and its up
-/// half once each, or the two stacked in one tensor — and nothing else.
-fn check_halves(g: &GgufFile, planned: &[Planned]) -> Result<()> {
-    let mut parts: HashMap<&str, Vec<Transform>> = HashMap::new();
-    for p in planned.iter().filter(|p| matches!(p.transform, Transform::Gate | Transform::Up | Transform::GateUp)) {
-        parts.entry(p.hf_name.as_str()).or_default().push(p.transform);
+/// Every HF tensor comes from one tensor of the file — or, for gpt-oss's `gate_up_proj` and its
+/// bias, from a gate and an up half once each, or the two stacked in one tensor.
+fn check_sources(g: &GgufFile, planned: &[Planned]) -> Result<()> {
+    let mut sources: HashMap<&str, Vec<Transform>> = HashMap::new();
+    for p in planned {
+        sources.entry(p.hf_name.as_str()).or_default().push(p.transform);
     }
-    for (name, kinds) in parts {
+    for (name, kinds) in sources {
         let count = |kind: Transform| kinds.iter().filter(|t| **t == kind).count();
-        if !matches!((count(Transform::Gate), count(Transform::Up), count(Transform::GateUp)), (1, 1, 0) | (0, 0, 1)) {
+        let halves = (count(Transform::Gate), count(Transform::Up), count(Transform::GateUp));
+        if kinds.len() > 1 && halves != (1, 1, 0) {
+            return Err(GgufError::invalid(g.path(), format!("{} tensors of the file make `{name}`", kinds.len())));
+        }
+        if matches!(halves, (1, 0, 0) | (0, 1, 0)) {
             return Err(GgufError::invalid(
                 g.path(),
-                format!("`{name}` needs the gate and the up experts once each (or stacked), the file has {kinds:?}"),
+                format!("`{name}` needs the gate and the up experts (or the two stacked); the file has one of them"),
             ));
         }
     }
     Ok(())
+}
+
+/// Puts `p`'s gate or up half (`[experts, inter, cols]`; a bias has no `cols`), or both stacked
+/// (`[experts, 2 · inter, cols]`, each expert's gate rows first), into `slot`; once both are there,
+/// transformers' interleaved tensor and its shape ([`gate_up_interleaved`]).
+fn join_halves(slot: &mut [Option<Vec<f32>>; 2], p: &Planned, values: Vec<f32>) -> Option<(Vec<f32>, Vec<usize>)> {
+    let s = &p.shape;
+    let mut inter = s[1];
+    if p.transform == Transform::GateUp {
+        inter /= 2;
+        let per = values.len() / s[0];
+        let (gate, up): (Vec<&[f32]>, Vec<&[f32]>) = values.chunks(per).map(|e| e.split_at(per / 2)).unzip();
+        *slot = [Some(gate.concat()), Some(up.concat())];
+    } else {
+        slot[usize::from(p.transform == Transform::Up)] = Some(values);
+    }
+    if slot.iter().any(Option::is_none) {
+        return None;
+    }
+    let [Some(gate), Some(up)] = slot.each_mut().map(Option::take) else { return None };
+    let joined = gate_up_interleaved(&gate, &up, s[0], inter);
+    let shape = match s.get(2) {
+        Some(&cols) => vec![s[0], cols, 2 * inter],
+        None => vec![s[0], 2 * inter],
+    };
+    Some((joined, shape))
 }
 
 /// Dequantises (un-permuting, un-shifting and splitting where the layout says) and writes
@@ -201,51 +231,32 @@ fn write_weights(
     // gpt-oss's gate and up halves by HF name, until both are read.
     let mut halves: HashMap<&str, [Option<Vec<f32>>; 2]> = HashMap::new();
     for p in planned {
-        let mut values = g.dequantize(p.info)?;
+        let values = g.dequantize(p.info)?;
         parameters += values.len() as u64;
         let s = &p.shape;
-        match p.transform {
-            Transform::Plain => {}
-            Transform::Unpermute(n_head) => values = unpermute_rows(&values, s[0], s[1], n_head as usize),
-            Transform::Transpose => values = transpose_last(&values, s[0], s[1], s[2]),
+        let (mut values, shape) = match p.transform {
+            Transform::Plain => (values, s.clone()),
+            Transform::Unpermute(n_head) => (unpermute_rows(&values, s[0], s[1], n_head as usize), s.clone()),
+            Transform::Transpose => (transpose_last(&values, s[0], s[1], s[2]), vec![s[0], s[2], s[1]]),
             Transform::Gate | Transform::Up | Transform::GateUp => {
                 let slot = halves.entry(p.hf_name.as_str()).or_default();
-                if p.transform == Transform::GateUp {
-                    // `[experts, 2 · inter, cols]`: each expert's first `inter` rows are the gate's.
-                    let per = values.len() / s[0];
-                    let (gate, up): (Vec<&[f32]>, Vec<&[f32]>) =
-                        values.chunks(per).map(|expert| expert.split_at(per / 2)).unzip();
-                    *slot = [Some(gate.concat()), Some(up.concat())];
-                } else {
-                    slot[usize::from(p.transform == Transform::Up)] = Some(values);
+                match join_halves(slot, p, values) {
+                    Some(joined) => joined,
+                    None => continue,
                 }
-                let [Some(gate), Some(up)] = slot else { continue };
-                // `[experts, inter, cols]` halves (a bias has no `cols`).
-                let (experts, inter) = (s[0], if p.transform == Transform::GateUp { s[1] / 2 } else { s[1] });
-                let cols = s.get(2).copied();
-                let joined = gate_up_interleaved(gate, up, experts, inter);
-                let shape = match cols {
-                    Some(c) => vec![experts, c, 2 * inter],
-                    None => vec![experts, 2 * inter],
-                };
-                buffers.push((p.hf_name.clone(), shape, bytes(&joined)));
-                halves.remove(p.hf_name.as_str());
-                continue;
             }
-        }
+        };
         if norm_shifted(&p.hf_name, params) {
             values.iter_mut().for_each(|v| *v -= 1.0);
         }
-        if p.transform == Transform::Transpose {
-            buffers.push((p.hf_name.clone(), vec![s[0], s[2], s[1]], bytes(&values)));
-        } else if p.hf_name.contains(EXPERT) {
+        if p.hf_name.contains(EXPERT) {
             // `[experts, out, in]`, one `[out, in]` tensor per expert.
-            let per = values.len() / p.shape[0];
+            let per = values.len() / shape[0];
             for (e, chunk) in values.chunks(per).enumerate() {
-                buffers.push((p.hf_name.replace(EXPERT, &e.to_string()), p.shape[1..].to_vec(), bytes(chunk)));
+                buffers.push((p.hf_name.replace(EXPERT, &e.to_string()), shape[1..].to_vec(), bytes(chunk)));
             }
         } else {
-            buffers.push((p.hf_name.clone(), p.shape.clone(), bytes(&values)));
+            buffers.push((p.hf_name.clone(), shape, bytes(&values)));
         }
     }
     let st_dtype = match dtype {

@@ -341,18 +341,7 @@ fn import_refuses_what_it_cannot_convert_naming_the_file() {
     let (_, good) = tiny_llama("smollm", false);
     let g = GgufFile::from_bytes(&path, good).unwrap();
     // Rebuild with one extra unknown tensor, with a Q4_K tensor, with an unknown pre-tokenizer.
-    let rebuild = |extra: &dyn Fn(GgufWriter) -> GgufWriter, skip_keys: &[&str]| {
-        let mut w = GgufWriter::new();
-        for (k, v) in &g.metadata {
-            if !skip_keys.contains(&k.as_str()) {
-                w = w.kv(k, v.clone());
-            }
-        }
-        for t in &g.tensors {
-            w = w.tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec());
-        }
-        extra(w).to_bytes()
-    };
+    let rebuild = |extra: &dyn Fn(GgufWriter) -> GgufWriter, skip_keys: &[&str]| rebuilt(&g, extra, skip_keys);
     check(rebuild(&|w| w.tensor_f32("blk.0.attn_q.bias", &[32], &[0.0; 32]), &[]), "blk.0.attn_q.bias");
     check(rebuild(&|w| w.tensor_f32("output.weight", &[HIDDEN, 5], &[0.0; 5 * 32]), &[]), "shape");
     check(
@@ -373,6 +362,48 @@ fn import_refuses_what_it_cannot_convert_naming_the_file() {
     };
     check(rebuild(&long_token, &["tokenizer.ggml.model", "tokenizer.ggml.tokens"]), "token 5 has 5000 characters");
     assert!(!out.exists(), "nothing is written when the import is refused");
+}
+
+/// `g` written again without the metadata `skip_keys`, then changed by `extra`.
+fn rebuilt(g: &GgufFile, extra: &dyn Fn(GgufWriter) -> GgufWriter, skip_keys: &[&str]) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    for (k, v) in &g.metadata {
+        if !skip_keys.contains(&k.as_str()) {
+            w = w.kv(k, v.clone());
+        }
+    }
+    for t in &g.tensors {
+        w = w.tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec());
+    }
+    extra(w).to_bytes()
+}
+
+/// YaRN (`rope.scaling.type = yarn`) becomes transformers' `rope_scaling` with the file's factor,
+/// original context and β bounds, the band rounded as llama.cpp rounds it; YaRN with llama.cpp's
+/// own magnitude keys is refused naming the key.
+#[test]
+fn yarn_scaling_becomes_rope_scaling_and_llama_cpp_magnitude_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("yarn.gguf");
+    let (_, good) = tiny_llama("smollm", false);
+    let g = GgufFile::from_bytes(&path, good).unwrap();
+    let yarn = |w: GgufWriter| {
+        w.kv("llama.rope.scaling.type", Value::String("yarn".into()))
+            .kv("llama.rope.scaling.factor", Value::F32(4.0))
+            .kv("llama.rope.scaling.original_context_length", Value::U32(64))
+            .kv("llama.rope.scaling.yarn_beta_fast", Value::F32(16.0))
+    };
+    let out = dir.path().join("hf");
+    import_llama(&GgufFile::from_bytes(&path, rebuilt(&g, &yarn, &[])).unwrap(), &out, OutDtype::F32).unwrap();
+    assert_eq!(
+        read_json(&out.join("config.json"))["rope_scaling"],
+        json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
+               "beta_slow": 1.0, "truncate": true})
+    );
+    let with_log = |w: GgufWriter| yarn(w).kv("llama.rope.scaling.yarn_log_multiplier", Value::F32(0.1));
+    let refused = GgufFile::from_bytes(&path, rebuilt(&g, &with_log, &[])).unwrap();
+    let err = import_llama(&refused, &dir.path().join("no"), OutDtype::F32).unwrap_err().to_string();
+    assert!(err.contains("llama.rope.scaling.yarn_log_multiplier") && err.contains("yarn.gguf"), "{err}");
 }
 
 /// Sizes from the metadata are checked against the file before anything is built from them: a
