@@ -121,6 +121,12 @@ pub(crate) fn run(opts: &Options) -> Result<()> {
         p.vocab_size,
         p.tie_word_embeddings,
     );
+    if summary.skipped > 0 {
+        eprintln!(
+            "left out {} tensors of the multi-token-prediction layers (transformers' causal LM does not load them)",
+            summary.skipped
+        );
+    }
     if summary.duplicate_tokens > 0 {
         eprintln!(
             "warning: {} tokens repeat an earlier token's text; only the first id of each is in tokenizer.json",

@@ -1,8 +1,9 @@
 //! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2`,
-//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2` and `gpt-oss`: `model.safetensors`
-//! (dequantised), `config.json` (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
-//! `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`,
-//! `Olmo2ForCausalLM`, `GptOssForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
+//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2`, `gpt-oss`, `qwen35`, `qwen35moe` and
+//! `qwen3next`: `model.safetensors` (dequantised), `config.json` (`LlamaForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`,
+//! `Gemma3ForCausalLM`, `Phi3ForCausalLM`, `Olmo2ForCausalLM`, `GptOssForCausalLM`,
+//! `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`, `Qwen3NextForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
 //! `tokenizer_config.json` ([`crate::tokenizer`]). Qwen2's q/k/v biases and Qwen3's per-head q/k norms
 //! (`attn_q_norm`, `attn_k_norm`) map to their transformers names; Qwen3-MoE's router
 //! (`ffn_gate_inp`) to `mlp.gate`, and its stacked experts (`ffn_{gate,up,down}_exps`,
@@ -20,8 +21,10 @@ use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
 use crate::layout::{
-    gate_up_interleaved, hf_name, norm_shifted, required_names, transpose_last, unpermute_rows, Transform, EXPERT,
+    gate_up_interleaved, hf_name, is_mtp_block, norm_shifted, required_names, transpose_last, unpermute_rows,
+    Transform, EXPERT,
 };
+use crate::linear::{a_log, is_a_log, qkvz_grouped, untile};
 use crate::params::{architecture, eos_value, LlamaParams, OutDtype, ROPE_FACTORS};
 use crate::reader::{GgufFile, TensorInfo};
 use crate::tokenizer::{self, SpecialIds};
@@ -44,6 +47,8 @@ pub struct ImportSummary {
     pub source_types: Vec<(String, usize)>,
     pub special: SpecialIds,
     pub duplicate_tokens: usize,
+    /// Tensors of the file left out: Qwen3.5's multi-token-prediction blocks.
+    pub skipped: usize,
     pub files: Vec<PathBuf>,
 }
 
@@ -52,20 +57,20 @@ struct Planned<'a> {
     /// With `{e}` for the expert where the tensor stacks the experts (`shape[0]` of them), each
     /// written as a tensor of its own.
     hf_name: String,
-    /// In the file (dims reversed).
+    /// transformers' (the file's with its dims reversed, up to dimensions of size 1).
     shape: Vec<usize>,
     transform: Transform,
 }
 
-/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2` or `gpt-oss`
-/// GGUF into `out` (created if needed; existing files of the same names are overwritten).
+/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2`, `gpt-oss`,
+/// `qwen35`, `qwen35moe` or `qwen3next` GGUF into `out` (created if needed; existing files of the same names are overwritten).
 /// Everything is checked — architecture, tensor names, shapes, types, tokenizer — before the first
 /// file is written.
 pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportSummary> {
     let path = g.path();
     let arch = architecture(g)?.to_owned();
     let params = LlamaParams::from_gguf(g)?;
-    let (planned, types) = plan(g, &params)?;
+    let (planned, types, skipped) = plan(g, &params)?;
     let tok = tokenizer::build(g, &arch, params.max_position_embeddings)?;
     if tok.n_tokens as u64 > params.vocab_size {
         return Err(GgufError::invalid(
@@ -105,6 +110,7 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
         source_types: types,
         special: tok.special,
         duplicate_tokens: tok.duplicate_tokens,
+        skipped,
         files,
     })
 }
@@ -113,22 +119,30 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
 type TypeCounts = Vec<(String, usize)>;
 
 /// Every tensor of the file with its HF name, checked: known, of the right shape, dequantisable;
-/// and every tensor the architecture needs present. With the count of each GGUF tensor type.
-fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, TypeCounts)> {
+/// and every tensor the architecture needs present. With the count of each GGUF tensor type and
+/// of the tensors left out.
+fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, TypeCounts, usize)> {
     let path = g.path();
     let mut planned = Vec::with_capacity(g.tensors.len());
     let mut unknown = Vec::new();
     let mut types: TypeCounts = Vec::new();
+    let mut skipped = 0;
     for info in &g.tensors {
         if params.architecture == "phi3" && ROPE_FACTORS.contains(&info.name.as_str()) {
             continue; // read into the config's `rope_scaling`
+        }
+        if is_mtp_block(&info.name, params) {
+            skipped += 1;
+            continue;
         }
         let Some((hf, transform, expected)) = hf_name(&info.name, params) else {
             unknown.push(info.name.clone());
             continue;
         };
         let shape: Vec<u64> = info.dims.iter().rev().copied().collect();
-        if shape != expected {
+        // A `[1, n]` weight may be stored as `[n]`, a `[c, 1, k]` one as `[c, k]`.
+        let squeezed = |s: &[u64]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<u64>>();
+        if shape != expected && squeezed(&shape) != squeezed(&expected) {
             return Err(GgufError::invalid(
                 path,
                 format!("tensor `{}` has shape {shape:?} (dims reversed), expected {expected:?} for `{hf}`", info.name),
@@ -147,7 +161,7 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
             Some((_, n)) => *n += 1,
             None => types.push((info.ggml_type.name().to_owned(), 1)),
         }
-        planned.push(Planned { info, hf_name: hf, shape: shape.iter().map(|&d| d as usize).collect(), transform });
+        planned.push(Planned { info, hf_name: hf, shape: expected.iter().map(|&d| d as usize).collect(), transform });
     }
     if !unknown.is_empty() {
         unknown.truncate(10);
@@ -161,51 +175,75 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
         return Err(GgufError::invalid(path, format!("no tensor for `{missing}`")));
     }
     check_sources(g, &planned)?;
-    Ok((planned, types))
+    Ok((planned, types, skipped))
 }
 
-/// Every HF tensor comes from one tensor of the file — or, for gpt-oss's `gate_up_proj` and its
-/// bias, from a gate and an up half once each, or the two stacked in one tensor.
+/// Every HF tensor comes from one tensor of the file — or from its two parts once each: the gate
+/// and up experts of a `gate_up_proj` (gpt-oss, the hybrid Qwens) or its bias, the q/k/v and z
+/// rows of Qwen3-Next's `in_proj_qkvz`.
 fn check_sources(g: &GgufFile, planned: &[Planned]) -> Result<()> {
     let mut sources: HashMap<&str, Vec<Transform>> = HashMap::new();
     for p in planned {
         sources.entry(p.hf_name.as_str()).or_default().push(p.transform);
     }
     for (name, kinds) in sources {
-        let count = |kind: Transform| kinds.iter().filter(|t| **t == kind).count();
-        let halves = (count(Transform::Gate), count(Transform::Up), count(Transform::GateUp));
-        if kinds.len() > 1 && halves != (1, 1, 0) {
+        let parts: Vec<Option<usize>> = kinds.iter().map(|t| t.part()).collect();
+        let pair = parts.len() == 2 && parts.contains(&Some(0)) && parts.contains(&Some(1));
+        if kinds.len() > 1 && !pair {
             return Err(GgufError::invalid(g.path(), format!("{} tensors of the file make `{name}`", kinds.len())));
         }
-        if matches!(halves, (1, 0, 0) | (0, 1, 0)) {
-            return Err(GgufError::invalid(
-                g.path(),
-                format!("`{name}` needs the gate and the up experts (or the two stacked); the file has one of them"),
-            ));
+        if kinds.len() == 1 && parts[0].is_some() {
+            let what = match kinds[0] {
+                Transform::Qkv | Transform::Z => "the q/k/v rows (`attn_qkv`) and the z rows (`attn_gate`)",
+                _ => "the gate and the up experts (or the two stacked)",
+            };
+            return Err(GgufError::invalid(g.path(), format!("`{name}` needs {what}; the file has one of them")));
         }
     }
     Ok(())
 }
 
-/// Puts `p`'s gate or up half (`[experts, inter, cols]`; a bias has no `cols`), or both stacked
-/// (`[experts, 2 · inter, cols]`, each expert's gate rows first), into `slot`; once both are there,
-/// transformers' interleaved tensor and its shape ([`gate_up_interleaved`]).
-fn join_halves(slot: &mut [Option<Vec<f32>>; 2], p: &Planned, values: Vec<f32>) -> Option<(Vec<f32>, Vec<usize>)> {
+/// Puts `p`'s part into `slot` — a gate or up half (`[experts, inter, cols]`; a bias has no
+/// `cols`), both stacked (gpt-oss's `[experts, 2 · inter, cols]`, each expert's gate rows first),
+/// or Qwen3-Next's q/k/v or z rows — and once both are there, transformers' tensor and its shape:
+/// gpt-oss's interleaved `gate_up_proj` ([`gate_up_interleaved`]), the hybrid Qwens' stacked one
+/// (`[experts, 2 · inter, cols]`), or Qwen3-Next's `in_proj_qkvz` ([`qkvz_grouped`]).
+fn join_parts(
+    slot: &mut [Option<Vec<f32>>; 2],
+    p: &Planned,
+    values: Vec<f32>,
+    params: &LlamaParams,
+) -> Option<(Vec<f32>, Vec<usize>)> {
     let s = &p.shape;
     let mut inter = s[1];
-    if p.transform == Transform::GateUp {
-        inter /= 2;
-        let per = values.len() / s[0];
-        let (gate, up): (Vec<&[f32]>, Vec<&[f32]>) = values.chunks(per).map(|e| e.split_at(per / 2)).unzip();
-        *slot = [Some(gate.concat()), Some(up.concat())];
-    } else {
-        slot[usize::from(p.transform == Transform::Up)] = Some(values);
+    match p.transform.part() {
+        Some(i) => slot[i] = Some(values),
+        None => {
+            // `GateUp`: split into the two halves.
+            inter /= 2;
+            let per = values.len() / s[0];
+            let (gate, up): (Vec<&[f32]>, Vec<&[f32]>) = values.chunks(per).map(|e| e.split_at(per / 2)).unzip();
+            *slot = [Some(gate.concat()), Some(up.concat())];
+        }
     }
     if slot.iter().any(Option::is_none) {
         return None;
     }
-    let [Some(gate), Some(up)] = slot.each_mut().map(Option::take) else { return None };
-    let joined = gate_up_interleaved(&gate, &up, s[0], inter);
+    let [Some(first), Some(second)] = slot.each_mut().map(Option::take) else { return None };
+    if let (Transform::Qkv | Transform::Z, Some(l)) = (p.transform, params.linear) {
+        let cols = s[1];
+        let joined = qkvz_grouped(&first, &second, &l);
+        let rows = joined.len() / cols;
+        return Some((joined, vec![rows, cols]));
+    }
+    if params.linear.is_some() {
+        // Stacked, each expert's gate rows first.
+        let per = first.len() / s[0];
+        let joined: Vec<f32> =
+            first.chunks(per).zip(second.chunks(per)).flat_map(|(g, u)| g.iter().chain(u).copied()).collect();
+        return Some((joined, vec![s[0], 2 * inter, s[2]]));
+    }
+    let joined = gate_up_interleaved(&first, &second, s[0], inter);
     let shape = match s.get(2) {
         Some(&cols) => vec![s[0], cols, 2 * inter],
         None => vec![s[0], 2 * inter],
@@ -228,8 +266,9 @@ fn write_weights(
         OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
     };
-    // gpt-oss's gate and up halves by HF name, until both are read.
+    // Two-part tensors' first parts by HF name, until both are read.
     let mut halves: HashMap<&str, [Option<Vec<f32>>; 2]> = HashMap::new();
+    let heads = params.linear.map(|l| (l.key_heads as usize, (l.value_heads / l.key_heads) as usize));
     for p in planned {
         let values = g.dequantize(p.info)?;
         parameters += values.len() as u64;
@@ -238,16 +277,32 @@ fn write_weights(
             Transform::Plain => (values, s.clone()),
             Transform::Unpermute(n_head) => (unpermute_rows(&values, s[0], s[1], n_head as usize), s.clone()),
             Transform::Transpose => (transpose_last(&values, s[0], s[1], s[2]), vec![s[0], s[2], s[1]]),
-            Transform::Gate | Transform::Up | Transform::GateUp => {
+            Transform::Gate | Transform::Up | Transform::GateUp | Transform::Qkv | Transform::Z => {
                 let slot = halves.entry(p.hf_name.as_str()).or_default();
-                match join_halves(slot, p, values) {
+                match join_parts(slot, p, values, params) {
                     Some(joined) => joined,
                     None => continue,
                 }
             }
+            Transform::Untile { start, head_dim } => {
+                let heads = heads.expect("only hybrid files untile");
+                (untile(&values, s[0], (start as usize, head_dim as usize), heads, true), s.clone())
+            }
+            Transform::UntileColumns { head_dim } => {
+                let heads = heads.expect("only hybrid files untile");
+                (untile(&values, s[0], (0, head_dim as usize), heads, false), s.clone())
+            }
         };
         if norm_shifted(&p.hf_name, params) {
             values.iter_mut().for_each(|v| *v -= 1.0);
+        }
+        if is_a_log(&p.hf_name) {
+            a_log(&mut values).map_err(|a| {
+                GgufError::invalid(
+                    g.path(),
+                    format!("`{}` holds {a}, but llama.cpp stores A = −exp(A_log), always negative", p.info.name),
+                )
+            })?;
         }
         if p.hf_name.contains(EXPERT) {
             // `[experts, out, in]`, one `[out, in]` tensor per expert.

@@ -15,6 +15,7 @@
 //!   2 · inter]` with gate and up interleaved, `down_proj: [experts, inter, hidden]`), llama.cpp
 //!   as `W · x` with gate and up apart (`ffn_{gate,up,down}_exps`) or stacked (`ffn_gate_up_exps`):
 //!   [`Transform`] says how each is put back, [`gate_up_interleaved`] does it.
+//! - Qwen3.5, Qwen3.5-MoE and Qwen3-Next: their linear attention's tensors, in [`crate::linear`].
 
 use crate::params::LlamaParams;
 
@@ -34,6 +35,31 @@ pub(crate) enum Transform {
     Gate,
     Up,
     GateUp,
+    /// Qwen3-Next's `in_proj_qkvz`, which the converter splits into its q/k/v rows (`attn_qkv`)
+    /// and its z rows (`attn_gate`): regrouped by key head ([`crate::linear::qkvz_grouped`]).
+    Qkv,
+    Z,
+    /// Qwen3.5's value heads (of `head_dim` rows each, from row `start` on) back from llama.cpp's
+    /// tiled order to transformers' grouped one ([`crate::linear::untile`]), or the same for the
+    /// columns of `out_proj`.
+    Untile {
+        start: u64,
+        head_dim: u64,
+    },
+    UntileColumns {
+        head_dim: u64,
+    },
+}
+
+impl Transform {
+    /// Which part of a two-part HF tensor this is (0: gate or q/k/v, 1: up or z), if it is one.
+    pub(crate) fn part(self) -> Option<usize> {
+        match self {
+            Transform::Gate | Transform::Qkv => Some(0),
+            Transform::Up | Transform::Z => Some(1),
+            _ => None,
+        }
+    }
 }
 
 /// The placeholder of the expert index in a stacked tensor's HF name.
@@ -74,10 +100,20 @@ fn move_rows(
     out
 }
 
-/// Whether llama.cpp stores this HF tensor as `1 + w` (Gemma's norms scale by `1 + w`, ggml's by
-/// `w`: its converter adds the one, the importer takes it off again).
+/// Whether llama.cpp stores this HF tensor as `1 + w` (Gemma's and Qwen3.5's norms scale by
+/// `1 + w`, ggml's by `w`: its converter adds the one, the importer takes it off again) — all
+/// their norms but Qwen3.5's gated output norm, which scales by `w`.
 pub(crate) fn norm_shifted(hf_name: &str, p: &LlamaParams) -> bool {
-    matches!(p.architecture.as_str(), "gemma2" | "gemma3") && hf_name.ends_with("norm.weight")
+    let shifted = matches!(p.architecture.as_str(), "gemma2" | "gemma3") || p.linear.is_some();
+    shifted && hf_name.ends_with("norm.weight") && !hf_name.ends_with("linear_attn.norm.weight")
+}
+
+/// Whether this tensor belongs to one of the multi-token-prediction blocks a Qwen3.5 file has
+/// after the decoder's layers (which are left out).
+pub(crate) fn is_mtp_block(name: &str, p: &LlamaParams) -> bool {
+    let Some(l) = p.linear else { return false };
+    let layer = name.strip_prefix("blk.").and_then(|r| r.split_once('.')).and_then(|(n, _)| n.parse::<u64>().ok());
+    layer.is_some_and(|n| n >= p.num_hidden_layers && n < p.num_hidden_layers + l.mtp_layers)
 }
 
 /// transformers' interleaved `gate_up_proj` `[experts, cols, 2 · inter]` from the gate's and the up
@@ -168,6 +204,10 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Transform,
     if layer >= p.num_hidden_layers {
         return None;
     }
+    if p.linear.is_some() {
+        let (suffix, transform, shape) = crate::linear::layer_name(rest, layer, p)?;
+        return Some((format!("model.layers.{layer}.{suffix}"), transform, shape));
+    }
     if p.architecture == "gpt-oss" {
         if let Some((suffix, transform, shape)) = gpt_oss_name(rest, p) {
             return Some((format!("model.layers.{layer}.{suffix}"), transform, shape));
@@ -219,6 +259,13 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Transform,
 
 /// The HF tensors a file of this architecture must have (`{e}` standing for every expert).
 pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
+    if p.linear.is_some() {
+        let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
+        for l in 0..p.num_hidden_layers {
+            required.extend(crate::linear::required(l, p).iter().map(|s| format!("model.layers.{l}.{s}")));
+        }
+        return required;
+    }
     let own: &[&str] = match p.architecture.as_str() {
         "qwen2" => &["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
         "qwen3" => &["self_attn.q_norm.weight", "self_attn.k_norm.weight"],

@@ -1,5 +1,6 @@
 //! GGUF files (llama.cpp's checkpoint format): reading, dequantisation, and import of Llama, Qwen2,
-//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3 and OLMo 2 models into Hugging Face checkpoint
+//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3, gpt-oss, Qwen3.5, Qwen3.5-MoE and Qwen3-Next
+//! models into Hugging Face checkpoint
 //! directories that `rlhf-models` and transformers load.
 //!
 //! ```no_run
@@ -17,14 +18,16 @@
 //! regex, indexmap and num_enum's proc-macro stack — for a format that takes a few hundred lines.
 //! The crate has no tch dependency, so `cargo xtask` can use it.
 //!
-//! Dequantisation covers F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; files
+//! Dequantisation covers F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4; files
 //! with other types (Q2_K, Q3_K, IQ) can be read, and their tensors are refused with the type named.
 
 mod dequant;
 mod error;
 mod import;
 mod layout;
+mod linear;
 mod meta;
+mod olmo3;
 mod params;
 mod reader;
 mod spm;
@@ -36,6 +39,7 @@ pub use dequant::dequantize;
 pub use error::{GgufError, Result};
 pub use import::{import_llama, ImportSummary, OUTPUT_FILES};
 pub use layout::{permute_rows, unpermute_rows};
+pub use linear::LinearParams;
 pub use params::{LlamaParams, MoeParams, OutDtype};
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 pub use types::{GgmlType, Value, ValueType};

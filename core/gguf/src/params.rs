@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
+use crate::linear::{LinearParams, ARCHITECTURES as HYBRID};
 use crate::reader::GgufFile;
 use crate::tokenizer::SpecialIds;
 
@@ -74,14 +75,24 @@ pub struct LlamaParams {
     /// Gemma 2's soft-capping of attention scores and of the final logits
     /// (`attn_logit_softcapping`, `final_logit_softcapping`).
     pub softcaps: (Option<f64>, Option<f64>),
+    /// The linear attention of a `qwen35`, `qwen35moe` or `qwen3next` file.
+    pub linear: Option<LinearParams>,
+    /// Which layers slide, for an `olmo2` file with a window (OLMo 3); empty otherwise.
+    pub sliding_layers: Vec<bool>,
+    /// The sliding layers' RoPE base (`rope.freq_base_swa`) of an OLMo 3 file, where it has one.
+    pub rope_theta_sliding: Option<f64>,
 }
 
-/// A `qwen3moe` file's experts (`expert_count`, `expert_used_count`, `expert_feed_forward_length`).
+/// A `qwen3moe`, `gpt-oss`, `qwen35moe` or `qwen3next` file's experts (`expert_count`,
+/// `expert_used_count`, `expert_feed_forward_length`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeParams {
     pub num_experts: u64,
     pub num_experts_per_tok: u64,
     pub moe_intermediate_size: u64,
+    /// The gated shared expert's (`expert_shared_feed_forward_length`) of `qwen35moe` and
+    /// `qwen3next` files.
+    pub shared_intermediate_size: Option<u64>,
 }
 
 /// Tensors every layer has (norms, q/k/v/o, gate/up/down): a block count is at most the file's
@@ -132,10 +143,10 @@ impl LlamaParams {
             return Err(GgufError::unsupported(path, format!("odd head dimension {head_dim}")));
         }
         let rotary_dim = g.opt_u64(&k("rope.dimension_count"))?.unwrap_or(head_dim);
-        // Phi-3 (Phi-4-mini) rotates the first dimensions of each head, as transformers'
-        // `partial_rotary_factor` does; for the other architectures it is refused.
-        if rotary_dim != head_dim && (arch != "phi3" || rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
-        {
+        // Phi-3 (Phi-4-mini) and the hybrid Qwens rotate the first dimensions of each head, as
+        // transformers' `partial_rotary_factor` does; for the other architectures it is refused.
+        let partial = arch == "phi3" || HYBRID.contains(&arch);
+        if rotary_dim != head_dim && (!partial || rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0) {
             return Err(GgufError::unsupported(
                 path,
                 format!("partial rotary embeddings ({rotary_dim} of {head_dim} dimensions) are not supported"),
@@ -215,6 +226,14 @@ impl LlamaParams {
                 ));
             }
         }
+        let linear = LinearParams::from_gguf(g, arch, layers)?;
+        // OLMo 3 (`olmo2` with a window): which layers slide.
+        let olmo3_window =
+            if arch == "olmo2" { g.opt_u64(&k("attention.sliding_window"))?.filter(|&n| n > 0) } else { None };
+        let sliding_layers = match olmo3_window {
+            Some(_) => crate::olmo3::sliding_layers(g, arch, layers)?,
+            None => Vec::new(),
+        };
         // A mixture of experts has no dense MLP: its `feed_forward_length` is informational.
         let intermediate = match (g.opt_u64(&k("feed_forward_length"))?, moe) {
             (Some(n), _) => n,
@@ -230,7 +249,8 @@ impl LlamaParams {
             architecture: arch.to_string(),
             hidden_size: hidden,
             intermediate_size: intermediate,
-            num_hidden_layers: layers,
+            // Qwen3.5's multi-token-prediction blocks come after the decoder's.
+            num_hidden_layers: layers - linear.map_or(0, |l| l.mtp_layers),
             num_attention_heads: heads,
             num_key_value_heads: kv_heads,
             head_dim,
@@ -245,24 +265,31 @@ impl LlamaParams {
             sliding_window: match arch {
                 "gemma2" | "gemma3" | "gpt-oss" => Some(g.req_u64(&k("attention.sliding_window"))?),
                 "phi3" => g.opt_u64(&k("attention.sliding_window"))?,
+                "olmo2" => olmo3_window,
                 _ => None,
             },
             original_context_length: g.opt_u64(&k("rope.scaling.original_context_length"))?,
             softcaps: (g.opt_f64(&k("attn_logit_softcapping"))?, g.opt_f64(&k("final_logit_softcapping"))?),
+            linear,
+            sliding_layers,
+            rope_theta_sliding: g.opt_f64(&k("rope.freq_base_swa"))?,
         })
     }
 
-    /// The experts of a `qwen3moe` or `gpt-oss` file; any other architecture with experts is
-    /// refused.
+    /// The experts of a `qwen3moe`, `gpt-oss`, `qwen35moe` or `qwen3next` file; any other
+    /// architecture with experts is refused.
     fn moe_from_gguf(g: &GgufFile, arch: &str) -> Result<Option<MoeParams>> {
         let path = g.path();
         let k = |name: &str| format!("{arch}.{name}");
         let experts = g.opt_u64(&k("expert_count"))?.unwrap_or(0);
-        if !matches!(arch, "qwen3moe" | "gpt-oss") {
+        if !matches!(arch, "qwen3moe" | "gpt-oss" | "qwen35moe" | "qwen3next") {
             if experts > 0 {
                 return Err(GgufError::unsupported(
                     path,
-                    format!("mixture-of-experts `{arch}` models are not supported (qwen3moe and gpt-oss are)"),
+                    format!(
+                        "mixture-of-experts `{arch}` models are not supported (qwen3moe, gpt-oss, qwen35moe and \
+                         qwen3next are)"
+                    ),
                 ));
             }
             return Ok(None);
@@ -287,7 +314,27 @@ impl LlamaParams {
                 format!("{ffn} (expected 1 to {MAX_DIM})"),
             ));
         }
-        Ok(Some(MoeParams { num_experts: experts, num_experts_per_tok: used, moe_intermediate_size: ffn }))
+        // The shared expert's size, or where the file does not say, the dense one, as llama.cpp
+        // reads it.
+        let shared = if matches!(arch, "qwen35moe" | "qwen3next") {
+            let key = k("expert_shared_feed_forward_length");
+            let n = match g.opt_u64(&key)? {
+                Some(n) => n,
+                None => g.req_u64(&k("feed_forward_length"))?,
+            };
+            if n == 0 || n > MAX_DIM {
+                return Err(GgufError::metadata(path, &key, format!("{n} (expected 1 to {MAX_DIM})")));
+            }
+            Some(n)
+        } else {
+            None
+        };
+        Ok(Some(MoeParams {
+            num_experts: experts,
+            num_experts_per_tok: used,
+            moe_intermediate_size: ffn,
+            shared_intermediate_size: shared,
+        }))
     }
 
     /// `config.json` for `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` or
@@ -301,8 +348,12 @@ impl LlamaParams {
             "gemma2" => ("Gemma2ForCausalLM", "gemma2"),
             "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
             "phi3" => ("Phi3ForCausalLM", "phi3"),
+            "olmo2" if self.sliding_window.is_some() => ("Olmo3ForCausalLM", "olmo3"),
             "olmo2" => ("Olmo2ForCausalLM", "olmo2"),
             "gpt-oss" => ("GptOssForCausalLM", "gpt_oss"),
+            "qwen35" => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+            "qwen35moe" => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+            "qwen3next" => ("Qwen3NextForCausalLM", "qwen3_next"),
             _ => ("LlamaForCausalLM", "llama"),
         };
         let mut config = json!({
@@ -347,7 +398,11 @@ impl LlamaParams {
             }
             "gemma2" | "gemma3_text" => self.gemma_keys(),
             "olmo2" => json!({"attention_bias": false}),
+            "olmo3" => crate::olmo3::config_keys(self),
             "gpt_oss" => self.gpt_oss_keys(),
+            "qwen3_5_text" | "qwen3_5_moe_text" | "qwen3_next" => {
+                self.linear.expect("a hybrid file has linear attention").config_keys(self)
+            }
             "phi3" => json!({
                 "sliding_window": self.sliding_window,
                 "partial_rotary_factor": self.rotary_dim as f64 / self.head_dim as f64,
@@ -360,6 +415,13 @@ impl LlamaParams {
         if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
             if model_type.starts_with("gemma") {
                 c.remove("hidden_act"); // Gemma names it `hidden_activation`
+            }
+            if model_type == "qwen3_5_moe_text" {
+                c.remove("intermediate_size"); // every layer is sparse
+            }
+            if e.contains_key("rope_parameters") {
+                c.remove("rope_theta");
+                c.remove("rope_scaling");
             }
             c.extend(e.clone());
         }
@@ -494,12 +556,13 @@ pub(crate) fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    if !["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt-oss"].contains(&arch) {
+    let known = ["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt-oss"];
+    if !known.contains(&arch) && !HYBRID.contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3; qwen3moe; gemma2; gemma3; phi3; olmo2; gpt-oss)"
+                 qwen3; qwen3moe; gemma2; gemma3; phi3; olmo2; gpt-oss; qwen35; qwen35moe; qwen3next)"
             ),
         ));
     }

@@ -26,6 +26,10 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 const QWEN2_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Qwen3.5's split: Qwen2's with combining marks (`\p{M}`) kept on the letters they follow, as
+/// its `tokenizer.json` says.
+const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// GPT-4o's split (OpenAI's `o200k_base`; gpt-oss, Llama 4), as gpt-oss's `tokenizer.json` says:
 /// words keep a leading non-letter and an uppercase run with their lowercase tail, contractions
 /// stay on the word, digits in threes.
@@ -62,7 +66,8 @@ pub struct TokenizerFiles {
 ///   which is also what these models' own `tokenizer.json` files say;
 /// - `llama3`, `llama-v3`, `llama-bpe`, `smaug-bpe`, `falcon3`, `dbrx`: Llama 3's regex
 ///   (`Split` + `ByteLevel` without its own regex);
-/// - `qwen2` (Qwen2, Qwen2.5, Qwen3): the same with single digits;
+/// - `qwen2` (Qwen2, Qwen2.5, Qwen3, Qwen3-Next): the same with single digits;
+/// - `qwen35` (Qwen3.5): Qwen2's, combining marks kept with their letters;
 /// - `gpt-4o`, `llama4` (gpt-oss): GPT-4o's regex, then `ByteLevel` without its own.
 pub fn pre_tokenizer(pre: &str, add_prefix_space: bool) -> Option<Value> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": true, "use_regex": use_regex});
@@ -72,9 +77,11 @@ pub fn pre_tokenizer(pre: &str, add_prefix_space: bool) -> Option<Value> {
             "type": "Sequence",
             "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)],
         }),
-        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "dbrx" | "qwen2" | "gpt-4o" | "llama4" => {
+        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "dbrx" | "qwen2" | "qwen35" | "gpt-4o"
+        | "llama4" => {
             let split = match pre {
                 "qwen2" => QWEN2_SPLIT,
+                "qwen35" => QWEN35_SPLIT,
                 "gpt-4o" | "llama4" => O200K_SPLIT,
                 _ => LLAMA3_SPLIT,
             };
