@@ -1,7 +1,7 @@
 //! GGUF files (llama.cpp's checkpoint format): reading, dequantisation, and import of Llama, Qwen2,
-//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3, gpt-oss, Qwen3.5, Qwen3.5-MoE and Qwen3-Next
-//! models into Hugging Face checkpoint
-//! directories that `rlhf-models` and transformers load.
+//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3, gpt-oss, Qwen3.5, Qwen3.5-MoE and
+//! Qwen3-Next models into Hugging Face checkpoint directories that `rlhf-models` and transformers
+//! load.
 //!
 //! ```no_run
 //! use rlhf_gguf::{import_llama, GgufFile, OutDtype};
