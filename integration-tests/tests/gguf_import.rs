@@ -123,18 +123,10 @@ fn an_olmo3_gguf_imports_its_sliding_layers_to_the_logits_of_the_model_written()
     assert_eq!(config["rope_parameters"]["sliding_attention"]["rope_theta"].as_f64(), Some(10000.0));
     check_logits("olmo3", dir.path(), &model_dir);
 
-    let path = dir.path().join("olmo3.gguf");
-    let g = GgufFile::open(&path).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
-        let period = k == "olmo2.attention.sliding_window_pattern";
-        w = w.kv(k, if period { Value::U32(2) } else { v.clone() });
-    }
-    for t in &g.tensors {
-        w = w.tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec());
-    }
+    let g = GgufFile::open(&dir.path().join("olmo3.gguf")).unwrap();
+    let period = rewritten(&g, Some(("olmo2.attention.sliding_window_pattern", Value::U32(2))), "", None);
     let by_period = dir.path().join("period");
-    import_llama(&GgufFile::from_bytes(&path, w.to_bytes()).unwrap(), &by_period, OutDtype::F32).unwrap();
+    import_llama(&period, &by_period, OutDtype::F32).unwrap();
     assert_eq!(read_json(&by_period.join("config.json")), config);
 }
 
@@ -276,25 +268,7 @@ fn qwen3_5_and_qwen3_next_ggufs_import_to_the_logits_of_the_models_written() {
 /// written: Qwen3-Next's `attn_qkv` without its `attn_gate`; an `ssm_a` that is not `−exp(A_log)`;
 /// more multi-token-prediction layers than blocks.
 fn refusals(arch: &str, dir: &Path) {
-    let path = dir.join(format!("{arch}.gguf"));
-    let g = GgufFile::open(&path).unwrap();
-    // The file again with one metadata value set, one tensor left out, one tensor's values replaced.
-    let rewritten = |key: Option<(&str, Value)>, drop: &str, replace: Option<(&str, &[f32])>| {
-        let mut w = GgufWriter::new();
-        for (k, v) in &g.metadata {
-            w = match &key {
-                Some((name, value)) if name == k => w.kv(k, value.clone()),
-                _ => w.kv(k, v.clone()),
-            };
-        }
-        for t in g.tensors.iter().filter(|t| t.name != drop) {
-            w = match replace {
-                Some((name, values)) if name == t.name => w.tensor_f32(&t.name, &t.dims, values),
-                _ => w.tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec()),
-            };
-        }
-        GgufFile::from_bytes(&path, w.to_bytes()).unwrap()
-    };
+    let g = GgufFile::open(&dir.join(format!("{arch}.gguf"))).unwrap();
     let refused = |file: &GgufFile, want: &str| {
         let out = dir.join("refused");
         let err = import_llama(file, &out, OutDtype::F32).unwrap_err().to_string();
@@ -302,12 +276,31 @@ fn refusals(arch: &str, dir: &Path) {
         assert!(!out.join("model.safetensors").exists(), "{arch}: nothing is written for a refused file");
     };
     if arch == "qwen3next" {
-        let no_gate = rewritten(None, "blk.0.attn_gate.weight", None);
+        let no_gate = rewritten(&g, None, "blk.0.attn_gate.weight", None);
         refused(&no_gate, "model.layers.0.linear_attn.in_proj_qkvz.weight` needs the q/k/v rows");
         return;
     }
     let key = format!("{arch}.nextn_predict_layers");
-    refused(&rewritten(Some((key.as_str(), Value::U32(4))), "", None), &key);
-    let positive = rewritten(None, "", Some(("blk.0.ssm_a", &[0.5, -1.0, -1.0, -1.0])));
+    refused(&rewritten(&g, Some((key.as_str(), Value::U32(4))), "", None), &key);
+    let positive = rewritten(&g, None, "", Some(("blk.0.ssm_a", &[0.5, -1.0, -1.0, -1.0])));
     refused(&positive, "`blk.0.ssm_a` holds 0.5");
+}
+
+/// `g` written again (under its own path) with one metadata value set, the tensor `drop` left out,
+/// and one tensor's values replaced.
+fn rewritten(g: &GgufFile, key: Option<(&str, Value)>, drop: &str, replace: Option<(&str, &[f32])>) -> GgufFile {
+    let mut w = GgufWriter::new();
+    for (k, v) in &g.metadata {
+        w = match &key {
+            Some((name, value)) if name == k => w.kv(k, value.clone()),
+            _ => w.kv(k, v.clone()),
+        };
+    }
+    for t in g.tensors.iter().filter(|t| t.name != drop) {
+        w = match replace {
+            Some((name, values)) if name == t.name => w.tensor_f32(&t.name, &t.dims, values),
+            _ => w.tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec()),
+        };
+    }
+    GgufFile::from_bytes(g.path(), w.to_bytes()).unwrap()
 }
