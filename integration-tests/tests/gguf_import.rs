@@ -106,8 +106,9 @@ fn an_olmo2_gguf_imports_to_the_logits_of_the_model_written() {
 }
 
 /// OLMo 3 as llama.cpp's converter writes it (`olmo2` with a window, a flag per layer, the sliding
-/// layers' own RoPE base): `Olmo3ForCausalLM` with those layers sliding, the logits of the model
-/// written on a row longer than the window; the pattern given as a period imports the same.
+/// layers' own RoPE base, the full layer's YaRN with its `attention_factor` as `attn_factor`):
+/// `Olmo3ForCausalLM` with those layers sliding, the logits of the model written on a row longer
+/// than the window and the original context; the pattern given as a period imports the same.
 #[test]
 fn an_olmo3_gguf_imports_its_sliding_layers_to_the_logits_of_the_model_written() {
     let Some(python) = python() else { return };
@@ -120,7 +121,10 @@ fn an_olmo3_gguf_imports_its_sliding_layers_to_the_logits_of_the_model_written()
     );
     let kinds = serde_json::json!(["sliding_attention", "full_attention", "sliding_attention"]);
     assert_eq!(config["layer_types"], kinds);
-    assert_eq!(config["rope_parameters"]["sliding_attention"]["rope_theta"].as_f64(), Some(10000.0));
+    let rope = &config["rope_parameters"];
+    assert_eq!(rope["sliding_attention"]["rope_theta"].as_f64(), Some(10000.0));
+    assert_eq!(rope["full_attention"]["rope_type"], "yarn");
+    assert!((rope["full_attention"]["attention_factor"].as_f64().unwrap() - 1.2).abs() < 1e-6, "{rope}");
     check_logits("olmo3", dir.path(), &model_dir);
 
     let g = GgufFile::open(&dir.path().join("olmo3.gguf")).unwrap();

@@ -526,7 +526,7 @@ fn yarn(g: &GgufFile, arch: &str) -> Result<Value> {
         .opt_u64(&k("original_context_length"))?
         .filter(|n| *n > 0)
         .ok_or_else(|| GgufError::metadata(g.path(), &k("original_context_length"), "missing for YaRN"))?;
-    let yarn = json!({
+    let mut yarn = json!({
         "rope_type": "yarn",
         "factor": factor,
         "original_max_position_embeddings": original,
@@ -534,9 +534,19 @@ fn yarn(g: &GgufFile, arch: &str) -> Result<Value> {
         "beta_slow": g.opt_f64(&k("yarn_beta_slow"))?.unwrap_or(1.0),
         "truncate": arch != "gpt-oss",
     });
+    // llama.cpp's converter writes `attn_factor` from the config's own `attention_factor` (OLMo 3's
+    // 1.2079, say), which transformers' YaRN then uses as is for cos and sin in place of
+    // 0.1 · ln(factor) + 1: it goes back under that name. 1 is what llama.cpp reads as neutral and
+    // is left out (transformers' default applies).
+    if let Some(a) = g.opt_f64(&k("attn_factor"))?.filter(|a| *a != 1.0) {
+        if !(a.is_finite() && a > 0.0) {
+            return Err(GgufError::metadata(g.path(), &k("attn_factor"), format!("{a} (expected a positive number)")));
+        }
+        yarn["attention_factor"] = json!(a);
+    }
     // llama.cpp multiplies these into its own YaRN magnitude scale, which transformers' keys do not
     // express one for one.
-    for key in ["attn_factor", "yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor"] {
+    for key in ["yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor"] {
         if g.opt_f64(&k(key))?.is_some_and(|v| v != 1.0 || key == "yarn_log_multiplier") {
             return Err(GgufError::unsupported(g.path(), format!("YaRN with `{}` is not supported", k(key))));
         }

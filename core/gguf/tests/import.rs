@@ -379,8 +379,9 @@ fn rebuilt(g: &GgufFile, extra: &dyn Fn(GgufWriter) -> GgufWriter, skip_keys: &[
 }
 
 /// YaRN (`rope.scaling.type = yarn`) becomes transformers' `rope_scaling` with the file's factor,
-/// original context and β bounds, the band rounded as llama.cpp rounds it; YaRN with llama.cpp's
-/// own magnitude keys is refused naming the key.
+/// original context and β bounds, the band rounded as llama.cpp rounds it, and `attn_factor` (which
+/// the converter writes from the config's `attention_factor`) as `attention_factor`; YaRN with
+/// llama.cpp's own magnitude keys is refused naming the key.
 #[test]
 fn yarn_scaling_becomes_rope_scaling_and_llama_cpp_magnitude_keys_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -400,6 +401,10 @@ fn yarn_scaling_becomes_rope_scaling_and_llama_cpp_magnitude_keys_are_refused() 
         json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
                "beta_slow": 1.0, "truncate": true})
     );
+    let with_attn = |w: GgufWriter| yarn(w).kv("llama.rope.scaling.attn_factor", Value::F32(1.25));
+    let out = dir.path().join("attn");
+    import_llama(&GgufFile::from_bytes(&path, rebuilt(&g, &with_attn, &[])).unwrap(), &out, OutDtype::F32).unwrap();
+    assert_eq!(read_json(&out.join("config.json"))["rope_scaling"]["attention_factor"], json!(1.25));
     let with_log = |w: GgufWriter| yarn(w).kv("llama.rope.scaling.yarn_log_multiplier", Value::F32(0.1));
     let refused = GgufFile::from_bytes(&path, rebuilt(&g, &with_log, &[])).unwrap();
     let err = import_llama(&refused, &dir.path().join("no"), OutDtype::F32).unwrap_err().to_string();
