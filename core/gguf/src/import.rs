@@ -1,11 +1,12 @@
 //! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2`,
-//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2`, `gpt-oss`, `qwen35`, `qwen35moe` and
-//! `qwen3next`: `model.safetensors` (dequantised), `config.json` (`LlamaForCausalLM`,
-//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `Gemma2ForCausalLM`,
-//! `Gemma3ForCausalLM`, `Phi3ForCausalLM`, `Olmo2ForCausalLM`, `GptOssForCausalLM`,
-//! `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`, `Qwen3NextForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
-//! `tokenizer_config.json` ([`crate::tokenizer`]). Qwen2's q/k/v biases and Qwen3's per-head q/k norms
-//! (`attn_q_norm`, `attn_k_norm`) map to their transformers names; Qwen3-MoE's router
+//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2` (OLMo 2 and 3), `gpt-oss`, `qwen35`,
+//! `qwen35moe` and `qwen3next`: `model.safetensors` (dequantised), `config.json`
+//! (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`,
+//! `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`, `Olmo2ForCausalLM`,
+//! `Olmo3ForCausalLM`, `GptOssForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`,
+//! `Qwen3NextForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
+//! `tokenizer_config.json` ([`crate::tokenizer`]). Qwen2's q/k/v biases and Qwen3's per-head q/k
+//! norms (`attn_q_norm`, `attn_k_norm`) map to their transformers names; Qwen3-MoE's router
 //! (`ffn_gate_inp`) to `mlp.gate`, and its stacked experts (`ffn_{gate,up,down}_exps`,
 //! `[experts, out, in]`) are split into transformers' one tensor per expert
 //! (`mlp.experts.{e}.{gate,up,down}_proj`). llama.cpp's Qwen3-MoE always renormalises the top-k
@@ -63,7 +64,8 @@ struct Planned<'a> {
 }
 
 /// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2`, `gpt-oss`,
-/// `qwen35`, `qwen35moe` or `qwen3next` GGUF into `out` (created if needed; existing files of the same names are overwritten).
+/// `qwen35`, `qwen35moe` or `qwen3next` GGUF into `out` (created if needed; existing files of the
+/// same names are overwritten).
 /// Everything is checked — architecture, tensor names, shapes, types, tokenizer — before the first
 /// file is written.
 pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportSummary> {
