@@ -22,13 +22,14 @@ use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
 use crate::layout::{
-    gate_up_interleaved, hf_name, is_mtp_block, norm_shifted, required_names, transpose_last, unpermute_rows,
-    Transform, EXPERT,
+    gate_up_interleaved, hf_name, is_mtp_block, norm_shifted, required_names, transpose_last, unpermute_rows, EXPERT,
 };
 use crate::linear::{a_log, is_a_log, qkvz_grouped, untile};
-use crate::params::{architecture, eos_value, LlamaParams, OutDtype, ROPE_FACTORS};
+use crate::params::{architecture, eos_value, LlamaParams, OutDtype};
 use crate::reader::{GgufFile, TensorInfo};
+use crate::rope::ROPE_FACTORS;
 use crate::tokenizer::{self, SpecialIds};
+use crate::transform::Transform;
 
 /// The files an import writes, all of which must exist for an import to be complete.
 pub const OUTPUT_FILES: [&str; 5] =

@@ -15,52 +15,10 @@
 //!   2 · inter]` with gate and up interleaved, `down_proj: [experts, inter, hidden]`), llama.cpp
 //!   as `W · x` with gate and up apart (`ffn_{gate,up,down}_exps`) or stacked (`ffn_gate_up_exps`):
 //!   [`Transform`] says how each is put back, [`gate_up_interleaved`] does it.
-//! - Qwen3.5, Qwen3.5-MoE and Qwen3-Next: their linear attention's tensors, in [`crate::linear`].
+//! - Qwen3.5, Qwen3.5-MoE and Qwen3-Next: their linear attention's tensors, in [`crate::hybrid`] and [`crate::linear`].
 
 use crate::params::LlamaParams;
-
-/// What becomes of a GGUF tensor's data on its way to its HF tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Transform {
-    /// As stored.
-    Plain,
-    /// Rows un-permuted with this many heads ([`unpermute_rows`]).
-    Unpermute(u64),
-    /// gpt-oss's `down_proj`: the last two dims swapped (GGUF `[experts, out, in]`, HF `[experts,
-    /// in, out]`, which gpt-oss multiplies as `x · W`).
-    Transpose,
-    /// One half of gpt-oss's `gate_up_proj` (or of its bias), which transformers stores as `[experts,
-    /// in, 2 · inter]` with gate and up interleaved (gate at even columns): the gate's `[experts,
-    /// inter, in]` or the up projection's, or both stacked (`ffn_gate_up_exps`, gate rows first).
-    Gate,
-    Up,
-    GateUp,
-    /// Qwen3-Next's `in_proj_qkvz`, which the converter splits into its q/k/v rows (`attn_qkv`)
-    /// and its z rows (`attn_gate`): regrouped by key head ([`crate::linear::qkvz_grouped`]).
-    Qkv,
-    Z,
-    /// Qwen3.5's value heads (of `head_dim` rows each, from row `start` on) back from llama.cpp's
-    /// tiled order to transformers' grouped one ([`crate::linear::untile`]), or the same for the
-    /// columns of `out_proj`.
-    Untile {
-        start: u64,
-        head_dim: u64,
-    },
-    UntileColumns {
-        head_dim: u64,
-    },
-}
-
-impl Transform {
-    /// Which part of a two-part HF tensor this is (0: gate or q/k/v, 1: up or z), if it is one.
-    pub(crate) fn part(self) -> Option<usize> {
-        match self {
-            Transform::Gate | Transform::Qkv => Some(0),
-            Transform::Up | Transform::Z => Some(1),
-            _ => None,
-        }
-    }
-}
+use crate::transform::Transform;
 
 /// The placeholder of the expert index in a stacked tensor's HF name.
 pub(crate) const EXPERT: &str = "{e}";
@@ -205,7 +163,7 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Transform,
         return None;
     }
     if p.linear.is_some() {
-        let (suffix, transform, shape) = crate::linear::layer_name(rest, layer, p)?;
+        let (suffix, transform, shape) = crate::hybrid::layer_name(rest, layer, p)?;
         return Some((format!("model.layers.{layer}.{suffix}"), transform, shape));
     }
     if p.architecture == "gpt-oss" {
@@ -262,7 +220,7 @@ pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
     if p.linear.is_some() {
         let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
         for l in 0..p.num_hidden_layers {
-            required.extend(crate::linear::required(l, p).iter().map(|s| format!("model.layers.{l}.{s}")));
+            required.extend(crate::hybrid::required(l, p).iter().map(|s| format!("model.layers.{l}.{s}")));
         }
         return required;
     }

@@ -23,6 +23,7 @@
 
 mod dequant;
 mod error;
+mod hybrid;
 mod import;
 mod layout;
 mod linear;
@@ -30,8 +31,10 @@ mod meta;
 mod olmo3;
 mod params;
 mod reader;
+mod rope;
 mod spm;
 pub mod tokenizer;
+mod transform;
 mod types;
 mod writer;
 

@@ -29,9 +29,8 @@
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
-use crate::layout::Transform;
-use crate::params::LlamaParams;
 use crate::reader::GgufFile;
+use crate::transform::Transform;
 
 /// The architectures read here.
 pub(crate) const ARCHITECTURES: [&str; 3] = ["qwen35", "qwen35moe", "qwen3next"];
@@ -128,18 +127,18 @@ impl LinearParams {
     }
 
     /// The convolution's channels: q, k and v.
-    fn conv_dim(&self) -> u64 {
+    pub(crate) fn conv_dim(&self) -> u64 {
         2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
     }
 
     /// The value heads each key head serves.
-    fn per_key(&self) -> u64 {
+    pub(crate) fn per_key(&self) -> u64 {
         self.value_heads / self.key_heads
     }
 
     /// A reordering from tiled value heads back to grouped ones, from row (or column) `start` on,
     /// heads of `head_dim` rows; plain where the converter did not tile or there is nothing to do.
-    fn untile(&self, start: u64, head_dim: u64) -> Transform {
+    pub(crate) fn untile(&self, start: u64, head_dim: u64) -> Transform {
         if self.tiled && self.per_key() > 1 {
             Transform::Untile { start, head_dim }
         } else {
@@ -148,174 +147,27 @@ impl LinearParams {
     }
 
     /// The same for columns (`out_proj`'s inputs).
-    fn untile_columns(&self, head_dim: u64) -> Transform {
+    pub(crate) fn untile_columns(&self, head_dim: u64) -> Transform {
         match self.untile(0, head_dim) {
             Transform::Untile { head_dim, .. } => Transform::UntileColumns { head_dim },
             t => t,
         }
     }
 
-    /// What the config adds for these models: the layer kinds, the linear attention's sizes, the
-    /// rope block as transformers 5 writes it for them (`rope_parameters` with the rotating share of
-    /// each head, in place of `rope_theta` and `rope_scaling`), and the experts.
-    pub(crate) fn config_keys(&self, p: &LlamaParams) -> Value {
-        let layer_types: Vec<&str> = (0..p.num_hidden_layers)
-            .map(|i| if self.is_full(i) { "full_attention" } else { "linear_attention" })
-            .collect();
-        let mut rope = p.rope_scaling.clone().unwrap_or_else(|| json!({"rope_type": "default"}));
-        rope["rope_theta"] = json!(p.rope_theta);
-        rope["partial_rotary_factor"] = json!(p.rotary_dim as f64 / p.head_dim as f64);
-        let mut keys = json!({
+    /// What the config adds for these models: the kinds of `layers` layers and the linear
+    /// attention's sizes.
+    pub(crate) fn config_keys(&self, layers: u64) -> Value {
+        let layer_types: Vec<&str> =
+            (0..layers).map(|i| if self.is_full(i) { "full_attention" } else { "linear_attention" }).collect();
+        json!({
             "layer_types": layer_types,
             "linear_conv_kernel_dim": self.conv_kernel,
             "linear_key_head_dim": self.key_head_dim,
             "linear_value_head_dim": self.value_head_dim,
             "linear_num_key_heads": self.key_heads,
             "linear_num_value_heads": self.value_heads,
-            "rope_parameters": rope,
-            "attention_bias": false,
-        });
-        if let Some(m) = p.moe {
-            keys["num_experts"] = json!(m.num_experts);
-            keys["num_experts_per_tok"] = json!(m.num_experts_per_tok);
-            keys["moe_intermediate_size"] = json!(m.moe_intermediate_size);
-            keys["shared_expert_intermediate_size"] = json!(m.shared_intermediate_size);
-        }
-        if p.architecture == "qwen3next" {
-            // llama.cpp renormalises the top-k weights and makes every layer sparse.
-            keys["norm_topk_prob"] = json!(true);
-            keys["decoder_sparse_step"] = json!(1);
-            keys["mlp_only_layers"] = json!([]);
-        }
-        keys
+        })
     }
-}
-
-/// The HF name (below `model.layers.{layer}.`) of a hybrid model's layer tensor, what becomes of
-/// its data, and its transformers shape.
-pub(crate) fn layer_name(rest: &str, layer: u64, p: &LlamaParams) -> Option<(&'static str, Transform, Vec<u64>)> {
-    let l = p.linear?;
-    let plain = Transform::Plain;
-    let h = p.hidden_size;
-    let (q_rows, kv_rows) = (p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim);
-    let common = match rest {
-        "attn_norm.weight" => Some(("input_layernorm.weight", plain, vec![h])),
-        "post_attention_norm.weight" => Some(("post_attention_layernorm.weight", plain, vec![h])),
-        _ => None,
-    };
-    let mixer = if l.is_full(layer) {
-        match rest {
-            // The queries and the output gate, per head `[q, gate]`.
-            "attn_q.weight" => Some(("self_attn.q_proj.weight", plain, vec![2 * q_rows, h])),
-            "attn_k.weight" => Some(("self_attn.k_proj.weight", plain, vec![kv_rows, h])),
-            "attn_v.weight" => Some(("self_attn.v_proj.weight", plain, vec![kv_rows, h])),
-            "attn_output.weight" => Some(("self_attn.o_proj.weight", plain, vec![h, q_rows])),
-            "attn_q_norm.weight" => Some(("self_attn.q_norm.weight", plain, vec![p.head_dim])),
-            "attn_k_norm.weight" => Some(("self_attn.k_norm.weight", plain, vec![p.head_dim])),
-            _ => None,
-        }
-    } else {
-        linear_name(rest, &l, h)
-    };
-    common.or(mixer).or_else(|| mlp_name(rest, p))
-}
-
-/// A Gated DeltaNet layer's tensors.
-fn linear_name(rest: &str, l: &LinearParams, h: u64) -> Option<(&'static str, Transform, Vec<u64>)> {
-    let (nv, dv, conv) = (l.value_heads, l.value_head_dim, l.conv_dim());
-    let qk_rows = 2 * l.key_heads * l.key_head_dim;
-    let grouped = !l.tiled; // Qwen3-Next
-    Some(match rest {
-        "attn_qkv.weight" if grouped => ("linear_attn.in_proj_qkvz.weight", Transform::Qkv, vec![conv, h]),
-        "attn_gate.weight" if grouped => ("linear_attn.in_proj_qkvz.weight", Transform::Z, vec![nv * dv, h]),
-        "ssm_in.weight" if grouped => ("linear_attn.in_proj_qkvz.weight", Transform::Plain, vec![conv + nv * dv, h]),
-        "ssm_ba.weight" if grouped => ("linear_attn.in_proj_ba.weight", Transform::Plain, vec![2 * nv, h]),
-        "attn_qkv.weight" => ("linear_attn.in_proj_qkv.weight", l.untile(qk_rows, dv), vec![conv, h]),
-        "attn_gate.weight" => ("linear_attn.in_proj_z.weight", l.untile(0, dv), vec![nv * dv, h]),
-        "ssm_beta.weight" if !grouped => ("linear_attn.in_proj_b.weight", l.untile(0, 1), vec![nv, h]),
-        "ssm_alpha.weight" if !grouped => ("linear_attn.in_proj_a.weight", l.untile(0, 1), vec![nv, h]),
-        "ssm_conv1d.weight" => ("linear_attn.conv1d.weight", l.untile(qk_rows, dv), vec![conv, 1, l.conv_kernel]),
-        "ssm_dt.bias" => ("linear_attn.dt_bias", l.untile(0, 1), vec![nv]),
-        "ssm_a" => ("linear_attn.A_log", l.untile(0, 1), vec![nv]),
-        "ssm_norm.weight" => ("linear_attn.norm.weight", Transform::Plain, vec![dv]),
-        "ssm_out.weight" => ("linear_attn.out_proj.weight", l.untile_columns(dv), vec![h, nv * dv]),
-        _ => return None,
-    })
-}
-
-/// The MLP: dense for `qwen35`, the routed experts with a gated shared expert otherwise.
-fn mlp_name(rest: &str, p: &LlamaParams) -> Option<(&'static str, Transform, Vec<u64>)> {
-    let (h, plain) = (p.hidden_size, Transform::Plain);
-    let Some(m) = p.moe else {
-        let i = p.intermediate_size;
-        return Some(match rest {
-            "ffn_gate.weight" => ("mlp.gate_proj.weight", plain, vec![i, h]),
-            "ffn_up.weight" => ("mlp.up_proj.weight", plain, vec![i, h]),
-            "ffn_down.weight" => ("mlp.down_proj.weight", plain, vec![h, i]),
-            _ => return None,
-        });
-    };
-    let (e, i, s) = (m.num_experts, m.moe_intermediate_size, m.shared_intermediate_size?);
-    Some(match rest {
-        "ffn_gate_inp.weight" => ("mlp.gate.weight", plain, vec![e, h]),
-        "ffn_gate_exps.weight" => ("mlp.experts.gate_up_proj", Transform::Gate, vec![e, i, h]),
-        "ffn_up_exps.weight" => ("mlp.experts.gate_up_proj", Transform::Up, vec![e, i, h]),
-        "ffn_gate_up_exps.weight" => ("mlp.experts.gate_up_proj", plain, vec![e, 2 * i, h]),
-        "ffn_down_exps.weight" => ("mlp.experts.down_proj", plain, vec![e, h, i]),
-        "ffn_gate_inp_shexp.weight" => ("mlp.shared_expert_gate.weight", plain, vec![1, h]),
-        "ffn_gate_shexp.weight" => ("mlp.shared_expert.gate_proj.weight", plain, vec![s, h]),
-        "ffn_up_shexp.weight" => ("mlp.shared_expert.up_proj.weight", plain, vec![s, h]),
-        "ffn_down_shexp.weight" => ("mlp.shared_expert.down_proj.weight", plain, vec![h, s]),
-        _ => return None,
-    })
-}
-
-/// The HF tensors (below `model.layers.{layer}.`) every layer of a hybrid model must have.
-pub(crate) fn required(layer: u64, p: &LlamaParams) -> Vec<&'static str> {
-    let Some(l) = p.linear else { return Vec::new() };
-    let mut names = vec!["input_layernorm.weight", "post_attention_layernorm.weight"];
-    if l.is_full(layer) {
-        names.extend([
-            "self_attn.q_proj.weight",
-            "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight",
-            "self_attn.q_norm.weight",
-            "self_attn.k_norm.weight",
-        ]);
-    } else {
-        if l.tiled {
-            names.extend([
-                "linear_attn.in_proj_qkv.weight",
-                "linear_attn.in_proj_z.weight",
-                "linear_attn.in_proj_b.weight",
-                "linear_attn.in_proj_a.weight",
-            ]);
-        } else {
-            names.extend(["linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"]);
-        }
-        names.extend([
-            "linear_attn.conv1d.weight",
-            "linear_attn.dt_bias",
-            "linear_attn.A_log",
-            "linear_attn.norm.weight",
-            "linear_attn.out_proj.weight",
-        ]);
-    }
-    if p.moe.is_some() {
-        names.extend([
-            "mlp.gate.weight",
-            "mlp.experts.gate_up_proj",
-            "mlp.experts.down_proj",
-            "mlp.shared_expert_gate.weight",
-            "mlp.shared_expert.gate_proj.weight",
-            "mlp.shared_expert.up_proj.weight",
-            "mlp.shared_expert.down_proj.weight",
-        ]);
-    } else {
-        names.extend(["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]);
-    }
-    names
 }
 
 /// Whether this HF tensor is `A_log`, which llama.cpp stores as `−exp(A_log)`.

@@ -8,7 +8,6 @@
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
-use crate::params::LlamaParams;
 use crate::reader::GgufFile;
 use crate::types::Value as GgufValue;
 
@@ -33,19 +32,19 @@ pub(crate) fn sliding_layers(g: &GgufFile, arch: &str, layers: u64) -> Result<Ve
     }
 }
 
-/// What an OLMo 3 config adds: the window, the layer kinds, and the rope block of each kind.
-pub(crate) fn config_keys(p: &LlamaParams) -> Value {
+/// What an OLMo 3 config adds: the window, the layer kinds, and the rope block of each kind —
+/// the full layers' (`full`: the file's scaling with its base) and the sliding layers' plain RoPE
+/// at `sliding_theta`.
+pub(crate) fn config_keys(sliding: &[bool], window: Option<u64>, full: Value, sliding_theta: f64) -> Value {
     let layer_types: Vec<&str> =
-        p.sliding_layers.iter().map(|&s| if s { "sliding_attention" } else { "full_attention" }).collect();
-    let mut full = p.rope_scaling.clone().unwrap_or_else(|| json!({"rope_type": "default"}));
-    full["rope_theta"] = json!(p.rope_theta);
+        sliding.iter().map(|&s| if s { "sliding_attention" } else { "full_attention" }).collect();
     json!({
         "attention_bias": false,
-        "sliding_window": p.sliding_window,
+        "sliding_window": window,
         "layer_types": layer_types,
         "rope_parameters": {
             "full_attention": full,
-            "sliding_attention": {"rope_type": "default", "rope_theta": p.rope_theta_sliding.unwrap_or(p.rope_theta)},
+            "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
         },
     })
 }

@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use crate::error::{GgufError, Result};
 use crate::linear::{LinearParams, ARCHITECTURES as HYBRID};
 use crate::reader::GgufFile;
+use crate::rope::{long_rope_factors, yarn, ROPE_FACTORS};
 use crate::tokenizer::SpecialIds;
 
 /// The dtype of the written safetensors.
@@ -398,11 +399,13 @@ impl LlamaParams {
             }
             "gemma2" | "gemma3_text" => self.gemma_keys(),
             "olmo2" => json!({"attention_bias": false}),
-            "olmo3" => crate::olmo3::config_keys(self),
-            "gpt_oss" => self.gpt_oss_keys(),
-            "qwen3_5_text" | "qwen3_5_moe_text" | "qwen3_next" => {
-                self.linear.expect("a hybrid file has linear attention").config_keys(self)
+            "olmo3" => {
+                let full = self.rope_parameters();
+                let sliding = self.rope_theta_sliding.unwrap_or(self.rope_theta);
+                crate::olmo3::config_keys(&self.sliding_layers, self.sliding_window, full, sliding)
             }
+            "gpt_oss" => self.gpt_oss_keys(),
+            "qwen3_5_text" | "qwen3_5_moe_text" | "qwen3_next" => self.hybrid_keys(),
             "phi3" => json!({
                 "sliding_window": self.sliding_window,
                 "partial_rotary_factor": self.rotary_dim as f64 / self.head_dim as f64,
@@ -426,6 +429,38 @@ impl LlamaParams {
             c.extend(e.clone());
         }
         config
+    }
+
+    /// The rope block as transformers 5 writes it (`rope_parameters`): the file's scaling (or the
+    /// default) with its base.
+    fn rope_parameters(&self) -> Value {
+        let mut rope = self.rope_scaling.clone().unwrap_or_else(|| json!({"rope_type": "default"}));
+        rope["rope_theta"] = json!(self.rope_theta);
+        rope
+    }
+
+    /// What a hybrid Qwen config adds: the layer kinds and the linear attention's sizes, the rope
+    /// block as transformers 5 writes it for these models (`rope_parameters` with the rotating share
+    /// of each head, in place of `rope_theta` and `rope_scaling`), and the experts.
+    fn hybrid_keys(&self) -> Value {
+        let mut keys = self.linear.expect("a hybrid file has linear attention").config_keys(self.num_hidden_layers);
+        let mut rope = self.rope_parameters();
+        rope["partial_rotary_factor"] = json!(self.rotary_dim as f64 / self.head_dim as f64);
+        keys["rope_parameters"] = rope;
+        keys["attention_bias"] = json!(false);
+        if let Some(m) = self.moe {
+            keys["num_experts"] = json!(m.num_experts);
+            keys["num_experts_per_tok"] = json!(m.num_experts_per_tok);
+            keys["moe_intermediate_size"] = json!(m.moe_intermediate_size);
+            keys["shared_expert_intermediate_size"] = json!(m.shared_intermediate_size);
+        }
+        if self.architecture == "qwen3next" {
+            // llama.cpp renormalises the top-k weights and makes every layer sparse.
+            keys["norm_topk_prob"] = json!(true);
+            keys["decoder_sparse_step"] = json!(1);
+            keys["mlp_only_layers"] = json!([]);
+        }
+        keys
     }
 
     /// What a gpt-oss config adds, as llama.cpp computes these models: even layers slide over
@@ -479,79 +514,6 @@ impl LlamaParams {
         }
         keys
     }
-}
-
-/// Phi-3's LongRoPE factor tensors, which its converter writes for the 128k models (read as
-/// [`LlamaParams::rope_scaling`], not imported as weights).
-pub(crate) const ROPE_FACTORS: [&str; 2] = ["rope_factors_long.weight", "rope_factors_short.weight"];
-
-/// Phi-3's LongRoPE as transformers' `rope_scaling` — the per-frequency factors of long and short
-/// contexts, `rotary_dim / 2` of each, as `f32` tensors — or `None` where the file has neither.
-fn long_rope_factors(g: &GgufFile, rotary_dim: u64) -> Result<Option<Value>> {
-    let [long, short] = ROPE_FACTORS.map(|n| g.tensor(n));
-    let (long, short) = match (long, short) {
-        (None, None) => return Ok(None),
-        (Some(l), Some(s)) => (l, s),
-        _ => return Err(GgufError::invalid(g.path(), "the file has only one of the two LongRoPE factor tensors")),
-    };
-    let mut factors = Vec::with_capacity(2);
-    for info in [long, short] {
-        if info.dims != [rotary_dim / 2] {
-            return Err(GgufError::invalid(
-                g.path(),
-                format!(
-                    "`{}` has dims {:?}, expected [{}] (half the rotary dimensions)",
-                    info.name,
-                    info.dims,
-                    rotary_dim / 2
-                ),
-            ));
-        }
-        factors.push(g.dequantize(info)?.into_iter().map(f64::from).collect::<Vec<f64>>());
-    }
-    Ok(Some(json!({"rope_type": "longrope", "long_factor": factors[0], "short_factor": factors[1]})))
-}
-
-/// YaRN as transformers' `rope_scaling`: the factor and the original context the file gives, its
-/// `β` bounds where it has them (transformers' 32 and 1 otherwise). The frequency band is rounded
-/// to whole dimensions as llama.cpp does (transformers' `truncate`), except for gpt-oss, whose
-/// released config does not round it.
-fn yarn(g: &GgufFile, arch: &str) -> Result<Value> {
-    let k = |name: &str| format!("{arch}.rope.scaling.{name}");
-    let factor = g
-        .opt_f64(&k("factor"))?
-        .filter(|f| f.is_finite() && *f >= 1.0)
-        .ok_or_else(|| GgufError::metadata(g.path(), &k("factor"), "missing or below 1 for YaRN"))?;
-    let original = g
-        .opt_u64(&k("original_context_length"))?
-        .filter(|n| *n > 0)
-        .ok_or_else(|| GgufError::metadata(g.path(), &k("original_context_length"), "missing for YaRN"))?;
-    let mut yarn = json!({
-        "rope_type": "yarn",
-        "factor": factor,
-        "original_max_position_embeddings": original,
-        "beta_fast": g.opt_f64(&k("yarn_beta_fast"))?.unwrap_or(32.0),
-        "beta_slow": g.opt_f64(&k("yarn_beta_slow"))?.unwrap_or(1.0),
-        "truncate": arch != "gpt-oss",
-    });
-    // llama.cpp's converter writes `attn_factor` from the config's own `attention_factor` (OLMo 3's
-    // 1.2079, say), which transformers' YaRN then uses as is for cos and sin in place of
-    // 0.1 · ln(factor) + 1: it goes back under that name. 1 is what llama.cpp reads as neutral and
-    // is left out (transformers' default applies).
-    if let Some(a) = g.opt_f64(&k("attn_factor"))?.filter(|a| *a != 1.0) {
-        if !(a.is_finite() && a > 0.0) {
-            return Err(GgufError::metadata(g.path(), &k("attn_factor"), format!("{a} (expected a positive number)")));
-        }
-        yarn["attention_factor"] = json!(a);
-    }
-    // llama.cpp multiplies these into its own YaRN magnitude scale, which transformers' keys do not
-    // express one for one.
-    for key in ["yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor"] {
-        if g.opt_f64(&k(key))?.is_some_and(|v| v != 1.0 || key == "yarn_log_multiplier") {
-            return Err(GgufError::unsupported(g.path(), format!("YaRN with `{}` is not supported", k(key))));
-        }
-    }
-    Ok(yarn)
 }
 
 /// `eos_token_id`: one id, or `[eos, eot]` when the file names a separate end-of-turn token.
