@@ -6,7 +6,7 @@
 pub(crate) enum Transform {
     /// As stored.
     Plain,
-    /// Rows un-permuted with this many heads ([`unpermute_rows`]).
+    /// Rows un-permuted with this many heads ([`crate::layout::unpermute_rows`]).
     Unpermute(u64),
     /// gpt-oss's `down_proj`: the last two dims swapped (GGUF `[experts, out, in]`, HF `[experts,
     /// in, out]`, which gpt-oss multiplies as `x · W`).
@@ -14,6 +14,8 @@ pub(crate) enum Transform {
     /// One half of gpt-oss's `gate_up_proj` (or of its bias), which transformers stores as `[experts,
     /// in, 2 · inter]` with gate and up interleaved (gate at even columns): the gate's `[experts,
     /// inter, in]` or the up projection's, or both stacked (`ffn_gate_up_exps`, gate rows first).
+    /// For the hybrid Qwens the two halves are joined stacked (`[experts, 2 · inter, in]`, gate rows
+    /// first), as transformers stores their experts.
     Gate,
     Up,
     GateUp,
