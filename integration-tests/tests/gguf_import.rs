@@ -9,13 +9,13 @@
 //! transformers cannot read from a GGUF, against the model written; and a gpt-oss (`gpt-oss`: MXFP4
 //! experts, sinks, biases), whose llama.cpp tensors transformers' GGUF loader does not read, against
 //! the model written with transformers' dequantisation of the same MXFP4 blocks; and the hybrid
-//! linear-attention Qwens (`qwen35`, `qwen35moe`, `qwen3next`), which transformers' GGUF loader
-//! does not read either, against the models written.
+//! linear-attention Qwens (`qwen35`, `qwen35moe`, `qwen3next`) and a Gemma 4 (`gemma4`), which
+//! transformers' GGUF loader does not read either, against the models written.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use rlhf_gguf::{import_llama, GgufFile, GgufWriter, ImportSummary, OutDtype, Value};
+use rlhf_gguf::{import_llama, GgufFile, GgufWriter, ImportSummary, OutDtype, Value, ValueType};
 use rlhf_integration_tests::{fixtures, python, read_json};
 use rlhf_models::CausalLm;
 use tch::{Device, Kind, Tensor};
@@ -288,6 +288,63 @@ fn refusals(arch: &str, dir: &Path) {
     refused(&rewritten(&g, Some((key.as_str(), Value::U32(4))), "", None), &key);
     let positive = rewritten(&g, None, "", Some(("blk.0.ssm_a", &[0.5, -1.0, -1.0, -1.0])));
     refused(&positive, "`blk.0.ssm_a` holds 0.5");
+}
+
+/// Gemma 4 as llama.cpp's converter writes it (`fixtures/gguf_gemma4.py`: per-layer KV heads and
+/// MLP widths, the full layers' head size as `key_length`, proportional RoPE as `rope_freqs`, no
+/// values on full layers, no keys and values on the 2 layers that reuse them, per-layer inputs,
+/// experts beside the MLPs with the router's scales under llama.cpp's names, a `gemma4` BPE
+/// vocabulary): imported, transformers' tensors by name exactly (the converter changes no value),
+/// the logits of the model written, the ids its tokenizer gives; what Gemma 4 cannot be is refused
+/// naming the file and the key or tensor, with nothing written.
+#[test]
+fn a_gemma4_gguf_imports_its_layers_and_vocabulary_to_the_model_written() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (model_dir, _) = imported(&python, "gemma4", dir.path());
+    let config = read_json(&model_dir.join("config.json"));
+    assert_eq!(
+        (config["architectures"][0].as_str(), config["model_type"].as_str()),
+        (Some("Gemma4ForCausalLM"), Some("gemma4_text"))
+    );
+    let rope = &config["rope_parameters"];
+    assert_eq!(rope["full_attention"]["partial_rotary_factor"].as_f64(), Some(0.25), "{rope}");
+    assert_eq!(rope["sliding_attention"]["rope_theta"].as_f64(), Some(10000.0), "{rope}");
+    let geometry = ["head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads"];
+    assert_eq!(geometry.map(|k| config[k].as_u64()), [Some(8), Some(16), Some(2), Some(1)]);
+    let flags = ["attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block"];
+    assert_eq!(flags.map(|k| config[k].as_bool()), [Some(true); 3]);
+    assert_eq!(config["num_kv_shared_layers"].as_u64(), Some(2));
+    let weights = |f: &Path| -> HashMap<String, Tensor> { Tensor::read_safetensors(f).unwrap().into_iter().collect() };
+    let (ours, theirs) =
+        (weights(&model_dir.join("model.safetensors")), weights(&dir.path().join("weights.safetensors")));
+    let mut names: Vec<&String> = ours.keys().collect();
+    names.sort();
+    let mut want: Vec<&String> = theirs.keys().collect();
+    want.sort();
+    assert_eq!(names, want, "tensor names");
+    for (name, t) in &theirs {
+        assert!(ours[name].equal(t), "{name} differs");
+    }
+    check_logits("gemma4", dir.path(), &model_dir);
+    check_tokens(dir.path(), &model_dir);
+
+    let g = GgufFile::open(&dir.path().join("gemma4.gguf")).unwrap();
+    let refused = |file: &GgufFile, want: &str| {
+        let out = dir.path().join("refused");
+        let err = import_llama(file, &out, OutDtype::F32).unwrap_err().to_string();
+        assert!(err.contains("gemma4.gguf") && err.contains(want), "{err}");
+        assert!(!out.exists(), "nothing is written for a refused file");
+    };
+    let flags = |f: &[bool]| Value::Array(ValueType::Bool, f.iter().map(|b| Value::Bool(*b)).collect());
+    let widths = Value::Array(ValueType::U32, [64u32, 64, 96, 128, 128].map(Value::U32).to_vec());
+    let pattern = "gemma4.attention.sliding_window_pattern";
+    let last_slides = rewritten(&g, Some((pattern, flags(&[true, false, true, false, true]))), "", None);
+    refused(&last_slides, "the last layer slides");
+    refused(&rewritten(&g, Some(("gemma4.feed_forward_length", widths)), "", None), "gemma4.feed_forward_length");
+    let scaled = [1.0, 0.5, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30];
+    refused(&rewritten(&g, None, "", Some(("rope_freqs.weight", &scaled))), "holds the factor 0.5");
+    refused(&rewritten(&g, None, "blk.0.attn_v.weight", None), "model.layers.0.self_attn.v_proj.weight");
 }
 
 /// `g` written again (under its own path) with one metadata value set, the tensor `drop` left out,

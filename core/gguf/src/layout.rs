@@ -138,6 +138,9 @@ fn gpt_oss_name(rest: &str, p: &LlamaParams) -> Option<(&'static str, Transform,
 /// The HF name of a GGUF tensor, what becomes of its data, and its shape in the file (dims
 /// reversed).
 pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Transform, Vec<u64>)> {
+    if let Some(g4) = &p.gemma4 {
+        return crate::gemma4_layout::hf_name(name, g4, p);
+    }
     let llama = p.architecture == "llama";
     let gemma = matches!(p.architecture.as_str(), "gemma2" | "gemma3");
     let phi3 = p.architecture == "phi3";
@@ -217,6 +220,9 @@ pub(crate) fn hf_name(name: &str, p: &LlamaParams) -> Option<(String, Transform,
 
 /// The HF tensors a file of this architecture must have (`{e}` standing for every expert).
 pub(crate) fn required_names(p: &LlamaParams) -> Vec<String> {
+    if let Some(g4) = &p.gemma4 {
+        return crate::gemma4_layout::required(g4, p);
+    }
     if p.linear.is_some() {
         let mut required = vec!["model.embed_tokens.weight".to_owned(), "model.norm.weight".to_owned()];
         for l in 0..p.num_hidden_layers {

@@ -1,5 +1,5 @@
 //! GGUF files (llama.cpp's checkpoint format): reading, dequantisation, and import of Llama, Qwen2,
-//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3, gpt-oss, Qwen3.5, Qwen3.5-MoE and
+//! Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Gemma 4, Phi-3, OLMo 2 and 3, gpt-oss, Qwen3.5, Qwen3.5-MoE and
 //! Qwen3-Next models into Hugging Face checkpoint directories that `rlhf-models` and transformers
 //! load.
 //!
@@ -23,6 +23,8 @@
 
 mod dequant;
 mod error;
+mod gemma4;
+mod gemma4_layout;
 mod hybrid;
 mod import;
 mod layout;
@@ -40,6 +42,7 @@ mod writer;
 
 pub use dequant::dequantize;
 pub use error::{GgufError, Result};
+pub use gemma4::Gemma4Params;
 pub use import::{import_llama, ImportSummary, OUTPUT_FILES};
 pub use layout::{permute_rows, unpermute_rows};
 pub use linear::LinearParams;

@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
+use crate::gemma4::Gemma4Params;
 use crate::linear::{LinearParams, ARCHITECTURES as HYBRID};
 use crate::reader::GgufFile;
 use crate::rope::{long_rope_factors, yarn, ROPE_FACTORS};
@@ -82,6 +83,9 @@ pub struct LlamaParams {
     pub sliding_layers: Vec<bool>,
     /// The sliding layers' RoPE base (`rope.freq_base_swa`) of an OLMo 3 file, where it has one.
     pub rope_theta_sliding: Option<f64>,
+    /// A `gemma4` file's layers (whose sliding layers' sizes are `head_dim` and
+    /// `num_key_value_heads` above).
+    pub gemma4: Option<Gemma4Params>,
 }
 
 /// A `qwen3moe`, `gpt-oss`, `qwen35moe` or `qwen3next` file's experts (`expert_count`,
@@ -113,7 +117,11 @@ impl LlamaParams {
         let moe = Self::moe_from_gguf(g, arch)?;
         let hidden = g.req_u64(&k("embedding_length"))?;
         let heads = g.req_u64(&k("attention.head_count"))?;
-        let kv_heads = g.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(heads);
+        let gemma4 = Gemma4Params::from_gguf(g, arch, heads)?;
+        let kv_heads = match &gemma4 {
+            Some(g4) => g4.sliding_kv_heads,
+            None => g.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(heads),
+        };
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
             return Err(GgufError::metadata(
                 path,
@@ -121,10 +129,11 @@ impl LlamaParams {
                 format!("{kv_heads} key/value heads do not divide {heads} heads"),
             ));
         }
-        let head_dim = match g.opt_u64(&k("attention.key_length"))? {
-            Some(d) => d,
-            None if hidden % heads == 0 => hidden / heads,
-            None => {
+        let head_dim = match (&gemma4, g.opt_u64(&k("attention.key_length"))?) {
+            (Some(g4), _) => g4.sliding_head_dim,
+            (None, Some(d)) => d,
+            (None, None) if hidden % heads == 0 => hidden / heads,
+            (None, None) => {
                 return Err(GgufError::metadata(
                     path,
                     &k("attention.head_count"),
@@ -132,7 +141,8 @@ impl LlamaParams {
                 ))
             }
         };
-        if let Some(v) = g.opt_u64(&k("attention.value_length"))? {
+        // (Gemma 4's are its full layers' sizes, checked with its layers.)
+        if let Some(v) = g.opt_u64(&k("attention.value_length"))?.filter(|_| gemma4.is_none()) {
             if v != head_dim {
                 return Err(GgufError::unsupported(
                     path,
@@ -143,7 +153,10 @@ impl LlamaParams {
         if head_dim % 2 != 0 {
             return Err(GgufError::unsupported(path, format!("odd head dimension {head_dim}")));
         }
-        let rotary_dim = g.opt_u64(&k("rope.dimension_count"))?.unwrap_or(head_dim);
+        let rotary_dim = match gemma4 {
+            Some(_) => head_dim,
+            None => g.opt_u64(&k("rope.dimension_count"))?.unwrap_or(head_dim),
+        };
         // Phi-3 (Phi-4-mini) and the hybrid Qwens rotate the first dimensions of each head, as
         // transformers' `partial_rotary_factor` does; for the other architectures it is refused.
         let partial = arch == "phi3" || HYBRID.contains(&arch);
@@ -177,7 +190,7 @@ impl LlamaParams {
                 "the file has LongRoPE factor tensors (`rope_factors_long.weight`), which only phi3 files are read with",
             ));
         }
-        if g.tensor("rope_freqs.weight").is_some() {
+        if g.tensor("rope_freqs.weight").is_some() && gemma4.is_none() {
             return Err(GgufError::unsupported(
                 path,
                 "the file has `rope_freqs.weight` (Llama 3.1-style rope scaling), which is not supported",
@@ -236,8 +249,9 @@ impl LlamaParams {
             None => Vec::new(),
         };
         // A mixture of experts has no dense MLP: its `feed_forward_length` is informational.
-        let intermediate = match (g.opt_u64(&k("feed_forward_length"))?, moe) {
-            (Some(n), _) => n,
+        let intermediate = match (&gemma4, moe) {
+            (Some(g4), _) => g4.ffn[0],
+            (None, _) if g.get(&k("feed_forward_length")).is_some() => g.req_u64(&k("feed_forward_length"))?,
             (None, Some(m)) => m.moe_intermediate_size,
             (None, None) => g.req_u64(&k("feed_forward_length"))?,
         };
@@ -264,7 +278,7 @@ impl LlamaParams {
             tie_word_embeddings: g.tensor("output.weight").is_none(),
             moe,
             sliding_window: match arch {
-                "gemma2" | "gemma3" | "gpt-oss" => Some(g.req_u64(&k("attention.sliding_window"))?),
+                "gemma2" | "gemma3" | "gemma4" | "gpt-oss" => Some(g.req_u64(&k("attention.sliding_window"))?),
                 "phi3" => g.opt_u64(&k("attention.sliding_window"))?,
                 "olmo2" => olmo3_window,
                 _ => None,
@@ -274,6 +288,7 @@ impl LlamaParams {
             linear,
             sliding_layers,
             rope_theta_sliding: g.opt_f64(&k("rope.freq_base_swa"))?,
+            gemma4,
         })
     }
 
@@ -283,13 +298,13 @@ impl LlamaParams {
         let path = g.path();
         let k = |name: &str| format!("{arch}.{name}");
         let experts = g.opt_u64(&k("expert_count"))?.unwrap_or(0);
-        if !matches!(arch, "qwen3moe" | "gpt-oss" | "qwen35moe" | "qwen3next") {
+        if !matches!(arch, "qwen3moe" | "gpt-oss" | "qwen35moe" | "qwen3next" | "gemma4") {
             if experts > 0 {
                 return Err(GgufError::unsupported(
                     path,
                     format!(
-                        "mixture-of-experts `{arch}` models are not supported (qwen3moe, gpt-oss, qwen35moe and \
-                         qwen3next are)"
+                        "mixture-of-experts `{arch}` models are not supported (qwen3moe, gpt-oss, qwen35moe, \
+                         qwen3next and gemma4 are)"
                     ),
                 ));
             }
@@ -348,6 +363,7 @@ impl LlamaParams {
             "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
             "gemma2" => ("Gemma2ForCausalLM", "gemma2"),
             "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
+            "gemma4" => ("Gemma4ForCausalLM", "gemma4_text"),
             "phi3" => ("Phi3ForCausalLM", "phi3"),
             "olmo2" if self.sliding_window.is_some() => ("Olmo3ForCausalLM", "olmo3"),
             "olmo2" => ("Olmo2ForCausalLM", "olmo2"),
@@ -398,6 +414,7 @@ impl LlamaParams {
                 })
             }
             "gemma2" | "gemma3_text" => self.gemma_keys(),
+            "gemma4_text" => self.gemma4_keys(),
             "olmo2" => json!({"attention_bias": false}),
             "olmo3" => {
                 let full = self.rope_parameters();
@@ -459,6 +476,25 @@ impl LlamaParams {
             keys["norm_topk_prob"] = json!(true);
             keys["decoder_sparse_step"] = json!(1);
             keys["mlp_only_layers"] = json!([]);
+        }
+        keys
+    }
+
+    /// What a Gemma 4 config adds ([`Gemma4Params::config_keys`]), with its experts.
+    fn gemma4_keys(&self) -> Value {
+        let base = crate::gemma4::ConfigBase {
+            window: self.sliding_window,
+            softcap: self.softcaps.1,
+            rope_theta: self.rope_theta,
+            vocab: self.vocab_size,
+            kv_heads: self.num_key_value_heads,
+            moe: self.moe.is_some(),
+        };
+        let mut keys = self.gemma4.as_ref().expect("a gemma4 file has its layers").config_keys(base);
+        if let Some(m) = self.moe {
+            keys["num_experts"] = json!(m.num_experts);
+            keys["top_k_experts"] = json!(m.num_experts_per_tok);
+            keys["moe_intermediate_size"] = json!(m.moe_intermediate_size);
         }
         keys
     }
@@ -528,13 +564,13 @@ pub(crate) fn architecture(g: &GgufFile) -> Result<&str> {
     let arch = g
         .opt_str("general.architecture")?
         .ok_or_else(|| GgufError::metadata(g.path(), "general.architecture", "missing"))?;
-    let known = ["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2", "gpt-oss"];
+    let known = ["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3", "olmo2", "gpt-oss"];
     if !known.contains(&arch) && !HYBRID.contains(&arch) {
         return Err(GgufError::unsupported(
             g.path(),
             format!(
                 "architecture `{arch}` is not supported (llama: Llama, SmolLM, Mistral without sliding window; qwen2; \
-                 qwen3; qwen3moe; gemma2; gemma3; phi3; olmo2; gpt-oss; qwen35; qwen35moe; qwen3next)"
+                 qwen3; qwen3moe; gemma2; gemma3; gemma4; phi3; olmo2; gpt-oss; qwen35; qwen35moe; qwen3next)"
             ),
         ));
     }

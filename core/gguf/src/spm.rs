@@ -126,10 +126,15 @@ pub(crate) fn llama_backend(vocab: &Vocab, scores: &[f32], phi3: bool) -> [(&'st
 }
 
 /// `tokenizer.json`'s model, normalizer, pre-tokenizer and decoder for Gemma's vocabulary.
-pub(crate) fn gemma_backend(vocab: &Vocab, unk: &str) -> [(&'static str, Value); 4] {
-    let merges = vocab.merges(|id| -(id as f64));
+/// `merges`: the file's (Gemma 4's BPE), or where it has none, rebuilt from the token order.
+pub(crate) fn gemma_backend(
+    vocab: &Vocab,
+    merges: Option<Vec<(String, String)>>,
+    unk: Option<&str>,
+) -> [(&'static str, Value); 4] {
+    let merges = merges.unwrap_or_else(|| vocab.merges(|id| -(id as f64)));
     [
-        ("model", bpe(vocab, merges, Some(unk))),
+        ("model", bpe(vocab, merges, unk)),
         ("normalizer", json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"})),
         (
             "pre_tokenizer",

@@ -153,20 +153,7 @@ fn byte_level(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
             vocab.insert((*token).to_owned(), json!(i));
         }
     }
-    let mut merge_pairs = Vec::with_capacity(merges.len());
-    for (i, merge) in merges.iter().enumerate() {
-        let mut parts = merge.split(' ');
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() => merge_pairs.push(json!([a, b])),
-            _ => {
-                return Err(GgufError::metadata(
-                    path,
-                    "tokenizer.ggml.merges",
-                    format!("entry {i} {merge:?} is not two tokens separated by one space"),
-                ))
-            }
-        }
-    }
+    let merge_pairs: Vec<Value> = merge_pairs(g, &merges)?.into_iter().map(|(a, b)| json!([a, b])).collect();
     let model = json!({
         "type": "BPE",
         "dropout": null,
@@ -191,13 +178,49 @@ fn byte_level(g: &GgufFile, tokens: &[&str]) -> Result<Backend> {
     })
 }
 
+/// `tokenizer.ggml.merges`, each entry two tokens separated by one space.
+fn merge_pairs(g: &GgufFile, merges: &[&str]) -> Result<Vec<(String, String)>> {
+    let mut pairs = Vec::with_capacity(merges.len());
+    for (i, merge) in merges.iter().enumerate() {
+        let mut parts = merge.split(' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() => pairs.push((a.to_owned(), b.to_owned())),
+            _ => {
+                return Err(GgufError::metadata(
+                    g.path(),
+                    "tokenizer.ggml.merges",
+                    format!("entry {i} {merge:?} is not two tokens separated by one space"),
+                ))
+            }
+        }
+    }
+    Ok(pairs)
+}
+
 /// Gemma's SentencePiece vocabulary (see [`crate::spm`]).
 fn gemma(tokens: &[&str], unk: Option<u32>) -> Backend {
     let respelled = crate::spm::respell(tokens);
     let vocab = crate::spm::Vocab::new(&respelled);
     let unk = unk.map_or("<unk>", |i| tokens[i as usize]);
-    let parts = crate::spm::gemma_backend(&vocab, unk);
+    let parts = crate::spm::gemma_backend(&vocab, None, Some(unk));
     sentencepiece(tokens.len(), vocab, parts, &["<mask>"])
+}
+
+/// Gemma 4's vocabulary (`tokenizer.ggml.model = "gemma4"`): a BPE over characters (not bytes)
+/// with its merges stored, `▁` for spaces and `<0xXX>` byte tokens for what it cannot spell — the
+/// `tokenizer.json` transformers' `GemmaTokenizer` builds, with the file's merges. (llama.cpp
+/// also splits the text at newline runs before merging; the two agree unless a merge joins a
+/// newline to another character.)
+fn gemma4(g: &GgufFile, tokens: &[&str], unk: Option<u32>) -> Result<Backend> {
+    let merges = g.opt_str_array("tokenizer.ggml.merges")?.ok_or_else(|| {
+        GgufError::metadata(g.path(), "tokenizer.ggml.merges", "missing (a BPE vocabulary needs them)")
+    })?;
+    let merges = merge_pairs(g, &merges)?;
+    let owned: Vec<String> = tokens.iter().map(|t| (*t).to_owned()).collect();
+    let vocab = crate::spm::Vocab::new(&owned);
+    let unk = unk.map(|i| tokens[i as usize]).or_else(|| vocab.ids.contains_key("<unk>").then_some("<unk>"));
+    let parts = crate::spm::gemma_backend(&vocab, Some(merges), unk);
+    Ok(sentencepiece(tokens.len(), vocab, parts, &["<mask>"]))
 }
 
 /// A SentencePiece vocabulary's [`Backend`]: BOS added by default, the declared special tokens
@@ -366,13 +389,14 @@ pub fn build(g: &GgufFile, architecture: &str, model_max_length: Option<u64>) ->
     let backend = match model {
         "gpt2" => byte_level(g, &tokens)?,
         "llama" if matches!(architecture, "gemma2" | "gemma3") => gemma(&tokens, special.unk),
+        "gemma4" => gemma4(g, &tokens, special.unk)?,
         "llama" if matches!(architecture, "llama" | "phi3") => llama_spm(g, &tokens, architecture == "phi3")?,
         _ => {
             return Err(GgufError::unsupported(
                 path,
                 format!(
                     "tokenizer.ggml.model `{model}` is not supported for `{architecture}` (`gpt2`, byte-level BPE; \
-                     `llama`, SentencePiece, for llama, phi3, gemma2 and gemma3)"
+                     `llama`, SentencePiece, for llama, phi3, gemma2 and gemma3; `gemma4`)"
                 ),
             ))
         }
