@@ -5,8 +5,8 @@
 //! batch —, the reward function receives each row's image paths as the `images` column (as TRL
 //! passes dataset columns), 2 ranks sample what one process samples, the vision tower stays as
 //! loaded unless `model.freeze_vision = false`, ZeRO stage 3 gathers the tower for its passes, a
-//! resumed run continues bit for bit, `rlhf eval` reads the rows with their images, and what is
-//! not supported yet is refused by name.
+//! resumed run continues bit for bit, `rlhf eval` reads the rows with their images, multi-turn
+//! episodes sample every turn with them, and what is not supported yet is refused by name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -231,16 +231,48 @@ fn the_vision_tower_trains_when_asked_and_unsupported_runs_are_refused() {
     assert!(value(&lines[0], "is/logprob_diff_max") < 1e-4, "{}", lines[0]);
     assert_eq!(value(&lines[1], "rollout/staleness"), 1.0);
 
-    for (config, set, says) in [
-        (&ppo, text_critic_set.as_str(), "reads no images"),
-        (&config, "environment.plugin=\"env-calculator\"", "multi-turn environments take no images yet"),
+    let vllm = ["--set", "rollout.engine=\"vllm\"", "--set", "rollout.vllm.urls=[\"http://127.0.0.1:1\"]"];
+    for (config, sets, says) in [
+        (&ppo, &["--set", text_critic_set.as_str()][..], "reads no images"),
+        (&config, &vllm[..], "the vLLM engine is not sent images yet"),
     ] {
         let run = dir.path().join("refused");
-        let out = train(config, &run, &["--set", set, "--set", "environment.reward=\"sum\""]);
+        let out = train(config, &run, sets);
         let e = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && e.contains(says) && e.contains("holds images"), "{set}: {e}");
-        assert!(!run.join("metrics.jsonl").exists(), "{set}: a refused run wrote metrics");
+        assert!(!out.status.success() && e.contains(says) && e.contains("holds images"), "{sets:?}: {e}");
+        assert!(!run.join("metrics.jsonl").exists(), "{sets:?}: a refused run wrote metrics");
     }
+}
+
+/// Multi-turn episodes on prompts with images (the scripted environment: three turns, text
+/// observations after each): every turn is sampled with the rows' images at their multimodal
+/// positions and the text after them — the asynchronous worker's behaviour log-probs are the
+/// trainer's old ones at step 1 (a turn sampled without the images, or with the text after them
+/// at other positions, differs by far more) — and every fresh pass of a synchronous run equals
+/// the old one.
+#[test]
+fn multi_turn_episodes_sample_and_train_with_the_prompts_images() {
+    if python().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let env = [
+        "environment.plugin=\"env-script\"",
+        "environment.reward=\"sum\"",
+        "environment.max_turns=3",
+        "environment.config={ turns = 3, observation = \" then look again:\" }",
+    ];
+    let sets: Vec<&str> = env.iter().flat_map(|e| ["--set", *e]).collect();
+    for l in &trained(&config, &dir.path().join("sync"), &sets) {
+        assert!(value(l, "env/turns/mean") > 1.5, "{l}");
+        assert_eq!(value(l, "clip_ratio/low_mean") + value(l, "clip_ratio/high_mean"), 0.0, "{l}");
+        assert!(value(l, "approx_kl").abs() < 1e-9, "{l}");
+    }
+    let lines =
+        trained(&config, &dir.path().join("async"), &[&sets[..], &["--set", "rollout.max_staleness=1"]].concat());
+    assert!(value(&lines[0], "env/turns/mean") > 1.5, "{}", lines[0]);
+    assert!(value(&lines[0], "is/logprob_diff_max") < 1e-4, "{}", lines[0]);
 }
 
 /// `configs/grpo-vl.toml` (the built-in visual task on `builtin:tiny-qwen2.5-vl`) learns from the

@@ -92,6 +92,23 @@ pub fn generate_with_images(
     generate_from(model, prompt_ids, prompt_mask, Some(images), cfg, None)
 }
 
+/// [`generate_until`] for prompts that may hold images ([`generate_with_images`] with `images`,
+/// [`generate_until`] without): a multi-turn episode's context — its prompt's images, then text —
+/// prefilled again each turn.
+///
+/// # Shapes
+/// As [`generate`].
+pub fn generate_until_with_images(
+    model: &CausalLm,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    images: Option<&Images>,
+    cfg: &GenerateConfig,
+    stop: Option<StopCheck<'_>>,
+) -> Result<Generated> {
+    generate_from(model, prompt_ids, prompt_mask, images, cfg, stop)
+}
+
 fn generate_from(
     model: &CausalLm,
     prompt_ids: &Tensor,

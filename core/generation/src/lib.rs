@@ -17,7 +17,9 @@ pub mod session;
 pub use batch::{left_pad, right_pad, PaddedBatch};
 pub use decode::compactions;
 pub use error::{GenerationError, Result};
-pub use generate::{generate, generate_until, generate_with_images, GenerateConfig, Generated, StopCheck};
+pub use generate::{
+    generate, generate_until, generate_until_with_images, generate_with_images, GenerateConfig, Generated, StopCheck,
+};
 pub use graphs::{graph_failures, graph_replays};
 pub use logprobs::{
     masked_nll_mean, masked_nll_sum, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass,

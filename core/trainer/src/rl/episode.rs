@@ -184,6 +184,7 @@ pub fn run(
             Decoder::Vllm(_) => None,
         },
         s,
+        batch.images.is_some(),
     );
     for turn in 0..s.env.max_turns {
         if trajs.iter().all(|t| t.done) {
@@ -196,7 +197,7 @@ pub fn run(
                     .iter()
                     .map(|t| Row { prompt: &t.prompt, tokens: &t.tokens, done: t.done, room: t.room(max_total) })
                     .collect();
-                local.sample(model, *behavior, &rows, s, turn)?
+                local.sample(model, *behavior, &rows, batch.images.as_ref(), s, turn)?
             }
             Decoder::Vllm(engine) => vllm_turn(engine, &trajs, s)?,
         };

@@ -7,10 +7,12 @@
 //! cache last saw it — the token sampled last (a decode ends before feeding it) and the
 //! observation — and continues from the cached keys and values; otherwise (or for a model with a
 //! sliding window, which counts cache slots, or with linear attention, whose state cannot skip
-//! the padding slots a session leaves) every turn prefills the whole context again.
+//! the padding slots a session leaves) every turn prefills the whole context again. So does a
+//! batch whose prompts hold images: each turn prefills the prompts' images with the context, at
+//! the multimodal positions they take, and the text after them.
 
-use rlhf_generation::{batch::to_rows, generate_until, left_pad, GenerateConfig, RowWindow, Session};
-use rlhf_models::CausalLm;
+use rlhf_generation::{batch::to_rows, generate_until_with_images, left_pad, GenerateConfig, RowWindow, Session};
+use rlhf_models::{CausalLm, Images};
 use tch::{Kind, Tensor};
 
 use crate::error::Result;
@@ -60,19 +62,21 @@ pub struct LocalTurns {
 }
 
 impl LocalTurns {
-    /// Turns of `model` under settings `s` (KV reuse when `environment.kv_reuse` and the model
-    /// has neither a sliding window nor linear attention, see `ArchConfig::continues_with_gaps`).
-    pub fn new(model: Option<&CausalLm>, s: &EpisodeSettings<'_>) -> LocalTurns {
-        let reuse = s.env.kv_reuse && model.is_some_and(|m| m.arch().continues_with_gaps());
+    /// Turns of `model` under settings `s` (KV reuse when `environment.kv_reuse`, the prompts
+    /// hold no images and the model has neither a sliding window nor linear attention, see
+    /// `ArchConfig::continues_with_gaps`).
+    pub fn new(model: Option<&CausalLm>, s: &EpisodeSettings<'_>, images: bool) -> LocalTurns {
+        let reuse = s.env.kv_reuse && !images && model.is_some_and(|m| m.arch().continues_with_gaps());
         LocalTurns { session: None, cached: Vec::new(), reuse }
     }
 
-    /// One policy turn for every row.
+    /// One policy turn for every row; `images`: every row's prompt images in row order.
     pub fn sample(
         &mut self,
         model: &CausalLm,
         behavior: bool,
         rows: &[Row<'_>],
+        images: Option<&Images>,
         s: &EpisodeSettings<'_>,
         turn: usize,
     ) -> Result<Sampled> {
@@ -117,7 +121,8 @@ impl LocalTurns {
         };
         if !self.reuse {
             let padded = left_pad(&contexts, s.pad, model.device())?;
-            let mut gen = generate_until(model, &padded.input_ids, &padded.attention_mask, &cfg, Some(&mut check))
+            let (ids, mask) = (&padded.input_ids, &padded.attention_mask);
+            let mut gen = generate_until_with_images(model, ids, mask, images, &cfg, Some(&mut check))
                 .map_err(|e| diverged(model, e))?;
             return per_row(&gen.responses()?, &gen.response_mask, gen.logprobs.take());
         }

@@ -444,7 +444,7 @@ impl Trainer {
         };
         let with_images = data.records.iter().any(|r| !r.images.is_empty());
         if with_images {
-            crate::rl::visual::check_run(&cfg, env.is_some())?;
+            crate::rl::visual::check_run(&cfg)?;
         }
         let visual_of = images.filter(|_| with_images);
         if cfg.rollout.prompts_per_batch > data.records.len() {

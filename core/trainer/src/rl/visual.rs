@@ -121,8 +121,8 @@ pub(crate) fn critic_images(
 }
 
 /// What RL on prompts with images does not do yet, refused before anything is built: vLLM (its
-/// requests carry no images yet) and environments.
-pub fn check_run(cfg: &crate::config::RlConfig, env: bool) -> Result<()> {
+/// requests carry no images yet). (Environments run on such prompts with text observations.)
+pub fn check_run(cfg: &crate::config::RlConfig) -> Result<()> {
     let refuse = |key: &str, what: &str| {
         Err(TrainerError::Config(format!(
             "{}: {key}: {what}, and data.prompts `{}` holds images",
@@ -132,9 +132,6 @@ pub fn check_run(cfg: &crate::config::RlConfig, env: bool) -> Result<()> {
     };
     if cfg.rollout.engine == crate::config::EngineKind::Vllm {
         return refuse("rollout.engine", "the vLLM engine is not sent images yet");
-    }
-    if env {
-        return refuse("environment", "multi-turn environments take no images yet");
     }
     Ok(())
 }
