@@ -184,13 +184,11 @@ fn a_gpt_oss_gguf_with_mxfp4_experts_imports_to_the_logits_of_the_model_written(
     check_logits("gpt-oss", dir.path(), &model_dir);
     check_tokens(dir.path(), &model_dir);
 
-    let weights = |d: &Path| -> HashMap<String, Tensor> {
-        Tensor::read_safetensors(d.join("model.safetensors")).unwrap().into_iter().collect()
-    };
     let fused_dir = dir.path().join("fused");
     let fused = GgufFile::open(&dir.path().join("gpt-oss-fused.gguf")).unwrap();
     import_llama(&fused, &fused_dir, OutDtype::F32).unwrap();
-    let (apart, stacked) = (weights(&model_dir), weights(&fused_dir));
+    let (apart, stacked) =
+        (tensors(&model_dir.join("model.safetensors")), tensors(&fused_dir.join("model.safetensors")));
     assert_eq!(apart.len(), stacked.len());
     for (name, t) in &apart {
         assert!(t.equal(&stacked[name]), "{name}: stacked gate/up experts import differently");
@@ -237,19 +235,7 @@ fn qwen3_5_and_qwen3_next_ggufs_import_to_the_logits_of_the_models_written() {
         // The multi-token-prediction block's 4 tensors.
         assert_eq!(summary.skipped, if arch == "qwen3next" { 0 } else { 4 }, "{arch}");
         // transformers' tensors by name, up to the last bits of `(1 + w) − 1` and `ln(exp(A_log))`.
-        let weights =
-            |f: &Path| -> HashMap<String, Tensor> { Tensor::read_safetensors(f).unwrap().into_iter().collect() };
-        let (ours, theirs) =
-            (weights(&model_dir.join("model.safetensors")), weights(&dir.path().join("weights.safetensors")));
-        let mut names: Vec<&String> = ours.keys().collect();
-        names.sort();
-        let mut want: Vec<&String> = theirs.keys().collect();
-        want.sort();
-        assert_eq!(names, want, "{arch}: tensor names");
-        for (name, t) in &theirs {
-            let diff = (&ours[name] - t).abs().max().double_value(&[]);
-            assert!(diff <= 1e-6 * t.abs().max().double_value(&[]).max(1.0), "{arch}: {name} differs by {diff}");
-        }
+        let ours = check_weights(arch, &model_dir, dir.path(), 1e-6);
         check_logits(arch, dir.path(), &model_dir);
         if arch == "qwen35" {
             check_tokens(dir.path(), &model_dir);
@@ -259,7 +245,7 @@ fn qwen3_5_and_qwen3_next_ggufs_import_to_the_logits_of_the_models_written() {
             let legacy_dir = dir.path().join("legacy");
             let legacy = GgufFile::open(&dir.path().join("qwen3next-legacy.gguf")).unwrap();
             import_llama(&legacy, &legacy_dir, OutDtype::F32).unwrap();
-            let whole = weights(&legacy_dir.join("model.safetensors"));
+            let whole = tensors(&legacy_dir.join("model.safetensors"));
             assert_eq!(ours.len(), whole.len());
             for (name, t) in &ours {
                 assert!(t.equal(&whole[name]), "{name}: `ssm_in` imports differently from `attn_qkv` + `attn_gate`");
@@ -273,12 +259,7 @@ fn qwen3_5_and_qwen3_next_ggufs_import_to_the_logits_of_the_models_written() {
 /// more multi-token-prediction layers than blocks.
 fn refusals(arch: &str, dir: &Path) {
     let g = GgufFile::open(&dir.join(format!("{arch}.gguf"))).unwrap();
-    let refused = |file: &GgufFile, want: &str| {
-        let out = dir.join("refused");
-        let err = import_llama(file, &out, OutDtype::F32).unwrap_err().to_string();
-        assert!(err.contains(&format!("{arch}.gguf")) && err.contains(want), "{arch}: {err}");
-        assert!(!out.join("model.safetensors").exists(), "{arch}: nothing is written for a refused file");
-    };
+    let refused = |file: &GgufFile, want: &str| assert_refused(file, arch, dir, want);
     if arch == "qwen3next" {
         let no_gate = rewritten(&g, None, "blk.0.attn_gate.weight", None);
         refused(&no_gate, "model.layers.0.linear_attn.in_proj_qkvz.weight` needs the q/k/v rows");
@@ -315,27 +296,12 @@ fn a_gemma4_gguf_imports_its_layers_and_vocabulary_to_the_model_written() {
     let flags = ["attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block"];
     assert_eq!(flags.map(|k| config[k].as_bool()), [Some(true); 3]);
     assert_eq!(config["num_kv_shared_layers"].as_u64(), Some(2));
-    let weights = |f: &Path| -> HashMap<String, Tensor> { Tensor::read_safetensors(f).unwrap().into_iter().collect() };
-    let (ours, theirs) =
-        (weights(&model_dir.join("model.safetensors")), weights(&dir.path().join("weights.safetensors")));
-    let mut names: Vec<&String> = ours.keys().collect();
-    names.sort();
-    let mut want: Vec<&String> = theirs.keys().collect();
-    want.sort();
-    assert_eq!(names, want, "tensor names");
-    for (name, t) in &theirs {
-        assert!(ours[name].equal(t), "{name} differs");
-    }
+    check_weights("gemma4", &model_dir, dir.path(), 0.0);
     check_logits("gemma4", dir.path(), &model_dir);
     check_tokens(dir.path(), &model_dir);
 
     let g = GgufFile::open(&dir.path().join("gemma4.gguf")).unwrap();
-    let refused = |file: &GgufFile, want: &str| {
-        let out = dir.path().join("refused");
-        let err = import_llama(file, &out, OutDtype::F32).unwrap_err().to_string();
-        assert!(err.contains("gemma4.gguf") && err.contains(want), "{err}");
-        assert!(!out.exists(), "nothing is written for a refused file");
-    };
+    let refused = |file: &GgufFile, want: &str| assert_refused(file, "gemma4", dir.path(), want);
     let flags = |f: &[bool]| Value::Array(ValueType::Bool, f.iter().map(|b| Value::Bool(*b)).collect());
     let widths = Value::Array(ValueType::U32, [64u32, 64, 96, 128, 128].map(Value::U32).to_vec());
     let pattern = "gemma4.attention.sliding_window_pattern";
@@ -345,6 +311,36 @@ fn a_gemma4_gguf_imports_its_layers_and_vocabulary_to_the_model_written() {
     let scaled = [1.0, 0.5, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30];
     refused(&rewritten(&g, None, "", Some(("rope_freqs.weight", &scaled))), "holds the factor 0.5");
     refused(&rewritten(&g, None, "blk.0.attn_v.weight", None), "model.layers.0.self_attn.v_proj.weight");
+}
+
+/// The tensors of a safetensors file by name.
+fn tensors(file: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(file).unwrap().into_iter().collect()
+}
+
+/// The imported weights (`model_dir`) against transformers' (`dir/weights.safetensors`): the same
+/// names, each within `tol` of its largest magnitude (at least 1); returns the imported ones.
+fn check_weights(arch: &str, model_dir: &Path, dir: &Path, tol: f64) -> HashMap<String, Tensor> {
+    let (ours, theirs) = (tensors(&model_dir.join("model.safetensors")), tensors(&dir.join("weights.safetensors")));
+    let mut names: Vec<&String> = ours.keys().collect();
+    names.sort();
+    let mut want: Vec<&String> = theirs.keys().collect();
+    want.sort();
+    assert_eq!(names, want, "{arch}: tensor names");
+    for (name, t) in &theirs {
+        let diff = (&ours[name] - t).abs().max().double_value(&[]);
+        assert!(diff <= tol * t.abs().max().double_value(&[]).max(1.0), "{arch}: {name} differs by {diff}");
+    }
+    ours
+}
+
+/// `file` (the `arch` fixture, rewritten) is refused naming the file and `want`, and nothing is
+/// written.
+fn assert_refused(file: &GgufFile, arch: &str, dir: &Path, want: &str) {
+    let out = dir.join("refused");
+    let err = import_llama(file, &out, OutDtype::F32).unwrap_err().to_string();
+    assert!(err.contains(&format!("{arch}.gguf")) && err.contains(want), "{arch}: {err}");
+    assert!(!out.exists(), "{arch}: nothing is written for a refused file");
 }
 
 /// `g` written again (under its own path) with one metadata value set, the tensor `drop` left out,

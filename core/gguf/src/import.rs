@@ -81,7 +81,6 @@ pub fn import_llama(g: &GgufFile, out: &Path, dtype: OutDtype) -> Result<ImportS
             format!("{} tokens but the embedding has only {} rows", tok.n_tokens, params.vocab_size),
         ));
     }
-    std::fs::create_dir_all(out).map_err(|e| GgufError::io(out, e))?;
     let (weights, written, parameters) = write_weights(g, &planned, &params, dtype, out)?;
 
     let mut generation = serde_json::Map::new();
@@ -258,7 +257,8 @@ fn join_parts(
 }
 
 /// Dequantises (un-permuting, un-shifting and splitting where the layout says) and writes
-/// `out/model.safetensors`; returns its path, the tensors written and their elements.
+/// `out/model.safetensors` (making `out` once all of them are read); returns its path, the tensors
+/// written and their elements.
 fn write_weights(
     g: &GgufFile,
     planned: &[Planned],
@@ -330,6 +330,9 @@ fn write_weights(
             .map_err(|e| GgufError::invalid(g.path(), format!("tensor `{name}`: {e:?}")))?;
         views.push((name.as_str(), view));
     }
+    // Every tensor is read and checked (an `ssm_a` that is not negative is found only here): the
+    // directory is made now, so a refused file leaves nothing behind.
+    std::fs::create_dir_all(out).map_err(|e| GgufError::io(out, e))?;
     let weights = out.join("model.safetensors");
     let info = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
     safetensors::tensor::serialize_to_file(views, &info, &weights)
