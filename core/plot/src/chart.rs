@@ -90,8 +90,16 @@ fn ensure_font() -> Result<(), PlotError> {
 /// Draws `panels` stacked vertically into the PNG `path`.
 pub(crate) fn draw(path: &Path, panels: &[Panel]) -> Result<(), PlotError> {
     ensure_font()?;
+    let (width, height) = CHART_SIZE;
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
+    draw_into(&mut rgb, path, panels)?;
+    write_png(path, &rgb).map_err(|message| PlotError::Draw { path: path.to_owned(), message })
+}
+
+/// Draws `panels` into `rgb` (RGB8 rows of [`CHART_SIZE`]); `path` names the chart in errors.
+fn draw_into(rgb: &mut [u8], path: &Path, panels: &[Panel]) -> Result<(), PlotError> {
     let fail = |err: DrawingAreaErrorKind<_>| PlotError::Draw { path: path.to_owned(), message: err.to_string() };
-    let root = BitMapBackend::new(path, CHART_SIZE).into_drawing_area();
+    let root = BitMapBackend::with_buffer(rgb, CHART_SIZE).into_drawing_area();
     root.fill(&BACKGROUND).map_err(fail)?;
     // One step axis for all panels, so that they line up.
     let steps = panels.iter().flat_map(|p| &p.lines).flat_map(|l| &l.points).map(|&(step, _)| step as f64);
@@ -103,6 +111,17 @@ pub(crate) fn draw(path: &Path, panels: &[Panel]) -> Result<(), PlotError> {
     }
     root.present().map_err(fail)?;
     Ok(())
+}
+
+/// Writes `rgb` (RGB8 rows of [`CHART_SIZE`]) as a PNG file.
+fn write_png(path: &Path, rgb: &[u8]) -> Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), CHART_SIZE.0, CHART_SIZE.1);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(|e| e.to_string())?;
+    writer.write_image_data(rgb).map_err(|e| e.to_string())?;
+    writer.finish().map_err(|e| e.to_string())
 }
 
 /// A line ready to draw: raw points, the smoothed line (or the raw one again) and the band.
