@@ -249,7 +249,7 @@ fn the_vision_tower_trains_when_asked_and_unsupported_runs_are_refused() {
 /// positions and the text after them — the asynchronous worker's behaviour log-probs are the
 /// trainer's old ones at step 1 (a turn sampled without the images, or with the text after them
 /// at other positions, differs by far more) — and every fresh pass of a synchronous run equals
-/// the old one.
+/// the old one; held-out evaluation runs its episodes on the same rows.
 #[test]
 fn multi_turn_episodes_sample_and_train_with_the_prompts_images() {
     if python().is_none() {
@@ -264,11 +264,16 @@ fn multi_turn_episodes_sample_and_train_with_the_prompts_images() {
         "environment.config={ turns = 3, observation = \" then look again:\" }",
     ];
     let sets: Vec<&str> = env.iter().flat_map(|e| ["--set", *e]).collect();
-    for l in &trained(&config, &dir.path().join("sync"), &sets) {
+    // Held-out evaluation runs its episodes on the same rows, images included.
+    let held_out = format!("eval.data={:?}", vl_fixture().join("prompts.jsonl").display().to_string());
+    let lines = trained(&config, &dir.path().join("sync"), &[&sets[..], &["--set", &held_out]].concat());
+    for l in &lines {
         assert!(value(l, "env/turns/mean") > 1.5, "{l}");
         assert_eq!(value(l, "clip_ratio/low_mean") + value(l, "clip_ratio/high_mean"), 0.0, "{l}");
         assert!(value(l, "approx_kl").abs() < 1e-9, "{l}");
     }
+    let last = lines.last().unwrap();
+    assert_eq!((value(last, "eval/env/episodes"), value(last, "eval/env/errors")), (3.0, 0.0), "{last}");
     let lines =
         trained(&config, &dir.path().join("async"), &[&sets[..], &["--set", "rollout.max_staleness=1"]].concat());
     assert!(value(&lines[0], "env/turns/mean") > 1.5, "{}", lines[0]);
