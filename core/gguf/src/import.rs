@@ -17,7 +17,6 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
@@ -28,6 +27,7 @@ use crate::linear::{a_log, is_a_log, qkvz_grouped, untile};
 use crate::params::{architecture, eos_value, LlamaParams, OutDtype};
 use crate::reader::{GgufFile, TensorInfo};
 use crate::rope::ROPE_FACTORS;
+use crate::streamed::Streamed;
 use crate::tokenizer::{self, SpecialIds};
 use crate::transform::Transform;
 
@@ -62,6 +62,17 @@ struct Planned<'a> {
     /// transformers' (the file's with its dims reversed, up to dimensions of size 1).
     shape: Vec<usize>,
     transform: Transform,
+}
+
+impl Planned<'_> {
+    /// How many tensors this one is written as: one per expert where it stacks them.
+    fn expert_count(&self) -> usize {
+        if self.hf_name.contains(EXPERT) {
+            self.shape[0]
+        } else {
+            1
+        }
+    }
 }
 
 /// Imports a `llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`, `gemma4`, `phi3`, `olmo2`, `gpt-oss`,
@@ -180,7 +191,22 @@ fn plan<'a>(g: &'a GgufFile, params: &LlamaParams) -> Result<(Vec<Planned<'a>>, 
         return Err(GgufError::invalid(path, format!("no tensor for `{missing}`")));
     }
     check_sources(g, &planned)?;
+    // The one check of values: before anything is written.
+    for p in planned.iter().filter(|p| is_a_log(&p.hf_name)) {
+        to_a_log(g, p.info, &mut g.dequantize(p.info)?)?;
+    }
     Ok((planned, types, skipped))
+}
+
+/// `A = −exp(A_log)` as llama.cpp stores it (`tensor`'s values) back to `A_log`; refused where an
+/// `A` is not negative.
+fn to_a_log(g: &GgufFile, tensor: &TensorInfo, values: &mut [f32]) -> Result<()> {
+    a_log(values).map_err(|a| {
+        GgufError::invalid(
+            g.path(),
+            format!("`{}` holds {a}, but llama.cpp stores A = −exp(A_log), always negative", tensor.name),
+        )
+    })
 }
 
 /// Every HF tensor comes from one tensor of the file — or from its two parts once each: the gate
@@ -257,8 +283,9 @@ fn join_parts(
 }
 
 /// Dequantises (un-permuting, un-shifting and splitting where the layout says) and writes
-/// `out/model.safetensors` (making `out` once all of them are read); returns its path, the tensors
-/// written and their elements.
+/// `out/model.safetensors` (making `out`) one tensor at a time ([`Streamed`]); returns its path,
+/// the tensors written and their elements. On an error nothing of it is left (nor `out`, if this
+/// made it and it is empty).
 fn write_weights(
     g: &GgufFile,
     planned: &[Planned],
@@ -266,11 +293,35 @@ fn write_weights(
     dtype: OutDtype,
     out: &Path,
 ) -> Result<(PathBuf, usize, u64)> {
-    let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(planned.len());
+    let made = !out.exists();
+    std::fs::create_dir_all(out).map_err(|e| GgufError::io(out, e))?;
+    let weights = out.join("model.safetensors");
+    // A bound on the header: per tensor written (each expert's apart), its name, an expert's
+    // number, and at most 200 bytes of dtype, a shape of 4 dims and 2 offsets with their JSON.
+    let room = 64 + planned.iter().map(|p| p.expert_count() * (p.hf_name.len() + 24 + 200)).sum::<usize>();
+    let written = Streamed::create(&weights, dtype.safetensors_name(), room)
+        .and_then(|file| stream_weights(g, planned, params, dtype, file));
+    if written.is_err() && made {
+        let _ = std::fs::remove_dir(out); // only if empty
+    }
+    let (tensors, parameters) = written?;
+    Ok((weights, tensors, parameters))
+}
+
+/// [`write_weights`] into `file`: the tensors written and their elements.
+fn stream_weights(
+    g: &GgufFile,
+    planned: &[Planned],
+    params: &LlamaParams,
+    dtype: OutDtype,
+    mut file: Streamed,
+) -> Result<(usize, u64)> {
     let mut parameters = 0u64;
-    let bytes = |values: &[f32]| match dtype {
-        OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+    let bytes = |values: &[f32]| -> Vec<u8> {
+        match dtype {
+            OutDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            OutDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        }
     };
     // Two-part tensors' first parts by HF name, until both are read.
     let mut halves: HashMap<&str, [Option<Vec<f32>>; 2]> = HashMap::new();
@@ -303,39 +354,17 @@ fn write_weights(
             values.iter_mut().for_each(|v| *v -= 1.0);
         }
         if is_a_log(&p.hf_name) {
-            a_log(&mut values).map_err(|a| {
-                GgufError::invalid(
-                    g.path(),
-                    format!("`{}` holds {a}, but llama.cpp stores A = −exp(A_log), always negative", p.info.name),
-                )
-            })?;
+            to_a_log(g, p.info, &mut values)?;
         }
         if p.hf_name.contains(EXPERT) {
             // `[experts, out, in]`, one `[out, in]` tensor per expert.
             let per = values.len() / shape[0];
             for (e, chunk) in values.chunks(per).enumerate() {
-                buffers.push((p.hf_name.replace(EXPERT, &e.to_string()), shape[1..].to_vec(), bytes(chunk)));
+                file.push(p.hf_name.replace(EXPERT, &e.to_string()), shape[1..].to_vec(), &bytes(chunk))?;
             }
         } else {
-            buffers.push((p.hf_name.clone(), shape, bytes(&values)));
+            file.push(p.hf_name.clone(), shape, &bytes(&values))?;
         }
     }
-    let st_dtype = match dtype {
-        OutDtype::F32 => Dtype::F32,
-        OutDtype::Bf16 => Dtype::BF16,
-    };
-    let mut views = Vec::with_capacity(buffers.len());
-    for (name, shape, bytes) in &buffers {
-        let view = TensorView::new(st_dtype, shape.clone(), bytes)
-            .map_err(|e| GgufError::invalid(g.path(), format!("tensor `{name}`: {e:?}")))?;
-        views.push((name.as_str(), view));
-    }
-    // Every tensor is read and checked (an `ssm_a` that is not negative is found only here): the
-    // directory is made now, so a refused file leaves nothing behind.
-    std::fs::create_dir_all(out).map_err(|e| GgufError::io(out, e))?;
-    let weights = out.join("model.safetensors");
-    let info = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
-    safetensors::tensor::serialize_to_file(views, &info, &weights)
-        .map_err(|e| GgufError::io(&weights, std::io::Error::other(format!("{e:?}"))))?;
-    Ok((weights, buffers.len(), parameters))
+    Ok((file.finish(&[("format", "pt")])?, parameters))
 }

@@ -35,6 +35,7 @@ mod params;
 mod reader;
 mod rope;
 mod spm;
+mod streamed;
 pub mod tokenizer;
 mod transform;
 mod types;

@@ -35,6 +35,14 @@ impl OutDtype {
         }
     }
 
+    /// safetensors' name (`F32`, `BF16`).
+    pub(crate) fn safetensors_name(self) -> &'static str {
+        match self {
+            OutDtype::F32 => "F32",
+            OutDtype::Bf16 => "BF16",
+        }
+    }
+
     /// transformers' name (`config.json`'s `dtype`).
     pub fn torch_name(self) -> &'static str {
         match self {
