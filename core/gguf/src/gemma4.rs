@@ -90,7 +90,7 @@ fn per_layer(g: &GgufFile, key: &str, layers: usize) -> Result<Option<Vec<u64>>>
     }
 }
 
-/// The one value of `values` on the layers `pick` selects (`fallback` where it selects none).
+/// The one value of `values` on the layers `pick` selects (`None` where it selects none).
 fn one_value(g: &GgufFile, key: &str, values: &[u64], pick: impl Fn(usize) -> bool, what: &str) -> Result<Option<u64>> {
     let mut chosen = values.iter().enumerate().filter(|(i, _)| pick(*i)).map(|(_, v)| *v);
     let first = chosen.next();
@@ -134,15 +134,14 @@ impl Gemma4Params {
                 format!("`{pattern}`: the last layer slides; transformers' Gemma 4 makes it full attention"),
             ));
         }
-        let dim = |key: &str, value: Option<u64>| -> Result<u64> {
-            let d = value.ok_or_else(|| GgufError::metadata(path, &k(key), "missing"))?;
+        let dim = |key: &str| -> Result<u64> {
+            let d = g.opt_u64(&k(key))?.ok_or_else(|| GgufError::metadata(path, &k(key), "missing"))?;
             if d == 0 || d % 2 != 0 || d > MAX_DIM {
                 return Err(GgufError::metadata(path, &k(key), format!("{d} (expected an even size)")));
             }
             Ok(d)
         };
-        let global = dim("attention.key_length", g.opt_u64(&k("attention.key_length"))?)?;
-        let local = dim("attention.key_length_swa", g.opt_u64(&k("attention.key_length_swa"))?)?;
+        let (global, local) = (dim("attention.key_length")?, dim("attention.key_length_swa")?);
         for (key, want) in [("attention.value_length", global), ("attention.value_length_swa", local)] {
             if let Some(v) = g.opt_u64(&k(key))?.filter(|v| *v != want) {
                 return Err(GgufError::unsupported(
@@ -201,24 +200,7 @@ impl Gemma4Params {
             return Err(GgufError::invalid(path, "some full-attention layers have `attn_v` and others do not"));
         }
         let k_eq_v = with_v.first().is_some_and(|v| !*v);
-        let per_layer_input = g.opt_u64(&k("embedding_length_per_layer_input"))?.unwrap_or(0);
-        let per_layer_vocab = if per_layer_input == 0 {
-            0
-        } else {
-            let t = g
-                .tensor("per_layer_token_embd.weight")
-                .ok_or_else(|| GgufError::invalid(path, "per-layer inputs without `per_layer_token_embd.weight`"))?;
-            if t.dims.len() != 2 || Some(t.dims[0]) != per_layer_input.checked_mul(layers) {
-                return Err(GgufError::invalid(
-                    path,
-                    format!(
-                        "`per_layer_token_embd.weight` has dims {:?}, expected [{layers} × {per_layer_input}, vocab]",
-                        t.dims
-                    ),
-                ));
-            }
-            t.dims[1]
-        };
+        let (per_layer_input, per_layer_vocab) = per_layer_inputs(g, arch, layers)?;
         Ok(Some(Gemma4Params {
             sliding,
             global_head_dim: global,
@@ -289,6 +271,31 @@ impl Gemma4Params {
         }
         keys
     }
+}
+
+/// The width of each layer's input embedding (`embedding_length_per_layer_input`; 0: none) and the
+/// rows of `per_layer_token_embd`, checked against each other.
+fn per_layer_inputs(g: &GgufFile, arch: &str, layers: u64) -> Result<(u64, u64)> {
+    let path = g.path();
+    let per_layer_input = g.opt_u64(&format!("{arch}.embedding_length_per_layer_input"))?.unwrap_or(0);
+    let per_layer_vocab = if per_layer_input == 0 {
+        0
+    } else {
+        let t = g
+            .tensor("per_layer_token_embd.weight")
+            .ok_or_else(|| GgufError::invalid(path, "per-layer inputs without `per_layer_token_embd.weight`"))?;
+        if t.dims.len() != 2 || Some(t.dims[0]) != per_layer_input.checked_mul(layers) {
+            return Err(GgufError::invalid(
+                path,
+                format!(
+                    "`per_layer_token_embd.weight` has dims {:?}, expected [{layers} × {per_layer_input}, vocab]",
+                    t.dims
+                ),
+            ));
+        }
+        t.dims[1]
+    };
+    Ok((per_layer_input, per_layer_vocab))
 }
 
 /// The full layers' rotating share of frequency pairs, from `rope_freqs.weight`: factors of 1 for
