@@ -194,6 +194,24 @@ fn environment_faults_cost_a_penalty_and_repeated_total_failure_ends_the_run() {
     assert!(rd.join("checkpoints/step-000001").is_dir());
 }
 
+/// A policy that reads no images fails the episodes whose observations carry images, saying why.
+#[test]
+fn observations_with_images_fail_for_a_policy_that_reads_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rd, image) = (dir.path().join("run"), dir.path().join("shot.png"));
+    std::fs::write(&image, b"not decoded").unwrap();
+    let env = format!("first_observation = \"<image>\", image = \"{}\"", s(&image));
+    let o = train(&rd, &env, &["train.steps=1", "environment.max_failed_batches=1"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains(
+            "(last error: episode 0 first observation: an observation with images, and the policy reads no images)"
+        ),
+        "{err}"
+    );
+}
+
 /// Two ranks run the same episodes as one process (each turn's sampling is seeded per turn, so a
 /// rank's rows do not depend on the other rows' lengths), and a run resumed from a checkpoint
 /// repeats the uninterrupted one bit for bit.

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rlhf_integration_tests::{grads_after as grads, logit_diff, python, token_loss};
+use rlhf_models::multimodal::Slots;
 use rlhf_models::{CausalLm, Images};
 use rlhf_vision::{load_path, QwenVlProcessor};
 use tch::{Device, Kind, Tensor};
@@ -47,8 +48,8 @@ fn images(dir: &Path) -> Images {
 fn greedy(m: &CausalLm, ids: &Tensor, mask: &Tensor, images: &Images, steps: i64) -> Tensor {
     let (b, width) = (ids.size()[0], ids.size()[1]);
     let mut cache = m.new_cache(b, width + steps).unwrap();
-    let (pos, deltas) = m.image_positions(ids, mask, &images.grids, width).unwrap();
-    let visual = m.visual(images, width).unwrap();
+    let (pos, deltas) = m.image_positions(ids, mask, &images.grids, &Slots::prompt(width)).unwrap();
+    let visual = m.visual(images, Slots::prompt(width)).unwrap();
     let h = m.hidden_states_with_images(ids, mask, &pos, &visual, Some(&mut cache)).unwrap();
     let mut next = m.logits_from_hidden(&h.select(1, width - 1)).unwrap().argmax(-1, false).unsqueeze(-1);
     let (mut mask, mut out) = (mask.shallow_clone(), vec![next.shallow_clone()]);
@@ -134,8 +135,8 @@ fn qwen2_5_vl_gradients_match_transformers() {
     });
     let checkpointed = grads(&m.vs, &names, || {
         let width = ids.size()[1];
-        let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
-        let visual = m.visual(&imgs, width).unwrap();
+        let (pos, _) = m.image_positions(ids, mask, &imgs.grids, &Slots::prompt(width)).unwrap();
+        let visual = m.visual(&imgs, Slots::prompt(width)).unwrap();
         let ck = m.hidden_states_checkpointed_with_images(ids, mask, &pos, &visual).unwrap();
         token_loss(&m.logits_from_hidden(ck.hidden()).unwrap(), targets, mask).backward();
         m.backward_checkpointed(&ck).unwrap();
@@ -203,7 +204,7 @@ fn qwen2_5_vl_generates_with_images() {
             &m,
             &out.sequences,
             &out.attention_mask,
-            rlhf_generation::ImageInputs { images: &imgs, prompt_len: out.prompt_len },
+            rlhf_generation::ImageInputs::prompt(&imgs, out.prompt_len),
             out.prompt_len,
             opts,
         )

@@ -14,6 +14,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use rlhf_integration_tests::{grads_after as grads, logit_diff, python, token_loss};
+use rlhf_models::multimodal::Slots;
 use rlhf_models::{CausalLm, Images};
 use rlhf_vision::{load_path, QwenVlProcessor};
 use tch::{Device, Kind, Tensor};
@@ -80,10 +81,13 @@ fn check(name: &str, deepstack: usize) {
     let critic = rlhf_models::ScalarHeadModel::from_causal_lm_dir(&src, Device::Cpu, Kind::Float).unwrap();
     assert!(critic.vision().is_some() && m.same_vision(critic.vision()), "{name}: the critic's tower");
     let width = ids.size()[1];
-    let (values, _) = tch::no_grad(|| critic.values_pass_with_images(ids, mask, &imgs, width, false)).unwrap();
-    let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
-    let h =
-        tch::no_grad(|| m.hidden_states_with_images(ids, mask, &pos, &m.visual(&imgs, width).unwrap(), None)).unwrap();
+    let (values, _) =
+        tch::no_grad(|| critic.values_pass_with_images(ids, mask, &imgs, Slots::prompt(width), false)).unwrap();
+    let (pos, _) = m.image_positions(ids, mask, &imgs.grids, &Slots::prompt(width)).unwrap();
+    let h = tch::no_grad(|| {
+        m.hidden_states_with_images(ids, mask, &pos, &m.visual(&imgs, Slots::prompt(width)).unwrap(), None)
+    })
+    .unwrap();
     let score = critic.vs.variables()["score.weight"].shallow_clone();
     let want = h.linear::<&Tensor>(&score, None).squeeze_dim(-1);
     let real = mask.to_kind(Kind::Bool);
@@ -122,8 +126,8 @@ fn check(name: &str, deepstack: usize) {
     });
     let checkpointed = grads(&m.vs, &names, || {
         let width = ids.size()[1];
-        let (pos, _) = m.image_positions(ids, mask, &imgs.grids, width).unwrap();
-        let visual = m.visual(&imgs, width).unwrap();
+        let (pos, _) = m.image_positions(ids, mask, &imgs.grids, &Slots::prompt(width)).unwrap();
+        let visual = m.visual(&imgs, Slots::prompt(width)).unwrap();
         let ck = m.hidden_states_checkpointed_with_images(ids, mask, &pos, &visual).unwrap();
         token_loss(&m.logits_from_hidden(ck.hidden()).unwrap(), targets, mask).backward();
         m.backward_checkpointed(&ck).unwrap();

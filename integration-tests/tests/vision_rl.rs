@@ -280,6 +280,80 @@ fn multi_turn_episodes_sample_and_train_with_the_prompts_images() {
     assert!(value(&lines[0], "is/logprob_diff_max") < 1e-4, "{}", lines[0]);
 }
 
+/// An environment's observations with images (`env-script` sends `c.png` with each observation,
+/// as bytes, or named by its path): each observation's `<image>` marker becomes the image's run
+/// of placeholders in the trajectory — context, not actions —, and every pass reads the image
+/// there: every fresh pass of a synchronous run equals the old one, and the asynchronous worker's
+/// behaviour log-probs are the trainer's old ones.
+#[test]
+fn observations_with_images_are_read_where_their_markers_are() {
+    if python().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let image = vl_fixture().join("images").join("c.png");
+    let env = |by_path: bool| {
+        format!(
+            "environment.config={{ turns = 3, observation = \" look:<image> again:\", image = {:?}, image_path = {by_path} }}",
+            image.display().to_string()
+        )
+    };
+    let sets = |by_path: bool| -> Vec<String> {
+        [
+            "environment.plugin=\"env-script\"".to_string(),
+            "environment.reward=\"sum\"".into(),
+            "environment.max_turns=3".into(),
+            "environment.max_total_tokens=64".into(),
+            "run.save_rollouts=true".into(),
+            env(by_path),
+        ]
+        .into_iter()
+        .flat_map(|s| ["--set".to_string(), s])
+        .collect()
+    };
+    let args = sets(false);
+    let lines = trained(&config, &dir.path().join("sync"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    for l in &lines {
+        assert!(value(l, "env/turns/mean") > 1.5, "{l}");
+        assert_eq!(value(l, "env/errors"), 0.0, "{l}");
+        assert_eq!(value(l, "clip_ratio/low_mean") + value(l, "clip_ratio/high_mean"), 0.0, "{l}");
+        assert!(value(l, "approx_kl").abs() < 1e-9, "{l}");
+    }
+    // `c.png` (60×50) is resized to 56×56: 4×4 patches, 2×2 merged tokens, between the vision
+    // start and end tokens (400, 401) of the tiny vocabulary; image token 402.
+    let run = [400u64, 402, 402, 402, 402, 401];
+    let mut observed = 0;
+    for r in std::fs::read_to_string(dir.path().join("sync/rollouts/step-1.jsonl")).unwrap().lines() {
+        let r: serde_json::Value = serde_json::from_str(r).unwrap();
+        let Some(traj) = r.get("trajectory_ids") else { continue };
+        let ids: Vec<u64> = traj.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let act: Vec<u64> = r["action_mask"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let context: Vec<u64> = ids.iter().zip(&act).filter(|(_, &a)| a == 0).map(|(&t, _)| t).collect();
+        let found = context.windows(run.len()).filter(|w| *w == run).count();
+        assert!(found >= 1, "a multi-turn episode without its observation's image: {r}");
+        observed += found;
+    }
+    assert!(observed >= 3, "{observed} observations with images");
+    let args = sets(true);
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--set", "rollout.max_staleness=1"]);
+    let lines = trained(&config, &dir.path().join("async"), &args);
+    assert!(value(&lines[0], "env/turns/mean") > 1.5, "{}", lines[0]);
+    assert_eq!(value(&lines[0], "env/errors"), 0.0, "{}", lines[0]);
+    assert!(value(&lines[0], "is/logprob_diff_max") < 1e-4, "{}", lines[0]);
+    // Text prompts: the turns reuse their cached keys and values until the first observation
+    // brings an image, then prefill the context with it.
+    let text = dir.path().join("text.jsonl");
+    std::fs::write(&text, "{\"prompt\": \"Describe it.\"}\n{\"prompt\": \"What now?\"}\n{\"prompt\": \"Go on.\"}\n")
+        .unwrap();
+    let data = format!("data.prompts={:?}", text.display().to_string());
+    args.extend(["--set", &data]);
+    let lines = trained(&config, &dir.path().join("text"), &args);
+    assert_eq!(value(&lines[0], "env/errors"), 0.0, "{}", lines[0]);
+    assert!(value(&lines[0], "is/logprob_diff_max") < 1e-4, "{}", lines[0]);
+}
+
 /// `configs/grpo-vl.toml` (the built-in visual task on `builtin:tiny-qwen2.5-vl`) learns from the
 /// images: the reward rises by 0.3 and held-out greedy accuracy ends at 0.4 or more, where the
 /// questions alone allow 0.3 (the most frequent answer of each question; `builtin_shapes`' own

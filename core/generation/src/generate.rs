@@ -11,7 +11,7 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::multimodal::shifted_positions;
+use rlhf_models::multimodal::{shifted_positions, Slots};
 use rlhf_models::{position_ids_from_mask, CausalLm, Images, KvCache};
 
 pub use crate::config::{GenerateConfig, StopCheck};
@@ -89,12 +89,15 @@ pub fn generate_with_images(
     images: &Images,
     cfg: &GenerateConfig,
 ) -> Result<Generated> {
-    generate_from(model, prompt_ids, prompt_mask, Some(images), cfg, None)
+    generate_from(model, prompt_ids, prompt_mask, Some((images, None)), cfg, None)
 }
 
 /// [`generate_until`] for prompts that may hold images ([`generate_with_images`] with `images`,
-/// [`generate_until`] without): a multi-turn episode's context — its prompt's images, then text —
-/// prefilled again each turn.
+/// [`generate_until`] without): a multi-turn episode's context — its prompt's images, its text,
+/// the turns sampled so far and the observations with their images — prefilled again each turn.
+/// `slots` (`[batch, prompt_len]`, non-zero where an image placeholder may be: the prompt's and
+/// the observations' tokens) keeps an image token an earlier turn sampled text; `None`: every
+/// column may hold one.
 ///
 /// # Shapes
 /// As [`generate`].
@@ -102,7 +105,7 @@ pub fn generate_until_with_images(
     model: &CausalLm,
     prompt_ids: &Tensor,
     prompt_mask: &Tensor,
-    images: Option<&Images>,
+    images: Option<(&Images, Option<&Tensor>)>,
     cfg: &GenerateConfig,
     stop: Option<StopCheck<'_>>,
 ) -> Result<Generated> {
@@ -113,7 +116,7 @@ fn generate_from(
     model: &CausalLm,
     prompt_ids: &Tensor,
     prompt_mask: &Tensor,
-    images: Option<&Images>,
+    images: Option<(&Images, Option<&Tensor>)>,
     cfg: &GenerateConfig,
     stop: Option<StopCheck<'_>>,
 ) -> Result<Generated> {
@@ -149,8 +152,9 @@ fn generate_from(
         let mut next_pos = positions.f_narrow(1, prompt_len - 1, 1)?.f_add_scalar(1)?; // [b, 1]
         let logits = match images {
             None => prefill(model, &prompt_ids, &prompt_mask, &positions, &mut cache, cfg.prefill_group)?,
-            Some(images) => {
-                let (logits, deltas) = prefill_images(model, &prompt_ids, &prompt_mask, images, &mut cache, group)?;
+            Some((images, slots)) => {
+                let (ids, mask) = (&prompt_ids, &prompt_mask);
+                let (logits, deltas) = prefill_images(model, ids, mask, images, slots, &mut cache, group)?;
                 next_pos = shifted_positions(&next_pos, &deltas)?;
                 logits
             }
@@ -219,21 +223,36 @@ fn run_firsts(ids: &Tensor, mask: &Tensor, group: i64) -> Result<Tensor> {
     Ok(Tensor::f_arange_start_step(0, batch, group, (Kind::Int64, ids.device()))?)
 }
 
-/// [`prefill`] of prompts with images: their features in place of the placeholders, at the
-/// multimodal positions; with `group > 1` only the first row of each run (and its images) goes
-/// through the model. Returns the last position's logits and each row's position delta.
+/// [`prefill`] of prompts with images: their features in place of the placeholders (where
+/// `slots` allows, everywhere without), at the multimodal positions; with `group > 1` only the
+/// first row of each run (and its images) goes through the model. Returns the last position's
+/// logits and each row's position delta.
 ///
 /// # Shapes
-/// - `ids`, `mask`: `[batch, prompt_len]` → `[batch, vocab]` and `[batch]`
+/// - `ids`, `mask`, `slots`: `[batch, prompt_len]` → `[batch, vocab]` and `[batch]`
 fn prefill_images(
     model: &CausalLm,
     ids: &Tensor,
     mask: &Tensor,
     images: &Images,
+    slots: Option<&Tensor>,
     cache: &mut KvCache,
     group: i64,
 ) -> Result<(Tensor, Tensor)> {
     let last = ids.size()[1] - 1;
+    let seq = ids.size()[1];
+    if let Some(observed) = slots {
+        if group != 1 {
+            return Err(GenerationError::Input(format!(
+                "prefill_group {group} with image slots: a context with observations' images is prefilled row by row"
+            )));
+        }
+        let slots = Slots { prompt_len: 0, observed: Some(observed.shallow_clone()) };
+        let (positions, deltas) = model.image_positions(ids, mask, &images.grids, &slots)?;
+        let visual = model.visual(images, slots)?;
+        let hidden = model.hidden_states_with_images(ids, mask, &positions, &visual, Some(cache))?;
+        return Ok((model.logits_from_hidden(&hidden.f_select(1, last)?)?, deltas));
+    }
     let (ids_p, mask_p, images_p);
     let (ids, mask, images) = if group == 1 {
         (ids, mask, images)
@@ -245,9 +264,8 @@ fn prefill_images(
             (ids.f_index_select(0, &firsts)?, mask.f_index_select(0, &firsts)?, images.select(&which)?);
         (&ids_p, &mask_p, &images_p)
     };
-    let seq = ids.size()[1];
-    let (positions, deltas) = model.image_positions(ids, mask, &images.grids, seq)?;
-    let visual = model.visual(images, seq)?;
+    let (positions, deltas) = model.image_positions(ids, mask, &images.grids, &Slots::prompt(seq))?;
+    let visual = model.visual(images, Slots::prompt(seq))?;
     let hidden = model.hidden_states_with_images(ids, mask, &positions, &visual, Some(cache))?;
     let logits = model.logits_from_hidden(&hidden.f_select(1, last)?)?;
     if group == 1 {

@@ -70,14 +70,31 @@ pub fn token_logprobs(
     from_hidden(model, &hidden, input_ids, from, opts)
 }
 
-/// The images of a batch's prompts and the columns those prompts take: the image placeholders are
-/// read in the first `prompt_len` columns (an image token after them, in a sampled response, is
-/// text, as generation read it); a batch whose prompts and answers interleave (left-padded
-/// supervised pairs) takes the whole width.
+/// The images of a batch and where their placeholders are read: in the first `prompt_len` columns
+/// and, after them, where `observed` is set (a multi-turn episode's observations); any other image
+/// token, in a sampled response, is text, as generation read it. A batch whose prompts and answers
+/// interleave (left-padded supervised pairs) takes the whole width.
 #[derive(Debug, Clone, Copy)]
 pub struct ImageInputs<'a> {
     pub images: &'a Images,
     pub prompt_len: i64,
+    /// `[batch, seq]`, non-zero at an observation's placeholders.
+    pub observed: Option<&'a Tensor>,
+}
+
+impl<'a> ImageInputs<'a> {
+    /// `images` placed in the first `prompt_len` columns only.
+    pub fn prompt(images: &'a Images, prompt_len: i64) -> Self {
+        ImageInputs { images, prompt_len, observed: None }
+    }
+
+    /// The slots these inputs allow ([`rlhf_models::multimodal::Slots`]).
+    pub fn slots(&self) -> rlhf_models::multimodal::Slots {
+        rlhf_models::multimodal::Slots {
+            prompt_len: self.prompt_len,
+            observed: self.observed.map(Tensor::shallow_clone),
+        }
+    }
 }
 
 /// [`token_logprobs`] of sequences whose prompts hold images (a vision-language model): the
@@ -110,9 +127,9 @@ fn image_inputs(
     attention_mask: &Tensor,
     images: ImageInputs<'_>,
 ) -> Result<(Tensor, Visual)> {
-    let ImageInputs { images, prompt_len } = images;
-    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.grids, prompt_len)?;
-    Ok((positions, model.visual(images, prompt_len)?))
+    let slots = images.slots();
+    let (positions, _) = model.image_positions(input_ids, attention_mask, &images.images.grids, &slots)?;
+    Ok((positions, model.visual(images.images, slots)?))
 }
 
 /// [`token_logprobs`] as a checkpointed pass (activation checkpointing, see

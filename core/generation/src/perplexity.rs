@@ -52,7 +52,7 @@ pub fn perplexity_with_images(
             let lp = match &picked {
                 Some(imgs) => {
                     let width = b.input_ids.size()[1];
-                    let inputs = ImageInputs { images: imgs, prompt_len: width };
+                    let inputs = ImageInputs::prompt(imgs, width);
                     token_logprobs_with_images(model, &b.input_ids, &b.attention_mask, inputs, 1, opts)?
                 }
                 _ => token_logprobs(model, &b.input_ids, &b.attention_mask, 1, opts)?,

@@ -383,8 +383,8 @@ impl DecoderModel {
         Ok((h, rotary, rotary_local, side))
     }
 
-    /// `h` with the rows of `visual.features` in place of the image placeholders among the first
-    /// `visual.prompt_len` columns, in order (transformers' `masked_scatter`), and where they are.
+    /// `h` with the rows of `visual.features` in place of the image placeholders `visual.slots`
+    /// allows, in order (transformers' `masked_scatter`), and where they are.
     /// Only a pass from the first token (no cache before it) carries features.
     ///
     /// # Shapes
@@ -400,11 +400,9 @@ impl DecoderModel {
             .image_token
             .ok_or_else(|| ModelError::Input("image features for a model that reads no images".into()))?;
         let features = &visual.features;
-        // Placeholders are the prompt's: an image token sampled in a response is text.
-        let in_prompt = Tensor::f_arange(input_ids.size()[1], (tch::Kind::Int64, input_ids.device()))?
-            .f_lt(visual.prompt_len)?
-            .f_unsqueeze(0)?;
-        let at = input_ids.f_eq(token)?.f_logical_and(&in_prompt)?;
+        // Placeholders are the prompt's and the observations': an image token sampled in a
+        // response is text.
+        let at = input_ids.f_eq(token)?.f_logical_and(&visual.slots.mask(input_ids)?)?;
         let n = at.f_sum(tch::Kind::Int64)?.f_int64_value(&[])?;
         let width = h.size()[2];
         if let Some(f) = std::iter::once(features).chain(&visual.deepstack).find(|f| f.size() != [n, width]) {

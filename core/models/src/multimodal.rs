@@ -13,7 +13,7 @@ use crate::layers::KvCache;
 use crate::model::{check_ids, CausalLm};
 use crate::vision_tower::{TowerOutput, VisionTower};
 
-pub use crate::visual_input::Visual;
+pub use crate::visual_input::{Slots, Visual};
 
 /// Images of a batch as the processor makes them: every image's patch rows one after another, in
 /// the order their placeholders appear (row by row), and each image's grid; and, where a frozen
@@ -137,7 +137,7 @@ impl CausalLm {
         })
     }
 
-    /// The features of `images` for a pass whose prompts are the first `prompt_len` columns: one
+    /// The features of `images` for a pass whose placeholders are where `slots` allows: one
     /// row per image token in placeholder order (and Qwen3-VL's deep-stack rows); with a graph
     /// when the tower's parameters require gradients. With a parameter gate (ZeRO stage 3) the
     /// tower — in the outer unit — is gathered for it and released after, also for no image: the
@@ -146,10 +146,10 @@ impl CausalLm {
     ///
     /// # Shapes
     /// - returns [`Visual`] of `[patches / merge², hidden]` each, in the model's dtype
-    pub fn visual(&self, images: &Images, prompt_len: i64) -> Result<Visual> {
+    pub fn visual(&self, images: &Images, slots: Slots) -> Result<Visual> {
         let opts = (self.kind(), self.device());
         let out = tower_features(self.tower()?, &self.gate, self.config.arch.hidden_size, opts, images)?;
-        Ok(Visual { features: out.features, deepstack: out.deepstack, prompt_len })
+        Ok(Visual { features: out.features, deepstack: out.deepstack, slots })
     }
 
     /// `images` with each image's features from this model's tower, computed now without a graph
@@ -160,7 +160,7 @@ impl CausalLm {
     /// - each image's features `[t · h · w / merge², hidden]` (and as many deep-stack rows)
     pub fn with_features(&self, images: &Images) -> Result<Images> {
         let merge = self.tower()?.config().spatial_merge_size.pow(2);
-        let all = tch::no_grad(|| self.visual(&images.without_features(), 0))?;
+        let all = tch::no_grad(|| self.visual(&images.without_features(), Slots::prompt(0)))?;
         let counts: Vec<i64> = images.patch_counts().iter().map(|c| c / merge).collect();
         let split = |t: &Tensor| t.f_split_with_sizes(&counts, 0);
         let features = split(&all.features)?;
@@ -187,7 +187,7 @@ impl CausalLm {
         self.gate.is_some()
     }
 
-    /// The multimodal positions of a batch whose prompts — the first `prompt_len` columns — hold
+    /// The multimodal positions of a batch whose placeholders — where `slots` allows — hold
     /// `grids`' images, and each row's delta (see [`crate::qwen2_5_vl::mrope_positions`]).
     ///
     /// # Shapes
@@ -197,9 +197,9 @@ impl CausalLm {
         input_ids: &Tensor,
         attention_mask: &Tensor,
         grids: &[[i64; 3]],
-        prompt_len: i64,
+        slots: &Slots,
     ) -> Result<(Tensor, Tensor)> {
-        image_positions(self.tower()?, input_ids, attention_mask, grids, prompt_len)
+        image_positions(self.tower()?, input_ids, attention_mask, grids, slots)
     }
 
     /// Final hidden states with `visual`'s features in place of the prompt's image placeholders
@@ -247,8 +247,8 @@ impl CausalLm {
     /// - `input_ids`, `attention_mask`: `[batch, seq]` → logits `[batch, seq, vocab]`
     pub fn forward_with_images(&self, input_ids: &Tensor, attention_mask: &Tensor, images: &Images) -> Result<Tensor> {
         let seq = input_ids.size()[1];
-        let (pos, _) = self.image_positions(input_ids, attention_mask, &images.grids, seq)?;
-        let visual = self.visual(images, seq)?;
+        let (pos, _) = self.image_positions(input_ids, attention_mask, &images.grids, &Slots::prompt(seq))?;
+        let visual = self.visual(images, Slots::prompt(seq))?;
         let h = self.hidden_states_with_images(input_ids, attention_mask, &pos, &visual, None)?;
         self.logits_from_hidden(&h)
     }
@@ -289,7 +289,7 @@ pub fn same_tower(a: Option<&VisionTower>, b: Option<&VisionTower>) -> bool {
     }
 }
 
-/// The multimodal positions of a batch whose prompts — the first `prompt_len` columns — hold
+/// The multimodal positions of a batch whose placeholders — where `slots` allows — hold
 /// `grids`' images, for `tower`'s placeholders (see [`crate::qwen2_5_vl::mrope_positions`]).
 ///
 /// # Shapes
@@ -299,14 +299,14 @@ pub(crate) fn image_positions(
     input_ids: &Tensor,
     attention_mask: &Tensor,
     grids: &[[i64; 3]],
-    prompt_len: i64,
+    slots: &Slots,
 ) -> Result<(Tensor, Tensor)> {
     let cfg = tower.config();
     crate::qwen2_5_vl::mrope_positions(
         input_ids,
         attention_mask,
         grids,
-        prompt_len,
+        slots,
         cfg.image_token_id,
         cfg.video_token_id,
         cfg.spatial_merge_size,

@@ -53,9 +53,9 @@ pub(crate) const LEGACY: Multimodal = Multimodal { language_prefix: "model", vis
 /// delta, `max(position) + 1 − tokens`, which later tokens add to their plain position.
 ///
 /// `grids` are the images' `[t, h, w]` in patches, in the order their placeholders appear
-/// (row by row); each image's placeholder run has `t·h·w / merge²` tokens. Only the first
-/// `prompt_len` columns hold placeholders: an image token after them (a sampled response's) is
-/// text, as generation reads it.
+/// (row by row); each image's placeholder run has `t·h·w / merge²` tokens. Placeholders are only
+/// where `slots` allows (the prompt's columns and an environment's observations): any other image
+/// token (a sampled response's) is text, as generation reads it.
 ///
 /// # Shapes
 /// - `ids`, `mask`: `[batch, seq]` int64 → positions `[3, batch, seq]` int64 and deltas `[batch]`
@@ -64,7 +64,7 @@ pub fn mrope_positions(
     ids: &Tensor,
     mask: &Tensor,
     grids: &[[i64; 3]],
-    prompt_len: i64,
+    slots: &crate::visual_input::Slots,
     image_token: i64,
     video_token: i64,
     merge: i64,
@@ -75,6 +75,8 @@ pub fn mrope_positions(
         Ok(Vec::<i64>::try_from(t.f_to_device(tch::Device::Cpu)?.f_to_kind(tch::Kind::Int64)?.f_reshape([-1])?)?)
     };
     let (ids_h, mask_h) = (host(ids)?, host(mask)?);
+    let slot_h = host(&slots.mask(ids)?)?;
+    let slot = |b: i64, s: i64| slot_h[(b * seq + s) as usize] != 0;
     let mut pos = vec![0i64; (3 * batch * seq) as usize];
     let mut deltas = Vec::with_capacity(batch as usize);
     let mut images = grids.iter();
@@ -84,8 +86,8 @@ pub fn mrope_positions(
         let valid: Vec<i64> = (0..seq).filter(|&s| mask_h[(b * seq + s) as usize] != 0).collect();
         let (mut current, mut max, mut k) = (0i64, -1i64, 0usize);
         while k < valid.len() {
-            // A token after the prompt is text, whatever its id (a sampled response's).
-            let token = if valid[k] < prompt_len { row[valid[k] as usize] } else { -1 };
+            // A token outside the slots is text, whatever its id (a sampled response's).
+            let token = if slot(b, valid[k]) { row[valid[k] as usize] } else { -1 };
             if token == video_token {
                 return Err(ModelError::Input(format!("row {b}: a video placeholder (videos are not read)")));
             }
@@ -101,7 +103,7 @@ pub fn mrope_positions(
             };
             let (h, w) = (h / merge, w / merge);
             let n = (t * h * w) as usize;
-            let run = valid[k..].iter().take_while(|&&s| s < prompt_len && row[s as usize] == image_token).count();
+            let run = valid[k..].iter().take_while(|&&s| slot(b, s) && row[s as usize] == image_token).count();
             if run < n {
                 return Err(ModelError::Input(format!(
                     "row {b}: {run} image placeholders where the image has {n} tokens ({t}×{h}×{w} merged patches)"
@@ -136,6 +138,7 @@ pub fn mrope_positions(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::visual_input::Slots;
 
     #[test]
     fn positions_follow_transformers_rope_index() {
@@ -145,7 +148,7 @@ mod tests {
         let ids = Tensor::from_slice(&[1i64, 2, img, img, img, img, img, img, 3, 4, 0, 0, 0, 0, 0, 0, 0, 5, 6, 7])
             .view([2, 10]);
         let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]).view([2, 10]);
-        let (pos, deltas) = mrope_positions(&ids, &mask, &[[1, 4, 6]], 100, img, 8, 2).unwrap();
+        let (pos, deltas) = mrope_positions(&ids, &mask, &[[1, 4, 6]], &Slots::prompt(100), img, 8, 2).unwrap();
         let row = |a: i64, b: i64| Vec::<i64>::try_from(pos.get(a).get(b)).unwrap();
         assert_eq!(row(0, 0), vec![0, 1, 2, 2, 2, 2, 2, 2, 5, 6]);
         assert_eq!(row(1, 0), vec![0, 1, 2, 2, 2, 3, 3, 3, 5, 6]);
@@ -153,18 +156,42 @@ mod tests {
         assert_eq!(row(1, 1), vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
         // 7 − 10 for the image row; 0 for text alone.
         assert_eq!(Vec::<i64>::try_from(deltas).unwrap(), vec![-3, 0]);
-        let e = mrope_positions(&ids, &mask, &[], 100, img, 8, 2).unwrap_err().to_string();
+        let e = mrope_positions(&ids, &mask, &[], &Slots::prompt(100), img, 8, 2).unwrap_err().to_string();
         assert!(e.contains("row 0: more image placeholders than images"), "{e}");
-        let e = mrope_positions(&ids, &mask, &[[1, 4, 8]], 100, img, 8, 2).unwrap_err().to_string();
+        let e = mrope_positions(&ids, &mask, &[[1, 4, 8]], &Slots::prompt(100), img, 8, 2).unwrap_err().to_string();
         assert!(e.contains("row 0: 6 image placeholders where the image has 8 tokens"), "{e}");
-        let e = mrope_positions(&ids, &mask, &[[1, 4, 6], [1, 2, 2]], 100, img, 8, 2).unwrap_err().to_string();
+        let e = mrope_positions(&ids, &mask, &[[1, 4, 6], [1, 2, 2]], &Slots::prompt(100), img, 8, 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 images for fewer placeholders"), "{e}");
         // Sampled after an 8-token prompt, an image or video token is text: row 0's last two
         // tokens, row 1's last one.
         let ids = Tensor::from_slice(&[1i64, 2, img, img, img, img, img, img, img, 8, 0, 0, 0, 0, 0, 0, 0, 5, 6, img])
             .view([2, 10]);
-        let (pos, _) = mrope_positions(&ids, &mask, &[[1, 4, 6]], 8, img, 8, 2).unwrap();
+        let (pos, _) = mrope_positions(&ids, &mask, &[[1, 4, 6]], &Slots::prompt(8), img, 8, 2).unwrap();
         assert_eq!(Vec::<i64>::try_from(pos.get(0).get(0)).unwrap(), vec![0, 1, 2, 2, 2, 2, 2, 2, 5, 6]);
         assert_eq!(Vec::<i64>::try_from(pos.get(0).get(1)).unwrap(), vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
+    }
+
+    /// An observation's image after the prompt takes its multimodal positions where its slots are
+    /// marked; an image token the policy sampled between them stays text.
+    #[test]
+    fn observed_placeholders_after_the_prompt_are_images() {
+        let img = 9;
+        // Prompt `1 img 2` (a 1×2×2-patch image, one merged token), sampled `img 5`, observed a
+        // 1×4×4-patch image (2×2 merged tokens), then `6`.
+        let ids = Tensor::from_slice(&[1i64, img, 2, img, 5, img, img, img, img, 6]).view([1, 10]);
+        let mask = ids.ones_like();
+        let observed = Tensor::from_slice(&[0i64, 0, 0, 0, 0, 1, 1, 1, 1, 0]).view([1, 10]);
+        let slots = Slots { prompt_len: 3, observed: Some(observed) };
+        let (pos, deltas) = mrope_positions(&ids, &mask, &[[1, 2, 2], [1, 4, 4]], &slots, img, 8, 2).unwrap();
+        let axis = |a: i64| Vec::<i64>::try_from(pos.get(a).get(0)).unwrap();
+        assert_eq!(axis(0), [0, 1, 2, 3, 4, 5, 5, 5, 5, 7]);
+        assert_eq!(axis(1), [0, 1, 2, 3, 4, 5, 5, 6, 6, 7]);
+        assert_eq!(axis(2), [0, 1, 2, 3, 4, 5, 6, 5, 6, 7]);
+        assert_eq!(Vec::<i64>::try_from(deltas).unwrap(), [-2]);
+        // Without the observation's slots its image has no placeholders.
+        let e = mrope_positions(&ids, &mask, &[[1, 2, 2], [1, 4, 4]], &Slots::prompt(3), img, 8, 2).unwrap_err();
+        assert!(e.to_string().contains("2 images for fewer placeholders"), "{e}");
     }
 }

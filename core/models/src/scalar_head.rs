@@ -162,8 +162,8 @@ impl ScalarHeadModel {
         params.len()
     }
 
-    /// [`ScalarHeadModel::values_pass`] of sequences whose prompts — the first `prompt_len`
-    /// columns — hold `images` (see [`crate::CausalLm::visual`]): their features in place of the
+    /// [`ScalarHeadModel::values_pass`] of sequences whose placeholders — where `slots` allows —
+    /// hold `images` (see [`crate::CausalLm::visual`]): their features in place of the
     /// placeholders, every token at its multimodal position.
     ///
     /// # Shapes
@@ -173,14 +173,14 @@ impl ScalarHeadModel {
         input_ids: &Tensor,
         attention_mask: &Tensor,
         images: &Images,
-        prompt_len: i64,
+        slots: crate::multimodal::Slots,
         checkpointed: bool,
     ) -> Result<(Tensor, Option<Checkpointed>)> {
         check_ids(input_ids, attention_mask)?;
         let tower = self.vision.as_ref().ok_or_else(|| {
             ModelError::Input(format!("model_type `{}` reads no images", self.config.arch.family.model_type()))
         })?;
-        let (pos, _) = crate::multimodal::image_positions(tower, input_ids, attention_mask, &images.grids, prompt_len)?;
+        let (pos, _) = crate::multimodal::image_positions(tower, input_ids, attention_mask, &images.grids, &slots)?;
         let out = crate::multimodal::tower_features(
             tower,
             &self.gate,
@@ -188,7 +188,7 @@ impl ScalarHeadModel {
             (self.kind(), self.device()),
             images,
         )?;
-        let visual = Visual { features: out.features, deepstack: out.deepstack, prompt_len };
+        let visual = Visual { features: out.features, deepstack: out.deepstack, slots };
         let head = |h: &Tensor| -> Result<Tensor> {
             Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
         };

@@ -312,7 +312,8 @@ pub const ENV_API_MAJOR: u32 = 1;
 /// Minor version of the environment interface; grows as [`API_MINOR`] does (see the module docs).
 ///
 /// - 1.0: batched `reset` / `step`, optional `stop_strings`.
-pub const ENV_API_MINOR: u32 = 0;
+/// - 1.1: the optional [`EnvObj::take_images`] (images in observations).
+pub const ENV_API_MINOR: u32 = 1;
 
 /// What an environment plugin declares about itself; read before anything else is called.
 #[repr(C)]
@@ -378,6 +379,15 @@ pub struct StepAbi {
     pub error: RString,
 }
 
+/// An image of an observation: its encoded bytes (PNG, JPEG, WebP, …), or — with `bytes` empty —
+/// the path of an image file the host can read.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default, PartialEq)]
+pub struct ImageAbi {
+    pub bytes: RVec<u8>,
+    pub path: RString,
+}
+
 /// An environment instance.
 #[sabi_trait]
 pub trait EnvObj: Send {
@@ -399,6 +409,13 @@ pub trait EnvObj: Send {
     /// Strings that end a turn of the policy (e.g. the end of a tool call), added to the
     /// configured `environment.stop`.
     fn stop_strings(&self) -> RVec<RString> {
+        RVec::new()
+    }
+
+    /// The images of the observations the last `reset` or `step` returned, one list per episode
+    /// (or action) in order — each observation's `<image>` markers take its images in order;
+    /// empty when no observation has any. The host calls it once after each `reset` and `step`.
+    fn take_images(&mut self) -> RVec<RVec<ImageAbi>> {
         RVec::new()
     }
 }

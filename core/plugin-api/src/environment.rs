@@ -7,10 +7,15 @@
 //! [`Environment::step`] with the turn's text, appends the tokenized observation and samples again,
 //! until the environment says `done`, the policy samples EOS, or `max_turns` / `max_total_tokens`
 //! is reached. Only the sampled tokens are trained on; observation tokens are context.
+//!
+//! An observation may carry images (a tool's screenshot): [`StepOutcome::images`] and
+//! [`Environment::reset_observations`], one `<image>` marker in the text per image, in order. A
+//! policy that reads images (see the host's `docs/vision.md`) sees them where the markers are;
+//! the host decodes, resizes and patches them as it does a prompt's.
 
 use abi_stable::std_types::{RResult, RStr, RString, RVec};
 
-use crate::abi::{ActionAbi, EnvObj, EpisodeAbi, StepAbi};
+use crate::abi::{ActionAbi, EnvObj, EpisodeAbi, ImageAbi, StepAbi};
 use crate::algorithm::{guard, metrics_abi, Context};
 use crate::error::PluginError;
 use crate::reward::ChatMessage;
@@ -47,11 +52,56 @@ pub struct Action {
     pub ended: bool,
 }
 
+/// An image in an observation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ObservationImage {
+    /// An encoded image (PNG, JPEG, WebP, …).
+    Bytes(Vec<u8>),
+    /// An image file the host can read.
+    Path(std::path::PathBuf),
+}
+
+impl From<ObservationImage> for ImageAbi {
+    fn from(i: ObservationImage) -> Self {
+        match i {
+            ObservationImage::Bytes(b) => ImageAbi { bytes: b.into(), path: RString::new() },
+            ObservationImage::Path(p) => ImageAbi { bytes: RVec::new(), path: p.display().to_string().into() },
+        }
+    }
+}
+
+impl From<ImageAbi> for ObservationImage {
+    fn from(i: ImageAbi) -> Self {
+        match i.bytes.is_empty() {
+            true => ObservationImage::Path(i.path.as_str().into()),
+            false => ObservationImage::Bytes(i.bytes.into()),
+        }
+    }
+}
+
+/// A first observation ([`Environment::reset_observations`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observation {
+    pub text: String,
+    /// One per `<image>` marker of `text`, in order.
+    pub images: Vec<ObservationImage>,
+}
+
+impl From<String> for Observation {
+    fn from(text: String) -> Self {
+        Observation { text, images: Vec::new() }
+    }
+}
+
 /// The environment's answer to one action.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepOutcome {
     /// Appended after the action and tokenized by the host (ignored when `done`).
     pub observation: String,
+    /// The observation's images, one per `<image>` marker of `observation`, in order (since the
+    /// environment interface 1.1; read for a policy that reads images, an error for one that
+    /// reads none).
+    pub images: Vec<ObservationImage>,
     /// This turn's reward; the episode's environment reward is the sum over its turns.
     pub reward: f64,
     pub done: bool,
@@ -66,6 +116,12 @@ impl StepOutcome {
     /// A turn that continues with `observation`.
     pub fn observe(observation: impl Into<String>) -> Self {
         StepOutcome { observation: observation.into(), ..Default::default() }
+    }
+
+    /// Adds an image to the observation (its `<image>` marker is in the text).
+    pub fn image(mut self, image: ObservationImage) -> Self {
+        self.images.push(image);
+        self
     }
 
     /// A turn that ends the episode with `reward`.
@@ -92,6 +148,10 @@ pub trait Environment: Send + Sized + 'static {
     /// may be empty). An id is the episode's row in the whole batch, so every batch reuses the
     /// ids of the last: a reset ends the earlier batch's episodes.
     fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<String>, PluginError>;
+    /// [`Environment::reset`] for first observations with images (default: `reset`'s texts).
+    fn reset_observations(&mut self, episodes: &[Episode]) -> Result<Vec<Observation>, PluginError> {
+        Ok(self.reset(episodes)?.into_iter().map(Observation::from).collect())
+    }
     /// One outcome per action, in order.
     fn step(&mut self, actions: &[Action]) -> Result<Vec<StepOutcome>, PluginError>;
     /// State to checkpoint, as a JSON value (default: none).
@@ -168,27 +228,48 @@ impl From<StepAbi> for StepOutcome {
             done: s.done,
             metrics: s.metrics.into_iter().map(|m| (m.name.into(), m.value)).collect(),
             error: (!s.error.is_empty()).then(|| s.error.into()),
+            images: Vec::new(),
         }
     }
 }
 
-/// Adapts an [`Environment`] to the ABI object.
+/// Adapts an [`Environment`] to the ABI object; keeps the images of the last call's observations
+/// for [`EnvObj::take_images`].
 #[doc(hidden)]
-pub struct EnvAdapter<E: Environment>(pub E);
+pub struct EnvAdapter<E: Environment>(pub E, pub Vec<Vec<ImageAbi>>);
+
+/// The observations' images as the ABI returns them: empty when none has any.
+fn images_abi(images: Vec<Vec<ObservationImage>>) -> Vec<Vec<ImageAbi>> {
+    if images.iter().all(Vec::is_empty) {
+        return Vec::new();
+    }
+    images.into_iter().map(|i| i.into_iter().map(ImageAbi::from).collect()).collect()
+}
 
 impl<E: Environment> EnvObj for EnvAdapter<E> {
     fn reset(&mut self, episodes: RVec<EpisodeAbi>) -> RResult<RVec<RString>, PluginError> {
+        self.1.clear();
         guard(|| {
             let episodes: Vec<Episode> = episodes.into_iter().map(Episode::from).collect();
-            Ok(self.0.reset(&episodes)?.into_iter().map(RString::from).collect())
+            let observations = self.0.reset_observations(&episodes)?;
+            let (texts, images): (Vec<String>, Vec<_>) = observations.into_iter().map(|o| (o.text, o.images)).unzip();
+            self.1 = images_abi(images);
+            Ok(texts.into_iter().map(RString::from).collect())
         })
     }
 
     fn step(&mut self, actions: RVec<ActionAbi>) -> RResult<RVec<StepAbi>, PluginError> {
+        self.1.clear();
         guard(|| {
             let actions: Vec<Action> = actions.into_iter().map(Action::from).collect();
-            Ok(self.0.step(&actions)?.into_iter().map(StepAbi::from).collect())
+            let mut outcomes = self.0.step(&actions)?;
+            self.1 = images_abi(outcomes.iter_mut().map(|o| std::mem::take(&mut o.images)).collect());
+            Ok(outcomes.into_iter().map(StepAbi::from).collect())
         })
+    }
+
+    fn take_images(&mut self) -> RVec<RVec<ImageAbi>> {
+        std::mem::take(&mut self.1).into_iter().map(RVec::from).collect()
     }
 
     fn state(&self) -> RResult<RString, PluginError> {

@@ -99,7 +99,7 @@ pub fn new_environment<E: Environment>(
     crate::log::install(ctx.logger, name);
     guard(|| {
         let e = E::new(config.as_str(), &Context::from_abi(&ctx)?)?;
-        Ok(EnvObj_TO::from_value(EnvAdapter(e), TD_Opaque))
+        Ok(EnvObj_TO::from_value(EnvAdapter(e, Vec::new()), TD_Opaque))
     })
 }
 

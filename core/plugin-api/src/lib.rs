@@ -31,7 +31,7 @@ pub use abi::{
     TORCH_VERSION,
 };
 pub use algorithm::{Algorithm, Context, Experience, KeyDoc, LossOutput, Minibatch, Prepared, Requirements};
-pub use environment::{Action, Environment, Episode, StepOutcome};
+pub use environment::{Action, Environment, Episode, Observation, ObservationImage, StepOutcome};
 pub use error::{parse_config, ErrorKind, PluginError};
 pub use reward::{ChatMessage, RewardSource, Sample, Scores};
 
@@ -43,8 +43,8 @@ pub use tch;
 pub mod prelude {
     pub use crate::{
         export_algorithm, export_environment, export_reward, parse_config, Action, Algorithm, Context, Environment,
-        Episode, Experience, KeyDoc, LossOutput, Minibatch, PluginError, Prepared, Requirements, RewardSource, Sample,
-        Scores, StepOutcome,
+        Episode, Experience, KeyDoc, LossOutput, Minibatch, Observation, ObservationImage, PluginError, Prepared,
+        Requirements, RewardSource, Sample, Scores, StepOutcome,
     };
     pub use tch::{Kind, Tensor};
 }

@@ -96,6 +96,11 @@ impl PromptImages {
         Ok(Some(PromptImages { processor, sequence, placeholder, merge }))
     }
 
+    /// The token each merged patch of an image takes in the ids.
+    pub fn placeholder(&self) -> u32 {
+        self.placeholder
+    }
+
     /// The processor turning the images into patches.
     pub fn processor(&self) -> &QwenVlProcessor {
         &self.processor

@@ -21,7 +21,7 @@
 //! ```
 //!
 //! The response has exactly one first observation per episode, in request order (appended to the
-//! prompt; may be empty):
+//! prompt; may be empty), and optionally its images (`images`, one list per episode, see below):
 //!
 //! ```json
 //! {"observations": ["You have a calculator: write <calc>EXPR</calc>."]}
@@ -49,7 +49,11 @@
 //! - `metrics` (object of finite numbers, optional): per-episode counts, summed over turns and
 //!   averaged over episodes by the host as `env/<name>/mean`;
 //! - `error` (string or `null`, optional): this episode failed — it ends, costs the host's
-//!   `environment.error_penalty` and counts in `env/errors`; the batch's other episodes go on.
+//!   `environment.error_penalty` and counts in `env/errors`; the batch's other episodes go on;
+//! - `images` (list, optional): the observation's images (a screenshot), one per `<image>` marker
+//!   of `observation`, in order — each `{"bytes": "<base64>"}`, a `data:image/png;base64,…` URL,
+//!   or `{"path": "/abs/file.png"}` (a file on the trainer's machine). A policy that reads images
+//!   sees them where the markers are; for one that reads none the episode fails.
 //!
 //! # Failures
 //!
@@ -159,6 +163,10 @@ impl Environment for HttpEnv {
     }
 
     fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<String>, PluginError> {
+        Ok(self.reset_observations(episodes)?.into_iter().map(|o| o.text).collect())
+    }
+
+    fn reset_observations(&mut self, episodes: &[Episode]) -> Result<Vec<Observation>, PluginError> {
         if episodes.is_empty() {
             return Ok(Vec::new());
         }

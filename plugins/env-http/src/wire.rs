@@ -1,7 +1,8 @@
 //! The wire format: request bodies of `/reset` and `/step`, and strict validation of their
 //! response bodies. No I/O here; the crate docs describe the format as users see it.
 
-use rlhf_plugin_api::{Action, Episode, StepOutcome};
+use base64::Engine as _;
+use rlhf_plugin_api::{Action, Episode, Observation, ObservationImage, StepOutcome};
 use serde_json::{json, Map, Value};
 
 /// Why a 2xx response was rejected: `Json` (the body does not parse) or `Shape` (the JSON does
@@ -35,16 +36,57 @@ pub fn step_body(actions: &[Action]) -> Value {
     json!({ "actions": actions })
 }
 
-/// Parses a `/reset` response: `{"observations": [string; n]}`.
-pub fn parse_reset(body: &[u8], n: usize) -> Result<Vec<String>, Invalid> {
+/// Parses a `/reset` response: `{"observations": [string; n], "images": [[image]; n]?}`.
+pub fn parse_reset(body: &[u8], n: usize) -> Result<Vec<Observation>, Invalid> {
     let obj = object(body)?;
     let items = list(&obj, "observations", n, "episodes")?;
+    let images = match obj.get("images").filter(|v| !v.is_null()) {
+        Some(_) => list(&obj, "images", n, "episodes")?.iter().collect(),
+        None => vec![&Value::Null; n],
+    };
+    items
+        .iter()
+        .zip(images)
+        .enumerate()
+        .map(|(i, (v, imgs))| match v {
+            Value::String(s) => Ok(Observation { text: s.clone(), images: images_of(imgs, &format!("images[{i}]"))? }),
+            _ => Err(Invalid::Shape(format!("`observations[{i}]` must be a string, got {}", kind(v)))),
+        })
+        .collect()
+}
+
+/// An observation's images: a list whose entries are `{"bytes": base64}`, a
+/// `data:image/…;base64,…` URL, or `{"path": str}` / a path string (a file the trainer can read).
+fn images_of(value: &Value, what: &str) -> Result<Vec<ObservationImage>, Invalid> {
+    let items = match value {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(items) => items,
+        v => return Err(Invalid::Shape(format!("`{what}` must be a list of images, got {}", kind(v)))),
+    };
+    let decode = |text: &str, at: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map(ObservationImage::Bytes)
+            .map_err(|e| Invalid::Shape(format!("`{at}` is not base64: {e}")))
+    };
     items
         .iter()
         .enumerate()
-        .map(|(i, v)| match v {
-            Value::String(s) => Ok(s.clone()),
-            _ => Err(Invalid::Shape(format!("`observations[{i}]` must be a string, got {}", kind(v)))),
+        .map(|(i, v)| {
+            let at = format!("{what}[{i}]");
+            match v {
+                Value::String(s) if s.starts_with("data:") => match s.split_once(";base64,") {
+                    Some((_, data)) => decode(data, &at),
+                    None => Err(Invalid::Shape(format!("`{at}`: a data URL must be base64 (`;base64,`)"))),
+                },
+                Value::String(s) => Ok(ObservationImage::Path(s.into())),
+                Value::Object(o) => match (o.get("bytes"), o.get("path")) {
+                    (Some(Value::String(b)), _) => decode(b, &format!("{at}.bytes")),
+                    (_, Some(Value::String(p))) => Ok(ObservationImage::Path(p.into())),
+                    _ => Err(Invalid::Shape(format!("`{at}` must have a string `bytes` (base64) or `path`"))),
+                },
+                v => Err(Invalid::Shape(format!("`{at}` must be a string or an object, got {}", kind(v)))),
+            }
         })
         .collect()
 }
@@ -91,7 +133,8 @@ fn outcome(value: &Value, what: &str) -> Result<StepOutcome, Invalid> {
         Some(Value::String(s)) => Some(s.clone()),
         Some(v) => return Err(Invalid::Shape(format!("`{what}.error` must be a string or null, got {}", kind(v)))),
     };
-    Ok(StepOutcome { observation, reward, done: done || error.is_some(), metrics, error })
+    let images = images_of(field("images").unwrap_or(&Value::Null), &format!("{what}.images"))?;
+    Ok(StepOutcome { observation, images, reward, done: done || error.is_some(), metrics, error })
 }
 
 /// The body as a JSON object.
@@ -205,7 +248,8 @@ mod tests {
 
     #[test]
     fn reset_observations() {
-        assert_eq!(parse_reset(br#"{"observations": ["a", ""]}"#, 2).unwrap(), vec!["a".to_string(), String::new()]);
+        let texts = |o: Vec<Observation>| o.into_iter().map(|o| o.text).collect::<Vec<_>>();
+        assert_eq!(texts(parse_reset(br#"{"observations": ["a", ""]}"#, 2).unwrap()), ["a", ""]);
         assert_eq!(shape(parse_reset(br#"{"observations": ["a"]}"#, 2)), "`observations` has 1 entries for 2 episodes");
         assert_eq!(
             shape(parse_reset(br#"{"observations": [1]}"#, 1)),
@@ -246,5 +290,30 @@ mod tests {
         }
         assert!(matches!(step(r#"{"results": [{"reward": 1e400}]}"#, 1), Err(Invalid::Json(_))));
         assert!(matches!(step("<html>", 1), Err(Invalid::Json(m)) if m.starts_with("expected value")));
+    }
+
+    #[test]
+    fn observation_images() {
+        use ObservationImage::{Bytes, Path};
+        let body = br#"{"results": [{"observation": "<image><image><image><image>", "images": [{"bytes": "iVBO"},
+            "data:image/png;base64,AAEC", {"path": "/a.png"}, "/b.png"]}, {"observation": "x"}]}"#;
+        let out = parse_step(body, 2).unwrap();
+        let want = [Bytes(vec![0x89, 0x50, 0x4E]), Bytes(vec![0, 1, 2]), Path("/a.png".into()), Path("/b.png".into())];
+        assert_eq!(out[0].images, want);
+        assert!(out[1].images.is_empty());
+        let step =
+            |images: &str| shape(parse_step(format!(r#"{{"results": [{{"images": {images}}}]}}"#).as_bytes(), 1));
+        assert!(step(r#"[{"bytes": "!!"}]"#).starts_with("`results[0].images[0].bytes` is not base64"));
+        assert_eq!(step("[1]"), "`results[0].images[0]` must be a string or an object, got a number");
+        assert_eq!(step(r#""x""#), "`results[0].images` must be a list of images, got a string");
+        assert_eq!(step(r#"["data:image/png,abc"]"#), "`results[0].images[0]`: a data URL must be base64 (`;base64,`)");
+        assert_eq!(step(r#"[{"url": 1}]"#), "`results[0].images[0]` must have a string `bytes` (base64) or `path`");
+        let reset = parse_reset(br#"{"observations": ["<image>", "b"], "images": [[{"path": "/c.png"}], []]}"#, 2);
+        let reset = reset.unwrap();
+        assert_eq!((reset[0].images.as_slice(), reset[1].images.len()), (&[Path("/c.png".into())][..], 0));
+        assert_eq!(
+            shape(parse_reset(br#"{"observations": ["a"], "images": []}"#, 1)),
+            "`images` has 0 entries for 1 episodes"
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use abi_stable::std_types::{RResult, RStr, RVec};
 use rlhf_plugin_api::abi::{ActionAbi, EnvBox, EpisodeAbi, HostContext};
-use rlhf_plugin_api::{Action, Episode, PluginError, StepOutcome};
+use rlhf_plugin_api::{Action, Episode, Observation, ObservationImage, PluginError, StepOutcome};
 
 use super::loader::LoadedEnv;
 use crate::error::{Result, TrainerError};
@@ -38,14 +38,31 @@ impl EnvHandle {
         self.obj.stop_strings().into_iter().map(Into::into).collect()
     }
 
-    /// One first observation per episode (the count is checked).
-    pub fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<String>> {
+    /// One first observation per episode, with its images (the counts are checked).
+    pub fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<Observation>> {
         let abi: RVec<EpisodeAbi> = episodes.iter().map(EpisodeAbi::from).collect();
         let out = self.obj.reset(abi).into_result().map_err(|e| self.call_err("reset", e))?;
         if out.len() != episodes.len() {
             return Err(self.err(format!("reset returned {} observations for {} episodes", out.len(), episodes.len())));
         }
-        Ok(out.into_iter().map(Into::into).collect())
+        let mut images = self.take_images("reset", out.len())?.into_iter();
+        Ok(out
+            .into_iter()
+            .map(|text| Observation { text: text.into(), images: images.next().unwrap_or_default() })
+            .collect())
+    }
+
+    /// The images of the last call's `n` observations (none each from a plugin that returns none,
+    /// or predates ABI 4.4).
+    fn take_images(&mut self, call: &str, n: usize) -> Result<Vec<Vec<ObservationImage>>> {
+        let images = self.obj.take_images();
+        if images.is_empty() {
+            return Ok(vec![Vec::new(); n]);
+        }
+        if images.len() != n {
+            return Err(self.err(format!("{call} returned images for {} observations of {n}", images.len())));
+        }
+        Ok(images.into_iter().map(|i| i.into_iter().map(ObservationImage::from).collect()).collect())
     }
 
     /// One outcome per action (the count is checked; a non-finite reward is an error).
@@ -55,7 +72,9 @@ impl EnvHandle {
         if out.len() != actions.len() {
             return Err(self.err(format!("step returned {} outcomes for {} actions", out.len(), actions.len())));
         }
-        let out: Vec<StepOutcome> = out.into_iter().map(StepOutcome::from).collect();
+        let images = self.take_images("step", out.len())?;
+        let out: Vec<StepOutcome> =
+            out.into_iter().zip(images).map(|(o, images)| StepOutcome { images, ..StepOutcome::from(o) }).collect();
         if let Some((o, a)) = out.iter().zip(actions).find(|(o, _)| !o.reward.is_finite()) {
             return Err(self.err(format!("step returned a non-finite reward ({}) for episode {}", o.reward, a.id)));
         }

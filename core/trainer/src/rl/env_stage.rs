@@ -6,6 +6,7 @@ use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
 use crate::rl::engine::Engine;
 use crate::rl::episode::{self, Decoder, EpisodeSettings, EpisodeStats};
+use crate::rl::observed::{ObservationImages, Observed};
 use crate::rl::prompts::PromptBatch;
 use crate::rl::rollout::Rollout;
 use crate::rl::score::{self, SourceScores};
@@ -18,6 +19,15 @@ pub struct EnvOutcome {
     pub rewards: Vec<f64>,
     pub stats: Vec<EpisodeStats>,
     pub first_error: Option<String>,
+    /// Per row: the images its observations added.
+    pub observed: Vec<Observed>,
+}
+
+impl From<episode::Episodes> for (Rollout, EnvOutcome) {
+    fn from(out: episode::Episodes) -> Self {
+        let episode::Episodes { rollout, rewards, stats, first_error, observed } = out;
+        (rollout, EnvOutcome { rewards, stats, first_error, observed })
+    }
 }
 
 impl Trainer {
@@ -49,11 +59,14 @@ impl Trainer {
             rows: part.window(),
             turn_seed: self.cfg.run.seed ^ (self.step as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407),
             keyed: false,
+            observation_images: ObservationImages::of(
+                self.visual.as_ref().map(|v| v.prompt_images()),
+                matches!(decoder, Decoder::Vllm(_)),
+            ),
         };
         let mut handle = env.handle.lock().unwrap_or_else(|e| e.into_inner());
-        let out = episode::run(&decoder, &mut handle, batch, &episodes, &settings)?;
-        let outcome = EnvOutcome { rewards: out.rewards, stats: out.stats, first_error: out.first_error };
-        Ok((out.rollout, Some(outcome)))
+        let (rollout, outcome) = episode::run(&decoder, &mut handle, batch, &episodes, &settings)?.into();
+        Ok((rollout, Some(outcome)))
     }
 
     /// Appends the environment's rewards of the kept rows to this rank's source scores, unless
@@ -121,5 +134,52 @@ impl Trainer {
             Ok(None) => err,
             Err(e) => TrainerError::Run(format!("{err} (and the checkpoint of step {} failed: {e})", self.step)),
         }
+    }
+}
+
+/// One rank's rows whose episodes observed images: (row of the rank's batch, prompt record, what
+/// was observed).
+type ObservedRows = Vec<(usize, usize, Observed)>;
+
+impl Trainer {
+    /// Each of this rank's rows' record for its images (see [`crate::rl::visual`]): its
+    /// prompt's, or — for a row whose episode observed images — one of its own, which every rank
+    /// registers in rank order (one all-gather when an environment runs for a policy that reads
+    /// images). Takes `env`'s observed images.
+    pub(super) fn observed_records(
+        &mut self,
+        env: Option<&mut EnvOutcome>,
+        group_of_row: &[(usize, i64)],
+    ) -> Result<Vec<usize>> {
+        let mut records: Vec<usize> = group_of_row.iter().map(|&(r, _)| r).collect();
+        let (Some(env), Some(visual)) = (env, self.visual.as_mut()) else { return Ok(records) };
+        let mine: ObservedRows = std::mem::take(&mut env.observed)
+            .into_iter()
+            .enumerate()
+            .filter(|(row, o)| !o.is_empty() && *row < records.len())
+            .map(|(row, o)| (row, records[row], o))
+            .collect();
+        let all = if self.world.is_distributed() {
+            let err = |e: String| TrainerError::Distributed(format!("observed images: {e}"));
+            let bytes = serde_json::to_vec(&mine).map_err(|e| err(e.to_string()))?;
+            let parts = self.world.all_gather_bytes(&bytes).map_err(|e| err(e.to_string()))?;
+            parts
+                .iter()
+                .map(|p| serde_json::from_slice::<ObservedRows>(p).map_err(|e| err(e.to_string())))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            vec![mine]
+        };
+        let rank = self.world.rank();
+        for (k, part) in all.into_iter().enumerate() {
+            let rows: Vec<usize> = part.iter().map(|(row, ..)| *row).collect();
+            let ids = visual.observe(self.data.records.len(), part.into_iter().map(|(_, p, o)| (p, o)).collect());
+            if k == rank {
+                for (row, id) in rows.into_iter().zip(ids) {
+                    records[row] = id;
+                }
+            }
+        }
+        Ok(records)
     }
 }

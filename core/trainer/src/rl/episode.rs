@@ -12,7 +12,9 @@
 //! tokens, in order; sampled text is decoded for the environment but never re-tokenized. The
 //! response block of the returned batch holds the whole trajectory (attention 1), and its
 //! `response_mask` — the action mask every later stage uses — is 1 on sampled tokens only, so
-//! observation tokens are context: no loss, KL, entropy, clipping statistic or value target.
+//! observation tokens are context: no loss, KL, entropy, clipping statistic or value target. An
+//! observation may carry images ([`super::observed`]): its markers become placeholder runs the
+//! policy reads the images at, on the local engine.
 //!
 //! On the local engine every turn decodes all rows of the batch (finished ones stop at once) from
 //! the seed of (step, turn), so the sampling of a row does not depend on how many decode steps the
@@ -23,9 +25,8 @@
 use std::collections::BTreeMap;
 
 use rlhf_generation::{batch::to_rows, Generated};
-use rlhf_models::CausalLm;
+use rlhf_models::{CausalLm, Images};
 use rlhf_plugin_api::{Action, Episode, StepOutcome};
-use rlhf_tokenizer::HfTokenizer;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
@@ -34,6 +35,7 @@ use crate::plugins::EnvHandle;
 use crate::rl::engine::vllm::{rollout_sampling, VllmEngine};
 pub use crate::rl::local_turns::EpisodeSettings;
 use crate::rl::local_turns::{LocalTurns, Row};
+use crate::rl::observed::{self, Encoded, Observed};
 use crate::rl::prompts::PromptBatch;
 use crate::rl::rollout::Rollout;
 
@@ -60,6 +62,8 @@ pub struct Episodes {
     pub stats: Vec<EpisodeStats>,
     /// The first environment failure of the batch, for the log and the run's error.
     pub first_error: Option<String>,
+    /// Per row: the images its observations added (mostly none).
+    pub observed: Vec<Observed>,
 }
 
 /// Who samples the policy's turns.
@@ -89,6 +93,10 @@ struct Trajectory {
     sampled: Vec<bool>,
     /// Per token of `tokens`: the behaviour log-prob (0 on observations).
     logprobs: Vec<f32>,
+    /// The patches of the prompt's images, then of each observation's.
+    patches: Vec<Images>,
+    /// The observations' images and the columns of `tokens` that are their placeholders.
+    observed: Observed,
     done: bool,
     reward: f64,
     stats: EpisodeStats,
@@ -99,9 +107,19 @@ impl Trajectory {
         (max_total as usize).saturating_sub(self.tokens.len())
     }
 
-    /// Appends observation ids, as many as fit; returns whether all fitted.
-    fn observe(&mut self, ids: &[i64], max_total: i64) -> bool {
-        let n = ids.len().min(self.room(max_total));
+    /// Appends an observation's ids, as many as fit (all or none of one with images, whose
+    /// placeholder runs cannot be cut); returns whether all fitted.
+    fn observe(&mut self, o: Encoded, max_total: i64) -> bool {
+        let ids = &o.ids;
+        let mut n = ids.len().min(self.room(max_total));
+        if let Some(patches) = o.patches.filter(|_| n == ids.len()) {
+            let at = self.tokens.len() as i64;
+            self.observed.slots.extend(o.placeholders.iter().map(|&p| at + p as i64));
+            self.observed.images.extend(o.images);
+            self.patches.push(patches);
+        } else if !o.images.is_empty() {
+            n = 0;
+        }
         self.tokens.extend_from_slice(&ids[..n]);
         self.sampled.extend(std::iter::repeat_n(false, n));
         self.logprobs.extend(std::iter::repeat_n(0.0, n));
@@ -161,15 +179,31 @@ pub fn run(
             ..Default::default()
         })
         .collect();
+    if let (Decoder::Local { model, .. }, Some(images)) = (decoder, &batch.images) {
+        for (t, rows) in trajs.iter_mut().zip(model.images_per_row(&batch.padded.input_ids, images)?) {
+            let which: Vec<usize> = rows.collect();
+            if !which.is_empty() {
+                t.patches.push(images.select(&which)?);
+            }
+        }
+    }
     let max_total = s.env.max_total_tokens;
     let mut first_error = None;
     match env.reset(episodes) {
         Ok(obs) => {
-            for (t, o) in trajs.iter_mut().zip(&obs) {
-                let ids = encode(s.tok, o)?;
-                if !t.observe(&ids, max_total) {
-                    t.done = true;
-                    t.stats.truncated = true;
+            for ((t, o), e) in trajs.iter_mut().zip(obs).zip(episodes) {
+                let at = format!("episode {} first observation", e.id);
+                match observed::encode(s.tok, &o.text, o.images, s.observation_images, &at)? {
+                    Ok(enc) => {
+                        if !t.observe(enc, max_total) {
+                            t.done = true;
+                            t.stats.truncated = true;
+                        }
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        t.fail(s.env.error_penalty);
+                    }
                 }
             }
         }
@@ -195,9 +229,16 @@ pub fn run(
             Decoder::Local { model, behavior } => {
                 let rows: Vec<Row<'_>> = trajs
                     .iter()
-                    .map(|t| Row { prompt: &t.prompt, tokens: &t.tokens, done: t.done, room: t.room(max_total) })
+                    .map(|t| Row {
+                        prompt: &t.prompt,
+                        tokens: &t.tokens,
+                        done: t.done,
+                        room: t.room(max_total),
+                        images: &t.patches,
+                        slots: &t.observed.slots,
+                    })
                     .collect();
-                local.sample(model, *behavior, &rows, batch.images.as_ref(), s, turn)?
+                local.sample(model, *behavior, &rows, s, turn)?
             }
             Decoder::Vllm(engine) => vllm_turn(engine, &trajs, s)?,
         };
@@ -237,7 +278,8 @@ pub fn run(
     let rewards = trajs.iter().map(|t| t.reward).collect();
     let stats = trajs.iter().map(|t| t.stats.clone()).collect();
     let rollout = into_rollout(&trajs, batch, s, decoder.behavior())?;
-    Ok(Episodes { rollout, rewards, stats, first_error })
+    let observed = trajs.iter_mut().map(|t| std::mem::take(&mut t.observed)).collect();
+    Ok(Episodes { rollout, rewards, stats, first_error, observed })
 }
 
 /// Applies the environment's answer to one action.
@@ -268,16 +310,20 @@ fn answer(
         t.stats.truncated &= !o.done;
         return Ok(());
     }
-    let ids = encode(s.tok, &o.observation)?;
-    if !t.observe(&ids, s.env.max_total_tokens) {
-        t.done = true;
-        t.stats.truncated = true;
+    let at = format!("episode {} turn {}", a.id, a.turn);
+    match observed::encode(s.tok, &o.observation, o.images, s.observation_images, &at)? {
+        Ok(enc) => {
+            if !t.observe(enc, s.env.max_total_tokens) {
+                t.done = true;
+                t.stats.truncated = true;
+            }
+        }
+        Err(e) => {
+            first_error.get_or_insert(e);
+            t.fail(s.env.error_penalty);
+        }
     }
     Ok(())
-}
-
-fn encode(tok: &HfTokenizer, text: &str) -> Result<Vec<i64>> {
-    Ok(tok.encode(text, false)?.into_iter().map(i64::from).collect())
 }
 
 /// One policy turn of every episode still running, on vLLM: its context (prompt and trajectory

@@ -7,6 +7,7 @@ use rlhf_generation::{
     token_logprobs, token_logprobs_pass, token_logprobs_pass_with_images, token_logprobs_with_images, ImageInputs,
     LogProbOptions, LogProbPass, TokenLogProbs,
 };
+use rlhf_models::multimodal::Slots;
 use rlhf_models::{CausalLm, Images, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};
@@ -95,13 +96,20 @@ pub struct ExperienceTimes {
 ///
 /// # Shapes
 /// `rollout.generated.sequences [N, P + R]` → `sequences [B, P + R]` etc. with `B = scored.rows.len()`.
-pub fn select(rollout: &Rollout, scored: &Scored, group_of_row: &[(usize, i64)], device: Device) -> Result<Selected> {
+/// `records` are the rows' records for their images ([`crate::rl::visual`]).
+pub fn select(
+    rollout: &Rollout,
+    scored: &Scored,
+    group_of_row: &[(usize, i64)],
+    records: &[usize],
+    device: Device,
+) -> Result<Selected> {
     let rows: Vec<i64> = scored.rows.iter().map(|&r| r as i64).collect();
     let rewards =
         Tensor::f_from_slice(&scored.rewards.iter().map(|&x| x as f32).collect::<Vec<_>>())?.f_to_device(device)?;
     let group_ids: Vec<i64> = scored.rows.iter().map(|&r| group_of_row[r].1).collect();
     let group_ids = Tensor::f_from_slice(&group_ids)?.f_to_device(device)?;
-    let records: Vec<i64> = scored.rows.iter().map(|&r| group_of_row[r].0 as i64).collect();
+    let records: Vec<i64> = scored.rows.iter().map(|&r| records[r] as i64).collect();
     let records = Tensor::f_from_slice(&records)?.f_to_device(device)?;
     let index = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
     let gen = &rollout.generated;
@@ -190,16 +198,18 @@ pub fn compute(
         };
         return Ok((batch, Some(zeros()?), times));
     }
-    let images = s.images.as_deref().map(|rows| visual::cat(rows, None)).transpose()?.flatten();
-    let images = images.as_ref().map(|images| ImageInputs { images, prompt_len: p_len });
+    let images = s.images.as_ref().map(|rows| rows.cat(None)).transpose()?.flatten();
+    let width = seq.size()[1];
+    let observed = s.images.as_ref().map(|rows| rows.observed(None, p_len, width, device)).transpose()?.flatten();
+    let images = images.as_ref().map(|images| ImageInputs { images, prompt_len: p_len, observed: observed.as_ref() });
     let t = PhaseClock::start(device);
     let ref_logprobs = match models.reference {
         Some(r) => {
             let no_entropy = LogProbOptions { entropy: false, ..opts };
             let own = images.filter(|_| !models.ref_shares_vision).map(|i| i.images.without_features());
-            let images = match &own {
-                Some(own) => Some(ImageInputs { images: own, prompt_len: p_len }),
-                None => images,
+            let images = match (&own, images) {
+                (Some(own), Some(rows)) => Some(ImageInputs { images: own, ..rows }),
+                _ => images,
             };
             Some(tch::no_grad(|| logprobs(r, seq, attn, images, p_len, no_entropy))?.logprobs)
         }
@@ -212,7 +222,10 @@ pub fn compute(
         Some(c) => {
             let own = visual::critic_images(c, images.map(|i| i.images), models.critic_shares_vision);
             let v = tch::no_grad(|| match &own {
-                Some(own) => c.values_pass_with_images(seq, attn, own, p_len, false).map(|(v, _)| v),
+                Some(own) => {
+                    let slots = images.map(|i| i.slots()).unwrap_or_else(|| Slots::prompt(p_len));
+                    c.values_pass_with_images(seq, attn, own, slots, false).map(|(v, _)| v)
+                }
                 None => c.values(seq, attn),
             })?;
             Some(v.f_narrow(1, p_len - 1, r_len)?) // [B, R]
@@ -301,7 +314,7 @@ pub fn logprobs_pass(
     // without images still take the image path (the tower gathered, run on no image).
     let none = Images::none();
     let gated = model.vision().is_some() && model.is_gated();
-    let images = images.or_else(|| gated.then_some(ImageInputs { images: &none, prompt_len: seq.size()[1] }));
+    let images = images.or_else(|| gated.then_some(ImageInputs::prompt(&none, seq.size()[1])));
     Ok(match images {
         Some(images) => token_logprobs_pass_with_images(model, seq, attn, images, from, opts, checkpointed)?,
         None => token_logprobs_pass(model, seq, attn, from, opts, checkpointed)?,

@@ -8,8 +8,9 @@
 //! observation — and continues from the cached keys and values; otherwise (or for a model with a
 //! sliding window, which counts cache slots, or with linear attention, whose state cannot skip
 //! the padding slots a session leaves) every turn prefills the whole context again. So does a
-//! batch whose prompts hold images: each turn prefills the prompts' images with the context, at
-//! the multimodal positions they take, and the text after them.
+//! batch whose prompts or observations hold images (from the turn an observation first brings
+//! one): each turn prefills the images with the context, at the multimodal positions they take,
+//! and the text after them; an image token an earlier turn sampled stays text.
 
 use rlhf_generation::{batch::to_rows, generate_until_with_images, left_pad, GenerateConfig, RowWindow, Session};
 use rlhf_models::{CausalLm, Images};
@@ -19,6 +20,7 @@ use crate::error::Result;
 use rlhf_tokenizer::HfTokenizer;
 
 use crate::config::{EnvironmentConfig, RolloutConfig};
+use crate::rl::observed::ObservationImages;
 use crate::rl::rollout::{diverged, generate_config};
 
 /// The settings of one batch of episodes.
@@ -37,6 +39,8 @@ pub struct EpisodeSettings<'a> {
     /// Keys every turn's sampling noise by `turn_seed` and the turn instead of seeding libtorch's
     /// process-wide generator (an asynchronous generation worker).
     pub keyed: bool,
+    /// How observations' images are read (or why they cannot be).
+    pub observation_images: ObservationImages<'a>,
 }
 
 /// One episode as a turn sees it.
@@ -47,6 +51,10 @@ pub struct Row<'a> {
     pub done: bool,
     /// Tokens the episode may still take.
     pub room: usize,
+    /// The patches of the prompt's images, then of the observations'.
+    pub images: &'a [Images],
+    /// The columns of `tokens` holding the observations' image placeholders.
+    pub slots: &'a [i64],
 }
 
 /// Per row, the turn's sampled ids (up to and including EOS or the token that completed a stop
@@ -70,22 +78,30 @@ impl LocalTurns {
         LocalTurns { session: None, cached: Vec::new(), reuse }
     }
 
-    /// One policy turn for every row; `images`: every row's prompt images in row order.
+    /// One policy turn for every row.
     pub fn sample(
         &mut self,
         model: &CausalLm,
         behavior: bool,
         rows: &[Row<'_>],
-        images: Option<&Images>,
         s: &EpisodeSettings<'_>,
         turn: usize,
     ) -> Result<Sampled> {
         let contexts: Vec<Vec<i64>> = rows.iter().map(|r| [r.prompt, r.tokens].concat()).collect();
+        let images = Images::concat(&rows.iter().flat_map(|r| r.images).collect::<Vec<_>>())?;
+        let observed = rows.iter().any(|r| !r.slots.is_empty());
+        if observed && self.reuse {
+            // The session's cache cannot take images: every turn from this one prefills again.
+            (self.reuse, self.session) = (false, None);
+        }
+        // Past the first turn, or with an observation's images, the context's image tokens are not
+        // all placeholders: the slots say which are.
+        let slotted = images.is_some() && (turn > 0 || observed);
         let g = s.rollout.samples_per_prompt.max(1);
         // A prompt's G rows share one prefill while their contexts are still equal (turn 0 with
         // equal first observations).
         let same_runs = contexts.len().is_multiple_of(g) && contexts.chunks(g).all(|c| c.iter().all(|x| *x == c[0]));
-        let group = if same_runs { g as i64 } else { 1 };
+        let group = if same_runs && !slotted { g as i64 } else { 1 };
         let room = rows.iter().filter(|r| !r.done).map(|r| r.room).max().unwrap_or(1);
         let mut cfg = generate_config(s.rollout, s.eos_ids, s.pad, s.rows, group, behavior);
         cfg.max_new_tokens = cfg.max_new_tokens.min(room.max(1) as i64);
@@ -122,6 +138,8 @@ impl LocalTurns {
         if !self.reuse {
             let padded = left_pad(&contexts, s.pad, model.device())?;
             let (ids, mask) = (&padded.input_ids, &padded.attention_mask);
+            let slots = if slotted { Some(slot_mask(rows, ids.size()[1], model.device())?) } else { None };
+            let images = images.as_ref().map(|i| (i, slots.as_ref()));
             let mut gen = generate_until_with_images(model, ids, mask, images, &cfg, Some(&mut check))
                 .map_err(|e| diverged(model, e))?;
             return per_row(&gen.responses()?, &gen.response_mask, gen.logprobs.take());
@@ -179,6 +197,24 @@ impl LocalTurns {
         }
         Ok(logits)
     }
+}
+
+/// Where each left-padded context's image placeholders may be: its prompt and its observations'
+/// placeholder runs (an image token a turn sampled is text).
+///
+/// # Shapes
+/// → `[rows, width]` int64
+fn slot_mask(rows: &[Row<'_>], width: i64, device: tch::Device) -> Result<Tensor> {
+    let w = width as usize;
+    let mut mask = vec![0i64; rows.len() * w];
+    for (r, row) in rows.iter().enumerate() {
+        let start = r * w + w - (row.prompt.len() + row.tokens.len());
+        mask[start..start + row.prompt.len()].fill(1);
+        for &c in row.slots {
+            mask[start + row.prompt.len() + c as usize] = 1;
+        }
+    }
+    Ok(Tensor::f_from_slice(&mask)?.f_view([rows.len() as i64, width])?.f_to_device(device)?)
 }
 
 /// Per row, its sampled ids up to its mask's end and their log-probs (0 without them).

@@ -7,6 +7,7 @@
 //! the whole optimizer step and is logged.
 
 use rlhf_generation::{ImageInputs, LogProbOptions, LogProbPass, TokenLogProbs};
+use rlhf_models::multimodal::Slots;
 use rlhf_models::{CausalLm, Checkpointed, ScalarHeadModel};
 use rlhf_plugin_api::{Minibatch, Prepared, Requirements};
 use tch::{Device, Tensor};
@@ -140,7 +141,13 @@ fn micro_loss(
     // With gradient checkpointing the passes keep only layer inputs; `passes` backpropagates
     // through them after the loss.
     let mut passes = Passes::default();
-    let images = batch.images.as_deref().map(|rows| visual::cat(rows, Some(part.rows))).transpose()?.flatten();
+    let images = batch.images.as_ref().map(|rows| rows.cat(Some(part.rows))).transpose()?.flatten();
+    let observed = batch
+        .images
+        .as_ref()
+        .map(|rows| rows.observed(Some(part.rows), p_len, seq.size()[1], seq.device()))
+        .transpose()?
+        .flatten();
     let lp = match part.reuse {
         Some((p, offset)) => {
             passes.reused_actor = batch.policy_checkpoint.is_some();
@@ -162,7 +169,8 @@ fn micro_loss(
             }
         }
         None => {
-            let images = images.as_ref().map(|images| ImageInputs { images, prompt_len: p_len });
+            let images =
+                images.as_ref().map(|images| ImageInputs { images, prompt_len: p_len, observed: observed.as_ref() });
             let (lp, ck) = logprobs_pass(actor, &seq, &attn, images, p_len, opts, cfg.gradient_checkpointing)?;
             passes.actor = Some(ck);
             lp // [n, R], grad
@@ -172,7 +180,10 @@ fn micro_loss(
         Some(c) => {
             let checkpointed = cfg.gradient_checkpointing;
             let (v, ck) = match visual::critic_images(c, images.as_ref(), ctx.critic_shares_vision) {
-                Some(own) => c.values_pass_with_images(&seq, &attn, &own, p_len, checkpointed)?,
+                Some(own) => {
+                    let slots = Slots { prompt_len: p_len, observed: observed.as_ref().map(Tensor::shallow_clone) };
+                    c.values_pass_with_images(&seq, &attn, &own, slots, checkpointed)?
+                }
                 None => c.values_pass(&seq, &attn, checkpointed)?,
             };
             passes.critic = ck;

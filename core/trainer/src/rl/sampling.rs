@@ -10,7 +10,7 @@ use crate::rl::phase::{PhaseClock, PhaseCost};
 use crate::rl::rollout::Rollout;
 use crate::rl::score::{self, SourceScores};
 use crate::rl::shard::{self, Part};
-use crate::rl::{dynamic, prompts, visual, Trainer};
+use crate::rl::{dynamic, prompts, Trainer};
 
 /// What a step trains on, once sampled and scored.
 pub(super) struct Sampled {
@@ -29,6 +29,9 @@ pub(super) struct Sampled {
 struct Generation {
     rollout: Rollout,
     group_of_row: Vec<(usize, i64)>,
+    /// Each row's record for its images (its prompt's, or its own when its episode observed
+    /// images).
+    records: Vec<usize>,
     part: Part,
     /// Rows of the whole batch with a response, and every score of them.
     kept_rows: Vec<usize>,
@@ -46,6 +49,9 @@ impl Trainer {
         pad: i64,
         m: &mut StepMetrics,
     ) -> Result<Option<Sampled>> {
+        if let Some(v) = self.visual.as_mut() {
+            v.forget_observed();
+        }
         if self.cfg.rollout.filter_groups.enable {
             return self.sample_filtered(eos_ids, pad, m);
         }
@@ -62,7 +68,7 @@ impl Trainer {
             return Ok(None);
         }
         let local = shard::local_scored(&scored, gen.part);
-        let selected = experience::select(&gen.rollout, &local, &gen.group_of_row, self.device)?;
+        let selected = experience::select(&gen.rollout, &local, &gen.group_of_row, &gen.records, self.device)?;
         let t_score = gen.t_score_start.stop();
         Ok(Some(Sampled { selected, rewards: scored.rewards, in_batch_order: true, t_gen: gen.t_gen, t_score }))
     }
@@ -84,7 +90,7 @@ impl Trainer {
         // 1–2. Prompts and rollout: every rank draws the whole batch and samples its own groups.
         let (n_prompts, g) = (self.cfg.rollout.prompts_per_batch, self.cfg.rollout.samples_per_prompt);
         let before = (self.data.position(), self.prompts_seen);
-        let (rollout, env, group_of_row, part) = if self.pipeline.is_some() {
+        let (rollout, mut env, group_of_row, part) = if self.pipeline.is_some() {
             // Sampled ahead by the generation worker ([`super::pipeline`]).
             let f = self.take_ahead(m)?;
             (f.rollout, f.env, f.group_of_row, f.part)
@@ -93,7 +99,7 @@ impl Trainer {
                 prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
             let (mut batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
             let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
-            batch.images = self.images_of(&records)?.map(|rows| visual::cat(&rows, None)).transpose()?.flatten();
+            batch.images = self.images_of(&records)?.map(|rows| rows.cat(None)).transpose()?.flatten();
             self.sync_engine(m)?;
             let (rollout, env) = self.sample(&batch, part, eos_ids, pad)?;
             (rollout, env, batch.group_of_row, part)
@@ -111,10 +117,11 @@ impl Trainer {
         self.env_scores(env.as_ref(), &rollout.kept_rows, &mut scores);
         self.overlong_scores(&rollout, &mut scores);
         let (kept_rows, scores) = shard::gather_scores(&self.world, part, &rollout.kept_rows, scores)?;
+        let records = self.observed_records(env.as_mut(), &group_of_row)?;
         if let Err(e) = self.env_metrics(env, m) {
             return Err(self.checkpoint_before_failing(before, e));
         }
-        Ok(Generation { rollout, group_of_row, part, kept_rows, scores, t_gen, t_score_start })
+        Ok(Generation { rollout, group_of_row, records, part, kept_rows, scores, t_gen, t_score_start })
     }
 
     /// Dynamic sampling: generation batches until the step holds `prompts_per_batch` groups
@@ -163,7 +170,7 @@ impl Trainer {
             let kept = dynamic::keep_groups(&scored, &take, g);
             rewards.extend(&kept.rewards);
             let local = shard::local_scored(&kept, gen.part);
-            parts.push(experience::select(&gen.rollout, &local, &gen.group_of_row, self.device)?);
+            parts.push(experience::select(&gen.rollout, &local, &gen.group_of_row, &gen.records, self.device)?);
             t_gen.add(&gen.t_gen);
             t_score.add(&gen.t_score_start.stop());
         }

@@ -446,7 +446,8 @@ impl Trainer {
         if with_images {
             crate::rl::visual::check_run(&cfg)?;
         }
-        let visual_of = images.filter(|_| with_images);
+        // An environment's observations may bring images to text prompts too.
+        let visual_of = images.filter(|_| with_images || cfg.environment.enabled());
         if cfg.rollout.prompts_per_batch > data.records.len() {
             tracing::warn!(
                 "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \

@@ -6,18 +6,68 @@
 //! prompt's images are decoded and patched once and shared by its G samples. A frozen tower (the
 //! default) runs once per prompt too: its features are kept with the patches, and the rollout,
 //! the old policy, the reference (when its tower is the actor's) and every minibatch take them.
+//!
+//! A row whose episode observed images ([`crate::rl::observed`]) has a record of its own, above
+//! the dataset's, for the step that trains on it: its images are its prompt's, then its
+//! observations', and its slots say which trajectory columns hold their placeholders.
 
 use rlhf_models::{CausalLm, Images};
 use std::collections::HashMap;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::data::PromptDataset;
 use crate::error::{Result, TrainerError};
 use crate::prompt_images::PromptImages;
+use crate::rl::observed::Observed;
 
-/// Per row: its prompt's images (patches and grids; none for a text-only prompt). The G rows of
-/// a prompt share its patches' storage.
-pub type RowImages = Vec<Images>;
+/// Per row: its images (patches and grids; none for a text-only row) — its prompt's, then its
+/// episode's observations' — and the response columns of those observations' placeholders. The G
+/// rows of a prompt share its patches' storage.
+#[derive(Debug)]
+pub struct RowImages {
+    pub images: Vec<Images>,
+    pub slots: Vec<Vec<i64>>,
+}
+
+impl RowImages {
+    /// Rows of prompts' images only.
+    pub fn of_prompts(images: Vec<Images>) -> RowImages {
+        let slots = vec![Vec::new(); images.len()];
+        RowImages { images, slots }
+    }
+
+    /// The images of the rows `idx` names (all with `None`) one after another ([`cat`]).
+    pub fn cat(&self, idx: Option<&[i64]>) -> Result<Option<Images>> {
+        cat(&self.images, idx)
+    }
+
+    /// Where the picked rows' observations' placeholders are: column `prompt_len + c` for each
+    /// slot `c` of a row; `None` when no picked row has one.
+    ///
+    /// # Shapes
+    /// → `[rows picked, width]` int64
+    pub fn observed(&self, idx: Option<&[i64]>, prompt_len: i64, width: i64, device: Device) -> Result<Option<Tensor>> {
+        let picked: Vec<usize> = match idx {
+            Some(idx) => idx.iter().map(|&i| i as usize).collect(),
+            None => (0..self.slots.len()).collect(),
+        };
+        if picked.iter().all(|&r| self.slots.get(r).is_none_or(Vec::is_empty)) {
+            return Ok(None);
+        }
+        let w = width as usize;
+        let mut mask = vec![0i64; picked.len() * w];
+        for (i, &r) in picked.iter().enumerate() {
+            for &c in self.slots.get(r).map(Vec::as_slice).unwrap_or_default() {
+                let col = (prompt_len + c) as usize;
+                if col >= w {
+                    return Err(TrainerError::Run(format!("row {r}: an observation's image at column {col} of {w}")));
+                }
+                mask[i * w + col] = 1;
+            }
+        }
+        Ok(Some(Tensor::f_from_slice(&mask)?.f_view([picked.len() as i64, width])?.f_to_device(device)?))
+    }
+}
 
 /// How the run turns prompts' images into the policy's inputs, with the patches of recent
 /// prompts kept.
@@ -26,12 +76,50 @@ pub struct Visual {
     patched: HashMap<usize, Images>,
     /// Prompts whose patches are kept at most (then the store starts afresh).
     capacity: usize,
+    /// The rows of this step whose episodes observed images, by their own record: the prompt's
+    /// record and what the observations added.
+    observed: HashMap<usize, (usize, Observed)>,
+    /// The next such record (counting on from the dataset's records, never reused).
+    next_observed: usize,
 }
 
 impl Visual {
     /// `capacity`: prompts whose patches are kept (a few generation batches' worth).
     pub fn new(prompts: PromptImages, capacity: usize) -> Self {
-        Visual { prompts, patched: HashMap::new(), capacity: capacity.max(1) }
+        Visual {
+            prompts,
+            patched: HashMap::new(),
+            capacity: capacity.max(1),
+            observed: HashMap::new(),
+            next_observed: 0,
+        }
+    }
+
+    /// How prompts' (and observations') images become the policy's inputs.
+    pub fn prompt_images(&self) -> &PromptImages {
+        &self.prompts
+    }
+
+    /// Forgets the rows an earlier step observed images in (their patches too).
+    pub fn forget_observed(&mut self) {
+        for r in self.observed.keys() {
+            self.patched.remove(r);
+        }
+        self.observed.clear();
+    }
+
+    /// Gives each of `rows` — (prompt record, what its episode observed), in the same order on
+    /// every rank — a record of its own from `first` (the dataset's size) on; returns them.
+    pub fn observe(&mut self, first: usize, rows: Vec<(usize, Observed)>) -> Vec<usize> {
+        self.next_observed = self.next_observed.max(first);
+        rows.into_iter()
+            .map(|row| {
+                let r = self.next_observed;
+                self.next_observed += 1;
+                self.observed.insert(r, row);
+                r
+            })
+            .collect()
     }
 
     /// [`Visual::rows`], or `None` when none of `records` holds an image (the text-only passes
@@ -48,35 +136,42 @@ impl Visual {
         self.rows(data, records, tower).map(Some)
     }
 
-    /// The images of each of `records` (indices into `data.records`), in order; with `tower` (a
-    /// frozen one) with their features, the prompts not kept yet going through the tower together
-    /// once, each prompt's features then kept with its patches.
+    /// The images of each of `records` (indices into `data.records`, or rows that observed
+    /// images, see [`Visual::observe`]), in order; with `tower` (a frozen one) with their
+    /// features, the records not kept yet going through the tower together once, each record's
+    /// features then kept with its patches.
     pub fn rows(&mut self, data: &PromptDataset, records: &[usize], tower: Option<&CausalLm>) -> Result<RowImages> {
         let mut fresh: Vec<(usize, Images)> = Vec::new();
         for &r in records {
             if self.patched.contains_key(&r) || fresh.iter().any(|(f, _)| *f == r) {
                 continue;
             }
-            let record = data.records.get(r).ok_or_else(|| {
-                TrainerError::Run(format!("prompt {r} of {}: no such prompt for its images", data.records.len()))
+            let (prompt, observed) = match self.observed.get(&r) {
+                Some((p, o)) => (*p, o.images.iter().map(|i| i.to_ref()).collect()),
+                None => (r, Vec::new()),
+            };
+            let record = data.records.get(prompt).ok_or_else(|| {
+                TrainerError::Run(format!("prompt {prompt} of {}: no such prompt for its images", data.records.len()))
             })?;
-            fresh.push((r, self.prompts.patches(&record.images)?));
+            fresh.push((r, self.prompts.patches(&[record.images.clone(), observed].concat())?));
         }
         if let Some(model) = tower {
             with_features(model, &mut fresh)?;
         }
-        let out = records
+        let images = records
             .iter()
             .map(|r| {
                 let kept = self.patched.get(r).or_else(|| fresh.iter().find(|(f, _)| f == r).map(|(_, p)| p));
                 kept.map(Images::shallow_clone).ok_or_else(|| TrainerError::Run(format!("prompt {r}: no patches")))
             })
-            .collect::<Result<RowImages>>()?;
+            .collect::<Result<Vec<Images>>>()?;
+        let slots =
+            records.iter().map(|r| self.observed.get(r).map(|(_, o)| o.slots.clone()).unwrap_or_default()).collect();
         if self.patched.len() + fresh.len() > self.capacity {
             self.patched.clear();
         }
         self.patched.extend(fresh);
-        Ok(out)
+        Ok(RowImages { images, slots })
     }
 }
 
@@ -121,7 +216,7 @@ pub(crate) fn critic_images(
 }
 
 /// What RL on prompts with images does not do yet, refused before anything is built: vLLM (its
-/// requests carry no images yet). (Environments run on such prompts with text observations.)
+/// requests carry no images yet).
 pub fn check_run(cfg: &crate::config::RlConfig) -> Result<()> {
     let refuse = |key: &str, what: &str| {
         Err(TrainerError::Config(format!(
@@ -177,5 +272,16 @@ mod tests {
         assert_eq!(Vec::<f32>::try_from(some.pixel_values.select(1, 0)).unwrap(), [3.0, 1.0, 1.0]);
         assert!(cat(&rows, Some(&[1])).unwrap().is_none());
         assert!(cat(&rows, Some(&[3])).is_err());
+    }
+
+    /// A row's observation slots mark `prompt_len + slot` in the picked rows' order; rows without
+    /// observations mark nothing, and picking none of those rows gives no mask.
+    #[test]
+    fn observed_marks_the_picked_rows_slots_after_the_prompt() {
+        let rows = RowImages { images: vec![image(0, 0.0), image(1, 1.0)], slots: vec![vec![], vec![0, 2]] };
+        let mask = rows.observed(Some(&[1, 0]), 2, 5, tch::Device::Cpu).unwrap().unwrap();
+        assert_eq!(Vec::<i64>::try_from(mask.view([-1])).unwrap(), [0, 0, 1, 0, 1, 0, 0, 0, 0, 0]);
+        assert!(rows.observed(Some(&[0]), 2, 5, tch::Device::Cpu).unwrap().is_none());
+        assert!(rows.observed(None, 3, 5, tch::Device::Cpu).is_err(), "a slot past the width");
     }
 }

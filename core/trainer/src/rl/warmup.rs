@@ -63,7 +63,7 @@ pub fn sft_warmup(
         let (ids, attn) = (&padded.input_ids, &padded.attention_mask);
         // Prompts and answers interleave in the left-padded rows: every image token is a prompt's.
         let pictures = images.map(|f| f(&picked)).transpose()?.flatten();
-        let pictures = pictures.as_ref().map(|images| ImageInputs { images, prompt_len: t });
+        let pictures = pictures.as_ref().map(|images| ImageInputs::prompt(images, t));
         let (lp, pass) = logprobs_pass(actor, ids, attn, pictures, 1, LogProbOptions::default(), false)?;
         let nll = masked_nll_mean(&lp.logprobs, &mask)?;
         last = nll.double_value(&[]);

@@ -7,7 +7,9 @@
 //! Faults from the `fail_from`-th step call on (0-based, counted over the run): `error` (the call
 //! fails), `panic`, `garbage` (one outcome too few), `episode` (a per-episode error on even ids),
 //! `nan` (a NaN reward). `metrics` names more metrics (value 7) each action reports, and
-//! `fresh_metrics` that many metrics of names never reported before (`fresh-<call>-<i>`).
+//! `fresh_metrics` that many metrics of names never reported before (`fresh-<call>-<i>`). With
+//! `image` (a file) every observation carries that file's bytes once per `<image>` marker of its
+//! text; with `image_path` it names `image` by its path instead.
 
 use std::io::Write;
 
@@ -27,6 +29,8 @@ struct Config {
     log: Option<String>,
     metrics: Vec<String>,
     fresh_metrics: u32,
+    image: Option<String>,
+    image_path: bool,
 }
 
 impl Default for Config {
@@ -42,12 +46,16 @@ impl Default for Config {
             log: None,
             metrics: Vec::new(),
             fresh_metrics: 0,
+            image: None,
+            image_path: false,
         }
     }
 }
 
 struct Script {
     cfg: Config,
+    /// `image`'s bytes.
+    image: Vec<u8>,
     labels: std::collections::HashMap<u64, Option<String>>,
     calls: u64,
 }
@@ -58,12 +66,21 @@ impl Environment for Script {
         if !["none", "error", "panic", "garbage", "episode", "nan"].contains(&cfg.fail.as_str()) {
             return Err(PluginError::config("fail", format!("unknown fault `{}`", cfg.fail)));
         }
-        Ok(Script { cfg, labels: Default::default(), calls: 0 })
+        let image = match &cfg.image {
+            Some(p) => std::fs::read(p).map_err(|e| PluginError::config("image", format!("{p}: {e}")))?,
+            None => Vec::new(),
+        };
+        Ok(Script { cfg, image, labels: Default::default(), calls: 0 })
     }
 
     fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<String>, PluginError> {
         self.labels = episodes.iter().map(|e| (e.id, e.label.clone())).collect();
         Ok(episodes.iter().map(|_| self.cfg.first_observation.clone()).collect())
+    }
+
+    fn reset_observations(&mut self, episodes: &[Episode]) -> Result<Vec<Observation>, PluginError> {
+        let texts = self.reset(episodes)?;
+        Ok(texts.into_iter().map(|text| Observation { images: self.images(&text), text }).collect())
     }
 
     fn step(&mut self, actions: &[Action]) -> Result<Vec<StepOutcome>, PluginError> {
@@ -94,7 +111,8 @@ impl Environment for Script {
                     let hit = !label.is_empty() && a.text.contains(&label);
                     StepOutcome::finish(self.cfg.final_reward + f64::from(u8::from(hit)))
                 } else {
-                    StepOutcome::observe(self.cfg.observation.clone())
+                    let o = StepOutcome::observe(self.cfg.observation.clone());
+                    StepOutcome { images: self.images(&o.observation), ..o }
                 };
                 o.reward += self.cfg.turn_reward;
                 if failing && self.cfg.fail == "episode" && a.id % 2 == 0 {
@@ -117,6 +135,18 @@ impl Environment for Script {
             out.pop();
         }
         Ok(out)
+    }
+}
+
+impl Script {
+    /// `image` once per `<image>` marker of `text`.
+    fn images(&self, text: &str) -> Vec<ObservationImage> {
+        let Some(path) = &self.cfg.image else { return Vec::new() };
+        let one = match self.cfg.image_path {
+            true => ObservationImage::Path(path.into()),
+            false => ObservationImage::Bytes(self.image.clone()),
+        };
+        vec![one; text.matches("<image>").count()]
     }
 }
 

@@ -11,6 +11,7 @@ use crate::config::EnvironmentConfig;
 use crate::error::Result;
 use crate::rl::engine::Engine;
 use crate::rl::episode::{self, Decoder, EnvRuntime, EpisodeSettings};
+use crate::rl::observed::ObservationImages;
 use crate::rl::prompts::PromptBatch;
 use crate::rl::rollout::{self, Rollout};
 use crate::rl::shard::Part;
@@ -65,6 +66,10 @@ impl Evaluator {
             rows: part.window(),
             turn_seed: self.seed ^ EVAL_SEED_SALT,
             keyed: false,
+            observation_images: ObservationImages::of(
+                self.visual.as_ref().map(|v| v.prompt_images()),
+                matches!(decoder, Decoder::Vllm(_)),
+            ),
         };
         let out = {
             let mut handle = env.rt.handle.lock().unwrap_or_else(|e| e.into_inner());

@@ -210,7 +210,7 @@ impl Evaluator {
         if let Some(v) = self.visual.as_mut() {
             let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
             let rows = v.rows_with_images(&self.data, &records, None)?;
-            batch.images = rows.map(|rows| crate::rl::visual::cat(&rows, None)).transpose()?.flatten();
+            batch.images = rows.map(|rows| rows.cat(None)).transpose()?.flatten();
         }
         let mut local = Vec::with_capacity(part.rows);
         if part.rows > 0 {

@@ -10,6 +10,7 @@ use super::worker::Finished;
 use crate::error::{Result, TrainerError};
 use crate::rl::env_stage::EnvOutcome;
 use crate::rl::episode::EpisodeStats;
+use crate::rl::observed::Observed;
 use crate::rl::rollout::Rollout;
 use crate::rl::shard::Part;
 use rlhf_generation::Generated;
@@ -29,6 +30,9 @@ struct Meta {
     behavior: bool,
     /// Rewards as bits, so every value survives exactly.
     env: Option<(Vec<u64>, Vec<EpisodeStats>, Option<String>)>,
+    /// Per row, the images its episode's observations added.
+    #[serde(default)]
+    observed: Vec<Observed>,
     gen_s: f64,
 }
 
@@ -61,6 +65,7 @@ pub fn to_tensors<'a>(batches: impl Iterator<Item = &'a Finished>) -> Result<Vec
                 .env
                 .as_ref()
                 .map(|e| (e.rewards.iter().map(|r| r.to_bits()).collect(), e.stats.clone(), e.first_error.clone())),
+            observed: f.env.as_ref().map(|e| e.observed.clone()).unwrap_or_default(),
             gen_s: f.gen_s,
         });
     }
@@ -91,10 +96,12 @@ pub fn from_tensors(tensors: Vec<(String, Tensor)>, file: &str, device: Device) 
         };
         let behavior_logprobs = if m.behavior { Some(get("behavior_logprobs")?) } else { None };
         let rollout = Rollout { generated, kept_rows: m.kept_rows, responses: m.responses, behavior_logprobs };
+        let observed = m.observed;
         let env = m.env.map(|(bits, stats, first_error)| EnvOutcome {
             rewards: bits.into_iter().map(f64::from_bits).collect(),
             stats,
             first_error,
+            observed,
         });
         let (offset, rows, total) = m.part;
         out.push(Finished {

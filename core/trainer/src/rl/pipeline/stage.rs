@@ -76,6 +76,7 @@ impl Trainer {
             env_cfg: self.cfg.environment.clone(),
             stops: self.env.as_ref().map(|e| e.stops.clone()).unwrap_or_default(),
             env: self.env.as_ref().map(|e| e.handle.clone()),
+            observation_images: self.visual.as_ref().map(|v| v.prompt_images().clone()),
             tok: self.tok.clone(),
             eos_ids: self.eos_ids(),
             pad: i64::from(self.tok.pad_token_id()),
@@ -145,7 +146,7 @@ impl Trainer {
         let (mut batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
         // The rows' images go with them (a frozen tower's features too: every version's tower).
         let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
-        batch.images = self.images_of(&records)?.map(|rows| crate::rl::visual::cat(&rows, None)).transpose()?.flatten();
+        batch.images = self.images_of(&records)?.map(|rows| rows.cat(None)).transpose()?.flatten();
         let episodes = self.env.is_some().then(|| episode::episodes_of(&batch, part.offset, &self.data));
         let Some(p) = self.pipeline.as_mut() else { return Ok(()) };
         let index = p.next;

@@ -23,6 +23,7 @@ use crate::plugins::EnvHandle;
 use crate::rl::engine::vllm::VllmEngine;
 use crate::rl::env_stage::EnvOutcome;
 use crate::rl::episode::{self, Decoder, EpisodeSettings};
+use crate::rl::observed::ObservationImages;
 use crate::rl::prompts::PromptBatch;
 use crate::rl::rollout::{self, Rollout};
 use crate::rl::shard::Part;
@@ -133,6 +134,8 @@ pub struct WorkerSpec {
     pub env_cfg: EnvironmentConfig,
     pub stops: Vec<String>,
     pub env: Option<Arc<Mutex<EnvHandle>>>,
+    /// How observations' images are read (a policy that reads images).
+    pub observation_images: Option<crate::prompt_images::PromptImages>,
     pub tok: HfTokenizer,
     pub eos_ids: Vec<i64>,
     pub pad: i64,
@@ -257,15 +260,18 @@ impl Worker {
                     rows: job.part.window(),
                     turn_seed: job.noise_key,
                     keyed: true,
+                    observation_images: ObservationImages::of(
+                        s.observation_images.as_ref(),
+                        matches!(self.sampler, Sampler::Vllm(_)),
+                    ),
                 };
                 let decoder = match &self.sampler {
                     Sampler::Local { model, .. } => Decoder::Local { model, behavior: true },
                     Sampler::Vllm(e) => Decoder::Vllm(e),
                 };
                 let mut handle = env.lock().unwrap_or_else(|e| e.into_inner());
-                let out = episode::run(&decoder, &mut handle, &job.batch, episodes, &settings)?;
-                let outcome = EnvOutcome { rewards: out.rewards, stats: out.stats, first_error: out.first_error };
-                (out.rollout, Some(outcome))
+                let (rollout, outcome) = episode::run(&decoder, &mut handle, &job.batch, episodes, &settings)?.into();
+                (rollout, Some(outcome))
             }
             _ => match &mut self.sampler {
                 Sampler::Local { model, .. } => {
