@@ -471,6 +471,11 @@ impl Trainer {
         // Two generation batches' prompts keep their patches (dynamic sampling may draw more in a
         // step; those are patched again when needed).
         let visual = visual_of.map(|i| Visual::new(i, 2 * cfg.rollout.prompts_per_batch));
+        if visual.is_some() && cfg.environment.enabled() && cfg.environment.kv_reuse {
+            tracing::info!(
+                "environment.kv_reuse: a batch prefills each turn again once its prompts or observations hold images"
+            );
+        }
         // Before the optimizers collect the trainable parameters.
         let tower = actor.set_vision_trainable(!cfg.model.freeze_vision);
         if tower > 0 {
