@@ -4,18 +4,22 @@
 //! an optional trait method (`resolved_config`) — and trains. If one of these tests fails after a
 //! change to `core/plugin-api`, that change broke the ABI (see `frozen-abi/plugin-api-4.0/README.md`).
 //!
-//! `cargo xtask test` builds the frozen plugin next to the `rlhf` binary; by hand:
-//! `cargo build --manifest-path integration-tests/frozen-abi/Cargo.toml --target-dir target`
-//! (plus `cargo build -p rlhf-cli -p rlhf-plugin-reward-rules`).
+//! Likewise `frozen-env`, an environment plugin compiled against a frozen copy of plugin-api at the
+//! environment interface 1.0 (`integration-tests/frozen-abi-env/`), runs its episodes in this host,
+//! whose environment interface has since appended an optional method (`take_images`).
+//!
+//! `cargo xtask test` builds the frozen plugins next to the `rlhf` binary; by hand:
+//! `cargo build --manifest-path integration-tests/frozen-abi/Cargo.toml --target-dir target`, the
+//! same for `frozen-abi-env/Cargo.toml` (plus `cargo build -p rlhf-cli -p rlhf-plugin-reward-rules`).
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use rlhf_integration_tests::{rlhf, rlhf_bin};
-use rlhf_plugin_api::abi::PluginModRef;
+use rlhf_plugin_api::abi::{EnvPluginModRef, PluginModRef};
 use rlhf_plugin_api::abi_stable::library::lib_header_from_path;
 use rlhf_plugin_api::tch::{Kind, Tensor};
-use rlhf_plugin_api::{Experience, Minibatch, PluginKind, Requirements, API_MAJOR, API_MINOR};
+use rlhf_plugin_api::{Experience, Minibatch, PluginKind, Requirements, API_MAJOR, API_MINOR, ENV_API_MINOR};
 use rlhf_trainer::plugins::{host_context, load_file, AlgorithmHandle, PluginRegistry};
 
 /// The frozen plugin's declared name.
@@ -33,6 +37,19 @@ fn frozen_so() -> PathBuf {
         p.is_file(),
         "{} not built: run `cargo xtask test`, or `cargo build --manifest-path integration-tests/frozen-abi/Cargo.toml \
          --target-dir {}`",
+        p.display(),
+        plugin_dir().parent().unwrap().display()
+    );
+    p
+}
+
+/// The frozen environment plugin's library, or a panic saying how to build it.
+fn frozen_env_so() -> PathBuf {
+    let p = plugin_dir().join("librlhf_test_plugin_frozen_env.so");
+    assert!(
+        p.is_file(),
+        "{} not built: run `cargo xtask test`, or `cargo build --manifest-path \
+         integration-tests/frozen-abi-env/Cargo.toml --target-dir {}`",
         p.display(),
         plugin_dir().parent().unwrap().display()
     );
@@ -275,4 +292,50 @@ fn the_host_api_drives_the_frozen_plugin() {
         let v = h.resolved_config();
         assert!(v.is_null() || v.is_object(), "grpo's resolved_config: {v}");
     }
+}
+
+// This host's environment interface is newer than the frozen environment's 1.0 (1.1: the optional
+// `take_images`).
+const _: () = assert!(ENV_API_MINOR >= 1);
+
+/// An environment built against the environment interface 1.0 — really 1.0, so this proves
+/// something — is listed by `rlhf plugins` and runs its episodes in this host: the method it lacks
+/// (`take_images`) answers the default, no images, and every episode takes its turns.
+#[test]
+fn the_frozen_environment_runs_its_episodes() {
+    let so = frozen_env_so();
+    let header = lib_header_from_path(&so).unwrap();
+    // SAFETY: only its declaration is read; the host's loader checks the layout when it loads it.
+    let module = unsafe { header.unchecked_layout::<EnvPluginModRef>() }.unwrap();
+    let info = (module.info())();
+    assert_eq!((info.api_major, info.api_minor), (1, 0), "the frozen snapshot is the environment interface 1.0");
+    let o = rlhf(&["plugins", "--all"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().any(|l| l.split_whitespace().next() == Some("frozen-env")), "frozen-env is not listed:\n{out}");
+    let file = so.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        !out.lines().any(|l| l.starts_with("refused:") && l.contains(&file)),
+        "the 1.0 environment was refused:\n{out}"
+    );
+
+    let run = tempfile::tempdir().unwrap();
+    let rd = run.path().join("r");
+    let sets = [
+        "eval.data=\"\"",
+        "warmup.steps=0",
+        "train.steps=1",
+        "environment.plugin=\"frozen-env\"",
+        "environment.reward=\"sum\"",
+        "environment.config={ turns = 2, observation = \" then:\" }",
+    ];
+    let args: Vec<&str> = sets.iter().flat_map(|x| ["--set", *x]).collect();
+    let o = rlhf(&[&["train", "--algo", "grpo", "--run-dir", s(&rd), "--no-progress"][..], &args].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(rd.join("metrics.jsonl")).unwrap().lines().last().unwrap())
+            .unwrap();
+    assert_eq!(m["env/errors"], 0.0, "{m}");
+    assert!(m["env/turns/mean"].as_f64().unwrap() > 1.0, "{m}");
+    assert_eq!(m["env/calls/mean"], m["env/turns/mean"], "{m}");
 }

@@ -8,8 +8,8 @@ cargo xtask <command> [args]
 
 Commands:
   setup [--python-test-deps]  install libtorch (torch==2.11.0 in a cached venv) unless LIBTORCH is set
-  test [ARGS...]              build the workspace, the plugins and the frozen-ABI test plugin
-                              (integration-tests/frozen-abi), then `cargo test --workspace ARGS...`;
+  test [ARGS...]              build the workspace, the plugins and the frozen-ABI test plugins
+                              (integration-tests/frozen-abi*), then `cargo test --workspace ARGS...`;
                               --record-goldens: re-record the golden runs, printing what moved;
                               --vllm: the opt-in tests against a real vLLM engine
   lint                        `cargo fmt --check` and `cargo clippy -D warnings` on the workspace

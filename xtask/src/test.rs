@@ -1,5 +1,5 @@
 //! `cargo xtask test [ARGS...]`: build everything (the workspace, whose members include every
-//! plugin, and the frozen-ABI test plugin of `integration-tests/frozen-abi/`), then
+//! plugin, and the frozen-ABI test plugins of `integration-tests/frozen-abi*/`), then
 //! `cargo test --workspace ARGS...`.
 //! `cargo xtask test --vllm` instead runs the opt-in tests against a real vLLM engine
 //! (installed into its own cached venv, [`crate::vllm`]). `cargo xtask test --record-goldens`
@@ -32,7 +32,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     // `cargo build -p <plugin>...` would unify features over fewer packages and rebuild
     // dependencies for nothing: minutes of a cold run.)
     cmd::run(torch.cargo().args(["build", "--workspace", "--all-targets"]))?;
-    build_frozen_abi_plugin(&torch)?;
+    build_frozen_abi_plugins(&torch)?;
     if let Some(python) = vllm_python {
         let mut command = torch.cargo();
         command.args(["test", "-p", "rlhf-integration-tests", "--test", "vllm_engine"]).args(&args);
@@ -51,20 +51,24 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     cmd::run(torch.cargo().args(["test", "--workspace", "--no-fail-fast"]).args(args))
 }
 
-/// The manifest of the frozen-ABI workspace (not a member of the main one).
-const FROZEN_ABI_MANIFEST: &str = "integration-tests/frozen-abi/Cargo.toml";
+/// The manifests of the frozen-ABI workspaces (not members of the main one): plugin-api 4.0 with an
+/// algorithm plugin, and the environment interface 1.0 with an environment plugin.
+const FROZEN_ABI_MANIFESTS: [&str; 2] =
+    ["integration-tests/frozen-abi/Cargo.toml", "integration-tests/frozen-abi-env/Cargo.toml"];
 
-/// Builds the test plugin compiled against the frozen plugin-api 4.0 into the main target
-/// directory, next to `rlhf`, for `integration-tests/tests/abi_growth.rs`. Its own workspace shares
-/// the main `Cargo.lock` versions and profiles, so it reuses the main build's dependencies.
-fn build_frozen_abi_plugin(torch: &Torch) -> Result<()> {
-    let manifest = project_root().join(FROZEN_ABI_MANIFEST);
-    if !manifest.is_file() {
-        return Ok(());
+/// Builds the test plugins compiled against the frozen plugin-api snapshots into the main target
+/// directory, next to `rlhf`, for `integration-tests/tests/abi_growth.rs`. Their workspaces share
+/// the main `Cargo.lock` versions and profiles, so they reuse the main build's dependencies.
+fn build_frozen_abi_plugins(torch: &Torch) -> Result<()> {
+    for manifest in FROZEN_ABI_MANIFESTS.map(|m| project_root().join(m)) {
+        if !manifest.is_file() {
+            continue;
+        }
+        let mut command = torch.cargo();
+        command.arg("build").arg("--manifest-path").arg(&manifest).arg("--target-dir").arg(cmd::target_dir());
+        cmd::run(&mut command)?;
     }
-    let mut command = torch.cargo();
-    command.arg("build").arg("--manifest-path").arg(&manifest).arg("--target-dir").arg(cmd::target_dir());
-    cmd::run(&mut command)
+    Ok(())
 }
 
 /// Package names of `plugins/*/Cargo.toml`, sorted; none if there is no `plugins/`.
