@@ -283,8 +283,9 @@ fn multi_turn_episodes_sample_and_train_with_the_prompts_images() {
 /// An environment's observations with images (`env-script` sends `c.png` with each observation,
 /// as bytes, or named by its path): each observation's `<image>` marker becomes the image's run
 /// of placeholders in the trajectory — context, not actions —, and every pass reads the image
-/// there: every fresh pass of a synchronous run equals the old one, and the asynchronous worker's
-/// behaviour log-probs are the trainer's old ones.
+/// there: every fresh pass of a synchronous run equals the old one, also on 2 ranks (which sample
+/// what one process samples), and the asynchronous worker's behaviour log-probs are the trainer's
+/// old ones — on text prompts too, whose turns keep their cache until an image comes.
 #[test]
 fn observations_with_images_are_read_where_their_markers_are() {
     if python().is_none() {
@@ -335,6 +336,20 @@ fn observations_with_images_are_read_where_their_markers_are() {
         observed += found;
     }
     assert!(observed >= 3, "{observed} observations with images");
+    // 2 ranks: each trains on the gathered batch, the other rank's rows with their observations'
+    // images (exchanged once per batch), and samples at step 1 what one process samples.
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let two = trained(&config, &dir.path().join("two"), &[&args[..], &["--nproc", "2"]].concat());
+    for (x, y) in lines.iter().zip(&two) {
+        assert_eq!(value(y, "env/errors"), 0.0, "{y}");
+        assert_eq!(value(y, "clip_ratio/low_mean") + value(y, "clip_ratio/high_mean"), 0.0, "{y}");
+        assert!(value(y, "approx_kl").abs() < 1e-9, "{y}");
+        if x["step"] == 1 {
+            for k in ["reward", "completions/mean_length", "env/turns/mean"] {
+                assert_eq!(x[k], y[k], "step 1: `{k}` on 2 ranks");
+            }
+        }
+    }
     let args = sets(true);
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend(["--set", "rollout.max_staleness=1"]);
