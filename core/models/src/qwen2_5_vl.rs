@@ -75,8 +75,10 @@ pub fn mrope_positions(
         Ok(Vec::<i64>::try_from(t.f_to_device(tch::Device::Cpu)?.f_to_kind(tch::Kind::Int64)?.f_reshape([-1])?)?)
     };
     let (ids_h, mask_h) = (host(ids)?, host(mask)?);
-    let slot_h = host(&slots.mask(ids)?)?;
-    let slot = |b: i64, s: i64| slot_h[(b * seq + s) as usize] != 0;
+    // The observations' marks, copied to the host only when there are any.
+    let observed = slots.observed.as_ref().map(|o| host(&o.f_expand(&size, false)?)).transpose()?;
+    let slot =
+        |b: i64, s: i64| s < slots.prompt_len || observed.as_ref().is_some_and(|o| o[(b * seq + s) as usize] != 0);
     let mut pos = vec![0i64; (3 * batch * seq) as usize];
     let mut deltas = Vec::with_capacity(batch as usize);
     let mut images = grids.iter();

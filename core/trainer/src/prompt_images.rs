@@ -136,8 +136,6 @@ impl PromptImages {
         images: &[ImageRef],
         at: &str,
     ) -> Result<(String, Vec<u32>, Vec<[usize; 3]>)> {
-        let text = place_markers(text, images.len(), &self.sequence, at).map_err(TrainerError::Run)?;
-        let ids = tok.encode(&text, add_special)?;
         let mut grids = Vec::with_capacity(images.len());
         for image in images {
             let name = image.name();
@@ -145,8 +143,23 @@ impl PromptImages {
             let grid = self.processor.grid(decoded.height, decoded.width, &name);
             grids.push(grid.map_err(|e| TrainerError::Run(format!("{at}: {e}")))?);
         }
+        let (text, ids) = self.expand_grids(text, tok, add_special, &grids, at)?;
+        Ok((text, ids, grids))
+    }
+
+    /// [`PromptImages::expand`] for images whose grids are known (already patched).
+    pub fn expand_grids(
+        &self,
+        text: &str,
+        tok: &HfTokenizer,
+        add_special: bool,
+        grids: &[[usize; 3]],
+        at: &str,
+    ) -> Result<(String, Vec<u32>)> {
+        let text = place_markers(text, grids.len(), &self.sequence, at).map_err(TrainerError::Run)?;
+        let ids = tok.encode(&text, add_special)?;
         let tokens: Vec<usize> = grids.iter().map(|g| g[0] * g[1] * g[2] / (self.merge * self.merge)).collect();
         let ids = expand_placeholders(&ids, self.placeholder, &tokens, at).map_err(TrainerError::Run)?;
-        Ok((text, ids, grids))
+        Ok((text, ids))
     }
 }

@@ -102,8 +102,15 @@ pub fn encode(
         });
     }
     let refs: Vec<ImageRef> = kept.iter().map(ObservedImage::to_ref).collect();
-    let (ids, patches) = match processor.expand(text, tok, false, &refs, at) {
-        Ok((_, ids, _)) => (ids, processor.patches(&refs)?),
+    // Each image decoded once: its patches carry the grid the placeholders are expanded to.
+    let patches = match processor.patches(&refs) {
+        Ok(p) => p,
+        Err(TrainerError::Run(e)) => return Ok(Err(format!("{at}: {e}"))),
+        Err(e) => return Err(e),
+    };
+    let grids: Vec<[usize; 3]> = patches.grids.iter().map(|g| g.map(|x| x as usize)).collect();
+    let ids = match processor.expand_grids(text, tok, false, &grids, at) {
+        Ok((_, ids)) => ids,
         Err(TrainerError::Run(e)) => return Ok(Err(e)),
         Err(e) => return Err(e),
     };

@@ -21,10 +21,8 @@ pub mod environment;
 pub mod error;
 pub mod export;
 pub mod log;
-pub mod ops;
 pub mod reward;
 pub mod tensor;
-pub mod testing;
 
 pub use abi::{
     keys, Metric, PluginInfo, PluginKind, API_MAJOR, API_MINOR, ENV_API_MAJOR, ENV_API_MINOR, TCH_VERSION,
