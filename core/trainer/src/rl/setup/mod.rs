@@ -11,12 +11,14 @@
 //! `metrics.jsonl`) are written only once nothing but I/O can fail, so a refused resume leaves
 //! them as they were.
 
+mod models;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rlhf_collective::World;
-use rlhf_models::{parse_dtype, CausalLm, ScalarHeadModel};
-use rlhf_plugin_api::{PluginKind, Requirements};
+use rlhf_models::parse_dtype;
+use rlhf_plugin_api::PluginKind;
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind};
 
@@ -28,15 +30,11 @@ use crate::metrics::MetricsWriter;
 use crate::plugins::{host_context, AlgorithmHandle, PluginRegistry};
 use crate::prompt_images::PromptImages;
 use crate::rl::eval::Evaluator;
-use crate::rl::optimise;
-use crate::rl::prompts::ids_i64;
 use crate::rl::ptx::PtxData;
 use crate::rl::score::{self, RewardSource};
 use crate::rl::visual::Visual;
-use crate::rl::warmup::sft_warmup;
 use crate::rl::Trainer;
 use crate::run_lock::RunLock;
-use crate::train_engine::TrainEngine;
 
 /// `run.run_dir`, or `runs/<algo>-<unix time>`.
 fn run_dir_of(cfg: &RlConfig) -> PathBuf {
@@ -148,126 +146,50 @@ fn raw_prompts(cfg: &RlConfig) -> Result<Vec<RawPrompt>> {
     })
 }
 
-/// The actor after the optional warm-up, and the directory its weights come from (the warm-up's
-/// output when there is one: it is also the reference and the base of critic and EMA).
-#[allow(clippy::too_many_arguments)]
-fn warmed_up_actor(
-    cfg: &RlConfig,
-    run_dir: &Path,
-    actor_dir: PathBuf,
-    tok: &HfTokenizer,
-    (data, images): (&PromptDataset, Option<&PromptImages>),
-    resume: bool,
-    device: Device,
-    kind: Kind,
-) -> Result<(CausalLm, PathBuf)> {
-    let actor = CausalLm::from_dir(&actor_dir, device, kind)?;
-    tok.check_fits_vocab(actor.arch().vocab_size)?;
-    if cfg.warmup.steps == 0 {
-        return Ok((actor, actor_dir));
-    }
-    let dir = run_dir.join("warmup-model");
-    if resume {
-        // The warm-up ran before the checkpoint: its output is the reference and the base.
-        let actor = CausalLm::from_dir(&dir, device, kind).map_err(|e| {
-            TrainerError::Checkpoint(format!(
-                "{}: cannot resume: the warm-up model is unreadable: {e}",
-                run_dir.display()
-            ))
-        })?;
-        return Ok((actor, dir));
-    }
-    // The response to learn: the label, or a metadata field (`warmup.target`).
-    let target = |r: &crate::data::PromptRecord| match cfg.warmup.target.strip_prefix("metadata.") {
-        Some(key) => r.metadata.get(key).filter(|v| !v.is_null()).map(|v| match v.as_str() {
-            Some(s) => s.to_string(),
-            None => v.to_string(),
-        }),
-        None => r.label.clone(),
-    };
-    // Each pair's (prompt, response) ids and the record its prompt is.
-    let (mut records, mut pairs) = (Vec::new(), Vec::new());
-    for (i, r) in data.records.iter().enumerate() {
-        if let Some(l) = target(r) {
-            records.push(i);
-            pairs.push((ids_i64(&r.ids), ids_i64(&tok.encode(&l, false)?)));
-        }
-    }
-    if pairs.is_empty() {
+/// Refuses to train a vision tower at ZeRO stage 3.
+fn check_vision_tower(cfg: &RlConfig, arch: &rlhf_models::ArchConfig) -> Result<()> {
+    if arch.vision.is_some() && !cfg.model.freeze_vision && cfg.distributed.zero_stage == 3 {
         return Err(TrainerError::Config(format!(
-            "{}: warmup.steps: the prompts of data.prompts have no `{}` to warm up on",
-            cfg.source_of("warmup.steps"),
-            cfg.warmup.target
+            "{}: model.freeze_vision: training the vision tower at distributed.zero_stage = 3 is not supported \
+             yet (stages 0-2 train it)",
+            cfg.source_of("model.freeze_vision")
         )));
     }
-    let eos = tok.eos_token_ids().first().copied().map(i64::from).unwrap_or(0);
-    let pad = i64::from(tok.pad_token_id());
-    // Each batch's images, decoded and patched when drawn.
-    let pair_images = |picked: &[usize]| -> Result<Option<rlhf_models::Images>> {
-        let Some(p) = images else { return Ok(None) };
-        let rows = picked.iter().map(|&i| p.patches(&data.records[records[i]].images)).collect::<Result<Vec<_>>>()?;
-        crate::rl::visual::cat(&rows, None)
-    };
-    let loss = sft_warmup(&actor, &pairs, eos, pad, &cfg.warmup, cfg.run.seed, Some(&pair_images))?;
-    tracing::info!("supervised warm-up: {} steps, final loss {loss:.4}", cfg.warmup.steps);
-    actor.save(&dir)?;
-    let actor = CausalLm::from_dir(&dir, device, kind)?;
-    Ok((actor, dir))
+    Ok(())
 }
 
-/// Reference, critic (with its LoRA), the actor's LoRA and the EMA copy — in this order, which
-/// fixes the random draws of new heads and adapters.
-type Companions = (Option<CausalLm>, Option<ScalarHeadModel>, Option<CausalLm>);
-
-fn companions(
+/// The training prompts and the held-out evaluation (its prompts in file order), tokenized, with
+/// their images when the policy reads them; a run on prompts with images is checked for settings
+/// that cannot work with them.
+fn datasets(
     cfg: &RlConfig,
-    req: Requirements,
-    actor: &mut CausalLm,
-    actor_dir: &Path,
-    device: Device,
-    kind: Kind,
-) -> Result<Companions> {
-    let reference = if req.reference {
-        let dir = match &cfg.model.reference {
-            Some(spec) => crate::model_source::resolve(spec, "model.reference")?,
-            None => actor_dir.to_path_buf(),
-        };
-        let mut r = CausalLm::from_dir(&dir, device, kind)?;
-        r.freeze();
-        Some(r)
-    } else {
-        None
-    };
-    let critic = if req.critic {
-        let mut c = match cfg.model.critic.as_str() {
-            "actor" => ScalarHeadModel::from_causal_lm_dir(actor_dir, device, kind)?,
-            spec => ScalarHeadModel::from_dir(&crate::model_source::resolve(spec, "model.critic")?, device, kind)?,
-        };
-        if c.apply_lora(&cfg.model.critic_lora).map_err(|e| crate::model_source::lora_error("model.critic_lora", e))?
-            > 0
-        {
-            let (t, n) = rlhf_models::lora::parameter_counts(&c.vs);
-            tracing::info!("critic LoRA: {t} of {n} parameters train");
-        }
-        Some(c)
-    } else {
-        None
-    };
-    if actor.apply_lora(&cfg.model.lora).map_err(|e| crate::model_source::lora_error("model.lora", e))? > 0 {
-        let (t, n) = rlhf_models::lora::parameter_counts(&actor.vs);
-        tracing::info!("actor LoRA: {t} of {n} parameters train");
-    }
-    let ema = match cfg.train.ema_decay {
-        Some(_) => {
-            let mut e = CausalLm::from_dir(actor_dir, device, kind)?;
-            // The same adapters, so the average tracks them by name.
-            e.apply_lora(&cfg.model.lora).map_err(|e| crate::model_source::lora_error("model.lora", e))?;
-            e.freeze();
-            Some(e)
+    (raw, eval): (Vec<RawPrompt>, Option<crate::rl::eval::EvalInputs>),
+    tok: &HfTokenizer,
+    images: Option<&PromptImages>,
+) -> Result<(PromptDataset, Option<Evaluator>)> {
+    let data = PromptDataset::new_with_images(raw, tok, &cfg.data, cfg.run.seed, images)?;
+    let evaluator = match eval {
+        Some(e) => {
+            let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
+            let held_out = PromptDataset::new_with_images(e.raw, tok, &unshuffled, cfg.run.seed, images)?;
+            let ev = Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed, e.env)?;
+            Some(ev.with_images(images.cloned()))
         }
         None => None,
     };
-    Ok((reference, critic, ema))
+    if data.records.iter().any(|r| !r.images.is_empty()) {
+        crate::rl::visual::check_run(cfg)?;
+    }
+    if cfg.rollout.prompts_per_batch > data.records.len() {
+        tracing::warn!(
+            "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \
+             prompts",
+            cfg.rollout.prompts_per_batch,
+            data.records.len(),
+            cfg.data.prompts
+        );
+    }
+    Ok((data, evaluator))
 }
 
 impl Trainer {
@@ -424,41 +346,14 @@ impl Trainer {
         let actor_dir = actor_dir_of(&cfg, out_dir)?;
         let tok = crate::model_source::tokenizer(&actor_dir, &cfg.data.chat_template_kwargs)?;
         let arch = rlhf_models::ModelConfig::from_dir(&actor_dir)?.arch;
-        if arch.vision.is_some() && !cfg.model.freeze_vision && cfg.distributed.zero_stage == 3 {
-            return Err(TrainerError::Config(format!(
-                "{}: model.freeze_vision: training the vision tower at distributed.zero_stage = 3 is not \
-                 supported yet (stages 0-2 train it)",
-                cfg.source_of("model.freeze_vision")
-            )));
-        }
+        check_vision_tower(&cfg, &arch)?;
         let images = PromptImages::for_model(&actor_dir, &arch, &tok)?;
-        let data = PromptDataset::new_with_images(raw, &tok, &cfg.data, cfg.run.seed, images.as_ref())?;
-        let evaluator = match eval {
-            Some(e) => {
-                let unshuffled = crate::config::DataConfig { shuffle: false, ..cfg.data.clone() };
-                let held_out = PromptDataset::new_with_images(e.raw, &tok, &unshuffled, cfg.run.seed, images.as_ref())?;
-                let ev = Evaluator::new(&cfg.eval, held_out, e.rewards, &cfg.rollout, cfg.run.seed, e.env)?;
-                Some(ev.with_images(images.clone()))
-            }
-            None => None,
-        };
+        let (data, evaluator) = datasets(&cfg, (raw, eval), &tok, images.as_ref())?;
         let with_images = data.records.iter().any(|r| !r.images.is_empty());
-        if with_images {
-            crate::rl::visual::check_run(&cfg)?;
-        }
         // An environment's observations may bring images to text prompts too.
         let visual_of = images.filter(|_| with_images || cfg.environment.enabled());
-        if cfg.rollout.prompts_per_batch > data.records.len() {
-            tracing::warn!(
-                "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \
-                 prompts",
-                cfg.rollout.prompts_per_batch,
-                data.records.len(),
-                cfg.data.prompts
-            );
-        }
         let warmup_dir = if resume.is_some() { &run_dir } else { out_dir };
-        let (mut actor, actor_dir) = warmed_up_actor(
+        let (mut actor, actor_dir) = models::warmed_up_actor(
             &cfg,
             warmup_dir,
             actor_dir,
@@ -483,16 +378,9 @@ impl Trainer {
             tracing::info!("the vision tower's {tower} parameters are {how}");
         }
         let (mut reference, mut critic, ema) =
-            companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
+            models::companions(&cfg, algo.requirements(), &mut actor, &actor_dir, device, kind)?;
+        models::check_critic_reads_images(&cfg, critic.as_ref(), with_images)?;
         if let Some(c) = &critic {
-            if with_images && c.vision().is_none() {
-                return Err(TrainerError::Config(format!(
-                    "{}: model.critic `{}` reads no images, and data.prompts `{}` holds images",
-                    cfg.source_of("model.critic"),
-                    cfg.model.critic,
-                    cfg.data.prompts
-                )));
-            }
             c.set_vision_trainable(!cfg.model.freeze_vision);
         }
         let ref_shares_vision = reference.as_ref().is_some_and(|r| actor.same_vision(r.vision()));
@@ -500,48 +388,16 @@ impl Trainer {
             cfg.model.freeze_vision && critic.as_ref().is_some_and(|c| actor.same_vision(c.vision()));
         // A frozen, ungated tower's features are computed once per prompt (see `visual`).
         let frozen_features = visual.is_some() && cfg.model.freeze_vision && cfg.distributed.zero_stage < 3;
-        // Every rank has its models (a rank that failed before here meets this agreement at the
-        // end of its setup); then they start from rank 0's weights, before the optimizers copy
-        // them into masters.
-        crate::dist::agree(&world, "loading the models", Ok(()))?;
-        crate::dist::broadcast_weights(&world, &actor.vs)?;
-        if let Some(c) = &critic {
-            crate::dist::broadcast_weights(&world, &c.vs)?;
-        }
-        if let Some(e) = &ema {
-            crate::dist::broadcast_weights(&world, &e.vs)?;
-        }
-
-        // Optimizer steps per generation batch: ppo_epochs × ⌈⌈batch / minibatch⌉ / accumulation⌉.
-        let batch = cfg.rollout.prompts_per_batch * cfg.rollout.samples_per_prompt;
-        let total = cfg.train.steps * cfg.train.ppo_epochs * optimise::steps_per_epoch(batch, &cfg.train);
-        let strategy = cfg.distributed.strategy();
-        let actor_opt = TrainEngine::new(&actor.vs, &cfg.train.actor_optim(), total, strategy, &world)?;
-        let critic_opt = critic
-            .as_ref()
-            .map(|c| TrainEngine::new(&c.vs, &cfg.train.critic_optim(), total, strategy, &world))
-            .transpose()?;
-        // Stage 3: the checkpointed passes gather and free each layer of the sharded parameters.
-        actor.set_gate(actor_opt.gate());
-        if let (Some(c), Some(o)) = (critic.as_mut(), critic_opt.as_ref()) {
-            c.set_gate(o.gate());
-        }
-        // `shard_frozen`: the reference's layers are sharded and gathered one by one in its pass.
-        let ref_params = match reference.as_mut().filter(|_| cfg.distributed.shard_frozen) {
-            Some(r) => {
-                let p = crate::train_engine::stage3::Params::frozen(&r.vs, &world)?;
-                r.set_gate(Some(p.gate()));
-                Some(p)
-            }
-            None => None,
-        };
+        models::share_initial_weights(&world, &actor, critic.as_ref(), ema.as_ref())?;
+        let (actor_opt, critic_opt, ref_params) =
+            models::optimizers(&cfg, &mut actor, critic.as_mut(), reference.as_mut(), &world)?;
         let ptx = match &cfg.train.ptx_data {
             Some(path) if cfg.train.ptx_coef != 0.0 => Some(PtxData::read(path, &tok)?),
             _ => None,
         };
         let engine = super::engine::Engine::new(&cfg.rollout, &run_dir)?;
         let cfg_prompts = cfg.data.prompts.clone();
-        let mut trainer = Trainer {
+        let trainer = Trainer {
             cfg,
             run_dir,
             _lock: None,
@@ -579,17 +435,23 @@ impl Trainer {
             resumed_at: 0,
             data_identity: crate::data::identity(&cfg_prompts)?,
         };
+        trainer.resumed(resume, resolved)
+    }
+
+    /// A built trainer with the checkpoint `resume` restored and its pipeline started; rank 0
+    /// keeps what it will write into the run directory (`resolved`, the config), for when every
+    /// rank got here ([`Trainer::new`]).
+    fn resumed(mut self, resume: Option<&Loaded>, resolved: String) -> Result<Self> {
         if let Some(ckpt) = resume {
-            trainer.restore(ckpt)?;
-            trainer.resumed_at = trainer.step;
+            self.restore(ckpt)?;
+            self.resumed_at = self.step;
         }
-        trainer.start_pipeline(resume)?;
-        if !trainer.world.is_main() {
-            return Ok(trainer);
+        self.start_pipeline(resume)?;
+        if !self.world.is_main() {
+            return Ok(self);
         }
-        let wandb = trainer.wandb_settings(resume)?;
-        // The run's files are opened once every rank got here ([`Trainer::new`]).
-        trainer.run_files = Some(RunFiles { resolved, wandb, resumed: resume.is_some() });
-        Ok(trainer)
+        let wandb = self.wandb_settings(resume)?;
+        self.run_files = Some(RunFiles { resolved, wandb, resumed: resume.is_some() });
+        Ok(self)
     }
 }
