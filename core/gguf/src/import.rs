@@ -213,11 +213,18 @@ fn to_a_log(g: &GgufFile, tensor: &TensorInfo, values: &mut [f32]) -> Result<()>
 /// and up experts of a `gate_up_proj` (gpt-oss, the hybrid Qwens) or its bias, the q/k/v and z
 /// rows of Qwen3-Next's `in_proj_qkvz`.
 fn check_sources(g: &GgufFile, planned: &[Planned]) -> Result<()> {
+    // In the file's order, so a refusal names the first tensor at fault, run after run.
     let mut sources: HashMap<&str, Vec<Transform>> = HashMap::new();
+    let mut order = Vec::new();
     for p in planned {
-        sources.entry(p.hf_name.as_str()).or_default().push(p.transform);
+        let kinds = sources.entry(p.hf_name.as_str()).or_default();
+        if kinds.is_empty() {
+            order.push(p.hf_name.as_str());
+        }
+        kinds.push(p.transform);
     }
-    for (name, kinds) in sources {
+    for name in order {
+        let kinds = &sources[name];
         let parts: Vec<Option<usize>> = kinds.iter().map(|t| t.part()).collect();
         let pair = parts.len() == 2 && parts.contains(&Some(0)) && parts.contains(&Some(1));
         if kinds.len() > 1 && !pair {

@@ -7,7 +7,6 @@ use crate::error::{GgufError, Result};
 use crate::gemma4::Gemma4Params;
 use crate::linear::{LinearParams, ARCHITECTURES as HYBRID};
 use crate::reader::GgufFile;
-use crate::rope::{long_rope_factors, yarn, ROPE_FACTORS};
 use crate::tokenizer::SpecialIds;
 
 /// The dtype of the written safetensors.
@@ -126,128 +125,10 @@ impl LlamaParams {
         let hidden = g.req_u64(&k("embedding_length"))?;
         let heads = g.req_u64(&k("attention.head_count"))?;
         let gemma4 = Gemma4Params::from_gguf(g, arch, heads)?;
-        let kv_heads = match &gemma4 {
-            Some(g4) => g4.sliding_kv_heads,
-            None => g.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(heads),
-        };
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(GgufError::metadata(
-                path,
-                &k("attention.head_count_kv"),
-                format!("{kv_heads} key/value heads do not divide {heads} heads"),
-            ));
-        }
-        let head_dim = match (&gemma4, g.opt_u64(&k("attention.key_length"))?) {
-            (Some(g4), _) => g4.sliding_head_dim,
-            (None, Some(d)) => d,
-            (None, None) if hidden % heads == 0 => hidden / heads,
-            (None, None) => {
-                return Err(GgufError::metadata(
-                    path,
-                    &k("attention.head_count"),
-                    format!("{heads} heads do not divide the embedding length {hidden}"),
-                ))
-            }
-        };
-        // (Gemma 4's are its full layers' sizes, checked with its layers.)
-        if let Some(v) = g.opt_u64(&k("attention.value_length"))?.filter(|_| gemma4.is_none()) {
-            if v != head_dim {
-                return Err(GgufError::unsupported(
-                    path,
-                    format!("value length {v} differs from key length {head_dim}"),
-                ));
-            }
-        }
-        if head_dim % 2 != 0 {
-            return Err(GgufError::unsupported(path, format!("odd head dimension {head_dim}")));
-        }
-        let rotary_dim = match gemma4 {
-            Some(_) => head_dim,
-            None => g.opt_u64(&k("rope.dimension_count"))?.unwrap_or(head_dim),
-        };
-        // Phi-3 (Phi-4-mini) and the hybrid Qwens rotate the first dimensions of each head, as
-        // transformers' `partial_rotary_factor` does; for the other architectures it is refused.
-        let partial = arch == "phi3" || HYBRID.contains(&arch);
-        if rotary_dim != head_dim && (!partial || rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0) {
-            return Err(GgufError::unsupported(
-                path,
-                format!("partial rotary embeddings ({rotary_dim} of {head_dim} dimensions) are not supported"),
-            ));
-        }
-        let long_rope = if arch == "phi3" { long_rope_factors(g, rotary_dim)? } else { None };
-        let rope_scaling = match g.opt_str(&k("rope.scaling.type"))? {
-            _ if long_rope.is_some() => long_rope,
-            None | Some("none") => None,
-            Some("linear") => {
-                let factor = g.opt_f64(&k("rope.scaling.factor"))?.ok_or_else(|| {
-                    GgufError::metadata(path, &k("rope.scaling.factor"), "missing for linear scaling")
-                })?;
-                (factor != 1.0).then(|| json!({"rope_type": "linear", "factor": factor}))
-            }
-            Some("yarn") => Some(yarn(g, arch)?),
-            Some(other) => {
-                return Err(GgufError::unsupported(
-                    path,
-                    format!("rope scaling `{other}` is not supported (none, linear, yarn)"),
-                ))
-            }
-        };
-        if arch != "phi3" && (g.tensor(ROPE_FACTORS[0]).is_some() || g.tensor(ROPE_FACTORS[1]).is_some()) {
-            return Err(GgufError::unsupported(
-                path,
-                "the file has LongRoPE factor tensors (`rope_factors_long.weight`), which only phi3 files are read with",
-            ));
-        }
-        if g.tensor("rope_freqs.weight").is_some() && gemma4.is_none() {
-            return Err(GgufError::unsupported(
-                path,
-                "the file has `rope_freqs.weight` (Llama 3.1-style rope scaling), which is not supported",
-            ));
-        }
-        let embed =
-            g.tensor("token_embd.weight").ok_or_else(|| GgufError::invalid(path, "no `token_embd.weight` tensor"))?;
-        if embed.dims.len() != 2 || embed.dims[0] != hidden {
-            return Err(GgufError::invalid(
-                path,
-                format!("`token_embd.weight` has dims {:?}, expected [{hidden}, vocab]", embed.dims),
-            ));
-        }
-        let vocab_size = embed.dims[1];
-        if let Some(v) = g.opt_u64(&k("vocab_size"))? {
-            if v != vocab_size {
-                return Err(GgufError::metadata(
-                    path,
-                    &k("vocab_size"),
-                    format!("{v}, but `token_embd.weight` has {vocab_size} rows"),
-                ));
-            }
-        }
-        // Sizes multiply into shapes and name every layer's tensors: each is checked against the
-        // file before anything is built from it (a block count of 1e10 would otherwise build
-        // names for 1e10 layers, and head counts of 2^32 overflow `heads × head_dim`).
-        let layers = g.req_u64(&k("block_count"))?;
-        // Phi-3's fused q/k/v and gate/up leave 6 tensors a layer.
-        let per_layer = if arch == "phi3" { 6 } else { LAYER_TENSORS };
-        let needed = layers.checked_mul(per_layer);
-        if layers == 0 || needed.is_none_or(|n| n > g.tensors.len() as u64) {
-            return Err(GgufError::metadata(
-                path,
-                &k("block_count"),
-                format!(
-                    "{layers} layers, but the file has {} tensors (each layer has at least {per_layer})",
-                    g.tensors.len()
-                ),
-            ));
-        }
-        for (key, n) in [("attention.head_count", heads), ("attention.head_count_kv", kv_heads)] {
-            if n.checked_mul(head_dim).is_none_or(|rows| rows > MAX_DIM) {
-                return Err(GgufError::metadata(
-                    path,
-                    &k(key),
-                    format!("{n} heads of dimension {head_dim} give more than {MAX_DIM} rows"),
-                ));
-            }
-        }
+        let (kv_heads, head_dim) = head_dims(g, arch, hidden, heads, gemma4.as_ref())?;
+        let (rotary_dim, rope_scaling) = crate::rope::rope_of(g, arch, head_dim, gemma4.is_some())?;
+        let vocab_size = vocab_size(g, arch, hidden)?;
+        let layers = block_count(g, arch, [heads, kv_heads], head_dim)?;
         let linear = LinearParams::from_gguf(g, arch, layers)?;
         // OLMo 3 (`olmo2` with a window): which layers slide.
         let olmo3_window =
@@ -561,6 +442,107 @@ impl LlamaParams {
 }
 
 /// `eos_token_id`: one id, or `[eos, eot]` when the file names a separate end-of-turn token.
+/// The key/value heads and the head dimension of a file with `heads` query heads (Gemma 4's are
+/// its sliding layers'), each checked against the others.
+fn head_dims(g: &GgufFile, arch: &str, hidden: u64, heads: u64, gemma4: Option<&Gemma4Params>) -> Result<(u64, u64)> {
+    let path = g.path();
+    let k = |name: &str| format!("{arch}.{name}");
+    let kv_heads = match gemma4 {
+        Some(g4) => g4.sliding_kv_heads,
+        None => g.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(heads),
+    };
+    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(GgufError::metadata(
+            path,
+            &k("attention.head_count_kv"),
+            format!("{kv_heads} key/value heads do not divide {heads} heads"),
+        ));
+    }
+    let head_dim = match (gemma4, g.opt_u64(&k("attention.key_length"))?) {
+        (Some(g4), _) => g4.sliding_head_dim,
+        (None, Some(d)) => d,
+        (None, None) if hidden % heads == 0 => hidden / heads,
+        (None, None) => {
+            return Err(GgufError::metadata(
+                path,
+                &k("attention.head_count"),
+                format!("{heads} heads do not divide the embedding length {hidden}"),
+            ))
+        }
+    };
+    // (Gemma 4's are its full layers' sizes, checked with its layers.)
+    if let Some(v) = g.opt_u64(&k("attention.value_length"))?.filter(|_| gemma4.is_none()) {
+        if v != head_dim {
+            return Err(GgufError::unsupported(path, format!("value length {v} differs from key length {head_dim}")));
+        }
+    }
+    if head_dim % 2 != 0 {
+        return Err(GgufError::unsupported(path, format!("odd head dimension {head_dim}")));
+    }
+    Ok((kv_heads, head_dim))
+}
+
+/// The vocabulary size: the rows of `token_embd.weight` (each of `hidden` values), which a
+/// `vocab_size` key must equal.
+fn vocab_size(g: &GgufFile, arch: &str, hidden: u64) -> Result<u64> {
+    let path = g.path();
+    let k = |name: &str| format!("{arch}.{name}");
+    let embed =
+        g.tensor("token_embd.weight").ok_or_else(|| GgufError::invalid(path, "no `token_embd.weight` tensor"))?;
+    if embed.dims.len() != 2 || embed.dims[0] != hidden {
+        return Err(GgufError::invalid(
+            path,
+            format!("`token_embd.weight` has dims {:?}, expected [{hidden}, vocab]", embed.dims),
+        ));
+    }
+    let vocab_size = embed.dims[1];
+    if let Some(v) = g.opt_u64(&k("vocab_size"))? {
+        if v != vocab_size {
+            return Err(GgufError::metadata(
+                path,
+                &k("vocab_size"),
+                format!("{v}, but `token_embd.weight` has {vocab_size} rows"),
+            ));
+        }
+    }
+    Ok(vocab_size)
+}
+
+/// The block count, checked against the file's tensors, and each head count of `head_dim` rows
+/// against [`MAX_DIM`].
+fn block_count(g: &GgufFile, arch: &str, head_counts: [u64; 2], head_dim: u64) -> Result<u64> {
+    let path = g.path();
+    let k = |name: &str| format!("{arch}.{name}");
+    let [heads, kv_heads] = head_counts;
+    // Sizes multiply into shapes and name every layer's tensors: each is checked against the
+    // file before anything is built from it (a block count of 1e10 would otherwise build
+    // names for 1e10 layers, and head counts of 2^32 overflow `heads × head_dim`).
+    let layers = g.req_u64(&k("block_count"))?;
+    // Phi-3's fused q/k/v and gate/up leave 6 tensors a layer.
+    let per_layer = if arch == "phi3" { 6 } else { LAYER_TENSORS };
+    let needed = layers.checked_mul(per_layer);
+    if layers == 0 || needed.is_none_or(|n| n > g.tensors.len() as u64) {
+        return Err(GgufError::metadata(
+            path,
+            &k("block_count"),
+            format!(
+                "{layers} layers, but the file has {} tensors (each layer has at least {per_layer})",
+                g.tensors.len()
+            ),
+        ));
+    }
+    for (key, n) in [("attention.head_count", heads), ("attention.head_count_kv", kv_heads)] {
+        if n.checked_mul(head_dim).is_none_or(|rows| rows > MAX_DIM) {
+            return Err(GgufError::metadata(
+                path,
+                &k(key),
+                format!("{n} heads of dimension {head_dim} give more than {MAX_DIM} rows"),
+            ));
+        }
+    }
+    Ok(layers)
+}
+
 pub(crate) fn eos_value(special: &SpecialIds) -> Value {
     match (special.eos, special.eot) {
         (Some(e), Some(t)) => json!([e, t]),

@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::error::{GgufError, Result};
+use crate::linear::ARCHITECTURES as HYBRID;
 use crate::reader::GgufFile;
 
 /// Phi-3's LongRoPE factor tensors, which its converter writes for the 128k models (read as
@@ -77,4 +78,53 @@ pub(crate) fn yarn(g: &GgufFile, arch: &str) -> Result<Value> {
         }
     }
     Ok(yarn)
+}
+
+/// The rotated dimensions of each head of `head_dim` and the config's `rope_scaling` (none,
+/// linear, YaRN, or Phi-3's LongRoPE from its factor tensors); refuses what transformers' configs
+/// cannot say. A Gemma 4 file (`gemma4`) rotates whole heads and reads `rope_freqs.weight`.
+pub(crate) fn rope_of(g: &GgufFile, arch: &str, head_dim: u64, gemma4: bool) -> Result<(u64, Option<Value>)> {
+    let path = g.path();
+    let k = |name: &str| format!("{arch}.{name}");
+    let rotary_dim = if gemma4 { head_dim } else { g.opt_u64(&k("rope.dimension_count"))?.unwrap_or(head_dim) };
+    // Phi-3 (Phi-4-mini) and the hybrid Qwens rotate the first dimensions of each head, as
+    // transformers' `partial_rotary_factor` does; for the other architectures it is refused.
+    let partial = arch == "phi3" || HYBRID.contains(&arch);
+    if rotary_dim != head_dim && (!partial || rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0) {
+        return Err(GgufError::unsupported(
+            path,
+            format!("partial rotary embeddings ({rotary_dim} of {head_dim} dimensions) are not supported"),
+        ));
+    }
+    let long_rope = if arch == "phi3" { long_rope_factors(g, rotary_dim)? } else { None };
+    let rope_scaling = match g.opt_str(&k("rope.scaling.type"))? {
+        _ if long_rope.is_some() => long_rope,
+        None | Some("none") => None,
+        Some("linear") => {
+            let factor = g
+                .opt_f64(&k("rope.scaling.factor"))?
+                .ok_or_else(|| GgufError::metadata(path, &k("rope.scaling.factor"), "missing for linear scaling"))?;
+            (factor != 1.0).then(|| json!({"rope_type": "linear", "factor": factor}))
+        }
+        Some("yarn") => Some(yarn(g, arch)?),
+        Some(other) => {
+            return Err(GgufError::unsupported(
+                path,
+                format!("rope scaling `{other}` is not supported (none, linear, yarn)"),
+            ))
+        }
+    };
+    if arch != "phi3" && (g.tensor(ROPE_FACTORS[0]).is_some() || g.tensor(ROPE_FACTORS[1]).is_some()) {
+        return Err(GgufError::unsupported(
+            path,
+            "the file has LongRoPE factor tensors (`rope_factors_long.weight`), which only phi3 files are read with",
+        ));
+    }
+    if g.tensor("rope_freqs.weight").is_some() && !gemma4 {
+        return Err(GgufError::unsupported(
+            path,
+            "the file has `rope_freqs.weight` (Llama 3.1-style rope scaling), which is not supported",
+        ));
+    }
+    Ok((rotary_dim, rope_scaling))
 }
