@@ -1,7 +1,9 @@
 //! `train.share_prompts` (on by default) computes each prompt once for its G rows: a GRPO run
 //! with it trains as the run without it — the first step's rollouts and rewards exactly, its
 //! losses, KL, entropy and gradient norm within float rounding — and with LoRA dropout it stays
-//! off, so such a run is the unshared run bit for bit.
+//! off, so such a run is the unshared run bit for bit. `train.padding_free` (packed rows without
+//! their padding) trains as the padded run within float rounding too, with and without gradient
+//! checkpointing.
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +46,37 @@ fn sharing_prompts_trains_as_without_within_rounding() {
     assert_eq!(compared, 6);
     // Not bit for bit: the shared pass sums in another order.
     assert_ne!(s["grad_norm/actor"], p["grad_norm/actor"], "the shared pass did not run");
+}
+
+/// Step 1 of two runs: the same rollouts, and the losses, KL, entropy and gradient norm within
+/// float rounding, but not bit for bit (the other pass ran).
+fn assert_same_within_rounding(what: &str, a: &Map<String, Value>, b: &Map<String, Value>) {
+    for key in ["reward", "reward_std", "completions/mean_length"] {
+        assert_eq!(a[key], b[key], "{what}, step 1: `{key}` (the same rollouts)");
+    }
+    for key in ["loss/total", "kl", "entropy", "grad_norm/actor", "rollout/kl", "approx_kl"] {
+        let (x, y) = (num(a, key), num(b, key));
+        let tol = 1e-4 * x.abs().max(y.abs()).max(1e-3);
+        assert!((x - y).abs() <= tol, "{what}, step 1: `{key}` {x} against {y}");
+    }
+    assert_ne!(a["grad_norm/actor"], b["grad_norm/actor"], "{what}: the other pass did not run");
+}
+
+#[test]
+fn padding_free_passes_train_as_padded_ones_within_rounding() {
+    let dir = tempfile::tempdir().unwrap();
+    // A short warm-up: rewards to learn from, and completions that end anywhere in 16 tokens
+    // (about 5 on average), so the rows pack.
+    let lengths = ["--set", "warmup.steps=3", "--set", "rollout.max_new_tokens=16"];
+    let packed = [&lengths[..], &["--set", "train.padding_free=true"]].concat();
+    let plain = behaviour_metrics(&run(dir.path(), "plain", false, &lengths));
+    let free = behaviour_metrics(&run(dir.path(), "packed", false, &packed));
+    assert_same_within_rounding("padding-free", &free[0], &plain[0]);
+    // Checkpointed: the packed layers are recomputed, their output unpacked through a graph.
+    let ck = ["--set", "train.gradient_checkpointing=true"];
+    let plain = behaviour_metrics(&run(dir.path(), "plain-ck", false, &[&lengths[..], &ck[..]].concat()));
+    let free = behaviour_metrics(&run(dir.path(), "packed-ck", false, &[&packed[..], &ck[..]].concat()));
+    assert_same_within_rounding("padding-free, checkpointed", &free[0], &plain[0]);
 }
 
 #[test]

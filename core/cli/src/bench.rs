@@ -264,6 +264,7 @@ impl RlPlans {
             run_dir: b.work.0.join("rl-run"),
             gradient_checkpointing: a.gradient_checkpointing,
             bf16_decode: a.bf16_decode,
+            padding_free: a.padding_free,
             warmup: false,
         };
         let rl = if do_rl { Some(rl::config(&setup)?) } else { None };
@@ -455,7 +456,12 @@ fn report_results(b: &Bench<'_>, plans: &RlPlans, sections: [bool; 6], r: &Resul
     if let Some((_, mean)) = &plans.prompts {
         settings.push_str(&format!(", RL prompts {} ({mean:.1} tok)", plans.source));
     }
-    for (on, what) in [(a.gradient_checkpointing, ", gradient checkpointing"), (a.bf16_decode, ", bf16 decode")] {
+    let flags = [
+        (a.gradient_checkpointing, ", gradient checkpointing"),
+        (a.bf16_decode, ", bf16 decode"),
+        (a.padding_free, ", padding-free"),
+    ];
+    for (on, what) in flags {
         if on {
             settings.push_str(what);
         }
@@ -561,10 +567,12 @@ mod tests {
             run_dir: PathBuf::from("/tmp/run"),
             gradient_checkpointing: true,
             bf16_decode: true,
+            padding_free: true,
             warmup: false,
         };
         let cfg = rl::config(&setup).unwrap();
         assert!(cfg.train.gradient_checkpointing);
+        assert!(cfg.train.padding_free);
         assert_eq!(cfg.rollout.decode_dtype, rlhf_trainer::config::DecodeDtype::Bf16);
         assert_eq!(cfg.algorithm.name, "grpo");
         assert_eq!(cfg.model.actor, "/m");

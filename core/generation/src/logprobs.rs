@@ -15,6 +15,7 @@ use tch::{Kind, Tensor};
 use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, SharedPrefixes, Visual};
 
 use crate::error::{GenerationError, Result};
+use crate::packing::Packing;
 
 /// Options of [`token_logprobs`].
 #[derive(Debug, Clone, Copy)]
@@ -27,11 +28,15 @@ pub struct LogProbOptions {
     /// ([`CausalLm::hidden_states_after_prefix`]): GRPO's G samples of a prompt. Equal to the
     /// plain pass within float rounding; without shared prompts it is the plain pass.
     pub share_prefix: bool,
+    /// Run the layers padding-free ([`crate::packing`]): the rows without their padding, packed
+    /// into as few rows as hold them. Equal to the plain pass within float rounding; it takes
+    /// the place of `share_prefix`. Passes with images are not packed.
+    pub pack: bool,
 }
 
 impl Default for LogProbOptions {
     fn default() -> Self {
-        LogProbOptions { max_chunk_elements: 1 << 26, entropy: false, share_prefix: false }
+        LogProbOptions { max_chunk_elements: 1 << 26, entropy: false, share_prefix: false, pack: false }
     }
 }
 
@@ -61,6 +66,10 @@ pub fn token_logprobs(
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
     check_from(input_ids, from)?;
+    if let Some(p) = packing(input_ids, attention_mask, opts)? {
+        let hidden = p.unpack(&model.hidden_states(&p.ids, &p.mask, &p.positions, None)?)?; // [b, seq, h]
+        return from_hidden(model, &hidden, input_ids, from, opts);
+    }
     if let Some(prefix) = shared_prefix(input_ids, attention_mask, from, opts)? {
         let hidden = model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?; // [b, seq − from + 1, h]
         return from_hidden(model, &hidden, &after_prefix(input_ids, from)?, 1, opts);
@@ -148,6 +157,14 @@ pub fn token_logprobs_checkpointed(
     opts: LogProbOptions,
 ) -> Result<(TokenLogProbs, LogProbPass)> {
     check_from(input_ids, from)?;
+    if let Some(p) = packing(input_ids, attention_mask, opts)? {
+        let layers = model.hidden_states_checkpointed(&p.ids, &p.mask, &p.positions)?;
+        let aux = layers.aux_loss().map(Tensor::shallow_clone);
+        let unpacked = p.unpack(layers.hidden())?;
+        let layers = Layers::Checkpointed(Box::new(layers), Some(unpacked));
+        let (lp, pass) = head_pass(model, layers, input_ids.shallow_clone(), from, opts)?;
+        return Ok((TokenLogProbs { aux_loss: aux, ..lp }, pass));
+    }
     // The hidden states of a shared-prefix pass start at position `from − 1`: the head reads
     // them with the ids from there on, predicting from index 1.
     let (layers, ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
@@ -162,7 +179,7 @@ pub fn token_logprobs_checkpointed(
         }
     };
     let aux = layers.aux_loss().map(Tensor::shallow_clone);
-    let (lp, pass) = head_pass(model, Layers::Checkpointed(Box::new(layers)), ids, from, opts)?;
+    let (lp, pass) = head_pass(model, Layers::Checkpointed(Box::new(layers), None), ids, from, opts)?;
     Ok((TokenLogProbs { aux_loss: aux, ..lp }, pass))
 }
 
@@ -200,10 +217,11 @@ fn head_pass(
 }
 
 /// The layers under a log-prob pass: checkpointed (their inputs kept, recomputed in the
-/// backward), or their output with its autograd graph.
+/// backward; of a packed pass, with their output unpacked through a graph to the checkpointed
+/// output), or their output with its autograd graph.
 #[derive(Debug)]
 enum Layers {
-    Checkpointed(Box<Checkpointed>),
+    Checkpointed(Box<Checkpointed>, Option<Tensor>),
     Graph(Tensor),
 }
 
@@ -211,7 +229,8 @@ impl Layers {
     /// The last hidden states, `[batch, seq, hidden]`.
     fn hidden(&self) -> &Tensor {
         match self {
-            Layers::Checkpointed(c) => c.hidden(),
+            Layers::Checkpointed(_, Some(unpacked)) => unpacked,
+            Layers::Checkpointed(c, None) => c.hidden(),
             Layers::Graph(h) => h,
         }
     }
@@ -281,7 +300,7 @@ impl LogProbPass {
             selected.f_mul(&g_rows)?.f_sum(Kind::Float)?.f_backward()?;
         }
         match &self.layers {
-            Layers::Checkpointed(c) => Ok(model.backward_checkpointed(c)?),
+            Layers::Checkpointed(c, _) => Ok(model.backward_checkpointed(c)?),
             Layers::Graph(_) => Ok(()),
         }
     }
@@ -308,6 +327,11 @@ pub fn token_logprobs_pass(
         return token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts);
     }
     check_from(input_ids, from)?;
+    if let Some(p) = packing(input_ids, attention_mask, opts)? {
+        let (hidden, aux) = model.hidden_states_with_aux(&p.ids, &p.mask, &p.positions)?;
+        let (lp, pass) = head_pass(model, Layers::Graph(p.unpack(&hidden)?), input_ids.shallow_clone(), from, opts)?;
+        return Ok((TokenLogProbs { aux_loss: aux, ..lp }, pass));
+    }
     let ((hidden, aux), ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
         Some(prefix) => (
             model.hidden_states_after_prefix_with_aux(input_ids, attention_mask, &prefix)?,
@@ -343,11 +367,20 @@ pub fn token_logprobs_pass_with_images(
     let (positions, visual) = image_inputs(model, input_ids, attention_mask, images)?;
     let layers = if checkpointed {
         let c = model.hidden_states_checkpointed_with_images(input_ids, attention_mask, &positions, &visual)?;
-        Layers::Checkpointed(Box::new(c))
+        Layers::Checkpointed(Box::new(c), None)
     } else {
         Layers::Graph(model.hidden_states_with_images(input_ids, attention_mask, &positions, &visual, None)?)
     };
     head_pass(model, layers, input_ids.shallow_clone(), from, opts)
+}
+
+/// With [`LogProbOptions::pack`], the batch packed padding-free — `None` when packing is off or
+/// saves no row (then the other passes run).
+fn packing(input_ids: &Tensor, attention_mask: &Tensor, opts: LogProbOptions) -> Result<Option<Packing>> {
+    if !opts.pack {
+        return Ok(None);
+    }
+    Packing::new(input_ids, attention_mask)
 }
 
 /// With [`LogProbOptions::share_prefix`], the rows' shared first `from` tokens — `None` when

@@ -35,6 +35,8 @@ pub struct RlSetup<'a> {
     pub gradient_checkpointing: bool,
     /// `rollout.decode_dtype = "bf16"`.
     pub bf16_decode: bool,
+    /// `train.padding_free`.
+    pub padding_free: bool,
     /// Keep the preset's supervised warm-up (which teaches the answer format, so rewards move).
     pub warmup: bool,
 }
@@ -79,6 +81,7 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
         "wandb.enabled=false".into(),
         format!("train.gradient_checkpointing={}", s.gradient_checkpointing),
         format!("rollout.decode_dtype={}", if s.bf16_decode { "\"bf16\"" } else { "\"model\"" }),
+        format!("train.padding_free={}", s.padding_free),
     ];
     if !s.warmup {
         sets.push("warmup.steps=0".into());

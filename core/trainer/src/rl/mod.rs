@@ -329,8 +329,12 @@ impl Trainer {
         if let Some(p) = ref_whole {
             p.gather_all()?;
         }
-        let opts =
-            LogProbOptions { max_chunk_elements: t.logprob_chunk_elements, entropy: true, share_prefix: share_prompts };
+        let opts = LogProbOptions {
+            max_chunk_elements: t.logprob_chunk_elements,
+            entropy: true,
+            share_prefix: share_prompts,
+            pack: t.padding_free,
+        };
         let models = Models {
             actor: &self.actor,
             reference: self.reference.as_ref(),

@@ -329,6 +329,7 @@ pub fn optimise(
         max_chunk_elements: cfg.logprob_chunk_elements,
         entropy: req.entropy,
         share_prefix: share_prompts,
+        pack: cfg.padding_free,
     };
     let mut skipped = 0usize;
     // This rank's minibatch metrics (the plugin's, losses, grad norms): averaged over the step's

@@ -1,0 +1,117 @@
+//! Padding-free log-prob passes ([`LogProbOptions::pack`]) compute what the padded passes do: on
+//! every fixture family, the log-probs and entropy of the real tokens and the parameter gradients
+//! of a loss over them (as a policy loss masks its padding) equal the padded pass's within f32
+//! rounding — without a graph, with the layers' graph and the chunked head, and checkpointed.
+
+use std::path::PathBuf;
+
+use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, Packing, TokenLogProbs};
+use rlhf_models::CausalLm;
+use tch::{Device, Kind, Tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../integration-tests/fixtures/models").join(name)
+}
+
+/// Prompts left-padded to 3 columns and responses right-padded to 5, as the trainer's rows are:
+/// 8, 3, 3 and 7 real tokens, which pack into three rows of 8 (8 | 3 + 3 | 7).
+fn batch() -> (Tensor, Tensor) {
+    let rows: [(&[i64], &[i64]); 4] =
+        [(&[5, 9, 33], &[120, 7, 64, 2, 18]), (&[300], &[11, 12]), (&[40, 41], &[42]), (&[7, 8, 9], &[10, 11, 12, 13])];
+    let (mut ids, mut mask) = (Vec::new(), Vec::new());
+    for (prompt, response) in rows {
+        let row: Vec<Option<i64>> = std::iter::repeat_n(None, 3 - prompt.len())
+            .chain(prompt.iter().map(|&t| Some(t)))
+            .chain(response.iter().map(|&t| Some(t)))
+            .chain(std::iter::repeat_n(None, 5 - response.len()))
+            .collect();
+        ids.extend(row.iter().map(|t| t.unwrap_or(0)));
+        mask.extend(row.iter().map(|t| i64::from(t.is_some())));
+    }
+    (Tensor::from_slice(&ids).view([4, 8]), Tensor::from_slice(&mask).view([4, 8]))
+}
+
+/// Every defined gradient of `vs`, by name, then cleared.
+fn take_grads(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut out: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .filter_map(|(n, v)| {
+            let g = v.grad();
+            g.defined().then(|| (n, g.copy()))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    vs.variables().into_values().for_each(|v| {
+        let mut g = v.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    });
+    out
+}
+
+fn assert_close_grads(what: &str, padded: &[(String, Tensor)], packed: &[(String, Tensor)]) {
+    assert!(!padded.is_empty(), "{what}: no gradients");
+    let names = |g: &[(String, Tensor)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(padded), names(packed), "{what}: the same parameters get gradients");
+    for ((name, a), (_, b)) in padded.iter().zip(packed) {
+        let scale = a.abs().max().double_value(&[]).max(1e-12);
+        let d = (a - b).abs().max().double_value(&[]);
+        assert!(d <= 1e-5 * scale, "{what}: {name}: max |Δ| {d} against max |g| {scale}");
+    }
+}
+
+/// A policy-like loss over the real targets: weighted log-probs minus a share of the entropy.
+fn loss(lp: &TokenLogProbs, targets: &Tensor) -> Tensor {
+    let w = Tensor::arange(lp.logprobs.size()[1], (Kind::Float, Device::Cpu)).g_add_scalar(1.0) * targets;
+    (&lp.logprobs * &w).sum(Kind::Float) - 0.1 * (lp.entropy.as_ref().unwrap() * targets).sum(Kind::Float)
+}
+
+/// The largest difference of two passes' log-probs and entropy at the real targets.
+fn max_diff(a: &TokenLogProbs, b: &TokenLogProbs, targets: &Tensor) -> f64 {
+    let d = |x: &Tensor, y: &Tensor| ((x - y) * targets).abs().max().double_value(&[]);
+    d(&a.logprobs, &b.logprobs).max(d(a.entropy.as_ref().unwrap(), b.entropy.as_ref().unwrap()))
+}
+
+#[test]
+fn the_batch_packs_into_fewer_rows() {
+    let (ids, mask) = batch();
+    let p = Packing::new(&ids, &mask).unwrap().unwrap();
+    assert_eq!(p.rows(), 3);
+}
+
+#[test]
+fn packed_passes_equal_the_padded_ones_in_values_and_gradients() {
+    let (ids, mask) = batch();
+    let from = 3;
+    let targets = mask.narrow(1, from, 8 - from).to_kind(Kind::Float);
+    for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
+        let m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
+        // 8 rows of the head's logits at a time: the 20 target rows take three chunks, and the
+        // training passes recompute the head chunk by chunk in their backward.
+        let elements = 8 * m.arch().vocab_size;
+        let padded_opts =
+            LogProbOptions { max_chunk_elements: elements, entropy: true, share_prefix: false, pack: false };
+        let packed_opts = LogProbOptions { pack: true, ..padded_opts };
+        let padded = token_logprobs(&m, &ids, &mask, from, padded_opts).unwrap();
+        loss(&padded, &targets).backward();
+        let want = take_grads(&m.vs);
+
+        let packed = token_logprobs(&m, &ids, &mask, from, packed_opts).unwrap();
+        let d = max_diff(&padded, &packed, &targets);
+        assert!(d < 1e-5, "{name}: packed log-probs and entropy within {d}");
+        loss(&packed, &targets).backward();
+        assert_close_grads(&format!("{name}, packed"), &want, &take_grads(&m.vs));
+
+        for checkpointed in [false, true] {
+            let what = format!("{name}, packed training pass (checkpointed: {checkpointed})");
+            let (lp, pass) = token_logprobs_pass(&m, &ids, &mask, from, packed_opts, checkpointed).unwrap();
+            let d = max_diff(&padded, &lp, &targets);
+            assert!(d < 1e-5, "{what}: log-probs and entropy within {d}");
+            loss(&lp, &targets).backward();
+            pass.backward(&m).unwrap();
+            assert_close_grads(&what, &want, &take_grads(&m.vs));
+        }
+    }
+}
