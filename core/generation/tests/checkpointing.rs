@@ -4,50 +4,17 @@
 //! with the LM head recomputed chunk by chunk in the backward. So does the training pass without
 //! checkpointing, whose head keeps no logits either.
 
-use std::path::PathBuf;
+mod grads;
+
+use grads::{assert_same_grads, fixture, take_grads};
 
 use rlhf_generation::{left_pad, token_logprobs, token_logprobs_checkpointed, token_logprobs_pass, LogProbOptions};
 use rlhf_models::{CausalLm, LoraConfig, ScalarHeadModel};
 use tch::{Device, Kind, Tensor};
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../integration-tests/fixtures/models").join(name)
-}
-
 fn batch() -> (Tensor, Tensor) {
     let b = left_pad(&[vec![5, 9, 33, 120, 7, 64, 2], vec![300, 11, 12]], 0, Device::Cpu).unwrap();
     (b.input_ids, b.attention_mask)
-}
-
-/// Every defined gradient of `vs`, by name, then cleared.
-fn take_grads(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
-    let mut out: Vec<(String, Tensor)> = vs
-        .variables()
-        .into_iter()
-        .filter_map(|(n, v)| {
-            let g = v.grad();
-            g.defined().then(|| (n, g.copy()))
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    for (_, v) in vs.variables() {
-        let mut g = v.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
-    out
-}
-
-fn assert_same_grads(what: &str, plain: &[(String, Tensor)], ck: &[(String, Tensor)]) {
-    assert!(!plain.is_empty(), "{what}: no gradients");
-    let names = |g: &[(String, Tensor)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
-    assert_eq!(names(plain), names(ck), "{what}: the same parameters get gradients");
-    for ((name, a), (_, b)) in plain.iter().zip(ck) {
-        let scale = a.abs().max().double_value(&[]).max(1e-12);
-        let d = (a - b).abs().max().double_value(&[]);
-        assert!(d <= 1e-5 * scale, "{what}: {name}: max |Δ| {d} against max |g| {scale}");
-    }
 }
 
 /// A loss that uses the log-probs and the entropy with weights, as a policy loss does.

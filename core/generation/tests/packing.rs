@@ -3,15 +3,13 @@
 //! of a loss over them (as a policy loss masks its padding) equal the padded pass's within f32
 //! rounding — without a graph, with the layers' graph and the chunked head, and checkpointed.
 
-use std::path::PathBuf;
+mod grads;
+
+use grads::{assert_same_grads, fixture, take_grads};
 
 use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, Packing, TokenLogProbs};
 use rlhf_models::CausalLm;
 use tch::{Device, Kind, Tensor};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../integration-tests/fixtures/models").join(name)
-}
 
 /// Prompts left-padded to 3 columns and responses right-padded to 5, as the trainer's rows are:
 /// 8, 3, 3 and 7 real tokens, which pack into three rows of 8 (8 | 3 + 3 | 7).
@@ -29,37 +27,6 @@ fn batch() -> (Tensor, Tensor) {
         mask.extend(row.iter().map(|t| i64::from(t.is_some())));
     }
     (Tensor::from_slice(&ids).view([4, 8]), Tensor::from_slice(&mask).view([4, 8]))
-}
-
-/// Every defined gradient of `vs`, by name, then cleared.
-fn take_grads(vs: &tch::nn::VarStore) -> Vec<(String, Tensor)> {
-    let mut out: Vec<(String, Tensor)> = vs
-        .variables()
-        .into_iter()
-        .filter_map(|(n, v)| {
-            let g = v.grad();
-            g.defined().then(|| (n, g.copy()))
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    vs.variables().into_values().for_each(|v| {
-        let mut g = v.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    });
-    out
-}
-
-fn assert_close_grads(what: &str, padded: &[(String, Tensor)], packed: &[(String, Tensor)]) {
-    assert!(!padded.is_empty(), "{what}: no gradients");
-    let names = |g: &[(String, Tensor)]| g.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
-    assert_eq!(names(padded), names(packed), "{what}: the same parameters get gradients");
-    for ((name, a), (_, b)) in padded.iter().zip(packed) {
-        let scale = a.abs().max().double_value(&[]).max(1e-12);
-        let d = (a - b).abs().max().double_value(&[]);
-        assert!(d <= 1e-5 * scale, "{what}: {name}: max |Δ| {d} against max |g| {scale}");
-    }
 }
 
 /// A policy-like loss over the real targets: weighted log-probs minus a share of the entropy.
@@ -102,7 +69,7 @@ fn packed_passes_equal_the_padded_ones_in_values_and_gradients() {
         let d = max_diff(&padded, &packed, &targets);
         assert!(d < 1e-5, "{name}: packed log-probs and entropy within {d}");
         loss(&packed, &targets).backward();
-        assert_close_grads(&format!("{name}, packed"), &want, &take_grads(&m.vs));
+        assert_same_grads(&format!("{name}, packed"), &want, &take_grads(&m.vs));
 
         for checkpointed in [false, true] {
             let what = format!("{name}, packed training pass (checkpointed: {checkpointed})");
@@ -111,7 +78,7 @@ fn packed_passes_equal_the_padded_ones_in_values_and_gradients() {
             assert!(d < 1e-5, "{what}: log-probs and entropy within {d}");
             loss(&lp, &targets).backward();
             pass.backward(&m).unwrap();
-            assert_close_grads(&what, &want, &take_grads(&m.vs));
+            assert_same_grads(&what, &want, &take_grads(&m.vs));
         }
     }
 }
