@@ -10,7 +10,6 @@ pub mod generate;
 pub mod graphs;
 pub mod logprobs;
 pub mod noise;
-pub mod packing;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;
@@ -27,7 +26,7 @@ pub use logprobs::{
     token_logprobs_pass_with_images, token_logprobs_with_images, ImageInputs, LogProbOptions, LogProbPass,
     TokenLogProbs,
 };
-pub use packing::Packing;
 pub use perplexity::{perplexity, perplexity_with_images, Perplexity};
+pub use rlhf_models::Packing;
 pub use sampling::{RowWindow, Sampling};
 pub use session::{Session, Turn};

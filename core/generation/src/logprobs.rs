@@ -12,10 +12,9 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, SharedPrefixes, Visual};
+use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, Packing, SharedPrefixes, Visual};
 
 use crate::error::{GenerationError, Result};
-use crate::packing::Packing;
 
 /// Options of [`token_logprobs`].
 #[derive(Debug, Clone, Copy)]
@@ -28,7 +27,7 @@ pub struct LogProbOptions {
     /// ([`CausalLm::hidden_states_after_prefix`]): GRPO's G samples of a prompt. Equal to the
     /// plain pass within float rounding; without shared prompts it is the plain pass.
     pub share_prefix: bool,
-    /// Run the layers padding-free ([`crate::packing`]): the rows without their padding, packed
+    /// Run the layers padding-free ([`rlhf_models::packing`]): the rows without their padding, packed
     /// into as few rows as hold them. Equal to the plain pass within float rounding; it takes
     /// the place of `share_prefix`. Passes with images are not packed.
     pub pack: bool,
@@ -380,7 +379,7 @@ fn packing(input_ids: &Tensor, attention_mask: &Tensor, opts: LogProbOptions) ->
     if !opts.pack {
         return Ok(None);
     }
-    Packing::new(input_ids, attention_mask)
+    Ok(Packing::new(input_ids, attention_mask)?)
 }
 
 /// With [`LogProbOptions::share_prefix`], the rows' shared first `from` tokens — `None` when

@@ -1,14 +1,15 @@
 //! Padding-free log-prob passes ([`LogProbOptions::pack`]) compute what the padded passes do: on
 //! every fixture family, the log-probs and entropy of the real tokens and the parameter gradients
 //! of a loss over them (as a policy loss masks its padding) equal the padded pass's within f32
-//! rounding — without a graph, with the layers' graph and the chunked head, and checkpointed.
+//! rounding — without a graph, with the layers' graph and the chunked head, and checkpointed. So
+//! do a critic's values.
 
 mod grads;
 
 use grads::{assert_same_grads, fixture, take_grads};
 
 use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, Packing, TokenLogProbs};
-use rlhf_models::CausalLm;
+use rlhf_models::{CausalLm, ScalarHeadModel};
 use tch::{Device, Kind, Tensor};
 
 /// Prompts left-padded to 3 columns and responses right-padded to 5, as the trainer's rows are:
@@ -79,6 +80,35 @@ fn packed_passes_equal_the_padded_ones_in_values_and_gradients() {
             loss(&lp, &targets).backward();
             pass.backward(&m).unwrap();
             assert_same_grads(&what, &want, &take_grads(&m.vs));
+        }
+    }
+}
+
+#[test]
+fn packed_critic_values_equal_the_padded_ones_in_values_and_gradients() {
+    let (ids, mask) = batch();
+    let real = mask.to_kind(Kind::Float);
+    let loss = |v: &Tensor| (v * &real * Tensor::arange(8, (Kind::Float, Device::Cpu))).square().sum(Kind::Float);
+    for name in ["llama", "qwen2", "gpt2"] {
+        let c = ScalarHeadModel::from_causal_lm_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
+        for checkpointed in [false, true] {
+            let what = format!("{name} critic (checkpointed: {checkpointed})");
+            let (padded, ck) = c.values_pass(&ids, &mask, checkpointed).unwrap();
+            loss(&padded).backward();
+            if let Some(ck) = &ck {
+                c.backward_checkpointed(ck).unwrap();
+            }
+            let want = take_grads(&c.vs);
+            let (packed, ck) = c.values_pass_packed(&ids, &mask, checkpointed).unwrap();
+            let d = ((&packed - &padded) * &real).abs().max().double_value(&[]);
+            assert!(d < 1e-5, "{what}: values within {d}");
+            let pad = (&packed * real.ones_like().g_sub(&real)).abs().max().double_value(&[]);
+            assert_eq!(pad, 0.0, "{what}: 0 at the padding");
+            loss(&packed).backward();
+            if let Some(ck) = &ck {
+                c.backward_checkpointed(ck).unwrap();
+            }
+            assert_same_grads(&what, &want, &take_grads(&c.vs));
         }
     }
 }

@@ -220,6 +220,34 @@ impl ScalarHeadModel {
         Ok((self.values(input_ids, attention_mask)?, None))
     }
 
+    /// [`ScalarHeadModel::values_pass`] padding-free ([`crate::packing`]): the backbone runs on
+    /// the rows packed without their padding, the head on its output put back in the batch's
+    /// layout — the padded pass's values at the real tokens within float rounding, 0 at the
+    /// padding. The padded pass where packing saves no row.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
+    pub fn values_pass_packed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        checkpointed: bool,
+    ) -> Result<(Tensor, Option<Checkpointed>)> {
+        check_ids(input_ids, attention_mask)?;
+        let Some(p) = crate::Packing::new(input_ids, attention_mask)? else {
+            return self.values_pass(input_ids, attention_mask, checkpointed);
+        };
+        let head = |h: &Tensor| -> Result<Tensor> {
+            Ok(p.unpack(h)?.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
+        };
+        if checkpointed {
+            let ck = checkpointing::forward(&self.backbone, &self.gate, (&p.ids, &p.positions, &p.mask), None)?;
+            return Ok((head(ck.hidden())?, Some(ck)));
+        }
+        let h = self.backbone.forward(&p.ids, &p.positions, &p.mask, None, &self.gate)?;
+        Ok((head(&h)?, None))
+    }
+
     /// See [`CausalLm::set_gate`].
     pub fn set_gate(&mut self, gate: crate::gate::Gate) {
         self.gate = gate;

@@ -99,8 +99,7 @@ pub struct BenchArgs {
     /// and in TRL's with --vs-trl (its `gradient_checkpointing`).
     #[arg(long)]
     pub(super) gradient_checkpointing: bool,
-    /// The RL section's actor and reference log-prob passes padding-free (`train.padding_free`;
-    /// ours only).
+    /// The RL section's passes padding-free (`train.padding_free`; ours only).
     #[arg(long)]
     pub(super) padding_free: bool,
     /// Sample the RL section's rollouts with a bf16 copy of the policy (`rollout.decode_dtype = "bf16"`; ours only).

@@ -135,12 +135,12 @@ pub struct TrainConfig {
     /// rounding, in about `(B·P + B·G·R) / (B·G·(P + R))` of the work, with or without
     /// gradient checkpointing. Off with LoRA dropout (the rows would share dropout masks).
     pub share_prompts: bool,
-    /// Run the actor's and the reference's log-prob passes padding-free (verl's
+    /// Run the actor's, the reference's and the critic's passes padding-free (verl's
     /// `use_remove_padding`): each batch's rows without their padding, packed into as few rows
     /// of its width as hold them, every sequence attending only to itself. The same numbers
     /// within float rounding, in the layers' share of the work about `real tokens / (rows ×
-    /// width)`; it takes the place of `share_prompts` where it saves a row. Rows with images, and
-    /// the critic's values, are computed padded.
+    /// width)`; it takes the place of `share_prompts` where it saves a row. Rows with images are
+    /// computed padded.
     pub padding_free: bool,
 }
 

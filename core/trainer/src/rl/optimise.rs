@@ -184,6 +184,7 @@ fn micro_loss(
                     let slots = Slots { prompt_len: p_len, observed: observed.as_ref().map(Tensor::shallow_clone) };
                     c.values_pass_with_images(&seq, &attn, &own, slots, checkpointed)?
                 }
+                None if cfg.padding_free => c.values_pass_packed(&seq, &attn, checkpointed)?,
                 None => c.values_pass(&seq, &attn, checkpointed)?,
             };
             passes.critic = ck;

@@ -1,7 +1,7 @@
 //! Padding-free passes, as verl's `use_remove_padding` and transformers' padding-free collator
 //! run them: a batch's rows without their padding, laid back to back in as few rows of the same
 //! width as hold them, each sequence a segment of its own (its positions restart at 0 and it
-//! attends to no other segment, [`rlhf_models::attention_mask`]), and the layers' output put
+//! attends to no other segment, [`crate::layers::attention_mask`]), and the layers' output put
 //! back in the batch's layout. The layers then compute the real tokens only (and the padding at
 //! the end of each packed row); every real token sees the same keys at the same positions as in
 //! the padded batch, so the hidden states are the padded pass's within float rounding (the
@@ -9,9 +9,8 @@
 
 use tch::{Device, Tensor};
 
-use rlhf_models::position_ids_from_mask;
-
 use crate::error::Result;
+use crate::layers::position_ids_from_mask;
 
 /// A batch packed into fewer rows of its width.
 ///
