@@ -3,7 +3,7 @@
 //! losses, KL, entropy and gradient norm within float rounding — and with LoRA dropout it stays
 //! off, so such a run is the unshared run bit for bit. `train.padding_free` (packed rows without
 //! their padding) trains as the padded run within float rounding too, with and without gradient
-//! checkpointing.
+//! checkpointing, on the hybrid Qwen3.5 and, with PPO, its critic.
 
 use std::path::{Path, PathBuf};
 
@@ -70,6 +70,11 @@ fn padding_free_passes_train_as_padded_ones_within_rounding() {
     let plain = behaviour_metrics(&run(dir.path(), "plain-ck", false, &[&lengths[..], &ck[..]].concat()));
     let free = behaviour_metrics(&run(dir.path(), "packed-ck", false, &[&packed[..], &ck[..]].concat()));
     assert_same_within_rounding("padding-free, checkpointed", &free[0], &plain[0], &[]);
+    // Qwen3.5: its Gated DeltaNet layers restart their state where a packed sequence begins.
+    let qwen = ["--set", "model.actor=\"builtin:tiny-qwen3.5\""];
+    let plain = behaviour_metrics(&run(dir.path(), "qwen-plain", false, &[&lengths[..], &qwen[..]].concat()));
+    let free = behaviour_metrics(&run(dir.path(), "qwen-packed", false, &[&packed[..], &qwen[..]].concat()));
+    assert_same_within_rounding("padding-free Qwen3.5", &free[0], &plain[0], &[]);
     // PPO: the critic's values padding-free too.
     let plain = behaviour_metrics(&run_algo(dir.path(), "ppo", "ppo-plain", false, &lengths));
     let free = behaviour_metrics(&run_algo(dir.path(), "ppo", "ppo-packed", false, &packed));
