@@ -141,26 +141,8 @@ pub fn run_phase<T: PhaseTask>(
             // The weight of the whole step, over every rank's items: each rank's loss is divided by
             // it, so the gradients summed over ranks are the one-process gradient of the step.
             let weight: f64 = group.iter().map(|g| task.weight(g)).sum();
-            let (mut loss_sum, mut tokens, mut finite) = (0f64, 0usize, true);
             let mut local = StepMetrics::default();
-            for micro in &group {
-                let mine = &micro[dist::shard(micro.len(), world.rank(), world.size())];
-                // Stage 3 trains on sharded parameters, but a micro-batch some rank has no rows
-                // of runs on whole ones: the sharded passes are collectives every rank joins.
-                opt.set_sharded(micro.len() >= world.size() && task.trains_sharded())?;
-                // Sharded, a rank whose loss was not finite still runs its passes.
-                if !mine.is_empty() && (finite || opt.lockstep()) {
-                    match task.micro_step(mine, weight.max(1e-12), &mut local)? {
-                        Some(o) => {
-                            loss_sum += o.loss_sum;
-                            tokens += o.tokens;
-                        }
-                        None => finite = false,
-                    }
-                }
-                // Every rank, once per micro-batch (stage 2 reduce-scatters its gradients).
-                opt.micro_done(world)?;
-            }
+            let (mut loss_sum, mut tokens, finite) = accumulate(task, &group, weight, opt, world, &mut local)?;
             if world.is_distributed() {
                 let s = dist::sum(world, &[loss_sum, tokens as f64])?;
                 (loss_sum, tokens) = (s[0], s[1] as usize);
@@ -221,6 +203,39 @@ pub fn run_phase<T: PhaseTask>(
     }
     sinks.finish(step, 0);
     Ok(LoopSummary { steps: step, eval_before, eval_after, loss_first, loss_last, model_dir })
+}
+
+/// The micro-batches of one optimizer step, each rank on its share of each: their gradients
+/// accumulated (each loss divided by the step's `weight`), and this rank's loss sum, token count
+/// and whether every loss was finite.
+fn accumulate<T: PhaseTask>(
+    task: &mut T,
+    group: &[Vec<usize>],
+    weight: f64,
+    opt: &mut TrainEngine,
+    world: &World,
+    local: &mut StepMetrics,
+) -> Result<(f64, usize, bool)> {
+    let (mut loss_sum, mut tokens, mut finite) = (0f64, 0usize, true);
+    for micro in group {
+        let mine = &micro[dist::shard(micro.len(), world.rank(), world.size())];
+        // Stage 3 trains on sharded parameters, but a micro-batch some rank has no rows
+        // of runs on whole ones: the sharded passes are collectives every rank joins.
+        opt.set_sharded(micro.len() >= world.size() && task.trains_sharded())?;
+        // Sharded, a rank whose loss was not finite still runs its passes.
+        if !mine.is_empty() && (finite || opt.lockstep()) {
+            match task.micro_step(mine, weight.max(1e-12), local)? {
+                Some(o) => {
+                    loss_sum += o.loss_sum;
+                    tokens += o.tokens;
+                }
+                None => finite = false,
+            }
+        }
+        // Every rank, once per micro-batch (stage 2 reduce-scatters its gradients).
+        opt.micro_done(world)?;
+    }
+    Ok((loss_sum, tokens, finite))
 }
 
 /// Ends a supervised phase on signal `sig` between steps: a checkpoint of the last finished step
