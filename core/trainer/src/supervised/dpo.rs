@@ -415,6 +415,52 @@ pub fn run_dpo(cfg: DpoConfig, world: &World, resume: Option<&Loaded>) -> Result
     )
 }
 
+/// The reference of `model.reference` (before the policy gets its adapters): none for SimPO,
+/// the policy's log-probs of every pair computed once (`precomputed`), the policy with its
+/// adapters off (`policy` with LoRA), or a frozen model (`policy`'s weights, or a path or Hub id).
+fn reference_of(
+    cfg: &DpoConfig,
+    policy: &CausalLm,
+    model_dir: &Path,
+    (train, eval): (&[SplitPair], &[SplitPair]),
+    pad: i64,
+    device: Device,
+    kind: Kind,
+) -> Result<Reference> {
+    let batch = cfg.train.common().eval_batch_size;
+    Ok(match (cfg.train.loss_type, cfg.model.reference.as_str()) {
+        (DpoLossType::Simpo, _) => Reference::Free,
+        (_, "precomputed") => {
+            policy.set_training(false);
+            Reference::Precomputed {
+                train: all_logps(policy, train, batch, pad)?,
+                eval: all_logps(policy, eval, batch, pad)?,
+            }
+        }
+        (_, "policy") if cfg.model.lora.enabled() => Reference::Adapters,
+        (_, spec) => {
+            let dir = if spec == "policy" {
+                model_dir.to_path_buf()
+            } else {
+                crate::model_source::resolve(spec, "model.reference")?
+            };
+            if !dir.is_dir() {
+                return Err(TrainerError::Config(format!("model.reference: {spec}: model directory not found")));
+            }
+            let mut m = CausalLm::from_dir(&dir, device, kind)?;
+            if m.arch().vocab_size != policy.arch().vocab_size {
+                return Err(TrainerError::Config(format!(
+                    "model.reference: {spec}: vocabulary of {} tokens, the policy's has {}",
+                    m.arch().vocab_size,
+                    policy.arch().vocab_size
+                )));
+            }
+            m.freeze();
+            Reference::Model(Box::new(m))
+        }
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 fn dpo_in(
     cfg: &DpoConfig,
@@ -436,37 +482,7 @@ fn dpo_in(
     tok.check_fits_vocab(policy.arch().vocab_size)?;
     let t = &cfg.train.common();
     let pad = i64::from(tok.pad_token_id());
-    let reference = match (cfg.train.loss_type, cfg.model.reference.as_str()) {
-        (DpoLossType::Simpo, _) => Reference::Free,
-        (_, "precomputed") => {
-            policy.set_training(false);
-            Reference::Precomputed {
-                train: all_logps(&policy, &train, t.eval_batch_size, pad)?,
-                eval: all_logps(&policy, &eval, t.eval_batch_size, pad)?,
-            }
-        }
-        (_, "policy") if cfg.model.lora.enabled() => Reference::Adapters,
-        (_, spec) => {
-            let dir = if spec == "policy" {
-                model_dir.clone()
-            } else {
-                crate::model_source::resolve(spec, "model.reference")?
-            };
-            if !dir.is_dir() {
-                return Err(TrainerError::Config(format!("model.reference: {spec}: model directory not found")));
-            }
-            let mut m = CausalLm::from_dir(&dir, device, kind)?;
-            if m.arch().vocab_size != policy.arch().vocab_size {
-                return Err(TrainerError::Config(format!(
-                    "model.reference: {spec}: vocabulary of {} tokens, the policy's has {}",
-                    m.arch().vocab_size,
-                    policy.arch().vocab_size
-                )));
-            }
-            m.freeze();
-            Reference::Model(Box::new(m))
-        }
-    };
+    let reference = reference_of(cfg, &policy, &model_dir, (&train, &eval), pad, device, kind)?;
     if policy.apply_lora(&cfg.model.lora).map_err(|e| lora_error("config", e))? > 0 {
         let (t, n) = rlhf_models::lora::parameter_counts(&policy.vs);
         tracing::info!("LoRA: {t} of {n} parameters train");
