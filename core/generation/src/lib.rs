@@ -27,6 +27,5 @@ pub use logprobs::{
     TokenLogProbs,
 };
 pub use perplexity::{perplexity, perplexity_with_images, Perplexity};
-pub use rlhf_models::Packing;
 pub use sampling::{RowWindow, Sampling};
 pub use session::{Session, Turn};

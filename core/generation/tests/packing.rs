@@ -8,8 +8,8 @@ mod grads;
 
 use grads::{assert_same_grads, fixture, take_grads};
 
-use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, Packing, TokenLogProbs};
-use rlhf_models::{CausalLm, ScalarHeadModel};
+use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, TokenLogProbs};
+use rlhf_models::{CausalLm, Packing, ScalarHeadModel};
 use tch::{Device, Kind, Tensor};
 
 /// Prompts left-padded to 3 columns and responses right-padded to 5, as the trainer's rows are:

@@ -130,6 +130,11 @@ impl ScalarHeadModel {
         check_ids(input_ids, attention_mask)?;
         let pos = position_ids_from_mask(attention_mask)?;
         let h = self.backbone.forward(input_ids, &pos, attention_mask, None, &self.gate)?;
+        self.head(&h)
+    }
+
+    /// The score head on hidden states: `[..., hidden]` → `[...]` (fp32).
+    fn head(&self, h: &Tensor) -> Result<Tensor> {
         Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
     }
 
@@ -143,8 +148,7 @@ impl ScalarHeadModel {
         check_ids(input_ids, attention_mask)?;
         let pos = position_ids_from_mask(attention_mask)?;
         let ck = checkpointing::forward(&self.backbone, &self.gate, (input_ids, &pos, attention_mask), None)?;
-        let v = ck.hidden().f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?;
-        Ok((v, ck))
+        Ok((self.head(ck.hidden())?, ck))
     }
 
     /// The vision tower, where this model reads images.
@@ -189,17 +193,14 @@ impl ScalarHeadModel {
             images,
         )?;
         let visual = Visual { features: out.features, deepstack: out.deepstack, slots };
-        let head = |h: &Tensor| -> Result<Tensor> {
-            Ok(h.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
-        };
         if checkpointed {
             let ck =
                 checkpointing::forward(&self.backbone, &self.gate, (input_ids, &pos, attention_mask), Some(&visual))?;
-            return Ok((head(ck.hidden())?, Some(ck)));
+            return Ok((self.head(ck.hidden())?, Some(ck)));
         }
         let routing = crate::backbone::Routing::Off;
         let (h, _) = self.backbone.run(input_ids, &pos, attention_mask, None, &self.gate, routing, Some(&visual))?;
-        Ok((head(&h)?, None))
+        Ok((self.head(&h)?, None))
     }
 
     /// [`ScalarHeadModel::values_checkpointed`] when `checkpointed`, else
@@ -220,8 +221,8 @@ impl ScalarHeadModel {
         Ok((self.values(input_ids, attention_mask)?, None))
     }
 
-    /// [`ScalarHeadModel::values_pass`] padding-free ([`crate::packing`]): the backbone runs on
-    /// the rows packed without their padding, the head on its output put back in the batch's
+    /// [`ScalarHeadModel::values_pass`] padding-free ([`crate::packing`]): the backbone and the
+    /// head run on the rows packed without their padding, the values are put back in the batch's
     /// layout — the padded pass's values at the real tokens within float rounding, 0 at the
     /// padding. The padded pass where packing saves no row.
     ///
@@ -237,15 +238,15 @@ impl ScalarHeadModel {
         let Some(p) = crate::Packing::new(input_ids, attention_mask)? else {
             return self.values_pass(input_ids, attention_mask, checkpointed);
         };
-        let head = |h: &Tensor| -> Result<Tensor> {
-            Ok(p.unpack(h)?.f_linear::<&Tensor>(&self.score, None)?.f_squeeze_dim(-1)?.f_to_kind(Kind::Float)?)
-        };
+        // [rows, seq, h] → [rows, seq, 1] → [batch, seq]
+        let values =
+            |h: &Tensor| -> Result<Tensor> { Ok(p.unpack(&self.head(h)?.f_unsqueeze(-1)?)?.f_squeeze_dim(-1)?) };
         if checkpointed {
             let ck = checkpointing::forward(&self.backbone, &self.gate, (&p.ids, &p.positions, &p.mask), None)?;
-            return Ok((head(ck.hidden())?, Some(ck)));
+            return Ok((values(ck.hidden())?, Some(ck)));
         }
         let h = self.backbone.forward(&p.ids, &p.positions, &p.mask, None, &self.gate)?;
-        Ok((head(&h)?, None))
+        Ok((values(&h)?, None))
     }
 
     /// See [`CausalLm::set_gate`].

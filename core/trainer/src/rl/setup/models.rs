@@ -195,18 +195,15 @@ pub(super) fn optimizers(
     let total = cfg.train.steps * cfg.train.ppo_epochs * optimise::steps_per_epoch(batch, &cfg.train);
     let strategy = cfg.distributed.strategy();
     let actor_opt = TrainEngine::new(&actor.vs, &cfg.train.actor_optim(), total, strategy, world)?;
+    actor.set_gate(actor_opt.gate());
     let critic_opt = match critic {
         Some(c) => {
             let o = TrainEngine::new(&c.vs, &cfg.train.critic_optim(), total, strategy, world)?;
-            Some((c, o))
+            c.set_gate(o.gate());
+            Some(o)
         }
         None => None,
     };
-    actor.set_gate(actor_opt.gate());
-    let critic_opt = critic_opt.map(|(c, o)| {
-        c.set_gate(o.gate());
-        o
-    });
     let ref_params = match reference.filter(|_| cfg.distributed.shard_frozen) {
         Some(r) => {
             let p = Params::frozen(&r.vs, world)?;
