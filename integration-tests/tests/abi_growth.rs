@@ -273,6 +273,7 @@ fn the_host_api_drives_the_frozen_plugin() {
             epoch: 1,
             accumulation_steps: 1,
             step_tokens: 7.0,
+            step_rows: 2.0,
             behavior_logprobs: None,
         })
         .unwrap();

@@ -80,6 +80,7 @@ fn minibatch(exp: &Experience, advantages: &Tensor, returns: Option<&Tensor>, fi
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        step_rows: 0.0,
         behavior_logprobs: None,
     };
     (mb, lp)

@@ -452,6 +452,7 @@ fn loss_on_a_fixed_batch_decreases() {
                     epoch: 0,
                     accumulation_steps: 1,
                     step_tokens: 0.0,
+                    step_rows: 0.0,
                     behavior_logprobs: None,
                 })
                 .unwrap();

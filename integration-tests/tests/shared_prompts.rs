@@ -3,7 +3,9 @@
 //! losses, KL, entropy and gradient norm within float rounding — and with LoRA dropout it stays
 //! off, so such a run is the unshared run bit for bit. `train.padding_free` (packed rows without
 //! their padding) trains as the padded run within float rounding too, with and without gradient
-//! checkpointing, on the hybrid Qwen3.5 and, with PPO, its critic.
+//! checkpointing, on the hybrid Qwen3.5 and, with PPO, its critic. `train.micro_batch_tokens`
+//! (micro-batches by a token budget) trains as one micro-batch per minibatch within rounding:
+//! GRPO's per-sequence and per-token means, RLOO's, and PPO's actor and critic.
 
 use std::path::{Path, PathBuf};
 
@@ -89,4 +91,66 @@ fn with_lora_dropout_prompts_are_not_shared() {
     let shared = behaviour_metrics(&run(dir.path(), "shared", true, &lora));
     let plain = behaviour_metrics(&run(dir.path(), "plain", false, &lora));
     assert_eq!(shared, plain);
+}
+
+/// Micro-batches of at most 100 tokens (a minibatch of 64 rows of about 10 tokens splits into
+/// seven or so, of unequal numbers of rows): step 1 as with one micro-batch per minibatch — the
+/// same rollouts, the loss and the gradient norms (each optimizer step's, averaged) within float
+/// rounding, but not bit for bit. A mean per micro-batch instead of over the step (GRPO's
+/// sequence mean, before `step_rows`) fails it by about 3 %. The algorithms' other metrics (KL,
+/// entropy) are means over unequal parts, not compared.
+#[test]
+fn micro_batches_by_a_token_budget_train_as_whole_minibatches_within_rounding() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["--set", "warmup.steps=3", "--set", "rollout.max_new_tokens=16", "--set", "train.padding_free=true"];
+    let budget = [&base[..], &["--set", "train.micro_batch_tokens=100"]].concat();
+    let cases: [(&str, &[&str], &[&str]); 4] = [
+        ("grpo", &[], &[]),
+        ("grpo", &["--set", "algorithm.config.loss_type=\"dapo\""], &[]),
+        ("rloo", &[], &[]),
+        ("ppo", &[], &["loss/value", "grad_norm/critic"]),
+    ];
+    for (i, (algo, extra, more)) in cases.into_iter().enumerate() {
+        let whole =
+            behaviour_metrics(&run_algo(dir.path(), algo, &format!("whole-{i}"), false, &[&base[..], extra].concat()));
+        let split = behaviour_metrics(&run_algo(
+            dir.path(),
+            algo,
+            &format!("split-{i}"),
+            false,
+            &[&budget[..], extra].concat(),
+        ));
+        let (a, b) = (&split[0], &whole[0]);
+        let what = format!("{algo} {extra:?} in micro-batches");
+        for key in ["reward", "reward_std", "completions/mean_length"] {
+            assert_eq!(a[key], b[key], "{what}, step 1: `{key}` (the same rollouts)");
+        }
+        for &key in ["loss/total", "grad_norm/actor"].iter().chain(more) {
+            let (x, y) = (num(a, key), num(b, key));
+            let tol = 1e-4 * x.abs().max(y.abs()).max(1e-3);
+            assert!((x - y).abs() <= tol, "{what}, step 1: `{key}` {x} against {y}");
+        }
+        assert_ne!(a["grad_norm/actor"], b["grad_norm/actor"], "{what}: the micro-batches did not run");
+    }
+    // 2 ranks at ZeRO stage 3, each splitting its half of a minibatch: every micro-batch's
+    // sharded passes are collectives both ranks join; the step is the one process's.
+    let zero3 = ["--nproc", "2", "--set", "distributed.zero_stage=3"];
+    let two = behaviour_metrics(&run_algo(dir.path(), "grpo", "two", false, &[&budget[..], &zero3[..]].concat()));
+    let one = behaviour_metrics(&dir.path().join("whole-0"));
+    for key in ["reward", "loss/total", "grad_norm/actor"] {
+        let (x, y) = (num(&two[0], key), num(&one[0], key));
+        assert!((x - y).abs() <= 1e-4 * x.abs().max(y.abs()).max(1e-3), "2 ranks, step 1: `{key}` {x} against {y}");
+    }
+}
+
+/// The budget needs padding-free passes: refused before the run starts, naming the key.
+#[test]
+fn a_token_budget_without_padding_free_passes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rd = dir.path().join("run");
+    let out =
+        rlhf(&["train", "--algo", "grpo", "--run-dir", rd.to_str().unwrap(), "--set", "train.micro_batch_tokens=128"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("train.micro_batch_tokens") && err.contains("padding_free"), "{err}");
+    assert!(!rd.exists(), "the run directory was created: {err}");
 }

@@ -265,6 +265,7 @@ impl RlPlans {
             gradient_checkpointing: a.gradient_checkpointing,
             bf16_decode: a.bf16_decode,
             padding_free: a.padding_free,
+            micro_batch_tokens: a.micro_batch_tokens,
             warmup: false,
         };
         let rl = if do_rl { Some(rl::config(&setup)?) } else { None };
@@ -466,6 +467,9 @@ fn report_results(b: &Bench<'_>, plans: &RlPlans, sections: [bool; 6], r: &Resul
             settings.push_str(what);
         }
     }
+    if let Some(n) = a.micro_batch_tokens {
+        settings.push_str(&format!(", micro-batches of {n} tokens"));
+    }
     settings.push_str(&format!(", {} reps", a.repeats));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let row = Row {
@@ -568,11 +572,13 @@ mod tests {
             gradient_checkpointing: true,
             bf16_decode: true,
             padding_free: true,
+            micro_batch_tokens: Some(64),
             warmup: false,
         };
         let cfg = rl::config(&setup).unwrap();
         assert!(cfg.train.gradient_checkpointing);
         assert!(cfg.train.padding_free);
+        assert_eq!(cfg.train.micro_batch_tokens, Some(64));
         assert_eq!(cfg.rollout.decode_dtype, rlhf_trainer::config::DecodeDtype::Bf16);
         assert_eq!(cfg.algorithm.name, "grpo");
         assert_eq!(cfg.model.actor, "/m");

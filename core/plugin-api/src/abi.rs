@@ -45,7 +45,8 @@ pub const API_MAJOR: u32 = 4;
 /// - 4.2: the optional `behavior_logprobs` tensor of a batch and a minibatch (an external
 ///   rollout engine's log-probs).
 /// - 4.3: the optional [`AlgorithmObj::describe_keys`].
-pub const API_MINOR: u32 = 3;
+/// - 4.4: the `step_rows` scalar of a minibatch (micro-batches of unequal sizes).
+pub const API_MINOR: u32 = 4;
 /// The tch version plugin-api is built with (the workspace pins it; a tidy test checks).
 pub const TCH_VERSION: &str = "0.24.0";
 /// The libtorch version plugin-api was compiled against.
@@ -80,12 +81,17 @@ pub mod keys {
     pub const STEP: &str = "step";
     /// Scalar (4.1): the PPO epoch (0-based) this minibatch belongs to.
     pub const EPOCH: &str = "epoch";
-    /// Scalar (4.1): minibatches whose gradients the host accumulates into this optimizer step
-    /// (`train.gradient_accumulation_steps`); the host divides each minibatch's loss by it.
+    /// Scalar (4.1): micro-batches whose gradients the host accumulates into this optimizer step
+    /// over all ranks (`train.gradient_accumulation_steps` minibatches, each split by
+    /// `train.micro_batch_tokens`); the host divides each micro-batch's loss by it.
     pub const ACCUMULATION_STEPS: &str = "accumulation_steps";
     /// Scalar (4.1): valid response tokens in all the minibatches of this optimizer step, the
     /// normaliser of a token mean over the whole accumulated batch (TRL's `num_items_in_batch`).
     pub const STEP_TOKENS: &str = "step_tokens";
+    /// Scalar (4.4): samples in all the minibatches of this optimizer step, the normaliser of a
+    /// per-sample mean over the whole accumulated batch (verl's `global_batch_size`): the host's
+    /// micro-batches need not hold as many samples each (`train.micro_batch_tokens`).
+    pub const STEP_ROWS: &str = "step_rows";
     /// The rollout engine's log-probs of the sampled tokens, `[B, R]` (`[b, R]` in a minibatch)
     /// f32 (4.2; only when an external engine such as vLLM generated the batch).
     pub const BEHAVIOR_LOGPROBS: &str = "behavior_logprobs";

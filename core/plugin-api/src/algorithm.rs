@@ -130,13 +130,19 @@ pub struct Minibatch {
     pub step: u64,
     /// The PPO epoch (0-based) of this minibatch (since 4.1).
     pub epoch: u64,
-    /// Minibatches accumulated into this optimizer step (since 4.1; 1 from an older host). The host
+    /// Micro-batches accumulated into this optimizer step over all ranks (minibatches, or the
+    /// token-budget micro-batches they split into; since 4.1, 1 from an older host). The host
     /// divides the returned loss by it, so a per-minibatch mean needs no change.
     pub accumulation_steps: u64,
     /// Valid response tokens in all minibatches of this optimizer step (since 4.1; this
     /// minibatch's from an older host): a token mean over the whole accumulated batch divides
     /// `Σ loss·mask` by `step_tokens / accumulation_steps` (the host's division completes it).
     pub step_tokens: f64,
+    /// Samples in all minibatches of this optimizer step (since 4.4; `b × accumulation_steps`
+    /// from an older host): a per-sample mean over the whole accumulated batch divides `Σ x` by
+    /// `step_rows / accumulation_steps` ([`crate::ops::row_mean`]), exact whatever each
+    /// minibatch holds.
+    pub step_rows: f64,
     /// The rollout engine's log-probs of these samples (since 4.2; see
     /// [`Experience::behavior_logprobs`]).
     pub behavior_logprobs: Option<Tensor>,
@@ -313,6 +319,9 @@ impl Minibatch {
             Some(n) => n,
             None => action_mask.f_sum(Kind::Float)?.f_double_value(&[])?,
         };
+        let accumulation_steps = i.scalar(keys::ACCUMULATION_STEPS).unwrap_or(1.0).max(1.0) as u64;
+        // A host older than 4.4 sends no step_rows: its minibatches hold `b` samples each.
+        let step_rows = i.scalar(keys::STEP_ROWS).unwrap_or((b as u64 * accumulation_steps) as f64);
         let mb = Minibatch {
             logprobs,
             old_logprobs: i.required(keys::OLD_LOGPROBS)?,
@@ -326,8 +335,9 @@ impl Minibatch {
             rewards: i.required(keys::REWARDS)?,
             step: i.scalar(keys::STEP).unwrap_or(0.0) as u64,
             epoch: i.scalar(keys::EPOCH).unwrap_or(0.0) as u64,
-            accumulation_steps: i.scalar(keys::ACCUMULATION_STEPS).unwrap_or(1.0).max(1.0) as u64,
+            accumulation_steps,
             step_tokens,
+            step_rows,
             behavior_logprobs: i.tensor(keys::BEHAVIOR_LOGPROBS),
         };
         check_input(i.call, keys::REWARDS, &mb.rewards, &[b], Kind::Float)?;
@@ -401,6 +411,7 @@ impl Minibatch {
             (keys::EPOCH, self.epoch as f64),
             (keys::ACCUMULATION_STEPS, self.accumulation_steps as f64),
             (keys::STEP_TOKENS, self.step_tokens),
+            (keys::STEP_ROWS, self.step_rows),
         ]);
         f(InputsAbi { tensors: tensors.as_slice().into(), scalars: scalars.as_slice().into() })
     }

@@ -70,6 +70,23 @@ pub fn token_mean(x: &Tensor, mask: &Tensor, accumulation_steps: u64, step_token
     }
 }
 
+/// The per-sample mean of `x` over the **whole optimizer step**: `Σ x / (S / k)` when the step
+/// has `k = accumulation_steps > 1` micro-batches with `S = step_rows` samples in all of them —
+/// the host divides each micro-batch's loss by `k`, so the step's gradient is that of the mean
+/// over all `S` samples, whatever each micro-batch holds (verl's `seq-mean` over its global batch).
+/// With one micro-batch it is `x.mean()`.
+///
+/// # Shapes
+/// `x`: `[b]`; returns a scalar.
+pub fn row_mean(x: &Tensor, accumulation_steps: u64, step_rows: f64) -> Result<Tensor> {
+    if accumulation_steps > 1 {
+        let share = (step_rows / accumulation_steps as f64).max(f64::MIN_POSITIVE);
+        Ok(x.f_sum(Kind::Float)?.f_div_scalar(share)?)
+    } else {
+        Ok(x.f_mean(Kind::Float)?)
+    }
+}
+
 /// Each row's sum over its valid tokens, `Σ_t x_t·mask_t`, in f32 (TRL's
 /// `(per_token_loss * mask).sum(-1)`).
 ///
@@ -446,6 +463,23 @@ mod tests {
         for (a, e) in actual.iter().zip(expected) {
             assert!((a - e).abs() <= tol, "{actual:?} vs {expected:?}");
         }
+    }
+
+    /// A step of 5 samples [1..5] split into micro-batches of 3 and 2 (k = 2): each micro-batch's
+    /// `row_mean / k` sums to the step's mean 3, where the mean of the two micro-batch means
+    /// (2 and 4.5) would give 3.25; and `token_mean` likewise for tokens (7 in all, 4 + 3).
+    #[test]
+    fn step_means_are_exact_over_unequal_micro_batches() {
+        let micro = [Tensor::from_slice(&[1f32, 2., 3.]), Tensor::from_slice(&[4f32, 5.])];
+        let sum: f64 = micro.iter().map(|x| row_mean(x, 2, 5.0).unwrap().double_value(&[]) / 2.0).sum();
+        assert_close(&[sum], &[3.0], 1e-6);
+        assert_close(&[row_mean(&micro[0], 1, 0.0).unwrap().double_value(&[])], &[2.0], 0.0);
+        let (x, mask) = (t2(&[&[1., 2.], &[3., 9.]]), t2(&[&[1., 1.], &[1., 0.]])); // 3 tokens, Σ 6
+        let (y, mask_y) = (t2(&[&[4., 5.], &[6., 7.]]), t2(&[&[1., 1.], &[1., 1.]])); // 4 tokens, Σ 22
+        let n = 7.0;
+        let step = token_mean(&x, &mask, 2, n).unwrap().double_value(&[]) / 2.0
+            + token_mean(&y, &mask_y, 2, n).unwrap().double_value(&[]) / 2.0;
+        assert_close(&[step], &[28.0 / 7.0], 1e-6);
     }
 
     /// Row 0: 2 valid tokens [1, 3] (slot 2 NaN garbage dropped by `masked`); row 1: none.

@@ -273,10 +273,10 @@ fn aggregate(
     let (b, _r) = mask.size2()?;
     let row_sums = masked_row_sum(per_token, mask)?; // Σ_t L·mask, [b]
     Ok(match loss_type {
-        // mean_i (Σ_t L·mask / Σ_t mask)
+        // mean_i (Σ_t L·mask / Σ_t mask), over the step's samples when it has several micro-batches
         LossType::Grpo => {
             let row_lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?; // [b]
-            row_sums.f_div(&row_lengths)?.f_mean(Kind::Float)?
+            ops::row_mean(&row_sums.f_div(&row_lengths)?, mb.accumulation_steps, mb.step_rows)?
         }
         // Σ L·mask / (N / k) over the k accumulated minibatches' N tokens
         LossType::Dapo if mb.accumulation_steps > 1 => {
@@ -287,8 +287,11 @@ fn aggregate(
         LossType::Bnpo | LossType::Dapo => {
             row_sums.f_sum(Kind::Float)?.f_div(&mask.f_sum(Kind::Float)?.f_clamp_min(1.0)?)?
         }
-        // Σ L·mask / (b · max_completion_length)
-        LossType::DrGrpo => row_sums.f_sum(Kind::Float)?.f_div_scalar((b * max_completion_length) as f64)?,
+        // Σ L·mask / (b · max_completion_length), b the step's samples / k with k micro-batches
+        LossType::DrGrpo => {
+            let rows = if mb.accumulation_steps > 1 { mb.step_rows / mb.accumulation_steps as f64 } else { b as f64 };
+            row_sums.f_sum(Kind::Float)?.f_div_scalar(rows.max(1.0) * max_completion_length as f64)?
+        }
     })
 }
 
@@ -417,6 +420,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         (mb, logp)

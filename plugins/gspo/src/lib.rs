@@ -200,7 +200,7 @@ impl Algorithm for Gspo {
         let coef_1 = seq_log_ratio.f_exp()?; // s_i
         let coef_2 = coef_1.f_clamp(low, high)?;
         let pg = coef_1.f_mul(&advantage)?.f_minimum(&coef_2.f_mul(&advantage)?)?.f_neg()?; // [b]
-        let policy_loss = pg.f_mean(Kind::Float)?;
+        let policy_loss = ops::row_mean(&pg, mb.accumulation_steps, mb.step_rows)?; // over the step's samples
         let seq_kl = if cfg.beta != 0.0 {
             let reff = masked(ops::need(&mb.ref_logprobs, "ref_logprobs", "gspo")?, &valid)?;
             Some(token_mean(&masked(&ops::kl_estimate(&logp, &reff, KlEstimator::K3)?, &valid)?)?)
@@ -209,7 +209,10 @@ impl Algorithm for Gspo {
             None
         };
         let loss = match &seq_kl {
-            Some(kl) => policy_loss.f_add(&kl.f_mean(Kind::Float)?.f_mul_scalar(cfg.beta)?)?,
+            Some(kl) => {
+                let kl = ops::row_mean(kl, mb.accumulation_steps, mb.step_rows)?;
+                policy_loss.f_add(&kl.f_mul_scalar(cfg.beta)?)?
+            }
             None => policy_loss.shallow_clone(),
         };
 
@@ -315,6 +318,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         (mb, logp)

@@ -167,7 +167,9 @@ impl Algorithm for PpoSeq {
 
         // Step 2: KL to the old policy (monitoring) and to the reference (penalty).
         let kl = actor_logp.f_sub(&old_logp)?.f_mean(Kind::Float)?; // []
-        let kl_ref = actor_logp.f_sub(&ref_logp)?.f_mean(Kind::Float)?; // [], grad
+                                                                    // Means over the step's samples (each micro-batch's share of them with several).
+        let step_mean = |x: &Tensor| ops::row_mean(x, mb.accumulation_steps, mb.step_rows);
+        let kl_ref = step_mean(&actor_logp.f_sub(&ref_logp)?)?; // [], grad
 
         // Step 3: advantage from the final value.
         let values = masked(ops::need(&mb.values, "values", "ppo-seq")?, &valid)?; // [b, R], grad
@@ -179,10 +181,10 @@ impl Algorithm for PpoSeq {
         let ratio = actor_logp.f_sub(&old_logp)?.f_exp()?; // [b]
         let surr1 = ratio.f_mul(&advantages)?;
         let surr2 = ratio.f_clamp(1.0 - cfg.cliprange, 1.0 + cfg.cliprange)?.f_mul(&advantages)?;
-        let policy_loss = surr1.f_minimum(&surr2)?.f_mean(Kind::Float)?.f_neg()?; // []
+        let policy_loss = step_mean(&surr1.f_minimum(&surr2)?)?.f_neg()?; // []
 
         // Step 5: value loss (MSE to the reward).
-        let value_loss = values.f_sub(&rewards)?.f_square()?.f_mean(Kind::Float)?; // []
+        let value_loss = step_mean(&values.f_sub(&rewards)?.f_square()?)?; // []
 
         // Step 6: total.
         let loss =
@@ -282,6 +284,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         let out = a.loss(&mb).unwrap();
@@ -360,6 +363,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         let out = a.loss(&mb).unwrap();
@@ -389,6 +393,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         let out = a.loss(&mb).unwrap();

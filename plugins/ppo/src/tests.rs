@@ -191,6 +191,7 @@ fn loss_by_hand_with_clipping() {
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        step_rows: 0.0,
         behavior_logprobs: None,
     };
     let out = algo.loss(&mb).unwrap();
@@ -251,6 +252,7 @@ fn all_masked_row_is_finite() {
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        step_rows: 0.0,
         behavior_logprobs: None,
     };
     let out = algo.loss(&mb).unwrap();

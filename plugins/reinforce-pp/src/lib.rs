@@ -252,7 +252,12 @@ impl Algorithm for ReinforcePp {
             let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?; // [b]
             let row_means = masked_row_sum(&per_token_loss, mask)?.f_div(&lengths.f_clamp_min(1.0)?)?;
             let rows = lengths.f_gt(0.0)?.f_to_kind(Kind::Float)?; // [b]
-            row_means.f_mul(&rows)?.f_sum(Kind::Float)?.f_div(&rows.f_sum(Kind::Float)?.f_clamp_min(1.0)?)?
+            if mb.accumulation_steps > 1 {
+                // Over the step's samples (each micro-batch's share of them).
+                ops::row_mean(&row_means.f_mul(&rows)?, mb.accumulation_steps, mb.step_rows)?
+            } else {
+                row_means.f_mul(&rows)?.f_sum(Kind::Float)?.f_div(&rows.f_sum(Kind::Float)?.f_clamp_min(1.0)?)?
+            }
         };
 
         let metrics = tch::no_grad(|| -> Result<Vec<(String, f64)>> {
@@ -396,6 +401,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         (mb, logp)

@@ -214,11 +214,13 @@ impl Algorithm for Rloo {
         };
         let coef_2 = coef_1.f_clamp(low, high)?;
         let pg = coef_1.f_mul(&adv)?.f_minimum(&coef_2.f_mul(&adv)?)?.f_neg()?; // [b] or [b, R]
+                                                                                // The mean over the step's samples (each micro-batch's share of it with several).
         let mean_over = |x: &Tensor| -> Result<Tensor> {
-            Ok(match cfg.ratio_level {
-                RatioLevel::Sequence => x.f_mean(Kind::Float)?,
-                RatioLevel::Token => masked_row_sum(x, mask)?.f_div(&lengths)?.f_mean(Kind::Float)?,
-            })
+            let per_row = match cfg.ratio_level {
+                RatioLevel::Sequence => x.shallow_clone(),
+                RatioLevel::Token => masked_row_sum(x, mask)?.f_div(&lengths)?,
+            }; // [b]
+            ops::row_mean(&per_row, mb.accumulation_steps, mb.step_rows)
         };
         let policy_loss = mean_over(&pg)?; // []
         let per_token_kl = match (cfg.kl_in_reward, cfg.beta != 0.0) {
@@ -373,6 +375,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         (mb, logp)

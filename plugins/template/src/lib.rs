@@ -209,6 +209,7 @@ mod tests {
             epoch: 0,
             accumulation_steps: 1,
             step_tokens: 0.0,
+            step_rows: 0.0,
             behavior_logprobs: None,
         };
         let out = algo.loss(&mb).unwrap();

@@ -102,6 +102,10 @@ pub struct BenchArgs {
     /// The RL section's passes padding-free (`train.padding_free`; ours only).
     #[arg(long)]
     pub(super) padding_free: bool,
+    /// Train the RL section's minibatches in micro-batches of at most N tokens
+    /// (`train.micro_batch_tokens`; needs --padding-free; ours only).
+    #[arg(long, value_name = "N", requires = "padding_free")]
+    pub(super) micro_batch_tokens: Option<usize>,
     /// Sample the RL section's rollouts with a bf16 copy of the policy (`rollout.decode_dtype = "bf16"`; ours only).
     #[arg(long)]
     pub(super) bf16_decode: bool,

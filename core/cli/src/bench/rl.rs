@@ -37,6 +37,8 @@ pub struct RlSetup<'a> {
     pub bf16_decode: bool,
     /// `train.padding_free`.
     pub padding_free: bool,
+    /// `train.micro_batch_tokens`.
+    pub micro_batch_tokens: Option<usize>,
     /// Keep the preset's supervised warm-up (which teaches the answer format, so rewards move).
     pub warmup: bool,
 }
@@ -85,6 +87,9 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
     ];
     if !s.warmup {
         sets.push("warmup.steps=0".into());
+    }
+    if let Some(n) = s.micro_batch_tokens {
+        sets.push(format!("train.micro_batch_tokens={n}"));
     }
     Ok(RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets)?)
 }

@@ -142,6 +142,12 @@ pub struct TrainConfig {
     /// width)`; it takes the place of `share_prompts` where it saves a row. Rows with images are
     /// computed padded.
     pub padding_free: bool,
+    /// Split each rank's share of a minibatch into the fewest micro-batches of at most this many
+    /// real tokens, balanced by tokens (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`;
+    /// needs `padding_free`). The algorithms' token and sample means stay over the whole
+    /// optimizer step, so the gradient is the one of the minibatches whole within float rounding;
+    /// a sequence longer than the budget is a micro-batch of its own. None: one micro-batch.
+    pub micro_batch_tokens: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -168,6 +174,7 @@ impl Default for TrainConfig {
             gradient_checkpointing: false,
             share_prompts: true,
             padding_free: false,
+            micro_batch_tokens: None,
         }
     }
 }
@@ -429,6 +436,15 @@ impl RlConfig {
         }
         if t.logprob_chunk_elements < 1 {
             return bad("train.logprob_chunk_elements", "must be >= 1");
+        }
+        match t.micro_batch_tokens {
+            Some(0) => return bad("train.micro_batch_tokens", "must be >= 1"),
+            Some(_) if !t.padding_free => {
+                let msg = "needs train.padding_free = true (a padded micro-batch costs its rows × the batch's width, \
+                           whatever its tokens: train.minibatch_size sizes those)";
+                return bad("train.micro_batch_tokens", msg);
+            }
+            _ => {}
         }
         for (key, lora) in
             [("model.lora.dropout", &self.model.lora), ("model.critic_lora.dropout", &self.model.critic_lora)]

@@ -173,6 +173,7 @@ impl AlgorithmHandle {
             epoch: mb.epoch,
             accumulation_steps: mb.accumulation_steps,
             step_tokens: mb.step_tokens,
+            step_rows: mb.step_rows,
             behavior_logprobs: zero_padding_opt(&mb.behavior_logprobs, &valid)?,
         };
         let out = mb.with_abi(|inputs| self.obj.loss(inputs)).into_result();

@@ -25,6 +25,7 @@ pub mod episode;
 pub mod eval;
 pub mod experience;
 pub mod local_turns;
+pub mod micro;
 pub mod observed;
 pub mod optimise;
 pub mod overlong;

@@ -23,6 +23,7 @@ use crate::optim::ema_update;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
 use crate::rl::experience::{logprobs_pass, Batch};
+use crate::rl::micro::MicroPlan;
 use crate::rl::ptx::PtxData;
 use crate::rl::visual;
 use crate::router_aux::with_router_aux_loss;
@@ -96,9 +97,10 @@ struct MicroCtx<'a> {
     cfg: &'a TrainConfig,
     req: Requirements,
     opts: LogProbOptions,
-    /// Valid response tokens of the step's minibatches over all ranks (when `k > 1`).
+    /// Valid response tokens and samples of the step's minibatches over all ranks (when `k > 1`).
     step_tokens: f64,
-    /// Partial minibatches in the step (accumulated minibatches × ranks), and the epoch.
+    step_rows: f64,
+    /// Micro-batches in the step (over the accumulated minibatches and the ranks), and the epoch.
     k: usize,
     epoch: usize,
     /// Optimizer steps taken so far.
@@ -111,9 +113,11 @@ struct MicroPart<'a> {
     rows: &'a [i64],
     /// The experience pass to reuse instead of a fresh one, and the first batch row it covers.
     reuse: Option<(&'a TokenLogProbs, i64)>,
-    /// The minibatch's rows over all ranks, and this rank's share of them (for ptx's split).
+    /// The minibatch's rows over all ranks, this rank's share of them (for ptx's split), and the
+    /// weight of the minibatch's ptx loss (`None` in its micro-batches after the first).
     minibatch_len: usize,
     mine: std::ops::Range<usize>,
+    ptx_scale: Option<f64>,
 }
 
 /// One micro-batch's loss on this rank: the actor's log-probs (a fresh pass, or the reused
@@ -203,6 +207,7 @@ fn micro_loss(
         advantages: pick(&prepared.advantages, &idx)?,
         returns: pick_opt(&prepared.returns, &idx)?,
         step_tokens: if ctx.k > 1 { ctx.step_tokens } else { action_mask.f_sum(tch::Kind::Float)?.double_value(&[]) },
+        step_rows: if ctx.k > 1 { ctx.step_rows } else { part.rows.len() as f64 },
         action_mask,
         entropy: lp.entropy,
         rewards: pick(&batch.rewards, &idx)?,
@@ -214,11 +219,11 @@ fn micro_loss(
     let out = algo.loss(&mb)?;
     // Divided by the step's micro-batches with the plugin's loss (TRL's `aux / accumulation steps`).
     let mut loss = with_router_aux_loss(out.loss, aux.as_ref(), actor, 1.0, local)?;
-    if let Some(ptx_loss) =
-        ptx.map(|p| p.loss(actor, rng, part.minibatch_len, part.mine.clone())).transpose()?.flatten()
-    {
-        local.add("loss/ptx", ptx_loss.double_value(&[]));
-        loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef)?)?;
+    if let (Some(p), Some(scale)) = (ptx, part.ptx_scale) {
+        if let Some(ptx_loss) = p.loss(actor, rng, part.minibatch_len, part.mine.clone())? {
+            local.add("loss/ptx", ptx_loss.double_value(&[]));
+            loss = loss.f_add(&ptx_loss.f_mul_scalar(cfg.ptx_coef * scale)?)?;
+        }
     }
     for (name, value) in &out.metrics {
         local.add(name, *value);
@@ -282,21 +287,117 @@ fn end_step(
     Ok(Some(!skip))
 }
 
-/// This rank's rows of `minibatch` (its share `mine`), and the experience pass to reuse for them
-/// with the first batch row it covers. When the step's only minibatch holds the whole batch
-/// (`whole`) the experience pass is reused; on data-parallel ranks that pass covers each rank's
-/// own rows (as many on every rank), so a rank trains on those instead of its share of the
+/// This rank's rows of a micro-batch (`rows`, its plan's), and the experience pass to reuse for
+/// them with the first batch row it covers. When the step's only micro-batch holds the whole
+/// batch (`whole`) the experience pass is reused; on data-parallel ranks that pass covers each
+/// rank's own rows (as many on every rank), so a rank trains on those instead of its share of the
 /// shuffled minibatch: the ranks still cover every row once.
-fn micro_rows<'a>(
-    batch: &'a Batch,
-    minibatch: &[i64],
-    whole: bool,
-    mine: std::ops::Range<usize>,
-) -> (Vec<i64>, Option<(&'a TokenLogProbs, i64)>) {
+fn micro_rows<'a>(batch: &'a Batch, rows: &[i64], whole: bool) -> (Vec<i64>, Option<(&'a TokenLogProbs, i64)>) {
     match (batch.policy.as_ref().filter(|_| whole), batch.policy_rows) {
         (Some(p), Some((offset, n))) => ((offset..offset + n).collect(), Some((p, offset))),
-        (reuse, _) => (minibatch[mine].to_vec(), reuse.map(|p| (p, 0))),
+        (reuse, _) => (rows.to_vec(), reuse.map(|p| (p, 0))),
     }
+}
+
+/// Each row's real tokens (prompt and completion), for the token budget of micro-batches; empty
+/// without one.
+///
+/// # Shapes
+/// `batch.attention_mask`: `[B, L]`; returns `B` lengths.
+fn row_lengths(batch: &Batch, cfg: &TrainConfig) -> Result<Vec<i64>> {
+    if cfg.micro_batch_tokens.is_none() {
+        return Ok(Vec::new());
+    }
+    let lengths = batch.attention_mask.f_sum_dim_intlist(1, false, tch::Kind::Int64)?;
+    Ok(Vec::<i64>::try_from(&lengths.f_to_device(Device::Cpu)?)?)
+}
+
+/// The models one optimizer step trains.
+struct Trainees<'a, 'b> {
+    actor: &'a CausalLm,
+    actor_opt: &'b mut TrainEngine,
+    critic: &'b mut Option<(&'a ScalarHeadModel, &'a mut TrainEngine)>,
+}
+
+/// What the rest of an optimizer step's micro-batches share: `whole_batch` when the epoch's only
+/// minibatch may be the whole batch (one epoch), `step` the generation step (for log lines).
+struct StepRun<'a> {
+    world: &'a World,
+    ptx: Option<&'a PtxData>,
+    train_sharded: bool,
+    whole_batch: bool,
+    step: usize,
+}
+
+/// Computes and backpropagates the loss of every micro-batch of one optimizer step: each of the
+/// accumulated minibatches (`step_chunks`) as its plan splits it. Every micro-batch but the
+/// step's last is ended with [`micro_done`] here; the caller ends the last one. Returns whether
+/// every loss was finite (after a non-finite one only lockstep engines run the rest's passes).
+#[allow(clippy::too_many_arguments)]
+fn accumulate(
+    ctx: &MicroCtx,
+    run: &StepRun,
+    t: &mut Trainees,
+    algo: &mut AlgorithmHandle,
+    rng: &mut SplitMix,
+    step_chunks: &[&[i64]],
+    plans: &[MicroPlan],
+    local: &mut StepMetrics,
+) -> Result<bool> {
+    let (world, k) = (run.world, ctx.k);
+    // The ptx loss weighs each minibatch as `1 / (minibatches × ranks)`, once per minibatch.
+    let micros = k / world.size();
+    let ptx_scale = micros as f64 / step_chunks.len() as f64;
+    let mut finite = true;
+    // This rank's share of the step's loss: its micro-batches' losses over their number.
+    let mut step_loss = 0.0;
+    let mut first = true;
+    for (minibatch, plan) in step_chunks.iter().zip(plans) {
+        let mine = dist::shard(minibatch.len(), world.rank(), world.size());
+        let whole = run.whole_batch && minibatch.len() == ctx.batch.len() && plan.micro_batches() == 1;
+        for j in 0..plan.micro_batches() {
+            if !first {
+                // The previous micro-batch's backward is done (and the last one's after the loop).
+                micro_done(world, t.actor_opt, t.critic)?;
+            }
+            first = false;
+            // A micro-batch some rank has no rows of runs on whole weights at stage 3: the
+            // sharded passes are collectives every rank must join.
+            set_sharded(t.actor_opt, t.critic, run.train_sharded && plan.every_rank_has(j))?;
+            let lockstep = t.actor_opt.lockstep() || t.critic.as_ref().is_some_and(|(_, o)| o.lockstep());
+            let (chunk, reuse) = micro_rows(ctx.batch, plan.rows(world.rank(), j), whole);
+            if chunk.is_empty() || (!finite && !lockstep) {
+                continue;
+            }
+            let part = MicroPart {
+                rows: &chunk,
+                reuse,
+                minibatch_len: minibatch.len(),
+                mine: mine.clone(),
+                ptx_scale: (j == 0).then_some(ptx_scale),
+            };
+            let c = t.critic.as_ref().map(|(c, _)| *c);
+            let (loss, passes) = micro_loss(ctx, t.actor, c, algo, run.ptx, rng, &part, local)?;
+            let loss_value = loss.double_value(&[]);
+            if loss_value.is_finite() {
+                step_loss += loss_value;
+                let loss = if k > 1 { loss.f_div_scalar(k as f64)? } else { loss };
+                backprop(Some(loss), &passes, ctx.batch, t.actor, c)?;
+            } else {
+                tracing::warn!("step {}: non-finite loss ({loss_value}); optimizer step skipped", run.step);
+                finite = false;
+                if lockstep {
+                    // No loss to backpropagate, but the passes' gathers and reductions still run.
+                    backprop(None, &passes, ctx.batch, t.actor, c)?;
+                }
+            }
+        }
+    }
+    if finite {
+        // One figure per optimizer step: steps of more micro-batches do not weigh more.
+        local.add("loss/total", step_loss / micros as f64);
+    }
+    Ok(finite)
 }
 
 pub fn steps_per_epoch(batch: usize, cfg: &TrainConfig) -> usize {
@@ -304,9 +405,9 @@ pub fn steps_per_epoch(batch: usize, cfg: &TrainConfig) -> usize {
 }
 
 /// Runs every minibatch of every epoch. `rng` shuffles the minibatches and draws ptx texts;
-/// `step` is the 1-based generation step (for log lines). Sets `loss/total`, `loss/ptx`,
-/// `grad_norm/actor`, `grad_norm/critic`, `lr`, `lr/critic`, `skipped_steps` and the plugin's
-/// minibatch metrics (averaged over minibatches).
+/// `step` is the 1-based generation step (for log lines). Sets `loss/total` (the optimizer
+/// steps' losses, averaged), `loss/ptx`, `grad_norm/actor`, `grad_norm/critic`, `lr`,
+/// `lr/critic`, `skipped_steps` and the plugin's metrics (averaged over micro-batches).
 ///
 /// # Shapes
 /// `batch` as [`crate::rl::experience::Batch`]; `prepared.advantages`, `prepared.returns`: `[B, R]`.
@@ -346,55 +447,44 @@ pub fn optimise(
     let accumulation = cfg.gradient_accumulation_steps.max(1);
     // Stage 3 trains on sharded parameters, except with ptx, whose pass is not checkpointed.
     let train_sharded = ptx.is_none();
+    let lengths = row_lengths(batch, cfg)?;
     for epoch in 0..cfg.ppo_epochs {
         let mut order: Vec<i64> = (0..b as i64).collect();
         rng.shuffle(&mut order);
         let minibatches: Vec<&[i64]> = order.chunks(cfg.minibatch_size).collect();
         for step_chunks in minibatches.chunks(accumulation) {
-            let k = step_chunks.len() * world.size();
-            // Valid response tokens in the whole accumulated batch, on every rank (dapo's normaliser).
-            let step_tokens = if k > 1 {
+            let plans: Vec<MicroPlan> = step_chunks
+                .iter()
+                .map(|mb| MicroPlan::new(mb, &lengths, cfg.micro_batch_tokens, world.size()))
+                .collect();
+            let k = plans.iter().map(MicroPlan::micro_batches).sum::<usize>() * world.size();
+            // Valid response tokens and samples in the whole accumulated batch, on every rank
+            // (the normalisers of dapo's token mean and of a per-sample mean).
+            let (step_tokens, step_rows) = if k > 1 {
                 let rows: Vec<i64> = step_chunks.concat();
                 let idx = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
-                pick(&batch.action_mask, &idx)?.f_sum(tch::Kind::Float)?.double_value(&[])
+                (pick(&batch.action_mask, &idx)?.f_sum(tch::Kind::Float)?.double_value(&[]), rows.len() as f64)
             } else {
-                0.0 // unused: the minibatch is the whole step
+                (0.0, 0.0) // unused: the micro-batch is the whole step
             };
-            let mut finite = true;
-            for (j, minibatch) in step_chunks.iter().enumerate() {
-                if j > 0 {
-                    // The previous micro-batch's backward is done (and the last one's after the loop).
-                    micro_done(world, actor_opt, &mut critic)?;
-                }
-                let mine = dist::shard(minibatch.len(), world.rank(), world.size());
-                // A micro-batch some rank has no rows of runs on whole weights at stage 3: the
-                // sharded passes are collectives every rank must join.
-                set_sharded(actor_opt, &mut critic, train_sharded && minibatch.len() >= world.size())?;
-                let lockstep = actor_opt.lockstep() || critic.as_ref().is_some_and(|(_, o)| o.lockstep());
-                let whole = cfg.ppo_epochs == 1 && minibatches.len() == 1 && minibatch.len() == b;
-                let (chunk, reuse) = micro_rows(batch, minibatch, whole, mine.clone());
-                if chunk.is_empty() || (!finite && !lockstep) {
-                    continue;
-                }
-                let steps = actor_opt.steps();
-                let ctx =
-                    MicroCtx { batch, prepared, cfg, req, opts, step_tokens, k, epoch, steps, critic_shares_vision };
-                let part = MicroPart { rows: &chunk, reuse, minibatch_len: minibatch.len(), mine: mine.clone() };
-                let c = critic.as_ref().map(|(c, _)| *c);
-                let (loss, passes) = micro_loss(&ctx, actor, c, algo, ptx, &mut rng, &part, &mut local)?;
-                let loss_value = loss.double_value(&[]);
-                if loss_value.is_finite() {
-                    local.add("loss/total", loss_value);
-                    backprop(Some(if k > 1 { loss.f_div_scalar(k as f64)? } else { loss }), &passes, batch, actor, c)?;
-                } else {
-                    tracing::warn!("step {step}: non-finite loss ({loss_value}); optimizer step skipped");
-                    finite = false;
-                    if lockstep {
-                        // No loss to backpropagate, but the passes' gathers and reductions still run.
-                        backprop(None, &passes, batch, actor, c)?;
-                    }
-                }
-            }
+            let steps = actor_opt.steps();
+            let ctx = MicroCtx {
+                batch,
+                prepared,
+                cfg,
+                req,
+                opts,
+                step_tokens,
+                step_rows,
+                k,
+                epoch,
+                steps,
+                critic_shares_vision,
+            };
+            let mut trainees = Trainees { actor, actor_opt: &mut *actor_opt, critic: &mut critic };
+            let whole_batch = cfg.ppo_epochs == 1 && minibatches.len() == 1;
+            let run = StepRun { world, ptx, train_sharded, whole_batch, step };
+            let finite = accumulate(&ctx, &run, &mut trainees, algo, &mut rng, step_chunks, &plans, &mut local)?;
             micro_done(world, actor_opt, &mut critic)?;
             let stepped = end_step(world, actor_opt, &mut critic, finite, step, &mut local, m)?;
             match stepped {

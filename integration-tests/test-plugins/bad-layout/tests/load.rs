@@ -166,6 +166,7 @@ fn bad_info_panics_come_back_as_errors() {
         epoch: 0,
         accumulation_steps: 1,
         step_tokens: 0.0,
+        step_rows: 0.0,
         behavior_logprobs: None,
     };
     let mut algo = ok((module.new_algorithm())(RStr::from_str("{}"), host_context()));
