@@ -121,8 +121,8 @@ pub struct TrainConfig {
     pub ptx_data: Option<PathBuf>,
     /// Upper bound on `rows × vocab` fp32 logits materialised at once.
     pub logprob_chunk_elements: i64,
-    /// With one epoch of one minibatch holding the whole batch (no accumulation, one rank, no
-    /// LoRA dropout) the old log-probs are the minibatch's fresh ones detached: compute them in
+    /// With one epoch of one minibatch holding the whole batch (no accumulation, no token
+    /// budget, no LoRA dropout) the old log-probs are the minibatch's fresh ones detached: compute them in
     /// that pass rather than in a second forward (TRL does the same). `false` forces the
     /// separate pass.
     pub reuse_old_logprobs: bool,
@@ -146,7 +146,8 @@ pub struct TrainConfig {
     /// real tokens, balanced by tokens (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`;
     /// needs `padding_free`). The algorithms' token and sample means stay over the whole
     /// optimizer step, so the gradient is the one of the minibatches whole within float rounding;
-    /// a sequence longer than the budget is a micro-batch of its own. None: one micro-batch.
+    /// a sequence longer than the budget is a micro-batch of its own; the old log-probs then come
+    /// from a pass of their own (`reuse_old_logprobs` does not apply). None: one micro-batch.
     pub micro_batch_tokens: Option<usize>,
 }
 

@@ -319,6 +319,7 @@ impl Trainer {
             && t.ppo_epochs == 1
             && t.minibatch_size >= batch_rows
             && t.gradient_accumulation_steps <= 1
+            && t.micro_batch_tokens.is_none() // the training passes run per micro-batch
             && cfg.model.lora.dropout == 0.0;
         let stage3 = self.actor_opt.strategy() == crate::train_engine::Strategy::ShardedParams;
         // Passes on sharded weights are collectives: a rank without rows makes none, so they run
