@@ -184,51 +184,11 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(tensor_count as usize);
         let mut names = HashSet::new();
         for i in 0..tensor_count {
-            let name = c.string(&format!("the name of tensor {i}"))?;
-            let what = format!("tensor `{name}`");
-            let n_dims = c.u32(&what)?;
-            if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(GgufError::invalid(
-                    &path,
-                    format!("{what}: {n_dims} dimensions (expected 1 to {MAX_DIMS})"),
-                ));
+            let info = tensor_info(&mut c, i, alignment)?;
+            if !names.insert(info.name.clone()) {
+                return Err(GgufError::invalid(&path, format!("tensor `{}` appears twice", info.name)));
             }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(c.u64(&what)?);
-            }
-            let type_id = c.u32(&what)?;
-            let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
-                path: path.clone(),
-                tensor: name.clone(),
-                type_id,
-                known: ALL_TYPES.iter().map(|t| format!("{t} ({})", t.id())).collect::<Vec<_>>().join(", "),
-            })?;
-            let offset = c.u64(&what)?;
-            let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).filter(|&n| n < (1 << 60));
-            if n_elements.is_none() {
-                return Err(GgufError::invalid(&path, format!("{what}: dimensions {dims:?} overflow")));
-            }
-            if dims[0] % ggml_type.block_size() != 0 {
-                return Err(GgufError::invalid(
-                    &path,
-                    format!(
-                        "{what}: its first dimension {} is not a multiple of the {ggml_type} block size {}",
-                        dims[0],
-                        ggml_type.block_size()
-                    ),
-                ));
-            }
-            if offset % alignment != 0 {
-                return Err(GgufError::invalid(
-                    &path,
-                    format!("{what}: data offset {offset} is not a multiple of the alignment {alignment}"),
-                ));
-            }
-            if !names.insert(name.clone()) {
-                return Err(GgufError::invalid(&path, format!("tensor `{name}` appears twice")));
-            }
-            tensors.push(TensorInfo { name, dims, ggml_type, offset });
+            tensors.push(info);
         }
 
         let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
@@ -284,6 +244,51 @@ impl GgufFile {
         crate::dequant::dequantize(tensor.ggml_type, self.tensor_data(tensor), tensor.n_elements() as usize)
             .map_err(|message| GgufError::unsupported(&self.path, format!("tensor `{}`: {message}", tensor.name)))
     }
+}
+/// Tensor info `i` at the cursor: name, dimensions, type and data offset, checked (1 to
+/// `MAX_DIMS` dimensions that do not overflow, a known type whose block size divides the first
+/// dimension, an offset on the `alignment`).
+fn tensor_info(c: &mut Cursor, i: u64, alignment: u64) -> Result<TensorInfo> {
+    let path = c.path;
+    let name = c.string(&format!("the name of tensor {i}"))?;
+    let what = format!("tensor `{name}`");
+    let n_dims = c.u32(&what)?;
+    if n_dims == 0 || n_dims > MAX_DIMS {
+        return Err(GgufError::invalid(path, format!("{what}: {n_dims} dimensions (expected 1 to {MAX_DIMS})")));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for _ in 0..n_dims {
+        dims.push(c.u64(&what)?);
+    }
+    let type_id = c.u32(&what)?;
+    let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
+        path: path.to_path_buf(),
+        tensor: name.clone(),
+        type_id,
+        known: ALL_TYPES.iter().map(|t| format!("{t} ({})", t.id())).collect::<Vec<_>>().join(", "),
+    })?;
+    let offset = c.u64(&what)?;
+    let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).filter(|&n| n < (1 << 60));
+    if n_elements.is_none() {
+        return Err(GgufError::invalid(path, format!("{what}: dimensions {dims:?} overflow")));
+    }
+    if dims[0] % ggml_type.block_size() != 0 {
+        return Err(GgufError::invalid(
+            path,
+            format!(
+                "{what}: its first dimension {} is not a multiple of the {ggml_type} block size {}",
+                dims[0],
+                ggml_type.block_size()
+            ),
+        ));
+    }
+    if offset % alignment != 0 {
+        return Err(GgufError::invalid(
+            path,
+            format!("{what}: data offset {offset} is not a multiple of the alignment {alignment}"),
+        ));
+    }
+    Ok(TensorInfo { name, dims, ggml_type, offset })
 }
 
 /// Refuses tensors whose data ranges overlap: each tensor must end at or before the next one (in

@@ -140,14 +140,8 @@ pub(crate) fn parse_block(
     theta: f64,
     ctx: RopeContext,
 ) -> Result<RopeConfig> {
-    let err = |name: &str, msg: String| ModelError::config(path, &format!("{key}.{name}"), msg);
-    let num = |name: &str| -> Result<Option<f64>> {
-        match block.and_then(|b| b.get(name)) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| err(name, format!("expected a number, got {v}"))),
-        }
-    };
-    let theta = num("rope_theta")?.unwrap_or(theta);
+    let r = BlockReader { path, key, block, ctx };
+    let theta = r.num("rope_theta")?.unwrap_or(theta);
     if !(theta.is_finite() && theta > 0.0) {
         let from_block = block.is_some_and(|b| b.get("rope_theta").is_some());
         let name = if from_block { format!("{key}.rope_theta") } else { "rope_theta".to_string() };
@@ -158,96 +152,33 @@ pub(crate) fn parse_block(
         return Err(ModelError::config(path, key, format!("expected an object, got {block}")));
     };
     if let Some(unknown) = obj.keys().find(|k| !BLOCK_KEYS.contains(&k.as_str())) {
-        return Err(err(unknown, "not a rotary parameter this loader implements (refused rather than ignored)".into()));
+        return Err(
+            r.err(unknown, "not a rotary parameter this loader implements (refused rather than ignored)".into())
+        );
     }
     let mut kind = block.get("rope_type").or_else(|| block.get("type")).and_then(Value::as_str).unwrap_or("default");
     if ctx.phi3_aliases && matches!(kind, "su" | "yarn") {
         kind = "longrope";
     }
-    // Every scaling parameter divides a frequency or a wavelength: zero, negative or non-finite
-    // values would silently make every logit NaN.
-    let positive = |name: &str, v: f64| -> Result<f64> {
-        if v.is_finite() && v > 0.0 {
-            Ok(v)
-        } else {
-            Err(err(name, format!("must be a positive number, got {v}")))
-        }
-    };
-    let need = |name: &str| -> Result<f64> { positive(name, num(name)?.ok_or_else(|| err(name, "missing".into()))?) };
-    let optional = |name: &str| -> Result<Option<f64>> { num(name)?.map(|v| positive(name, v)).transpose() };
     let max_pos = ctx.max_position_embeddings as f64;
-    let original = || -> Result<f64> {
-        Ok(match ctx.original_max_override {
-            Some(o) => positive("original_max_position_embeddings", o as f64)?,
-            None => optional("original_max_position_embeddings")?.unwrap_or(max_pos),
-        })
-    };
     let scaling = match kind {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "linear" => RopeScaling::Linear { factor: r.need("factor")? },
         "llama3" => RopeScaling::Llama3 {
-            factor: need("factor")?,
-            low_freq_factor: need("low_freq_factor")?,
-            high_freq_factor: need("high_freq_factor")?,
-            original_max_position_embeddings: original()?,
+            factor: r.need("factor")?,
+            low_freq_factor: r.need("low_freq_factor")?,
+            high_freq_factor: r.need("high_freq_factor")?,
+            original_max_position_embeddings: r.original()?,
         },
-        "yarn" => {
-            let original = original()?;
-            let factor = optional("factor")?.unwrap_or(max_pos / original);
-            // transformers' `get_mscale`: 0.1 · m · ln(s) + 1 for s > 1.
-            let mscale = |s: f64, m: f64| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
-            let attention_factor = match optional("attention_factor")? {
-                Some(a) => a,
-                None => match (num("mscale")?.filter(|m| *m != 0.0), num("mscale_all_dim")?.filter(|m| *m != 0.0)) {
-                    (Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
-                    _ => mscale(factor, 1.0),
-                },
-            };
-            let truncate = match block.get("truncate") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(v) => return Err(err("truncate", format!("expected true or false, got {v}"))),
-            };
-            RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings: original,
-                beta_fast: optional("beta_fast")?.unwrap_or(32.0),
-                beta_slow: optional("beta_slow")?.unwrap_or(1.0),
-                attention_factor,
-                truncate,
-            }
-        }
-        "longrope" => {
-            let list = |name: &str| -> Result<Vec<f64>> {
-                let v = block.get(name).ok_or_else(|| err(name, "missing".into()))?;
-                let items = v.as_array().ok_or_else(|| err(name, format!("expected a list of numbers, got {v}")))?;
-                items
-                    .iter()
-                    .map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0))
-                    .collect::<Option<Vec<f64>>>()
-                    .ok_or_else(|| err(name, "expected a list of positive numbers".into()))
-            };
-            let original = original()?;
-            let factor = optional("factor")?.unwrap_or(max_pos / original);
-            let attention_factor = match optional("attention_factor")? {
-                Some(a) => a,
-                None if factor <= 1.0 => 1.0,
-                None => (1.0 + factor.ln() / original.ln()).sqrt(),
-            };
-            RopeScaling::LongRope {
-                short_factor: list("short_factor")?,
-                long_factor: list("long_factor")?,
-                original_max_position_embeddings: original,
-                attention_factor,
-            }
-        }
-        "dynamic" => RopeScaling::Dynamic { factor: need("factor")?, max_position_embeddings: max_pos },
+        "yarn" => r.yarn()?,
+        "longrope" => r.longrope()?,
+        "dynamic" => RopeScaling::Dynamic { factor: r.need("factor")?, max_position_embeddings: max_pos },
         "proportional" => {
-            let partial = optional("partial_rotary_factor")?.unwrap_or(1.0);
+            let partial = r.optional("partial_rotary_factor")?.unwrap_or(1.0);
             if partial > 1.0 {
-                return Err(err("partial_rotary_factor", format!("must be at most 1, got {partial}")));
+                return Err(r.err("partial_rotary_factor", format!("must be at most 1, got {partial}")));
             }
-            RopeScaling::Proportional { partial, factor: optional("factor")?.unwrap_or(1.0) }
+            RopeScaling::Proportional { partial, factor: r.optional("factor")?.unwrap_or(1.0) }
         }
         other => {
             return Err(ModelError::config(
@@ -260,6 +191,113 @@ pub(crate) fn parse_block(
         }
     };
     Ok(RopeConfig { theta, scaling, mrope: None })
+}
+
+/// Reads the parameters of one rope block (`key` in the config at `path`), each error naming
+/// `key.parameter`.
+struct BlockReader<'a> {
+    path: &'a Path,
+    key: &'a str,
+    block: Option<&'a Value>,
+    ctx: RopeContext,
+}
+
+impl BlockReader<'_> {
+    fn err(&self, name: &str, msg: String) -> ModelError {
+        ModelError::config(self.path, &format!("{}.{name}", self.key), msg)
+    }
+
+    /// A number, or `None` when absent or null.
+    fn num(&self, name: &str) -> Result<Option<f64>> {
+        match self.block.and_then(|b| b.get(name)) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.err(name, format!("expected a number, got {v}"))),
+        }
+    }
+
+    /// Every scaling parameter divides a frequency or a wavelength: zero, negative or non-finite
+    /// values would silently make every logit NaN.
+    fn positive(&self, name: &str, v: f64) -> Result<f64> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(self.err(name, format!("must be a positive number, got {v}")))
+        }
+    }
+
+    fn need(&self, name: &str) -> Result<f64> {
+        self.positive(name, self.num(name)?.ok_or_else(|| self.err(name, "missing".into()))?)
+    }
+
+    fn optional(&self, name: &str) -> Result<Option<f64>> {
+        self.num(name)?.map(|v| self.positive(name, v)).transpose()
+    }
+
+    /// The pre-scaling context: the family's override, the block's, or `max_position_embeddings`.
+    fn original(&self) -> Result<f64> {
+        Ok(match self.ctx.original_max_override {
+            Some(o) => self.positive("original_max_position_embeddings", o as f64)?,
+            None => {
+                self.optional("original_max_position_embeddings")?.unwrap_or(self.ctx.max_position_embeddings as f64)
+            }
+        })
+    }
+
+    /// A list of positive numbers (longrope's factors per frequency).
+    fn list(&self, name: &str) -> Result<Vec<f64>> {
+        let v = self.block.and_then(|b| b.get(name)).ok_or_else(|| self.err(name, "missing".into()))?;
+        let items = v.as_array().ok_or_else(|| self.err(name, format!("expected a list of numbers, got {v}")))?;
+        items
+            .iter()
+            .map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0))
+            .collect::<Option<Vec<f64>>>()
+            .ok_or_else(|| self.err(name, "expected a list of positive numbers".into()))
+    }
+
+    fn yarn(&self) -> Result<RopeScaling> {
+        let original = self.original()?;
+        let factor = self.optional("factor")?.unwrap_or(self.ctx.max_position_embeddings as f64 / original);
+        // transformers' `get_mscale`: 0.1 · m · ln(s) + 1 for s > 1.
+        let mscale = |s: f64, m: f64| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
+        let attention_factor = match self.optional("attention_factor")? {
+            Some(a) => a,
+            None => {
+                match (self.num("mscale")?.filter(|m| *m != 0.0), self.num("mscale_all_dim")?.filter(|m| *m != 0.0)) {
+                    (Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+                    _ => mscale(factor, 1.0),
+                }
+            }
+        };
+        let truncate = match self.block.and_then(|b| b.get("truncate")) {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => return Err(self.err("truncate", format!("expected true or false, got {v}"))),
+        };
+        Ok(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: self.optional("beta_fast")?.unwrap_or(32.0),
+            beta_slow: self.optional("beta_slow")?.unwrap_or(1.0),
+            attention_factor,
+            truncate,
+        })
+    }
+
+    fn longrope(&self) -> Result<RopeScaling> {
+        let original = self.original()?;
+        let factor = self.optional("factor")?.unwrap_or(self.ctx.max_position_embeddings as f64 / original);
+        let attention_factor = match self.optional("attention_factor")? {
+            Some(a) => a,
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / original.ln()).sqrt(),
+        };
+        Ok(RopeScaling::LongRope {
+            short_factor: self.list("short_factor")?,
+            long_factor: self.list("long_factor")?,
+            original_max_position_embeddings: original,
+            attention_factor,
+        })
+    }
 }
 
 /// `partial_rotary_factor` (top level or in the rope block): the rotating share of each head.
