@@ -127,6 +127,11 @@ pub fn all(world: &World, flag: bool) -> Result<bool> {
     Ok(world.all_reduce_f64(&[f64::from(u8::from(flag))], ReduceOp::Min).map_err(err)?[0] == 1.0)
 }
 
+/// The largest of the ranks' `x`.
+pub fn max(world: &World, x: f64) -> Result<f64> {
+    Ok(world.all_reduce_f64(&[x], ReduceOp::Max).map_err(err)?[0])
+}
+
 /// Sums `xs` element-wise over ranks.
 pub fn sum(world: &World, xs: &[f64]) -> Result<Vec<f64>> {
     world.all_reduce_f64(xs, ReduceOp::Sum).map_err(err)

@@ -146,8 +146,10 @@ pub struct TrainConfig {
     /// real tokens, balanced by tokens (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`;
     /// needs `padding_free`). The algorithms' token and sample means stay over the whole
     /// optimizer step, so the gradient is the one of the minibatches whole within float rounding;
-    /// a sequence longer than the budget is a micro-batch of its own; the old log-probs then come
-    /// from a pass of their own (`reuse_old_logprobs` does not apply). None: one micro-batch.
+    /// a sequence longer than the budget is a micro-batch of its own. The old policy's, the
+    /// reference's and the critic's passes run in micro-batches of the budget too, so the old
+    /// log-probs have a pass of their own (`reuse_old_logprobs` does not apply). None: one
+    /// micro-batch, and the experience passes over the whole batch.
     pub micro_batch_tokens: Option<usize>,
 }
 

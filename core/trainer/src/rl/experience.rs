@@ -12,7 +12,7 @@ use rlhf_models::{CausalLm, Images, ScalarHeadModel};
 
 use tch::{Device, Kind, Tensor};
 
-use crate::error::Result;
+use crate::error::{Result, TrainerError};
 use crate::metrics::StepMetrics;
 use crate::rl::phase::{PhaseClock, PhaseCost};
 use crate::rl::rollout::Rollout;
@@ -278,6 +278,95 @@ pub fn compute(
         policy_rows: None,
     };
     Ok((batch, old.entropy, times))
+}
+
+/// [`compute`] in micro-batches of this rank's rows (`micro`, from
+/// [`crate::rl::micro::experience_plan`]; `None`: the whole batch at once), their log-probs,
+/// entropy and values put back in row order. The old log-probs are not the training pass's
+/// (`passes.reuse` must be off with micro-batches).
+///
+/// # Shapes
+/// See [`Batch`].
+pub fn compute_in_micro_batches(
+    models: &Models<'_>,
+    s: Selected,
+    opts: LogProbOptions,
+    device: Device,
+    passes: Passes<'_>,
+    entropy_grad: bool,
+    micro: Option<Vec<Vec<i64>>>,
+) -> Result<(Batch, Option<Tensor>, ExperienceTimes)> {
+    let Some(micro) = micro.filter(|_| !passes.reuse && s.action_mask.size()[0] > 0) else {
+        return compute(models, s, opts, device, passes, entropy_grad);
+    };
+    // Each micro-batch's outputs in its rows' order, then the rows back in the batch's order.
+    let order: Vec<i64> = micro.concat();
+    let mut back = vec![0i64; order.len()];
+    for (i, &row) in order.iter().enumerate() {
+        back[row as usize] = i as i64;
+    }
+    let back = Tensor::f_from_slice(&back)?.f_to_device(device)?;
+    let (mut old, mut entropy, mut reference, mut values) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut times = ExperienceTimes::default();
+    for rows in micro.iter().filter(|rows| !rows.is_empty()) {
+        let idx = Tensor::f_from_slice(rows)?.f_to_device(device)?;
+        let part = s.pick(rows, &idx)?;
+        let passes = Passes { reuse: false, checkpointing: passes.checkpointing, shard_actor: None };
+        let (batch, ent, t) = compute(models, part, opts, device, passes, entropy_grad)?;
+        old.push(batch.old_logprobs);
+        entropy.extend(ent);
+        reference.extend(batch.ref_logprobs);
+        values.extend(batch.values);
+        times.old_logprobs.add(&t.old_logprobs);
+        times.reference.add(&t.reference);
+        times.values.add(&t.values);
+    }
+    // [B, R] each, in row order; `None` where no micro-batch gave one.
+    let rejoin = |parts: Vec<Tensor>| -> Result<Option<Tensor>> {
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Tensor::f_cat(&parts, 0)?.f_index_select(0, &back)?))
+    };
+    let old = rejoin(old)?.ok_or_else(|| TrainerError::Run("experience: no micro-batch had rows".into()))?;
+    let entropy = rejoin(entropy)?;
+    let (reference, values) = (rejoin(reference)?, rejoin(values)?);
+    let batch = Batch {
+        old_logprobs: old,
+        ref_logprobs: reference,
+        values,
+        sequences: s.sequences,
+        attention_mask: s.attention_mask,
+        action_mask: s.action_mask,
+        prompt_len: s.prompt_len,
+        rewards: s.rewards,
+        group_ids: s.group_ids,
+        records: s.records,
+        images: s.images,
+        behavior_logprobs: s.behavior_logprobs,
+        policy: None,
+        policy_checkpoint: None,
+        policy_rows: None,
+    };
+    Ok((batch, entropy, times))
+}
+
+impl Selected {
+    /// The rows `rows` (`idx` on the device), in that order.
+    fn pick(&self, rows: &[i64], idx: &Tensor) -> Result<Selected> {
+        let pick = |t: &Tensor| -> Result<Tensor> { Ok(t.f_index_select(0, idx)?) };
+        Ok(Selected {
+            sequences: pick(&self.sequences)?,
+            attention_mask: pick(&self.attention_mask)?,
+            action_mask: pick(&self.action_mask)?,
+            prompt_len: self.prompt_len,
+            rewards: pick(&self.rewards)?,
+            group_ids: pick(&self.group_ids)?,
+            records: pick(&self.records)?,
+            images: self.images.as_ref().map(|i| i.pick(rows)),
+            behavior_logprobs: self.behavior_logprobs.as_ref().map(pick).transpose()?,
+        })
+    }
 }
 
 /// [`token_logprobs`] of rows holding images (in row order) when there are any.

@@ -12,7 +12,10 @@
 //! over the whole optimizer step (`step_tokens`, `step_rows`), so however the rows fall the step's
 //! gradient is the one of the minibatches whole, within float rounding.
 
+use rlhf_collective::World;
+
 use crate::dist;
+use crate::error::Result;
 
 /// One minibatch's micro-batches on every rank.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,10 +64,39 @@ impl MicroPlan {
     }
 }
 
+/// The micro-batches of the experience passes (the old policy's, the reference's, the critic's,
+/// without gradients) over this rank's `lengths.len()` rows, as row lists; `None` without a budget
+/// or when one micro-batch holds every row. With `lockstep` (ZeRO stage 3, whose sharded passes
+/// are collectives) every rank runs as many as the rank that needs the most (agreed by
+/// collectives), and the flag says whether every rank has rows in every one of them.
+pub fn experience_plan(
+    world: &World,
+    lengths: &[i64],
+    budget: Option<usize>,
+    lockstep: bool,
+) -> Result<(Option<Vec<Vec<i64>>>, bool)> {
+    let Some(budget) = budget else { return Ok((None, true)) };
+    let budget = budget.max(1) as i64;
+    let rows: Vec<i64> = (0..lengths.len() as i64).collect();
+    let mut bins = split(&rows, lengths, budget, 1);
+    if lockstep {
+        // Every rank takes the same number of rounds: each ends on a verdict of all of them.
+        loop {
+            let most = dist::max(world, bins.len() as f64)? as usize;
+            if dist::all(world, bins.len() == most)? {
+                break;
+            }
+            bins = split(&rows, lengths, budget, most);
+        }
+    }
+    let every_rank_has_rows = !lockstep || dist::all(world, bins.iter().all(|b| !b.is_empty()))?;
+    Ok(((bins.len() > 1).then_some(bins), every_rank_has_rows))
+}
+
 /// `rows` in at least `n` bins of at most `budget` tokens each (LPT: longest row first, each to
 /// the lightest bin, ties to the lower bin), as many more as it takes; each bin in `rows`' order.
 /// Bins past the row count stay empty.
-fn split(rows: &[i64], lengths: &[i64], budget: i64, n: usize) -> Vec<Vec<i64>> {
+pub(crate) fn split(rows: &[i64], lengths: &[i64], budget: i64, n: usize) -> Vec<Vec<i64>> {
     // No fewer than the rows over the budget plus the others' tokens over the budget, rounded up.
     let over = rows.iter().filter(|&&r| lengths[r as usize] > budget).count();
     let rest: i64 = rows.iter().map(|&r| lengths[r as usize]).filter(|&l| l <= budget).sum();

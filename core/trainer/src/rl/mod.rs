@@ -324,9 +324,22 @@ impl Trainer {
         let stage3 = self.actor_opt.strategy() == crate::train_engine::Strategy::ShardedParams;
         // Passes on sharded weights are collectives: a rank without rows makes none, so they run
         // only when every rank has rows (whole weights otherwise).
-        let every_rank_has_rows =
+        let mut every_rank_has_rows =
             if stage3 { crate::dist::all(&self.world, selected.action_mask.size()[0] > 0)? } else { true };
         reuse &= every_rank_has_rows;
+        // With a token budget the passes run in micro-batches, as many on every rank at stage 3;
+        // one some rank has no rows of runs the reference on whole weights too.
+        let lengths: Vec<i64> = match t.micro_batch_tokens {
+            Some(_) => Vec::try_from(
+                &selected
+                    .attention_mask
+                    .f_sum_dim_intlist(1, false, tch::Kind::Int64)?
+                    .f_to_device(tch::Device::Cpu)?,
+            )?,
+            None => Vec::new(),
+        };
+        let (micro, all_have_rows) = micro::experience_plan(&self.world, &lengths, t.micro_batch_tokens, stage3)?;
+        every_rank_has_rows &= all_have_rows;
         let ref_whole = self.ref_params.as_ref().filter(|_| !every_rank_has_rows);
         if let Some(p) = ref_whole {
             p.gather_all()?;
@@ -344,10 +357,11 @@ impl Trainer {
             ref_shares_vision: self.ref_shares_vision,
             critic_shares_vision: self.critic_shares_vision,
         };
+        let entropy_grad = self.algo.requirements().entropy;
         let shard_actor = if reuse && stage3 { Some(&mut self.actor_opt) } else { None };
         let passes = experience::Passes { reuse, checkpointing: t.gradient_checkpointing, shard_actor };
         let (exp, entropy, times) =
-            experience::compute(&models, selected, opts, self.device, passes, self.algo.requirements().entropy)?;
+            experience::compute_in_micro_batches(&models, selected, opts, self.device, passes, entropy_grad, micro)?;
         if let Some(p) = ref_whole {
             p.shard()?;
         }

@@ -36,6 +36,13 @@ impl RowImages {
         RowImages { images, slots }
     }
 
+    /// The rows `idx`, in that order (their patches' storage shared).
+    pub fn pick(&self, idx: &[i64]) -> RowImages {
+        let images = idx.iter().map(|&i| self.images[i as usize].shallow_clone()).collect();
+        let slots = idx.iter().map(|&i| self.slots.get(i as usize).cloned().unwrap_or_default()).collect();
+        RowImages { images, slots }
+    }
+
     /// The images of the rows `idx` names (all with `None`) one after another ([`cat`]).
     pub fn cat(&self, idx: Option<&[i64]>) -> Result<Option<Images>> {
         cat(&self.images, idx)
