@@ -25,6 +25,7 @@ mod phases;
 mod plugin_sections;
 mod rl;
 mod rollout;
+mod train;
 mod warmup;
 
 pub use crate::optim::Schedule;
@@ -36,6 +37,7 @@ pub use eval::*;
 pub use phases::*;
 pub use rl::*;
 pub use rollout::*;
+pub use train::*;
 pub use warmup::*;
 
 /// The presets in `configs/`, compiled in so `rlhf train --algo NAME` works from anywhere.
