@@ -326,6 +326,13 @@ impl RlConfig {
                            whatever its tokens: train.minibatch_size sizes those)";
                 return bad("train.micro_batch_tokens", msg);
             }
+            Some(n) if (n as i64) < self.data.max_prompt_len as i64 + self.rollout.max_new_tokens => {
+                let longest = self.data.max_prompt_len as i64 + self.rollout.max_new_tokens;
+                tracing::warn!(
+                    "train.micro_batch_tokens = {n} is less than the longest sequence (data.max_prompt_len + \
+                     rollout.max_new_tokens = {longest}): a sequence longer than {n} tokens is a micro-batch of its own"
+                );
+            }
             _ => {}
         }
         for (key, lora) in

@@ -179,24 +179,10 @@ pub fn compute(
     let mut times = ExperienceTimes::default();
     if b == 0 {
         let zeros = || s.action_mask.f_zeros_like();
-        let batch = Batch {
-            old_logprobs: zeros()?,
-            ref_logprobs: models.reference.map(|_| zeros()).transpose()?,
-            values: models.critic.map(|_| zeros()).transpose()?,
-            sequences: s.sequences,
-            attention_mask: s.attention_mask,
-            action_mask: s.action_mask.shallow_clone(),
-            prompt_len: p_len,
-            rewards: s.rewards,
-            group_ids: s.group_ids,
-            records: s.records,
-            images: s.images,
-            behavior_logprobs: s.behavior_logprobs,
-            policy: None,
-            policy_checkpoint: None,
-            policy_rows: None,
-        };
-        return Ok((batch, Some(zeros()?), times));
+        let reference = models.reference.map(|_| zeros()).transpose()?;
+        let values = models.critic.map(|_| zeros()).transpose()?;
+        let (old, entropy) = (zeros()?, zeros()?);
+        return Ok((s.into_batch(old, reference, values, None), Some(entropy), times));
     }
     let images = s.images.as_ref().map(|rows| rows.cat(None)).transpose()?.flatten();
     let width = seq.size()[1];
@@ -260,23 +246,8 @@ pub fn compute(
         (tch::no_grad(|| logprobs(models.actor, seq, attn, images, p_len, opts))?, None, None)
     };
     times.old_logprobs = t.stop();
-    let batch = Batch {
-        sequences: s.sequences,
-        attention_mask: s.attention_mask,
-        action_mask: s.action_mask,
-        prompt_len: p_len,
-        old_logprobs: old.logprobs,
-        ref_logprobs,
-        values,
-        rewards: s.rewards,
-        group_ids: s.group_ids,
-        records: s.records,
-        images: s.images,
-        behavior_logprobs: s.behavior_logprobs,
-        policy,
-        policy_checkpoint,
-        policy_rows: None,
-    };
+    let kept = policy.map(|p| (p, policy_checkpoint));
+    let batch = s.into_batch(old.logprobs, ref_logprobs, values, kept);
     Ok((batch, old.entropy, times))
 }
 
@@ -331,27 +302,43 @@ pub fn compute_in_micro_batches(
     let old = rejoin(old)?.ok_or_else(|| TrainerError::Run("experience: no micro-batch had rows".into()))?;
     let entropy = rejoin(entropy)?;
     let (reference, values) = (rejoin(reference)?, rejoin(values)?);
-    let batch = Batch {
-        old_logprobs: old,
-        ref_logprobs: reference,
-        values,
-        sequences: s.sequences,
-        attention_mask: s.attention_mask,
-        action_mask: s.action_mask,
-        prompt_len: s.prompt_len,
-        rewards: s.rewards,
-        group_ids: s.group_ids,
-        records: s.records,
-        images: s.images,
-        behavior_logprobs: s.behavior_logprobs,
-        policy: None,
-        policy_checkpoint: None,
-        policy_rows: None,
-    };
+    let batch = s.into_batch(old, reference, values, None);
     Ok((batch, entropy, times))
 }
 
 impl Selected {
+    /// The batch of these rows with the models' outputs: old log-probs, reference log-probs,
+    /// values, and the kept training pass (see [`Batch::policy`]).
+    fn into_batch(
+        self,
+        old_logprobs: Tensor,
+        ref_logprobs: Option<Tensor>,
+        values: Option<Tensor>,
+        kept: Option<(TokenLogProbs, Option<LogProbPass>)>,
+    ) -> Batch {
+        let (policy, policy_checkpoint) = match kept {
+            Some((p, ck)) => (Some(p), ck),
+            None => (None, None),
+        };
+        Batch {
+            sequences: self.sequences,
+            attention_mask: self.attention_mask,
+            action_mask: self.action_mask,
+            prompt_len: self.prompt_len,
+            old_logprobs,
+            ref_logprobs,
+            values,
+            rewards: self.rewards,
+            group_ids: self.group_ids,
+            records: self.records,
+            images: self.images,
+            behavior_logprobs: self.behavior_logprobs,
+            policy,
+            policy_checkpoint,
+            policy_rows: None,
+        }
+    }
+
     /// The rows `rows` (`idx` on the device), in that order.
     fn pick(&self, rows: &[i64], idx: &Tensor) -> Result<Selected> {
         let pick = |t: &Tensor| -> Result<Tensor> { Ok(t.f_index_select(0, idx)?) };
