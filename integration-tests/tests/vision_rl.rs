@@ -162,6 +162,17 @@ fn grpo_trains_on_prompts_with_images_on_one_process_and_two_ranks() {
     let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(summary["metrics"]["eval/prompts"], 3.0, "{summary}");
 
+    // Padding-free micro-batches of at most 64 tokens (about a row each: the image rows hold
+    // their placeholders), for the experience passes and the minibatches: each pass picks its
+    // rows' images, so the fresh log-probs are still the old ones, and the loss is one process's.
+    let budget = ["--set", "train.padding_free=true", "--set", "train.micro_batch_tokens=64"];
+    let split = trained(&config, &dir.path().join("split"), &budget);
+    assert_eq!(one[0]["reward"], split[0]["reward"]);
+    assert_eq!(value(&split[0], "clip_ratio/low_mean") + value(&split[0], "clip_ratio/high_mean"), 0.0);
+    assert!(value(&split[0], "approx_kl").abs() < 1e-9, "{}", split[0]);
+    let (a, b) = (value(&one[0], "loss/total"), value(&split[0], "loss/total"));
+    assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "loss/total {a} whole, {b} in micro-batches");
+
     // 2 ranks: the same samples (rewards) at the first step, the same fresh log-probs as the old
     // ones after the gather, and the same loss as one process.
     let two = trained(&config, &dir.path().join("two"), &["--nproc", "2"]);
