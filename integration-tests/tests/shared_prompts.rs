@@ -144,6 +144,33 @@ fn micro_batches_by_a_token_budget_train_as_whole_minibatches_within_rounding() 
         let (x, y) = (num(&two[0], key), num(&one[0], key));
         assert!((x - y).abs() <= 1e-4 * x.abs().max(y.abs()).max(1e-3), "2 ranks, step 1: `{key}` {x} against {y}");
     }
+    // Odd minibatches (16 rows in 5, 5, 5 and 1: 3 rows on rank 0 and 2 on rank 1, then 1 and
+    // none), after a warm-up long enough for rewards to differ within groups: GRPO's per-sample
+    // mean is over each step's samples, so 2 ranks train as one process — with whole shares, and
+    // in micro-batches of a row at stage 3, where rank 1's empty ones run on whole weights.
+    let odd = ["--set", "warmup.steps=20", "--set", "rollout.prompts_per_batch=2", "--set", "train.minibatch_size=5"];
+    let one = behaviour_metrics(&run_algo(dir.path(), "grpo", "odd-one", false, &[&base[..], &odd[..]].concat()));
+    assert!(num(&one[0], "reward_std") > 0.0, "no reward signal: {:?}", one[0]);
+    let two = behaviour_metrics(&run_algo(
+        dir.path(),
+        "grpo",
+        "odd-two",
+        false,
+        &[&base[..], &odd[..], &["--nproc", "2"]].concat(),
+    ));
+    let rows = ["--set", "train.micro_batch_tokens=1"];
+    let split =
+        run_algo(dir.path(), "grpo", "odd-split", false, &[&base[..], &odd[..], &rows[..], &zero3[..]].concat());
+    let split = behaviour_metrics(&split);
+    for (what, two) in [("whole shares", &two), ("micro-batches of a row", &split)] {
+        for key in ["reward", "loss/total", "grad_norm/actor"] {
+            let (x, y) = (num(&two[0], key), num(&one[0], key));
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs().max(y.abs()).max(1e-3),
+                "odd, 2 ranks, {what}: `{key}` {x} against {y}"
+            );
+        }
+    }
 }
 
 /// The budget needs padding-free passes: refused before the run starts, naming the key.
