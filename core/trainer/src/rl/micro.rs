@@ -13,6 +13,7 @@
 //! gradient is the one of the minibatches whole, within float rounding.
 
 use rlhf_collective::World;
+use tch::{Device, Kind, Tensor};
 
 use crate::dist;
 use crate::error::Result;
@@ -62,6 +63,18 @@ impl MicroPlan {
     pub fn every_rank_has(&self, j: usize) -> bool {
         self.parts.iter().all(|p| !p[j].is_empty())
     }
+}
+
+/// Each row's real tokens (prompt and completion) for a token budget; empty without one.
+///
+/// # Shapes
+/// `attention_mask`: `[B, L]` (0/1); returns `B` lengths.
+pub fn row_lengths(attention_mask: &Tensor, budget: Option<usize>) -> Result<Vec<i64>> {
+    if budget.is_none() {
+        return Ok(Vec::new());
+    }
+    let lengths = attention_mask.f_sum_dim_intlist(1, false, Kind::Int64)?.f_to_device(Device::Cpu)?;
+    Ok(Vec::<i64>::try_from(&lengths)?)
 }
 
 /// The micro-batches of the experience passes (the old policy's, the reference's, the critic's,

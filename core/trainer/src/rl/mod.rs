@@ -329,15 +329,7 @@ impl Trainer {
         reuse &= every_rank_has_rows;
         // With a token budget the passes run in micro-batches, as many on every rank at stage 3;
         // one some rank has no rows of runs the reference on whole weights too.
-        let lengths: Vec<i64> = match t.micro_batch_tokens {
-            Some(_) => Vec::try_from(
-                &selected
-                    .attention_mask
-                    .f_sum_dim_intlist(1, false, tch::Kind::Int64)?
-                    .f_to_device(tch::Device::Cpu)?,
-            )?,
-            None => Vec::new(),
-        };
+        let lengths = micro::row_lengths(&selected.attention_mask, t.micro_batch_tokens)?;
         let (micro, all_have_rows) = micro::experience_plan(&self.world, &lengths, t.micro_batch_tokens, stage3)?;
         every_rank_has_rows &= all_have_rows;
         let ref_whole = self.ref_params.as_ref().filter(|_| !every_rank_has_rows);

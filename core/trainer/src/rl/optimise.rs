@@ -23,7 +23,7 @@ use crate::optim::ema_update;
 use crate::plugins::AlgorithmHandle;
 use crate::progress::RunProgress;
 use crate::rl::experience::{logprobs_pass, Batch};
-use crate::rl::micro::MicroPlan;
+use crate::rl::micro::{self, MicroPlan};
 use crate::rl::ptx::PtxData;
 use crate::rl::visual;
 use crate::router_aux::with_router_aux_loss;
@@ -299,19 +299,6 @@ fn micro_rows<'a>(batch: &'a Batch, rows: &[i64], whole: bool) -> (Vec<i64>, Opt
     }
 }
 
-/// Each row's real tokens (prompt and completion), for the token budget of micro-batches; empty
-/// without one.
-///
-/// # Shapes
-/// `batch.attention_mask`: `[B, L]`; returns `B` lengths.
-fn row_lengths(batch: &Batch, cfg: &TrainConfig) -> Result<Vec<i64>> {
-    if cfg.micro_batch_tokens.is_none() {
-        return Ok(Vec::new());
-    }
-    let lengths = batch.attention_mask.f_sum_dim_intlist(1, false, tch::Kind::Int64)?;
-    Ok(Vec::<i64>::try_from(&lengths.f_to_device(Device::Cpu)?)?)
-}
-
 /// The models one optimizer step trains.
 struct Trainees<'a, 'b> {
     actor: &'a CausalLm,
@@ -447,7 +434,7 @@ pub fn optimise(
     let accumulation = cfg.gradient_accumulation_steps.max(1);
     // Stage 3 trains on sharded parameters, except with ptx, whose pass is not checkpointed.
     let train_sharded = ptx.is_none();
-    let lengths = row_lengths(batch, cfg)?;
+    let lengths = micro::row_lengths(&batch.attention_mask, cfg.micro_batch_tokens)?;
     for epoch in 0..cfg.ppo_epochs {
         let mut order: Vec<i64> = (0..b as i64).collect();
         rng.shuffle(&mut order);
