@@ -37,6 +37,11 @@ pub const MAX_FILE_BYTES: u64 = 256 << 20;
 /// Decodes the image file at `path` (PNG, JPEG, WebP, GIF's first frame, BMP): a regular file of
 /// at most [`MAX_FILE_BYTES`].
 pub fn load_path(path: &Path) -> Result<RgbImage> {
+    load_bytes(&read_file(path)?, &path.display().to_string())
+}
+
+/// The bytes of the image file at `path`: a regular file of at most [`MAX_FILE_BYTES`].
+pub fn read_file(path: &Path) -> Result<Vec<u8>> {
     use std::io::Read;
     let io = |source| VisionError::Io { path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(io)?;
@@ -53,7 +58,7 @@ pub fn load_path(path: &Path) -> Result<RgbImage> {
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(size_err(format!("grew past {MAX_FILE_BYTES} bytes while read")));
     }
-    load_bytes(&bytes, &path.display().to_string())
+    Ok(bytes)
 }
 
 /// Decodes encoded image bytes; `name` says where they came from in errors.

@@ -36,6 +36,23 @@ impl ImageRef {
         }
     }
 
+    /// The image as an RFC 2397 data URL, `data:<mime>;base64,<bytes>` — how an inference server
+    /// that decodes images itself is sent them (vLLM's `image_url` content parts). The bytes are
+    /// the file's as they are, not re-encoded; the MIME type is guessed from them (PNG, JPEG,
+    /// WebP, GIF, BMP), `application/octet-stream` otherwise.
+    pub fn data_url(&self) -> Result<String> {
+        let read;
+        let bytes: &[u8] = match self {
+            ImageRef::Path(p) => {
+                read = crate::load::read_file(p)?;
+                &read
+            }
+            ImageRef::Bytes { bytes, .. } => bytes,
+        };
+        let mime = image::guess_format(bytes).map_or("application/octet-stream", |f| f.to_mime_type());
+        Ok(format!("data:{mime};base64,{}", encode_base64(bytes)))
+    }
+
     /// How errors and rewards name the image: its path, or `<row> image <i>` for bytes.
     pub fn name(&self) -> String {
         match self {
@@ -207,6 +224,24 @@ pub fn encode_base64(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn images_go_out_as_data_urls_of_their_own_bytes() {
+        let png = b"\x89PNG\r\n\x1a\n rest".to_vec();
+        let dir = std::env::temp_dir().join(format!("rlhf-data-url-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.png");
+        std::fs::write(&path, &png).unwrap();
+        let url = ImageRef::Path(path.clone()).data_url().unwrap();
+        assert_eq!(url, format!("data:image/png;base64,{}", encode_base64(&png)));
+        let jpeg = ImageRef::Bytes { name: "row 1 image 0".into(), bytes: b"\xff\xd8\xff\xe0..".to_vec().into() };
+        assert!(jpeg.data_url().unwrap().starts_with("data:image/jpeg;base64,/9j/"));
+        let other = ImageRef::Bytes { name: "x".into(), bytes: b"text".to_vec().into() };
+        assert!(other.data_url().unwrap().starts_with("data:application/octet-stream;base64,"));
+        let missing = ImageRef::Path(dir.join("missing.png")).data_url().unwrap_err().to_string();
+        assert!(missing.contains("missing.png"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn images_come_as_paths_structs_and_bytes() {
