@@ -40,7 +40,7 @@ fn start(model: &Path, work: &Path) -> Server {
         .arg(model)
         .args(["--served-model-name", "policy", "--dtype", "float32", "--logprobs-mode", "processed_logprobs"])
         .args(["--port", &port.to_string(), "--max-model-len", "64", "--gpu-memory-utilization", "0.1"])
-        .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"])
+        .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1", "--enable-scale-out"])
         .env("VLLM_SERVER_DEV_MODE", "1")
         .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -75,6 +75,26 @@ fn tiny_model(work: &Path) -> PathBuf {
     out
 }
 
+/// A random Qwen2.5-VL over the built-in visual task's words, with heads of 64 in the language
+/// model and the tower (vLLM's CPU attention takes no smaller ones).
+fn tiny_vl_model(work: &Path) -> PathBuf {
+    let dir = work.join("qwen2.5-vl-h128");
+    let shape = rlhf_trainer::builtin_vl::VlShape {
+        hidden: 128,
+        layers: 2,
+        heads: 2,
+        kv_heads: 1,
+        inter: 256,
+        vision_hidden: 64,
+        vision_depth: 2,
+        vision_heads: 1,
+        vision_inter: 128,
+        max_positions: 256,
+    };
+    rlhf_trainer::builtin_vl::write_shaped(&dir, &shape, 1).unwrap();
+    dir
+}
+
 /// The training steps' metrics rows (row 0 of a preset with `[eval]` is the evaluation before
 /// training, which has no rollout metrics).
 fn train_rows(run_dir: &Path) -> Vec<serde_json::Value> {
@@ -95,22 +115,36 @@ fn train(args: &[&str], run_dir: &Path) -> Output {
 struct VllmRun {
     _server: Server,
     run_dir: PathBuf,
+    /// What `rlhf train` logged.
+    stderr: String,
     _work: tempfile::TempDir,
 }
 
 impl VllmRun {
+    /// The GRPO preset on the tiny Llama.
     fn start(extra: &[&str]) -> VllmRun {
+        VllmRun::start_on(tiny_model, &[], extra)
+    }
+
+    /// `rlhf train args` on the model `model` writes, with `--set` of each of `extra`.
+    fn start_on(model: fn(&Path) -> PathBuf, args: &[&str], extra: &[&str]) -> VllmRun {
         let work = tempfile::tempdir().unwrap();
-        let model = tiny_model(work.path());
+        let model = model(work.path());
         let server = start(&model, work.path());
         let run_dir = work.path().join("run");
         let actor = format!("model.actor={:?}", model.to_str().unwrap());
         let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
-        let mut args = vec!["--set", &actor, "--set", "rollout.engine=\"vllm\"", "--set", &urls];
+        let mut args = args.to_vec();
+        args.extend(["--set", &actor, "--set", "rollout.engine=\"vllm\"", "--set", &urls]);
         args.extend(extra.iter().flat_map(|e| ["--set", e]));
         let out = train(&args, &run_dir);
-        assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), server.log.display());
-        VllmRun { _server: server, run_dir, _work: work }
+        if !out.status.success() {
+            let log = std::fs::read_to_string(&server.log).unwrap_or_default();
+            let tail: String =
+                log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            panic!("{}\nthe server's log ends:\n{tail}", String::from_utf8_lossy(&out.stderr));
+        }
+        VllmRun { _server: server, run_dir, stderr: String::from_utf8_lossy(&out.stderr).into_owned(), _work: work }
     }
 }
 
@@ -165,6 +199,77 @@ fn a_lora_policy_is_served_through_its_adapter() {
         .path()
         .join("adapter_model.safetensors")
         .is_file()));
+}
+
+/// Prompts with images (the built-in visual task's scenes, `configs/grpo-vl.toml`) go to the
+/// server with their images through its generate endpoint: the server expands each image to the
+/// prompt the trainer built (or the run stops), the full model — tower included — is synced every
+/// step, and the engine's log-probs of its samples are the trainer's within what the two image
+/// resamplers' last bits allow.
+#[test]
+#[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
+fn prompts_with_images_are_sampled_on_vllm_with_the_engines_log_probs_near_ours() {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/grpo-vl.toml");
+    let config = config.to_str().unwrap();
+    let run = VllmRun::start_on(
+        tiny_vl_model,
+        &["--config", config],
+        &["train.steps=3", "rollout.prompts_per_batch=4", "rollout.samples_per_prompt=4"],
+    );
+    let rows = train_rows(&run.run_dir);
+    assert_eq!(rows.len(), 3);
+    let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
+    let versions: Vec<f64> = rows.iter().map(|r| r["rollout/weights_version"].as_f64().unwrap()).collect();
+    println!("vLLM with images: max |engine - trainer| log-prob {diff:e} over {} steps", rows.len());
+    assert!(versions.windows(2).all(|w| w[1] > w[0]), "a new version every step: {versions:?}");
+    assert!(diff < 1e-3, "{diff}");
+}
+
+/// Multi-turn episodes on prompts with images whose observations carry an image too (the
+/// scripted environment sends `c.png`, 60 × 50 pixels, which both processors resize to 56 × 56):
+/// each turn's context goes to the server with the prompt's image and the observations' so far,
+/// and the engine's log-probs of the sampled tokens are the trainer's within what the two
+/// resamplers allow.
+#[test]
+#[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
+fn episodes_with_observed_images_are_sampled_on_vllm() {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/grpo-vl.toml");
+    let image = rlhf_integration_tests::vl_fixture().join("images").join("c.png");
+    let env = format!(
+        "environment.config={{ turns = 3, observation = \" look:<image> again:\", image = {:?} }}",
+        image.display().to_string()
+    );
+    let run = VllmRun::start_on(
+        tiny_vl_model,
+        &["--config", config.to_str().unwrap()],
+        &[
+            "train.steps=2",
+            "eval.data=\"\"",
+            "rollout.prompts_per_batch=4",
+            "rollout.samples_per_prompt=2",
+            "environment.plugin=\"env-script\"",
+            "environment.reward=\"sum\"",
+            "environment.max_turns=3",
+            "environment.max_total_tokens=32",
+            &env,
+        ],
+    );
+    let rows = train_rows(&run.run_dir);
+    let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
+    let turns = rows.iter().map(|r| r["env/turns/mean"].as_f64().unwrap()).fold(0.0, f64::max);
+    println!("vLLM episodes with observed images: max |engine - trainer| log-prob {diff:e}; up to {turns:.2} turns");
+    // The random policy samples the image token now and then; an episode that did so before an
+    // observation's image ends as failed (vLLM would expand it as that image), and says why.
+    let errors: f64 = rows.iter().map(|r| r["env/errors"].as_f64().unwrap()).sum();
+    assert!(errors < 4.0, "{errors} of 16 episodes failed");
+    if errors > 0.0 {
+        assert!(run.stderr.contains("sampled the image token 5 before an observation's image"), "{}", run.stderr);
+    }
+    assert!(turns > 1.5, "{turns}");
+    // The server resizes `c.png` with its own resampler: the tower's input differs in the last
+    // bits of some pixels, and the log-probs by 1.6e-3 (4.8e-7 with a 56 × 56 image, which
+    // neither resizes).
+    assert!(diff < 5e-3, "{diff}");
 }
 
 /// Multi-turn episodes on the engine (`[environment]` with the scripted test environment): each

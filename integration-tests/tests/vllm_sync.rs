@@ -43,6 +43,7 @@ async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axu
             json!({"results": [null]})
         }
         "/reset_prefix_cache" => json!({"success": true}),
+        "/reset_mm_cache" | "/reset_encoder_cache" => return axum::http::StatusCode::OK.into_response(),
         "/v1/completions" if req["max_tokens"] == 1 => json!({"choices": [{
             "index": 0, "text": "x", "finish_reason": "length", "token_ids": [m.probe_token],
             "logprobs": {"token_logprobs": [m.probe_logprob], "tokens": ["x"], "top_logprobs": [], "text_offset": [0]}
@@ -127,6 +128,32 @@ fn a_server_must_confirm_each_version_and_old_versions_are_pruned() {
     let e = weights.push(&actor, 4, &probe, std::slice::from_ref(&client)).unwrap_err().to_string();
     assert!(e.contains(&format!("{url} did not take weight version 4")) && e.contains("sync_tolerance"), "{e}");
     assert!(!e.contains('\n'), "{e}");
+}
+
+/// A model with a vision tower: after the reload (the whole model, tower included) the server also
+/// drops its cached image encodings, which vLLM's reload leaves recorded in its scheduler.
+#[test]
+fn a_vision_language_version_drops_the_servers_image_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("model");
+    rlhf_trainer::builtin_vl::write_model(&model_dir, 7).unwrap();
+    let actor = CausalLm::from_dir(&model_dir, Device::Cpu, Kind::Float).unwrap();
+    let (url, mock) = serve();
+    let cfg = VllmConfig { urls: vec![url.clone()], ..VllmConfig::default() };
+    let run_dir = dir.path().join("run");
+    let client = VllmClient::new(&url, Duration::from_secs(10), 0).unwrap();
+    let probe = [7u32, 8, 9];
+    let ours = trainer_logprob(&actor, &probe, 10);
+    {
+        let mut m = mock.lock().unwrap();
+        (m.probe_token, m.probe_logprob) = (10, ours);
+    }
+    Weights::new(&run_dir, &cfg).push(&actor, 1, &probe, std::slice::from_ref(&client)).unwrap();
+    let calls = mock.lock().unwrap().calls.clone();
+    let want = ["/collective_rpc", "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/v1/completions"];
+    assert_eq!(calls, want);
+    let saved = Tensor::read_safetensors(run_dir.join("rollout-weights/v000001/model.safetensors")).unwrap();
+    assert!(saved.iter().any(|(n, _)| n.starts_with("visual.")), "the tower is synced too");
 }
 
 #[test]

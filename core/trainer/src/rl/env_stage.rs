@@ -59,10 +59,7 @@ impl Trainer {
             rows: part.window(),
             turn_seed: self.cfg.run.seed ^ (self.step as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407),
             keyed: false,
-            observation_images: ObservationImages::of(
-                self.visual.as_ref().map(|v| v.prompt_images()),
-                matches!(decoder, Decoder::Vllm(_)),
-            ),
+            observation_images: ObservationImages::of(self.visual.as_ref().map(|v| v.prompt_images())),
         };
         let mut handle = env.handle.lock().unwrap_or_else(|e| e.into_inner());
         let (rollout, outcome) = episode::run(&decoder, &mut handle, batch, &episodes, &settings)?.into();

@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use rlhf_generation::{batch::to_rows, Generated};
 use rlhf_models::{CausalLm, Images};
 use rlhf_plugin_api::{Action, Episode, StepOutcome};
+use rlhf_vision::ImageRef;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
@@ -36,7 +37,7 @@ use crate::rl::engine::vllm::{rollout_sampling, VllmEngine};
 pub use crate::rl::local_turns::EpisodeSettings;
 use crate::rl::local_turns::{LocalTurns, Row};
 use crate::rl::observed::{self, Encoded, Observed};
-use crate::rl::prompts::PromptBatch;
+use crate::rl::prompts::{ImageFiles, PromptBatch};
 use crate::rl::rollout::Rollout;
 
 /// What an episode did, for the `env/*` metrics.
@@ -124,6 +125,15 @@ impl Trajectory {
         self.sampled.extend(std::iter::repeat_n(false, n));
         self.logprobs.extend(std::iter::repeat_n(0.0, n));
         n == ids.len() && self.room(max_total) > 0
+    }
+
+    /// Whether the policy sampled `placeholder` (an image token, text where the policy sampled
+    /// it) before an observation's image: vLLM, which expands a context's placeholder tokens in
+    /// order, would take it for that image.
+    fn sampled_placeholder_before_image(&self, placeholder: u32) -> bool {
+        let Some(&last) = self.observed.slots.last() else { return false };
+        let before = self.tokens.iter().zip(&self.sampled).take(last as usize);
+        before.into_iter().any(|(&t, &s)| s && t == i64::from(placeholder))
     }
 
     fn fail(&mut self, penalty: f64) {
@@ -225,6 +235,18 @@ pub fn run(
             break;
         }
         let last_turn = turn + 1 == s.env.max_turns;
+        if let (Decoder::Vllm(_), Some(f)) = (decoder, &batch.image_files) {
+            for t in trajs.iter_mut().filter(|t| !t.done && t.sampled_placeholder_before_image(f.placeholder)) {
+                first_error.get_or_insert_with(|| {
+                    format!(
+                        "the policy sampled the image token {} before an observation's image, which vLLM would take \
+                         for that image: the episode ends as failed",
+                        f.placeholder
+                    )
+                });
+                t.fail(s.env.error_penalty);
+            }
+        }
         let sampled = match decoder {
             Decoder::Local { model, behavior } => {
                 let rows: Vec<Row<'_>> = trajs
@@ -240,7 +262,7 @@ pub fn run(
                     .collect();
                 local.sample(model, *behavior, &rows, s, turn)?
             }
-            Decoder::Vllm(engine) => vllm_turn(engine, &trajs, s)?,
+            Decoder::Vllm(engine) => vllm_turn(engine, &trajs, batch.image_files.as_ref(), s)?,
         };
         let mut actions = Vec::new();
         let mut rows = Vec::new();
@@ -328,15 +350,34 @@ fn answer(
 
 /// One policy turn of every episode still running, on vLLM: its context (prompt and trajectory
 /// so far) as token ids, one completion each, ended by EOS, a stop string (kept) or the turn's
-/// token limit; the engine's log-probs of the returned ids. Finished episodes get nothing.
-fn vllm_turn(engine: &VllmEngine, trajs: &[Trajectory], s: &EpisodeSettings<'_>) -> Result<Vec<(Vec<i64>, Vec<f32>)>> {
+/// token limit; the engine's log-probs of the returned ids. Finished episodes get nothing. A
+/// context with images (`files`: the prompts', then the observations') goes with them.
+fn vllm_turn(
+    engine: &VllmEngine,
+    trajs: &[Trajectory],
+    files: Option<&ImageFiles>,
+    s: &EpisodeSettings<'_>,
+) -> Result<Vec<(Vec<i64>, Vec<f32>)>> {
     let active: Vec<usize> = (0..trajs.len()).filter(|&r| !trajs[r].done).collect();
     let contexts: Vec<Vec<u32>> =
         active.iter().map(|&r| trajs[r].prompt.iter().chain(&trajs[r].tokens).map(|&t| t as u32).collect()).collect();
     let room = active.iter().map(|&r| trajs[r].room(s.env.max_total_tokens)).max().unwrap_or(1);
     let max_tokens = s.rollout.max_new_tokens.min(room.max(1) as i64);
     let sampling = rollout_sampling(s.rollout, s.eos_ids, max_tokens, s.stops.to_vec());
-    let completions = engine.complete(&contexts, 1, &sampling)?;
+    let images: Vec<Vec<ImageRef>> = active
+        .iter()
+        .map(|&r| {
+            let prompt = files.and_then(|f| f.rows.get(r)).map(Vec::as_slice).unwrap_or_default();
+            prompt.iter().cloned().chain(trajs[r].observed.images.iter().map(|i| i.to_ref())).collect()
+        })
+        .collect();
+    let completions = match files {
+        Some(f) if images.iter().any(|i| !i.is_empty()) => {
+            let images: Vec<&[ImageRef]> = images.iter().map(Vec::as_slice).collect();
+            engine.generate(&contexts, &images, f.placeholder, 1, &sampling)?
+        }
+        _ => engine.complete(&contexts, 1, &sampling)?,
+    };
     if completions.len() != active.len() {
         return Err(TrainerError::Run(format!(
             "rollout.vllm: {} completions for {} episodes",

@@ -66,7 +66,7 @@ pub struct Encoded {
 }
 
 /// How an episode's observation images are read: by the policy's processor, or — for a policy
-/// that reads none or an engine that is not sent images — refused with the reason.
+/// that reads none — refused with the reason.
 #[derive(Clone, Copy)]
 pub enum ObservationImages<'a> {
     Read(&'a PromptImages),
@@ -121,13 +121,12 @@ pub fn encode(
 }
 
 impl<'a> ObservationImages<'a> {
-    /// For a policy that reads images with `images`, sampled by the trainer or (`external`) by
-    /// the vLLM engine.
-    pub fn of(images: Option<&'a PromptImages>, external: bool) -> Self {
-        match (images, external) {
-            (_, true) => ObservationImages::Refused("the vLLM engine is not sent images"),
-            (Some(p), false) => ObservationImages::Read(p),
-            (None, false) => ObservationImages::Refused("the policy reads no images"),
+    /// For a policy that reads images with `images` (sampled by the trainer or by the vLLM
+    /// engine, which is sent the images with each turn's context).
+    pub fn of(images: Option<&'a PromptImages>) -> Self {
+        match images {
+            Some(p) => ObservationImages::Read(p),
+            None => ObservationImages::Refused("the policy reads no images"),
         }
     }
 }

@@ -18,6 +18,19 @@ pub struct PromptBatch {
     /// The rows' images in row order, when the policy reads images and the rows hold some
     /// (set once the batch is this rank's, see [`crate::rl::visual`]).
     pub images: Option<rlhf_models::Images>,
+    /// The rows' image files, for an engine that processes images itself (vLLM); set with
+    /// `images`.
+    pub image_files: Option<ImageFiles>,
+}
+
+/// The image files of a batch's rows as the dataset names them (paths or encoded bytes), for an
+/// engine that decodes and patches them itself.
+#[derive(Debug, Clone)]
+pub struct ImageFiles {
+    /// The token a prompt repeats once per merged patch of each of its images.
+    pub placeholder: u32,
+    /// Per row: its prompt's images, in placeholder order (none for a text-only row).
+    pub rows: Vec<Vec<rlhf_vision::ImageRef>>,
 }
 
 /// Token ids as the models take them.
@@ -48,7 +61,7 @@ pub fn next_batch(
     }
     *prompts_seen += prompts;
     let padded = left_pad(&rows, i64::from(tok.pad_token_id()), device)?;
-    Ok(PromptBatch { padded, group_of_row, images: None })
+    Ok(PromptBatch { padded, group_of_row, images: None, image_files: None })
 }
 
 #[cfg(test)]

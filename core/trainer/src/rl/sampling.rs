@@ -98,8 +98,7 @@ impl Trainer {
             let global =
                 prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
             let (mut batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
-            let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
-            batch.images = self.images_of(&records)?.map(|rows| rows.cat(None)).transpose()?.flatten();
+            self.attach_images(&mut batch)?;
             self.sync_engine(m)?;
             let (rollout, env) = self.sample(&batch, part, eos_ids, pad)?;
             (rollout, env, batch.group_of_row, part)

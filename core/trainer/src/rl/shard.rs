@@ -53,7 +53,7 @@ pub fn prompts(global: PromptBatch, prompts: usize, g: usize, world: &World) -> 
         attention_mask: narrow(&global.padded.attention_mask)?,
     };
     let group_of_row = global.group_of_row[offset..offset + rows].to_vec();
-    Ok((PromptBatch { padded, group_of_row, images: None }, Part { offset, rows, total }))
+    Ok((PromptBatch { padded, group_of_row, images: None, image_files: None }, Part { offset, rows, total }))
 }
 
 /// Every rank's source scores and kept rows, in rank order: the kept rows become global row

@@ -19,6 +19,7 @@ use crate::data::PromptDataset;
 use crate::error::{Result, TrainerError};
 use crate::prompt_images::PromptImages;
 use crate::rl::observed::Observed;
+use crate::rl::prompts::{ImageFiles, PromptBatch};
 
 /// Per row: its images (patches and grids; none for a text-only row) — its prompt's, then its
 /// episode's observations' — and the response columns of those observations' placeholders. The G
@@ -129,6 +130,13 @@ impl Visual {
             .collect()
     }
 
+    /// The image files of rows whose prompts are `records` (the dataset's), for an engine that
+    /// decodes and patches them itself.
+    pub fn files(&self, data: &PromptDataset, records: &[usize]) -> ImageFiles {
+        let rows = records.iter().map(|&r| data.records.get(r).map(|p| p.images.clone()).unwrap_or_default()).collect();
+        ImageFiles { placeholder: self.prompts.placeholder(), rows }
+    }
+
     /// [`Visual::rows`], or `None` when none of `records` holds an image (the text-only passes
     /// then run).
     pub fn rows_with_images(
@@ -204,6 +212,18 @@ impl super::Trainer {
         }
     }
 
+    /// Gives this rank's rows of `batch` their images ([`Self::images_of`]) and, for an engine
+    /// that processes images itself, their files (also when they have none: an episode's
+    /// observations may add some).
+    pub(super) fn attach_images(&mut self, batch: &mut PromptBatch) -> Result<()> {
+        let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
+        batch.images = self.images_of(&records)?.map(|rows| rows.cat(None)).transpose()?.flatten();
+        if self.engine.is_external() {
+            batch.image_files = self.visual.as_ref().map(|v| v.files(&self.data, &records));
+        }
+        Ok(())
+    }
+
     /// [`Self::images_of`] a `[B]` i64 tensor of records.
     pub(super) fn images_of_tensor(&mut self, records: &Tensor) -> Result<Option<RowImages>> {
         let records = Vec::<i64>::try_from(records.f_to_kind(Kind::Int64)?.f_to_device(tch::Device::Cpu)?)?;
@@ -220,22 +240,6 @@ pub(crate) fn critic_images(
 ) -> Option<Images> {
     let images = images.filter(|_| critic.vision().is_some())?;
     Some(if shares { images.shallow_clone() } else { images.without_features() })
-}
-
-/// What RL on prompts with images does not do yet, refused before anything is built: vLLM (its
-/// requests carry no images yet).
-pub fn check_run(cfg: &crate::config::RlConfig) -> Result<()> {
-    let refuse = |key: &str, what: &str| {
-        Err(TrainerError::Config(format!(
-            "{}: {key}: {what}, and data.prompts `{}` holds images",
-            cfg.source_of(key),
-            cfg.data.prompts
-        )))
-    };
-    if cfg.rollout.engine == crate::config::EngineKind::Vllm {
-        return refuse("rollout.engine", "the vLLM engine is not sent images yet");
-    }
-    Ok(())
 }
 
 /// The images of the rows `idx` names (all rows with `None`), one after another in row order —

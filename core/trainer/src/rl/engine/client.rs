@@ -1,6 +1,8 @@
 //! A blocking HTTP client for one vLLM server: its OpenAI-compatible `/v1/completions` on token-id
 //! prompts, and the endpoints an RL trainer drives between steps (`/collective_rpc`
-//! `reload_weights`, `/v1/load_lora_adapter`, `/reset_prefix_cache`, `/health`).
+//! `reload_weights`, `/v1/load_lora_adapter`, `/reset_prefix_cache`, `/health`, and for a model
+//! with images `/reset_mm_cache` and `/reset_encoder_cache`). Prompts with images go to
+//! `/inference/v1/generate` ([`super::generate`]).
 //!
 //! The server must run with `VLLM_SERVER_DEV_MODE=1` (for `/collective_rpc` and
 //! `/reset_prefix_cache`), `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` and `--enable-lora` (for
@@ -79,6 +81,32 @@ pub struct Sampling {
     /// vLLM gives sample `k` of every prompt the seed `seed + k`, so with a seed the k-th samples
     /// of different prompts share their random draws: leave it `None` for rollouts.
     pub seed: Option<u64>,
+}
+
+impl Sampling {
+    /// vLLM's sampling parameters for `n` samples of a prompt, the sampled tokens' log-probs
+    /// with them (`logprobs: 0`); a completions request carries them at its top level, a
+    /// generate request as its `sampling_params`.
+    pub(super) fn to_json(&self, n: usize) -> Value {
+        let mut v = json!({
+            "n": n,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": if self.top_k > 0 { self.top_k } else { -1 },
+            "logprobs": 0,
+            "stop_token_ids": self.stop_token_ids,
+            "skip_special_tokens": false,
+        });
+        if let (Some(seed), Some(map)) = (self.seed, v.as_object_mut()) {
+            map.insert("seed".into(), json!(seed));
+        }
+        if let (false, Some(map)) = (self.stop.is_empty(), v.as_object_mut()) {
+            map.insert("stop".into(), json!(self.stop));
+            map.insert("include_stop_str_in_output".into(), json!(true));
+        }
+        v
+    }
 }
 
 /// One sampled completion.
@@ -168,25 +196,11 @@ impl VllmClient {
         if prompts.is_empty() || n == 0 {
             return Ok(vec![Vec::new(); prompts.len()]);
         }
-        let mut body = json!({
-            "model": model,
-            "prompt": prompts,
-            "n": n,
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": if s.top_k > 0 { s.top_k } else { -1 },
-            "logprobs": 0,
-            "return_token_ids": true,
-            "stop_token_ids": s.stop_token_ids,
-            "skip_special_tokens": false,
-        });
-        if let (Some(seed), Some(map)) = (s.seed, body.as_object_mut()) {
-            map.insert("seed".into(), json!(seed));
-        }
-        if let (false, Some(map)) = (s.stop.is_empty(), body.as_object_mut()) {
-            map.insert("stop".into(), json!(s.stop));
-            map.insert("include_stop_str_in_output".into(), json!(true));
+        let mut body = s.to_json(n);
+        if let Some(map) = body.as_object_mut() {
+            map.insert("model".into(), json!(model));
+            map.insert("prompt".into(), json!(prompts));
+            map.insert("return_token_ids".into(), json!(true));
         }
         const PATH: &str = "/v1/completions";
         let text = self.send(Method::POST, PATH, Some(&body))?;
@@ -247,13 +261,22 @@ impl VllmClient {
         }
     }
 
+    /// Drops the server's cached outputs of the vision encoder (`/reset_encoder_cache`, which
+    /// vLLM asks for after new weights) and of its multimodal processing (`/reset_mm_cache`): its
+    /// `reload_weights` clears the worker's encoder cache but not the scheduler's record of it,
+    /// so the next request with a cached image would fail on a miss.
+    pub fn reset_image_caches(&self) -> Result<(), VllmError> {
+        self.send(Method::POST, "/reset_mm_cache", None)?;
+        self.send(Method::POST, "/reset_encoder_cache", None).map(drop)
+    }
+
     /// Succeeds when `GET /health` answers 2xx.
     pub fn health(&self) -> Result<(), VllmError> {
         self.send(Method::GET, "/health", None).map(drop)
     }
 
     /// One request with retries; the body of the 2xx answer.
-    fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Result<String, VllmError> {
+    pub(super) fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Result<String, VllmError> {
         let attempts = self.retries.saturating_add(1);
         let mut attempt = 1;
         loop {
@@ -299,7 +322,7 @@ impl VllmClient {
         })
     }
 
-    fn malformed(&self, path: &str, what: String) -> VllmError {
+    pub(super) fn malformed(&self, path: &str, what: String) -> VllmError {
         VllmError::Malformed { url: self.url.clone(), endpoint: endpoint(&Method::POST, path), what }
     }
 }
@@ -332,7 +355,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The first [`BODY_CHARS`] characters of `text`, `…` marking a cut.
-fn clip(text: &str) -> String {
+pub(super) fn clip(text: &str) -> String {
     let text = text.trim();
     match text.char_indices().nth(BODY_CHARS) {
         Some((i, _)) => format!("{}…", &text[..i]),
@@ -406,7 +429,7 @@ fn parse_choice(c: &Value, i: usize) -> Result<Completion, String> {
     Ok(Completion { token_ids, logprobs, finish_reason })
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(super) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a bool",

@@ -10,6 +10,7 @@
 //!   correction ([`crate::rl::correction`]) and for plugins.
 
 pub mod client;
+pub mod generate;
 pub mod local;
 pub mod sync;
 pub mod vllm;

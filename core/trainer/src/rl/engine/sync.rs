@@ -52,12 +52,13 @@ impl Weights {
             WeightSync::Full => actor.save(&dir)?,
             WeightSync::Lora => actor.save_lora_adapter(&dir)?,
         }
+        let images = actor.vision().is_some();
         let results: Vec<std::result::Result<(u32, f64), String>> = std::thread::scope(|s| {
             let handles: Vec<_> = clients
                 .iter()
                 .map(|c| {
                     let dir = &dir;
-                    s.spawn(move || self.load_on(c, dir, probe, version).map_err(|e| e.to_string()))
+                    s.spawn(move || self.load_on(c, dir, probe, version, images).map_err(|e| e.to_string()))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("sync thread panicked".into()))).collect()
@@ -80,15 +81,19 @@ impl Weights {
         self.prune()
     }
 
-    /// Loads `dir` on one server, drops its prefix cache, and samples one token of `probe` there:
-    /// returns the token and the server's log-prob of it.
-    fn load_on(&self, c: &VllmClient, dir: &Path, probe: &[u32], version: usize) -> Result<(u32, f64)> {
+    /// Loads `dir` on one server, drops its prefix cache (and for a model that reads `images`,
+    /// its cached image encodings), and samples one token of `probe` there: returns the token and
+    /// the server's log-prob of it.
+    fn load_on(&self, c: &VllmClient, dir: &Path, probe: &[u32], version: usize, images: bool) -> Result<(u32, f64)> {
         let e = |e: super::client::VllmError| TrainerError::Run(e.to_string());
         match self.mode {
             WeightSync::Full => c.reload_weights(dir).map_err(e)?,
             WeightSync::Lora => c.load_lora(&self.model, dir).map_err(e)?,
         }
         c.reset_prefix_cache().map_err(e)?;
+        if images {
+            c.reset_image_caches().map_err(e)?;
+        }
         // Temperature 1, no top-k/top-p: the log-prob is the model's own whatever the server's
         // logprobs mode.
         let s = Sampling {

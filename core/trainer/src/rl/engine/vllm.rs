@@ -12,8 +12,11 @@ use rlhf_generation::{batch::to_rows, Generated};
 use rlhf_models::CausalLm;
 use tch::{Kind, Tensor};
 
+use rlhf_vision::ImageRef;
+
 use super::client::VllmClient;
 pub use super::client::{Completion, Sampling};
+use super::generate::collapse;
 use super::sync::Weights;
 use crate::config::{RolloutConfig, VllmConfig};
 use crate::dist;
@@ -82,8 +85,86 @@ impl VllmEngine {
             .map(|p| ids[p * g].iter().zip(&masks[p * g]).filter(|(_, &k)| k == 1).map(|(&t, _)| t as u32).collect())
             .collect();
         let sampling = rollout_sampling(cfg, eos_ids, cfg.max_new_tokens, Vec::new());
-        let completions = self.complete(&prompts, g, &sampling)?;
+        let completions = match &batch.image_files {
+            Some(files) if files.rows.iter().any(|r| !r.is_empty()) => {
+                let images: Vec<&[ImageRef]> = (0..prompts.len()).map(|p| files.rows[p * g].as_slice()).collect();
+                self.generate(&prompts, &images, files.placeholder, g, &sampling)?
+            }
+            _ => self.complete(&prompts, g, &sampling)?,
+        };
         layout(batch, completions, pad, eos_ids)
+    }
+
+    /// `n` completions of every prompt with its images (`images[p]`, in placeholder order), one
+    /// generate request per prompt ([`super::generate`]): each image's run of `placeholder`
+    /// tokens goes out as one token, and the server's expansion of the prompt must equal
+    /// `prompts[p]`. The prompts are split over the servers, [`IN_FLIGHT`] requests at a time on
+    /// each; returned prompt by prompt, `n` each.
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        images: &[&[ImageRef]],
+        placeholder: u32,
+        n: usize,
+        sampling: &Sampling,
+    ) -> Result<Vec<Completion>> {
+        let n_servers = self.clients.len();
+        let model = self.cfg.model.as_str();
+        let one = |client: &VllmClient, p: usize| -> std::result::Result<Vec<Completion>, String> {
+            let (collapsed, runs) = collapse(&prompts[p], placeholder);
+            // More runs than images: placeholder tokens the policy sampled after the images (an
+            // episode's context), which the server also reads as text; the expansion check says.
+            if runs < images[p].len() {
+                return Err(format!("prompt {p}: {runs} image placeholder run(s) for {} image(s)", images[p].len()));
+            }
+            let (completions, expanded) =
+                client.generate(model, &collapsed, images[p], n, sampling).map_err(|e| e.to_string())?;
+            if expanded != prompts[p] {
+                let names: Vec<String> = images[p].iter().map(ImageRef::name).collect();
+                return Err(format!(
+                    "{}: prompt {p} (images {}): the server's prompt has {} ids where the trainer's has {}{}: \
+                     serve the policy's own preprocessor_config.json (min_pixels, max_pixels, patch and merge \
+                     sizes), so both patch the images alike",
+                    client.url(),
+                    names.join(", "),
+                    expanded.len(),
+                    prompts[p].len(),
+                    first_difference(&expanded, &prompts[p]),
+                ));
+            }
+            Ok(completions)
+        };
+        let results: Vec<std::result::Result<Vec<Completion>, String>> = std::thread::scope(|s| {
+            let one = &one;
+            let handles: Vec<_> = (0..n_servers)
+                .map(|k| {
+                    let range = dist::shard(prompts.len(), k, n_servers);
+                    let client = &self.clients[k];
+                    s.spawn(move || {
+                        let mut out = Vec::with_capacity(range.len() * n);
+                        let all: Vec<usize> = range.collect();
+                        for wave in all.chunks(IN_FLIGHT) {
+                            let answers: Vec<_> = std::thread::scope(|w| {
+                                let hs: Vec<_> = wave.iter().map(|&p| w.spawn(move || one(client, p))).collect();
+                                hs.into_iter()
+                                    .map(|h| h.join().unwrap_or_else(|_| Err("request thread panicked".into())))
+                                    .collect()
+                            });
+                            for a in answers {
+                                out.extend(a?);
+                            }
+                        }
+                        Ok(out)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("request thread panicked".into()))).collect()
+        });
+        let mut completions = Vec::with_capacity(prompts.len() * n);
+        for r in results {
+            completions.extend(r.map_err(|m| TrainerError::Run(format!("rollout.vllm: {m}")))?);
+        }
+        Ok(completions)
     }
 
     /// `n` completions of every prompt, the prompts split over the servers and requested in
@@ -112,6 +193,18 @@ impl VllmEngine {
             completions.extend(per_prompt.into_iter().flatten());
         }
         Ok(completions)
+    }
+}
+
+/// Generate requests each server has in flight at once (each prompt with images is a request of
+/// its own; the server batches them).
+const IN_FLIGHT: usize = 32;
+
+/// Where two id lists first differ, for an error: `" (first at position i: a, not b)"`.
+fn first_difference(server: &[u32], ours: &[u32]) -> String {
+    match server.iter().zip(ours).position(|(a, b)| a != b) {
+        Some(i) => format!(" (first at position {i}: {}, not {})", server[i], ours[i]),
+        None => String::new(),
     }
 }
 

@@ -66,10 +66,7 @@ impl Evaluator {
             rows: part.window(),
             turn_seed: self.seed ^ EVAL_SEED_SALT,
             keyed: false,
-            observation_images: ObservationImages::of(
-                self.visual.as_ref().map(|v| v.prompt_images()),
-                matches!(decoder, Decoder::Vllm(_)),
-            ),
+            observation_images: ObservationImages::of(self.visual.as_ref().map(|v| v.prompt_images())),
         };
         let out = {
             let mut handle = env.rt.handle.lock().unwrap_or_else(|e| e.into_inner());

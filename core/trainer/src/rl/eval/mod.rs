@@ -205,12 +205,16 @@ impl Evaluator {
                 group_of_row.push((i, i as i64));
             }
         }
-        let global = PromptBatch { padded: left_pad(&rows, pad, actor.device())?, group_of_row, images: None };
+        let padded = left_pad(&rows, pad, actor.device())?;
+        let global = PromptBatch { padded, group_of_row, images: None, image_files: None };
         let (mut batch, part) = shard::prompts(global, ids.len(), n, world)?;
         if let Some(v) = self.visual.as_mut() {
             let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
             let rows = v.rows_with_images(&self.data, &records, None)?;
             batch.images = rows.map(|rows| rows.cat(None)).transpose()?.flatten();
+            if engine.is_some() {
+                batch.image_files = Some(v.files(&self.data, &records));
+            }
         }
         let mut local = Vec::with_capacity(part.rows);
         if part.rows > 0 {

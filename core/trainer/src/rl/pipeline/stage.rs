@@ -145,8 +145,7 @@ impl Trainer {
         let global = prompts::next_batch(&mut self.data, &self.tok, n_prompts, g, &mut self.prompts_seen, self.device)?;
         let (mut batch, part) = shard::prompts(global, n_prompts, g, &self.world)?;
         // The rows' images go with them (a frozen tower's features too: every version's tower).
-        let records: Vec<usize> = batch.group_of_row.iter().map(|&(r, _)| r).collect();
-        batch.images = self.images_of(&records)?.map(|rows| rows.cat(None)).transpose()?.flatten();
+        self.attach_images(&mut batch)?;
         let episodes = self.env.is_some().then(|| episode::episodes_of(&batch, part.offset, &self.data));
         let Some(p) = self.pipeline.as_mut() else { return Ok(()) };
         let index = p.next;

@@ -260,10 +260,7 @@ impl Worker {
                     rows: job.part.window(),
                     turn_seed: job.noise_key,
                     keyed: true,
-                    observation_images: ObservationImages::of(
-                        s.observation_images.as_ref(),
-                        matches!(self.sampler, Sampler::Vllm(_)),
-                    ),
+                    observation_images: ObservationImages::of(s.observation_images.as_ref()),
                 };
                 let decoder = match &self.sampler {
                     Sampler::Local { model, .. } => Decoder::Local { model, behavior: true },

@@ -177,9 +177,6 @@ fn datasets(
         }
         None => None,
     };
-    if data.records.iter().any(|r| !r.images.is_empty()) {
-        crate::rl::visual::check_run(cfg)?;
-    }
     if cfg.rollout.prompts_per_batch > data.records.len() {
         tracing::warn!(
             "rollout.prompts_per_batch = {} is more than the {} prompts of data.prompts ({}): every batch repeats \
