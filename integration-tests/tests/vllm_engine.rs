@@ -31,15 +31,15 @@ impl Drop for Server {
 
 /// Starts vLLM on `model` (served as `policy`; LoRA adapters up to rank 8 allowed) and waits for
 /// `/health`.
-fn start(model: &Path, work: &Path) -> Server {
+fn start(model: &Path, work: &Path, dtype: &str) -> Server {
     let python = std::env::var_os("RLHF_VLLM_PYTHON").expect("RLHF_VLLM_PYTHON: run through `cargo xtask test --vllm`");
     let port = free_port();
     let log = work.join(format!("vllm-{port}.log"));
     let mut cmd = Command::new(python);
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(model)
-        .args(["--served-model-name", "policy", "--dtype", "float32", "--logprobs-mode", "processed_logprobs"])
-        .args(["--port", &port.to_string(), "--max-model-len", "64", "--gpu-memory-utilization", "0.1"])
+        .args(["--served-model-name", "policy", "--dtype", dtype, "--logprobs-mode", "processed_logprobs"])
+        .args(["--port", &port.to_string(), "--max-model-len", "128", "--gpu-memory-utilization", "0.1"])
         .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1", "--enable-scale-out"])
         .env("VLLM_SERVER_DEV_MODE", "1")
         .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
@@ -95,6 +95,26 @@ fn tiny_vl_model(work: &Path) -> PathBuf {
     dir
 }
 
+/// A random Qwen3-VL (deepstack features from the tower into the language model) with heads of 64,
+/// over the test tokenizer of `fixtures/make_vl.py`: `make_vl3.py --vllm`.
+fn tiny_qwen3_vl_model(work: &Path) -> PathBuf {
+    make_vl3(work, "qwen3_vl")
+}
+
+/// The same for Qwen3.5 (a Gated DeltaNet layer and a gated full-attention layer).
+fn tiny_qwen3_5_model(work: &Path) -> PathBuf {
+    make_vl3(work, "qwen3_5")
+}
+
+fn make_vl3(work: &Path, family: &str) -> PathBuf {
+    let out = work.join(family);
+    let python = std::env::var_os("RLHF_PYTHON").expect("RLHF_PYTHON (cargo xtask test sets it)");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/make_vl3.py");
+    let o = Command::new(python).arg(script).arg("--vllm").arg(&out).args(["--family", family]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
 /// The training steps' metrics rows (row 0 of a preset with `[eval]` is the evaluation before
 /// training, which has no rollout metrics).
 fn train_rows(run_dir: &Path) -> Vec<serde_json::Value> {
@@ -123,14 +143,15 @@ struct VllmRun {
 impl VllmRun {
     /// The GRPO preset on the tiny Llama.
     fn start(extra: &[&str]) -> VllmRun {
-        VllmRun::start_on(tiny_model, &[], extra)
+        VllmRun::start_on(tiny_model, "float32", &[], extra)
     }
 
-    /// `rlhf train args` on the model `model` writes, with `--set` of each of `extra`.
-    fn start_on(model: fn(&Path) -> PathBuf, args: &[&str], extra: &[&str]) -> VllmRun {
+    /// `rlhf train args` on the model `model` writes, served in `dtype`, with `--set` of each of
+    /// `extra`.
+    fn start_on(model: fn(&Path) -> PathBuf, dtype: &str, args: &[&str], extra: &[&str]) -> VllmRun {
         let work = tempfile::tempdir().unwrap();
         let model = model(work.path());
-        let server = start(&model, work.path());
+        let server = start(&model, work.path(), dtype);
         let run_dir = work.path().join("run");
         let actor = format!("model.actor={:?}", model.to_str().unwrap());
         let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
@@ -213,6 +234,7 @@ fn prompts_with_images_are_sampled_on_vllm_with_the_engines_log_probs_near_ours(
     let config = config.to_str().unwrap();
     let run = VllmRun::start_on(
         tiny_vl_model,
+        "float32",
         &["--config", config],
         &["train.steps=3", "rollout.prompts_per_batch=4", "rollout.samples_per_prompt=4"],
     );
@@ -223,6 +245,71 @@ fn prompts_with_images_are_sampled_on_vllm_with_the_engines_log_probs_near_ours(
     println!("vLLM with images: max |engine - trainer| log-prob {diff:e} over {} steps", rows.len());
     assert!(versions.windows(2).all(|w| w[1] > w[0]), "a new version every step: {versions:?}");
     assert!(diff < 1e-3, "{diff}");
+}
+
+/// A GRPO run over the rows of `fixtures/make_vl.py` (one image, two images in chat content parts,
+/// text alone; images of 84 × 112, 56 × 140 and 60 × 50 pixels, which both processors resize to
+/// multiples of 32), its reward the completions' length; the config file in `dir`.
+fn fixture_rows_config(dir: &Path) -> PathBuf {
+    let prompts = rlhf_integration_tests::vl_fixture().join("prompts.jsonl");
+    let reward = dir.join("reward.py");
+    std::fs::write(
+        &reward,
+        "def reward_func(completions, **kwargs):\n    return [float(len(str(c))) for c in completions]\n",
+    )
+    .unwrap();
+    let toml = dir.join("rows.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[run]\nseed = 7\n\n[data]\nprompts = {:?}\nmax_prompt_len = 96\n\n[rollout]\nprompts_per_batch = 3\n\
+             samples_per_prompt = 2\nmax_new_tokens = 4\n\n[train]\nsteps = 3\nminibatch_size = 6\n\n\
+             [algorithm]\nname = \"grpo\"\n\n[[rewards]]\nplugin = \"reward-python\"\nname = \"length\"\n\n\
+             [rewards.config]\nfile = {:?}\nworkers = 1\n",
+            prompts.display().to_string(),
+            reward.display().to_string()
+        ),
+    )
+    .unwrap();
+    toml
+}
+
+/// Qwen3-VL on vLLM: the fixture's rows sampled with their images; the engine's log-probs are the
+/// trainer's within what the two resamplers allow.
+#[test]
+#[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
+fn qwen3_vl_prompts_with_images_are_sampled_on_vllm() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixture_rows_config(dir.path());
+    let run = VllmRun::start_on(tiny_qwen3_vl_model, "float32", &["--config", config.to_str().unwrap()], &[]);
+    let rows = train_rows(&run.run_dir);
+    assert_eq!(rows.len(), 3);
+    let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
+    println!("vLLM, Qwen3-VL with images: max |engine - trainer| log-prob {diff:e} over {} steps", rows.len());
+    assert!(diff < 5e-3, "{diff}");
+}
+
+/// Qwen3.5 on vLLM, whose CPU build runs Gated DeltaNet in bf16 only: the server samples in bf16
+/// for the f32 trainer, the prompts' expansions still equal the trainer's, and the engine's
+/// log-probs are the trainer's within bf16's error.
+#[test]
+#[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
+fn qwen3_5_prompts_with_images_are_sampled_on_vllm_in_bf16() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixture_rows_config(dir.path());
+    let run = VllmRun::start_on(
+        tiny_qwen3_5_model,
+        "bfloat16",
+        &["--config", config.to_str().unwrap()],
+        &["rollout.vllm.sync_tolerance=5e-2"],
+    );
+    let rows = train_rows(&run.run_dir);
+    assert_eq!(rows.len(), 3);
+    let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
+    let ratio: Vec<f64> = rows.iter().map(|r| r["is/ratio_mean"].as_f64().unwrap()).collect();
+    println!("vLLM, Qwen3.5 with images in bf16: max |engine - trainer| log-prob {diff:e}; mean ratios {ratio:?}");
+    assert!(diff < 5e-2, "{diff}");
+    assert!(ratio.iter().all(|r| (r - 1.0).abs() < 0.02), "{ratio:?}");
 }
 
 /// Multi-turn episodes on prompts with images whose observations carry an image too (the
@@ -241,6 +328,7 @@ fn episodes_with_observed_images_are_sampled_on_vllm() {
     );
     let run = VllmRun::start_on(
         tiny_vl_model,
+        "float32",
         &["--config", config.to_str().unwrap()],
         &[
             "train.steps=2",
