@@ -283,6 +283,21 @@ pub fn vl_fixture() -> &'static Path {
     DIR.get_or_init(|| made_by("make_vl.py")).path()
 }
 
+/// Serves `app` on 127.0.0.1 at a free port from a background thread (a mock HTTP server for the
+/// rest of the test process); returns its address.
+pub fn serve_in_background(app: axum::Router) -> std::net::SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
 /// A temporary directory filled by `fixtures/<script> --out DIR`.
 fn made_by(script: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

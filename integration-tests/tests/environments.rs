@@ -389,22 +389,8 @@ fn mock_vllm() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
         axum::Json(reply).into_response()
     }
     let seen: Seen = Default::default();
-    let addr = serve(Router::new().fallback(handle).with_state(seen.clone()));
+    let addr = rlhf_integration_tests::serve_in_background(Router::new().fallback(handle).with_state(seen.clone()));
     (format!("http://{addr}"), seen)
-}
-
-/// Serves `app` on 127.0.0.1:<ephemeral> from a background thread; returns the address.
-fn serve(app: axum::Router) -> std::net::SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    rx.recv().unwrap()
 }
 
 /// Episodes on the vLLM engine: each turn's contexts go to the server as token ids — the prompt,
@@ -489,7 +475,7 @@ fn episode_server(stall: bool) -> (String, Requests) {
         axum::Json(reply).into_response()
     };
     let seen: Seen = Default::default();
-    let addr = serve(Router::new().fallback(handle).with_state(seen.clone()));
+    let addr = rlhf_integration_tests::serve_in_background(Router::new().fallback(handle).with_state(seen.clone()));
     (format!("http://{addr}/env"), seen)
 }
 

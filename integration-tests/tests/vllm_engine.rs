@@ -29,17 +29,40 @@ impl Drop for Server {
     }
 }
 
-/// Starts vLLM on `model` (served as `policy`; LoRA adapters up to rank 8 allowed) and waits for
-/// `/health`.
-fn start(model: &Path, work: &Path, dtype: &str) -> Server {
+/// A copy of `model` with its output head untied from the embeddings (`lm_head.weight` written
+/// out, `tie_word_embeddings = false`), as a server must load a tied policy for full weight sync
+/// (vLLM's `reload_weights` leaves a tied head stale); `model` itself when it is untied.
+fn untied(model: &Path) -> PathBuf {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    if config["tie_word_embeddings"] != true {
+        return model.to_path_buf();
+    }
+    let copy = model.with_extension("untied");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir(model).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let tensors = tch::Tensor::read_safetensors(model.join("model.safetensors")).unwrap();
+    let embed = &tensors.iter().find(|(n, _)| n.ends_with("embed_tokens.weight")).unwrap().1;
+    rlhf_trainer::rl::engine::tied_head::write_head(&copy, embed).unwrap();
+    copy
+}
+
+/// Starts vLLM on `model` (served as `policy`; LoRA adapters up to rank 8 allowed; a tied head
+/// untied, [`untied`]) and waits for `/health`.
+fn start(model: &Path, work: &Path, served: &Served) -> Server {
     let python = std::env::var_os("RLHF_VLLM_PYTHON").expect("RLHF_VLLM_PYTHON: run through `cargo xtask test --vllm`");
+    let model = &untied(model);
     let port = free_port();
     let log = work.join(format!("vllm-{port}.log"));
     let mut cmd = Command::new(python);
     cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(model)
-        .args(["--served-model-name", "policy", "--dtype", dtype, "--logprobs-mode", "processed_logprobs"])
-        .args(["--port", &port.to_string(), "--max-model-len", "128", "--gpu-memory-utilization", "0.1"])
+        .args(["--served-model-name", "policy", "--dtype", served.dtype, "--logprobs-mode", "processed_logprobs"])
+        .args(["--port", &port.to_string(), "--max-model-len", &served.context.to_string()])
+        .args(["--gpu-memory-utilization", "0.1"])
         .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1", "--enable-scale-out"])
         .env("VLLM_SERVER_DEV_MODE", "1")
         .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
@@ -62,6 +85,19 @@ fn start(model: &Path, work: &Path, dtype: &str) -> Server {
         std::thread::sleep(Duration::from_secs(2));
     }
 }
+
+/// A model for the server: how to write it, the dtype it is served in, its context length.
+struct Served {
+    write: fn(&Path) -> PathBuf,
+    dtype: &'static str,
+    context: u32,
+}
+
+const LLAMA: Served = Served { write: tiny_model, dtype: "float32", context: 64 };
+const QWEN2_5_VL: Served = Served { write: tiny_vl_model, dtype: "float32", context: 128 };
+const QWEN3_VL: Served = Served { write: tiny_qwen3_vl_model, dtype: "float32", context: 128 };
+/// The CPU build runs Gated DeltaNet in bf16 only.
+const QWEN3_5_BF16: Served = Served { write: tiny_qwen3_5_model, dtype: "bfloat16", context: 128 };
 
 /// The built-in tokenizer with a random Llama of hidden 128 (2 heads of 64), 2 layers.
 fn tiny_model(work: &Path) -> PathBuf {
@@ -143,15 +179,14 @@ struct VllmRun {
 impl VllmRun {
     /// The GRPO preset on the tiny Llama.
     fn start(extra: &[&str]) -> VllmRun {
-        VllmRun::start_on(tiny_model, "float32", &[], extra)
+        VllmRun::start_on(&LLAMA, &[], extra)
     }
 
-    /// `rlhf train args` on the model `model` writes, served in `dtype`, with `--set` of each of
-    /// `extra`.
-    fn start_on(model: fn(&Path) -> PathBuf, dtype: &str, args: &[&str], extra: &[&str]) -> VllmRun {
+    /// `rlhf train args` on the `served` model, with `--set` of each of `extra`.
+    fn start_on(served: &Served, args: &[&str], extra: &[&str]) -> VllmRun {
         let work = tempfile::tempdir().unwrap();
-        let model = model(work.path());
-        let server = start(&model, work.path(), dtype);
+        let model = (served.write)(work.path());
+        let server = start(&model, work.path(), served);
         let run_dir = work.path().join("run");
         let actor = format!("model.actor={:?}", model.to_str().unwrap());
         let urls = format!("rollout.vllm.urls=[{:?}]", server.url);
@@ -233,8 +268,7 @@ fn prompts_with_images_are_sampled_on_vllm_with_the_engines_log_probs_near_ours(
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/grpo-vl.toml");
     let config = config.to_str().unwrap();
     let run = VllmRun::start_on(
-        tiny_vl_model,
-        "float32",
+        &QWEN2_5_VL,
         &["--config", config],
         &["train.steps=3", "rollout.prompts_per_batch=4", "rollout.samples_per_prompt=4"],
     );
@@ -244,6 +278,37 @@ fn prompts_with_images_are_sampled_on_vllm_with_the_engines_log_probs_near_ours(
     let versions: Vec<f64> = rows.iter().map(|r| r["rollout/weights_version"].as_f64().unwrap()).collect();
     println!("vLLM with images: max |engine - trainer| log-prob {diff:e} over {} steps", rows.len());
     assert!(versions.windows(2).all(|w| w[1] > w[0]), "a new version every step: {versions:?}");
+    assert!(diff < 1e-3, "{diff}");
+}
+
+/// LoRA on a vision-language policy: the adapter on the language model's projections is
+/// hot-swapped on the server every step, and the engine's log-probs through it with the images are
+/// the trainer's.
+#[test]
+#[ignore = "needs a vLLM engine: cargo xtask test --vllm"]
+fn a_vision_language_lora_policy_is_served_through_its_adapter() {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/grpo-vl.toml");
+    let run = VllmRun::start_on(
+        &QWEN2_5_VL,
+        &["--config", config.to_str().unwrap()],
+        &[
+            "train.steps=3",
+            "eval.data=\"\"",
+            "rollout.prompts_per_batch=4",
+            "rollout.samples_per_prompt=4",
+            "model.lora.rank=4",
+            "model.lora.target_modules=[\"q_proj\", \"v_proj\"]",
+            "rollout.vllm.weight_sync=\"lora\"",
+            "rollout.vllm.model=\"policy-lora\"",
+        ],
+    );
+    let rows = train_rows(&run.run_dir);
+    let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
+    println!(
+        "vLLM, LoRA on Qwen2.5-VL with images: max |engine - trainer| log-prob {diff:e} over {} steps",
+        rows.len()
+    );
+    assert_eq!(rows.len(), 3);
     assert!(diff < 1e-3, "{diff}");
 }
 
@@ -281,7 +346,7 @@ fn fixture_rows_config(dir: &Path) -> PathBuf {
 fn qwen3_vl_prompts_with_images_are_sampled_on_vllm() {
     let dir = tempfile::tempdir().unwrap();
     let config = fixture_rows_config(dir.path());
-    let run = VllmRun::start_on(tiny_qwen3_vl_model, "float32", &["--config", config.to_str().unwrap()], &[]);
+    let run = VllmRun::start_on(&QWEN3_VL, &["--config", config.to_str().unwrap()], &[]);
     let rows = train_rows(&run.run_dir);
     assert_eq!(rows.len(), 3);
     let diff = rows.iter().map(|r| r["is/logprob_diff_max"].as_f64().unwrap()).fold(0.0, f64::max);
@@ -298,8 +363,7 @@ fn qwen3_5_prompts_with_images_are_sampled_on_vllm_in_bf16() {
     let dir = tempfile::tempdir().unwrap();
     let config = fixture_rows_config(dir.path());
     let run = VllmRun::start_on(
-        tiny_qwen3_5_model,
-        "bfloat16",
+        &QWEN3_5_BF16,
         &["--config", config.to_str().unwrap()],
         &["rollout.vllm.sync_tolerance=5e-2"],
     );
@@ -327,8 +391,7 @@ fn episodes_with_observed_images_are_sampled_on_vllm() {
         image.display().to_string()
     );
     let run = VllmRun::start_on(
-        tiny_vl_model,
-        "float32",
+        &QWEN2_5_VL,
         &["--config", config.to_str().unwrap()],
         &[
             "train.steps=2",

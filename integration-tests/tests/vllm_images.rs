@@ -83,17 +83,8 @@ async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axu
 /// A mock server on 127.0.0.1:0 and its state.
 fn serve(mode: Mode) -> (String, Arc<Mutex<Mock>>) {
     let state = Arc::new(Mutex::new(Mock { mode, calls: Vec::new() }));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let shared = Arc::clone(&state);
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, Router::new().fallback(handle).with_state(shared)).await.unwrap();
-        });
-    });
-    (format!("http://{}", rx.recv().unwrap()), state)
+    let app = Router::new().fallback(handle).with_state(Arc::clone(&state));
+    (format!("http://{}", rlhf_integration_tests::serve_in_background(app)), state)
 }
 
 /// The recorded request's image, as the dataset would hold it (encoded bytes).

@@ -29,6 +29,19 @@ struct Mock {
     loaded: Vec<String>,
     /// Weight loads and rollout requests, in order.
     events: Vec<&'static str>,
+    /// Whether the server keeps its output head tied (vLLM's reload then leaves it stale): the
+    /// canary version's zero head then changes nothing.
+    tied_head: bool,
+    /// While the canary version is loaded: the probe's log-prob under its zero head, `-ln V`.
+    canary: Option<f64>,
+    canaries: usize,
+}
+
+/// `-ln V` for the checkpoint in `dir`.
+fn uniform_logprob(dir: &str) -> f64 {
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/config.json")).unwrap()).unwrap();
+    let vocab = config["vocab_size"].as_f64().or(config["text_config"]["vocab_size"].as_f64()).unwrap();
+    -vocab.ln()
 }
 
 async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axum::response::Response {
@@ -38,15 +51,22 @@ async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axu
     let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let reply = match path.as_str() {
         "/collective_rpc" => {
-            m.loaded.push(req["kwargs"]["weights_path"].as_str().unwrap_or("").to_string());
-            m.events.push("load");
+            let path = req["kwargs"]["weights_path"].as_str().unwrap_or("").to_string();
+            m.canary = None;
+            if path.ends_with("/canary") {
+                m.canaries += 1;
+                m.canary = (!m.tied_head).then(|| uniform_logprob(&path));
+            } else {
+                m.loaded.push(path);
+                m.events.push("load");
+            }
             json!({"results": [null]})
         }
         "/reset_prefix_cache" => json!({"success": true}),
         "/reset_mm_cache" | "/reset_encoder_cache" => return axum::http::StatusCode::OK.into_response(),
         "/v1/completions" if req["max_tokens"] == 1 => json!({"choices": [{
             "index": 0, "text": "x", "finish_reason": "length", "token_ids": [m.probe_token],
-            "logprobs": {"token_logprobs": [m.probe_logprob], "tokens": ["x"], "top_logprobs": [], "text_offset": [0]}
+            "logprobs": {"token_logprobs": [m.canary.unwrap_or(m.probe_logprob)], "tokens": ["x"], "top_logprobs": [], "text_offset": [0]}
         }]}),
         // A rollout: every sample of every prompt answers "5 <eos>" at log-prob -2 per token.
         "/v1/completions" => {
@@ -66,19 +86,8 @@ async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axu
 /// A mock server on 127.0.0.1:0 and its state.
 fn serve() -> (String, Arc<Mutex<Mock>>) {
     let state = Arc::new(Mutex::new(Mock::default()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let shared = Arc::clone(&state);
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            let app = Router::new().fallback(handle).with_state(shared);
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    let addr = rx.recv().unwrap();
-    (format!("http://{addr}"), state)
+    let app = Router::new().fallback(handle).with_state(Arc::clone(&state));
+    (format!("http://{}", rlhf_integration_tests::serve_in_background(app)), state)
 }
 
 fn trainer_logprob(actor: &CausalLm, probe: &[u32], token: u32) -> f64 {
@@ -122,12 +131,33 @@ fn a_server_must_confirm_each_version_and_old_versions_are_pruned() {
     kept.sort();
     assert_eq!(kept, ["v000002", "v000003"], "only the newest keep_versions remain");
     assert!(run_dir.join("rollout-weights/v000003/model.safetensors").is_file());
+    // The built-in model ties its head to the embeddings: every version also holds the head, untied,
+    // and the first sync checked once that the server's head is untied (the canary, then gone).
+    let v3 = run_dir.join("rollout-weights/v000003");
+    let head = Tensor::read_safetensors(v3.join("lm_head.safetensors")).unwrap();
+    let embed = Tensor::read_safetensors(v3.join("model.safetensors")).unwrap();
+    let embed = &embed.iter().find(|(n, _)| n == "model.embed_tokens.weight").unwrap().1;
+    assert_eq!(head[0].0, "lm_head.weight");
+    assert!(head[0].1.equal(embed));
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(v3.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["tie_word_embeddings"], json!(false));
+    assert_eq!(mock.lock().unwrap().canaries, 1);
+    assert!(!run_dir.join("rollout-weights/canary").exists());
 
     // The server acknowledges the reload but keeps serving another policy.
     mock.lock().unwrap().probe_logprob = ours - 0.5;
     let e = weights.push(&actor, 4, &probe, std::slice::from_ref(&client)).unwrap_err().to_string();
     assert!(e.contains(&format!("{url} did not take weight version 4")) && e.contains("sync_tolerance"), "{e}");
     assert!(!e.contains('\n'), "{e}");
+
+    // A server started on the tied checkpoint: its head ignores the canary's zeros, and the first
+    // sync stops, saying what to do.
+    mock.lock().unwrap().tied_head = true;
+    let e = Weights::new(&dir.path().join("run2"), &cfg)
+        .push(&actor, 1, &probe, std::slice::from_ref(&client))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("{url} serves the policy with its output head tied")) && e.contains("untied"), "{e}");
 }
 
 /// A model with a vision tower: after the reload (the whole model, tower included) the server also
@@ -151,7 +181,7 @@ fn a_vision_language_version_drops_the_servers_image_caches() {
     Weights::new(&run_dir, &cfg).push(&actor, 1, &probe, std::slice::from_ref(&client)).unwrap();
     let calls = mock.lock().unwrap().calls.clone();
     let want = ["/collective_rpc", "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/v1/completions"];
-    assert_eq!(calls, want);
+    assert_eq!(calls, [want, want].concat(), "the canary of the tied head, then the version");
     let saved = Tensor::read_safetensors(run_dir.join("rollout-weights/v000001/model.safetensors")).unwrap();
     assert!(saved.iter().any(|(n, _)| n.starts_with("visual.")), "the tower is synced too");
 }
@@ -248,9 +278,10 @@ fn a_run_on_the_vllm_engine_syncs_each_step_and_corrects_for_the_mismatch() {
     let m = mock.lock().unwrap();
     assert_eq!(m.loaded.len(), 6, "one reload per version, from rank 0 only: {:?}", m.loaded);
     let completions = m.calls.iter().filter(|c| *c == "/v1/completions").count() - before;
-    // Per sync rank 0's probe (versions 0, 2 and 4), and one request from each rank per training
-    // step and per evaluation (the 11 held-out prompts are one chunk, shared by the ranks).
-    assert_eq!(completions, 3 + 2 * 2 + 2 * 2, "{:?}", m.calls);
+    // Per sync rank 0's probe (versions 0, 2 and 4; and the canary of the tied head once), and one
+    // request from each rank per training step and per evaluation (the 11 held-out prompts are one
+    // chunk, shared by the ranks).
+    assert_eq!(completions, 1 + 3 + 2 * 2 + 2 * 2, "{:?}", m.calls);
 }
 
 /// Asynchronous rollouts on vLLM (`max_staleness = 1`): the next step's batch goes to the servers

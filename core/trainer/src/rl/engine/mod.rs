@@ -13,6 +13,7 @@ pub mod client;
 pub mod generate;
 pub mod local;
 pub mod sync;
+pub mod tied_head;
 pub mod vllm;
 
 use rlhf_collective::World;

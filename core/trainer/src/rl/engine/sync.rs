@@ -6,16 +6,21 @@
 //! fails any of this stops the step with an error naming it — never a silent stale policy. The
 //! newest `keep_versions` directories are kept.
 //!
+//! A policy whose head is tied to its embeddings is written with its head untied, and the first
+//! sync checks that the servers' heads are untied too ([`super::tied_head`]).
+//!
 //! The servers read the directory by path, so they must see the run directory (the same machine
 //! or a shared filesystem).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rlhf_generation::{token_logprobs, LogProbOptions};
 use rlhf_models::CausalLm;
 use tch::{Kind, Tensor};
 
 use super::client::{Sampling, VllmClient};
+use super::tied_head;
 use crate::config::{VllmConfig, WeightSync};
 use crate::error::{Result, TrainerError};
 
@@ -26,6 +31,9 @@ pub struct Weights {
     model: String,
     keep: usize,
     tolerance: f64,
+    /// Whether the servers' heads were found untied ([`super::tied_head`]); checked once, at the
+    /// first full sync of a tied policy.
+    heads_checked: AtomicBool,
 }
 
 impl Weights {
@@ -36,6 +44,7 @@ impl Weights {
             model: cfg.model.clone(),
             keep: cfg.keep_versions,
             tolerance: cfg.sync_tolerance,
+            heads_checked: AtomicBool::new(false),
         }
     }
 
@@ -46,24 +55,28 @@ impl Weights {
 
     /// Writes `version` of `actor`, has every client load and confirm it, prunes old versions.
     pub fn push(&self, actor: &CausalLm, version: usize, probe: &[u32], clients: &[VllmClient]) -> Result<()> {
+        let tied = matches!(self.mode, WeightSync::Full) && actor.arch().tie_word_embeddings;
+        if tied && !self.heads_checked.load(Ordering::Relaxed) {
+            let canary = self.root.join("canary");
+            tied_head::write_canary(actor, &canary)?;
+            let results = self.load_all(actor, &canary, probe, 0, clients);
+            let _ = std::fs::remove_dir_all(&canary);
+            for (c, r) in clients.iter().zip(results) {
+                let (_, lp) = r.map_err(|m| TrainerError::Run(format!("rollout.vllm: {m}")))?;
+                tied_head::check_canary(c.url(), lp, actor.arch().vocab_size)?;
+            }
+            self.heads_checked.store(true, Ordering::Relaxed);
+        }
         let dir = self.dir(version);
         let _ = std::fs::remove_dir_all(&dir);
         match self.mode {
             WeightSync::Full => actor.save(&dir)?,
             WeightSync::Lora => actor.save_lora_adapter(&dir)?,
         }
-        let images = actor.vision().is_some();
-        let results: Vec<std::result::Result<(u32, f64), String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = clients
-                .iter()
-                .map(|c| {
-                    let dir = &dir;
-                    s.spawn(move || self.load_on(c, dir, probe, version, images).map_err(|e| e.to_string()))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("sync thread panicked".into()))).collect()
-        });
-        for (c, r) in clients.iter().zip(results) {
+        if tied {
+            tied_head::write_head(&dir, actor.lm_head_weight())?;
+        }
+        for (c, r) in clients.iter().zip(self.load_all(actor, &dir, probe, version, clients)) {
             let (token, engine_lp) = r.map_err(|m| TrainerError::Run(format!("rollout.vllm: {m}")))?;
             let ours = probe_logprob(actor, probe, token)?;
             let d = (engine_lp - ours).abs();
@@ -79,6 +92,25 @@ impl Weights {
             }
         }
         self.prune()
+    }
+
+    /// [`Self::load_on`] on every server at once.
+    fn load_all(
+        &self,
+        actor: &CausalLm,
+        dir: &Path,
+        probe: &[u32],
+        version: usize,
+        clients: &[VllmClient],
+    ) -> Vec<std::result::Result<(u32, f64), String>> {
+        let images = actor.vision().is_some();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = clients
+                .iter()
+                .map(|c| s.spawn(move || self.load_on(c, dir, probe, version, images).map_err(|e| e.to_string())))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("sync thread panicked".into()))).collect()
+        })
     }
 
     /// Loads `dir` on one server, drops its prefix cache (and for a model that reads `images`,
