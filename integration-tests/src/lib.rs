@@ -283,6 +283,20 @@ pub fn vl_fixture() -> &'static Path {
     DIR.get_or_init(|| made_by("make_vl.py")).path()
 }
 
+/// A mock vLLM server's answer to the probe while the trainer's canary version (a zero output
+/// head, for a policy whose head is tied to its embeddings) is loaded from `weights_path`:
+/// `-ln V` of that checkpoint, as a server with an untied head gives every token; `None` for
+/// any other version.
+pub fn canary_logprob(weights_path: &str) -> Option<f64> {
+    if !weights_path.ends_with("/canary") {
+        return None;
+    }
+    let text = std::fs::read_to_string(Path::new(weights_path).join("config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let vocab = config["vocab_size"].as_f64().or(config["text_config"]["vocab_size"].as_f64()).unwrap();
+    Some(-vocab.ln())
+}
+
 /// Serves `app` on 127.0.0.1 at a free port from a background thread (a mock HTTP server for the
 /// rest of the test process); returns its address.
 pub fn serve_in_background(app: axum::Router) -> std::net::SocketAddr {

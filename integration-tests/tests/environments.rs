@@ -358,15 +358,22 @@ fn every_algorithm_trains_on_episodes() {
 }
 
 /// A mock vLLM server: answers every rollout completion with `6 7` (ids 9, 10; log-prob −1.5
-/// each) and the weight-sync calls as vLLM does; keeps every completion request's body.
+/// each) and the weight-sync calls as vLLM does (its output head untied: the canary version's
+/// zero head gives `-ln V`); keeps every completion request's body.
 fn mock_vllm() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
     use axum::{body::Bytes, extract::State, http::Uri, response::IntoResponse, Router};
     use serde_json::json;
     type Seen = std::sync::Arc<std::sync::Mutex<Vec<Value>>>;
-    async fn handle(State(seen): State<Seen>, uri: Uri, body: Bytes) -> axum::response::Response {
+    /// The probe's answer while the canary version is loaded.
+    type Canary = std::sync::Arc<std::sync::Mutex<Option<f64>>>;
+    async fn handle(State((seen, canary)): State<(Seen, Canary)>, uri: Uri, body: Bytes) -> axum::response::Response {
         let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let reply = match uri.path() {
-            "/collective_rpc" => json!({"results": [null]}),
+            "/collective_rpc" => {
+                let path = req["kwargs"]["weights_path"].as_str().unwrap_or("");
+                *canary.lock().unwrap() = rlhf_integration_tests::canary_logprob(path);
+                json!({"results": [null]})
+            }
             "/reset_prefix_cache" => json!({"success": true}),
             "/v1/completions" => {
                 let probe = req["max_tokens"] == 1;
@@ -374,8 +381,9 @@ fn mock_vllm() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
                     seen.lock().unwrap().push(req.clone());
                 }
                 let n = req["n"].as_u64().unwrap_or(1) * req["prompt"].as_array().map_or(0, |p| p.len() as u64);
+                let canary = canary.lock().unwrap().unwrap_or(-1.5);
                 let (ids, lps) =
-                    if probe { (json!([9]), json!([-1.5])) } else { (json!([9, 10]), json!([-1.5, -1.5])) };
+                    if probe { (json!([9]), json!([canary])) } else { (json!([9, 10]), json!([-1.5, -1.5])) };
                 let choices: Vec<Value> = (0..n)
                     .map(|i| {
                         json!({"index": i, "text": "67", "finish_reason": "length", "token_ids": ids,
@@ -389,7 +397,8 @@ fn mock_vllm() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
         axum::Json(reply).into_response()
     }
     let seen: Seen = Default::default();
-    let addr = rlhf_integration_tests::serve_in_background(Router::new().fallback(handle).with_state(seen.clone()));
+    let state = (seen.clone(), Canary::default());
+    let addr = rlhf_integration_tests::serve_in_background(Router::new().fallback(handle).with_state(state));
     (format!("http://{addr}"), seen)
 }
 

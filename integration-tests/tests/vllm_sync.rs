@@ -37,13 +37,6 @@ struct Mock {
     canaries: usize,
 }
 
-/// `-ln V` for the checkpoint in `dir`.
-fn uniform_logprob(dir: &str) -> f64 {
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/config.json")).unwrap()).unwrap();
-    let vocab = config["vocab_size"].as_f64().or(config["text_config"]["vocab_size"].as_f64()).unwrap();
-    -vocab.ln()
-}
-
 async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axum::response::Response {
     let mut m = m.lock().unwrap();
     let path = uri.path().to_string();
@@ -52,10 +45,9 @@ async fn handle(State(m): State<Arc<Mutex<Mock>>>, uri: Uri, body: Bytes) -> axu
     let reply = match path.as_str() {
         "/collective_rpc" => {
             let path = req["kwargs"]["weights_path"].as_str().unwrap_or("").to_string();
-            m.canary = None;
+            m.canary = rlhf_integration_tests::canary_logprob(&path).filter(|_| !m.tied_head);
             if path.ends_with("/canary") {
                 m.canaries += 1;
-                m.canary = (!m.tied_head).then(|| uniform_logprob(&path));
             } else {
                 m.loaded.push(path);
                 m.events.push("load");
