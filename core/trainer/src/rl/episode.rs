@@ -132,8 +132,8 @@ impl Trajectory {
     /// order, would take it for that image.
     fn sampled_placeholder_before_image(&self, placeholder: u32) -> bool {
         let Some(&last) = self.observed.slots.last() else { return false };
-        let before = self.tokens.iter().zip(&self.sampled).take(last as usize);
-        before.into_iter().any(|(&t, &s)| s && t == i64::from(placeholder))
+        let mut before = self.tokens.iter().zip(&self.sampled).take(last as usize);
+        before.any(|(&t, &s)| s && t == i64::from(placeholder))
     }
 
     fn fail(&mut self, penalty: f64) {

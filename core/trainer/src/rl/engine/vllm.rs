@@ -10,9 +10,8 @@ use std::time::Duration;
 use rlhf_collective::World;
 use rlhf_generation::{batch::to_rows, Generated};
 use rlhf_models::CausalLm;
-use tch::{Kind, Tensor};
-
 use rlhf_vision::ImageRef;
+use tch::{Kind, Tensor};
 
 use super::client::VllmClient;
 pub use super::client::{Completion, Sampling};
@@ -108,7 +107,6 @@ impl VllmEngine {
         n: usize,
         sampling: &Sampling,
     ) -> Result<Vec<Completion>> {
-        let n_servers = self.clients.len();
         let model = self.cfg.model.as_str();
         let one = |client: &VllmClient, p: usize| -> std::result::Result<Vec<Completion>, String> {
             let (collapsed, runs) = collapse(&prompts[p], placeholder);
@@ -134,65 +132,60 @@ impl VllmEngine {
             }
             Ok(completions)
         };
-        let results: Vec<std::result::Result<Vec<Completion>, String>> = std::thread::scope(|s| {
-            let one = &one;
-            let handles: Vec<_> = (0..n_servers)
-                .map(|k| {
-                    let range = dist::shard(prompts.len(), k, n_servers);
-                    let client = &self.clients[k];
-                    s.spawn(move || {
-                        let mut out = Vec::with_capacity(range.len() * n);
-                        let all: Vec<usize> = range.collect();
-                        for wave in all.chunks(IN_FLIGHT) {
-                            let answers: Vec<_> = std::thread::scope(|w| {
-                                let hs: Vec<_> = wave.iter().map(|&p| w.spawn(move || one(client, p))).collect();
-                                hs.into_iter()
-                                    .map(|h| h.join().unwrap_or_else(|_| Err("request thread panicked".into())))
-                                    .collect()
-                            });
-                            for a in answers {
-                                out.extend(a?);
-                            }
-                        }
-                        Ok(out)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("request thread panicked".into()))).collect()
-        });
-        let mut completions = Vec::with_capacity(prompts.len() * n);
-        for r in results {
-            completions.extend(r.map_err(|m| TrainerError::Run(format!("rollout.vllm: {m}")))?);
-        }
-        Ok(completions)
+        self.per_server(prompts.len(), |client, range| {
+            let all: Vec<usize> = range.collect();
+            let mut out = Vec::with_capacity(all.len() * n);
+            for wave in all.chunks(IN_FLIGHT) {
+                let answers: Vec<_> = std::thread::scope(|w| {
+                    let hs: Vec<_> = wave.iter().map(|&p| w.spawn(move || one(client, p))).collect();
+                    hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("request thread panicked".into()))).collect()
+                });
+                for a in answers {
+                    out.extend(a?);
+                }
+            }
+            Ok(out)
+        })
     }
 
     /// `n` completions of every prompt, the prompts split over the servers and requested in
     /// parallel; returned prompt by prompt, `n` each.
     pub fn complete(&self, prompts: &[Vec<u32>], n: usize, sampling: &Sampling) -> Result<Vec<Completion>> {
+        let model = self.cfg.model.as_str();
+        self.per_server(prompts.len(), |client, range| {
+            let prompts = &prompts[range];
+            if prompts.is_empty() {
+                return Ok(Vec::new());
+            }
+            let per_prompt = client.complete(model, prompts, n, sampling).map_err(|e| e.to_string())?;
+            Ok(per_prompt.into_iter().flatten().collect())
+        })
+    }
+
+    /// `prompts` prompts split over the servers in order ([`dist::shard`]), `f` run for each
+    /// server's share at once; the servers' answers joined in prompt order, the first error
+    /// (naming its server) returned.
+    fn per_server<T: Send>(
+        &self,
+        prompts: usize,
+        f: impl Fn(&VllmClient, std::ops::Range<usize>) -> std::result::Result<Vec<T>, String> + Sync,
+    ) -> Result<Vec<T>> {
         let n_servers = self.clients.len();
-        let model = self.cfg.model.clone();
-        let results: Vec<std::result::Result<Vec<Vec<Completion>>, String>> = std::thread::scope(|s| {
+        let results: Vec<std::result::Result<Vec<T>, String>> = std::thread::scope(|s| {
+            let f = &f;
             let handles: Vec<_> = (0..n_servers)
                 .map(|k| {
-                    let range = dist::shard(prompts.len(), k, n_servers);
-                    let (client, prompts, model, sampling) = (&self.clients[k], &prompts[range], &model, &sampling);
-                    s.spawn(move || {
-                        if prompts.is_empty() {
-                            return Ok(Vec::new());
-                        }
-                        client.complete(model, prompts, n, sampling).map_err(|e| e.to_string())
-                    })
+                    let (client, range) = (&self.clients[k], dist::shard(prompts, k, n_servers));
+                    s.spawn(move || f(client, range))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("request thread panicked".into()))).collect()
         });
-        let mut completions: Vec<Completion> = Vec::with_capacity(prompts.len() * n);
+        let mut out = Vec::new();
         for r in results {
-            let per_prompt = r.map_err(|m| TrainerError::Run(format!("rollout.vllm: {m}")))?;
-            completions.extend(per_prompt.into_iter().flatten());
+            out.extend(r.map_err(|m| TrainerError::Run(format!("rollout.vllm: {m}")))?);
         }
-        Ok(completions)
+        Ok(out)
     }
 }
 
