@@ -7,52 +7,17 @@
 //! reload → the same logits with the same tensor names, LoRA training on every family, and a key
 //! the loader does not implement refused for every family.
 
+mod family_common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
+use family_common::{load, masked_max_abs_diff, models, reference, tol_for, TOL};
 use rlhf_integration_tests::{family_models, hf_check, python, FAMILIES};
 use rlhf_models::{CausalLm, LoraConfig, ModelConfig, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
 use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor};
-
-/// The largest logit difference tolerated, as in `transformers_parity.rs`.
-const TOL: f64 = 1e-4;
-
-/// The same for the Gated DeltaNet families (Qwen3.5, Qwen3-Next): the chunked delta rule's f32
-/// rounding differs between CPU kinds more than attention's — 1.1e-5 to 2.8e-5 on most, up to
-/// 2.6e-4 measured on an AMD EPYC with AVX2 only, where transformers' own f32 logits were 2.3e-4 from its f64
-/// ones (logits of about 15; a wrong formula is off by 1e-2 and more).
-const LINEAR_TOL: f64 = 5e-4;
-
-/// The tolerance for family `name`'s logits: [`TOL`] ([`LINEAR_TOL`] with linear attention), or
-/// twice transformers' own f32 error where the fixture measured it (`reference.json`'s `key`).
-fn tol_for(name: &str, dir: &Path, key: &str) -> f64 {
-    let base = if name.starts_with("qwen3_5") || name == "qwen3_next" { LINEAR_TOL } else { TOL };
-    base.max(measured_tol(dir, key))
-}
-
-fn reference(dir: &Path) -> HashMap<String, Tensor> {
-    Tensor::read_safetensors(dir.join("reference.safetensors")).unwrap().into_iter().collect()
-}
-
-fn load(dir: &Path) -> CausalLm {
-    CausalLm::from_dir(dir, Device::Cpu, Kind::Float).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-}
-
-/// Max |a − b| where `mask` is 1 (`a`, `b`: `[batch, seq, ...]`, `mask`: `[batch, seq]`).
-fn masked_max_abs_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f64 {
-    let mut m = mask.to_kind(Kind::Bool);
-    while m.dim() < a.dim() {
-        m = m.unsqueeze(-1);
-    }
-    (a - b).abs().masked_fill(&m.logical_not(), 0.0).max().double_value(&[])
-}
-
-/// The models, or `None` (skipped outside CI) without Python.
-fn models() -> Option<&'static Path> {
-    python().map(|p| family_models(&p))
-}
 
 #[test]
 fn logits_of_padded_and_packed_batches_match_transformers() {
@@ -132,13 +97,6 @@ fn tensors(dir: &Path) -> std::collections::BTreeMap<String, Tensor> {
         }
     }
     out
-}
-
-/// [`TOL`], or twice transformers' own f32 error (from f64) where the fixture measured it
-/// (`reference.json`'s `key`): a reference cannot be matched closer than it is itself.
-fn measured_tol(dir: &Path, key: &str) -> f64 {
-    let own = rlhf_integration_tests::read_json(&dir.join("reference.json"))[key].as_f64().unwrap_or(0.0);
-    TOL.max(2.0 * own)
 }
 
 fn tensor_names(dir: &Path) -> BTreeSet<String> {
@@ -284,115 +242,6 @@ fn unimplemented_config_keys_are_refused_for_every_family() {
         let e = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("config.json: clip_qkv: not a key this loader implements"), "{name}: {e}");
         assert_eq!(e.lines().count(), 1, "{name}: {e}");
-    }
-}
-
-/// What a layer reads beside its input survives a prompt computed once for the rows that share it
-/// then continued, and a checkpointed pass recomputing one layer at a time: both compute what one
-/// plain pass computes — hidden states and every parameter's gradient. Linear attention carries
-/// its state where attention carries keys and values (Qwen3.5); Gemma 4's last layers reuse
-/// earlier layers' keys and values and every layer reads its per-layer input.
-#[test]
-fn side_inputs_continue_across_shared_prompts_and_checkpointed_layers() {
-    let Some(root) = models() else { return };
-    let cases = [("qwen3_5", "A_log"), ("gemma4", "layers.1.self_attn.k_proj"), ("gemma4-moe", "layers.0.router.proj")];
-    for (name, witness) in cases {
-        shared_prompts_and_checkpointing_match_a_plain_pass(&load(&root.join(name)), name, witness);
-    }
-}
-
-/// The check of [`side_inputs_continue_across_shared_prompts_and_checkpointed_layers`] on one model
-/// (hidden size 32); `witness` names a parameter whose gradient must not be zero.
-fn shared_prompts_and_checkpointing_match_a_plain_pass(model: &CausalLm, name: &str, witness: &str) {
-    // Two prompts (the second left-padded by 2), each shared by two rows; responses right-padded.
-    let ids = Tensor::from_slice(&[
-        5i64, 17, 42, 9, 101, 7, 3, 64, 12, 250, 0, 0, //
-        5, 17, 42, 9, 101, 7, 8, 33, 0, 0, 0, 0, //
-        0, 0, 77, 21, 60, 14, 90, 91, 92, 93, 94, 95, //
-        0, 0, 77, 21, 60, 14, 4, 0, 0, 0, 0, 0,
-    ])
-    .view([4, 12]);
-    let mask = Tensor::from_slice(&[
-        1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, //
-        1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, //
-        0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, //
-        0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
-    ])
-    .view([4, 12]);
-    let p = 6;
-    let pos = rlhf_models::position_ids_from_mask(&mask).unwrap();
-    let plain = tch::no_grad(|| model.hidden_states(&ids, &mask, &pos, None)).unwrap();
-    let prefix = rlhf_models::SharedPrefixes::find(&ids, &mask, p).unwrap();
-    assert!(prefix.any_shared());
-    let shared = tch::no_grad(|| model.hidden_states_after_prefix(&ids, &mask, &prefix)).unwrap();
-    let tail = mask.narrow(1, p - 1, 12 - p + 1);
-    let diff = masked_max_abs_diff(&shared, &plain.narrow(1, p - 1, 12 - p + 1), &tail);
-    // 1e-5 of the largest hidden value (Gemma 4's reach 10 and more).
-    let tol = 1e-5 * plain.abs().max().double_value(&[]).max(1.0);
-    assert!(diff < tol, "{name}: shared prompts differ by {diff}");
-
-    // Gradients of one loss, plain and checkpointed, over all positions and then after the
-    // shared prompts.
-    let weights = Tensor::randn([4, 12, 32], (Kind::Float, Device::Cpu));
-    let (a, b) = (
-        grads_of(model, || (model.hidden_states(&ids, &mask, &pos, None).unwrap() * &weights).sum(Kind::Float)),
-        grads_of(model, || {
-            let ck = model.hidden_states_checkpointed(&ids, &mask, &pos).unwrap();
-            (ck.hidden() * &weights).sum(Kind::Float).backward();
-            model.backward_checkpointed(&ck).unwrap();
-            Tensor::zeros([], (Kind::Float, Device::Cpu))
-        }),
-    );
-    assert!(
-        a.iter().any(|(n, g)| n.contains(witness) && g.abs().sum(Kind::Float).double_value(&[]) > 0.0),
-        "{name}: no gradient on {witness}"
-    );
-    assert_close(name, "checkpointed", &a, &b);
-    let tail_weights = weights.narrow(1, p - 1, 12 - p + 1);
-    let (a, b) = (
-        grads_of(model, || {
-            (model.hidden_states_after_prefix(&ids, &mask, &prefix).unwrap() * &tail_weights).sum(Kind::Float)
-        }),
-        grads_of(model, || {
-            let ck = model.hidden_states_checkpointed_after_prefix(&ids, &mask, &prefix).unwrap();
-            (ck.hidden() * &tail_weights).sum(Kind::Float).backward();
-            model.backward_checkpointed(&ck).unwrap();
-            Tensor::zeros([], (Kind::Float, Device::Cpu))
-        }),
-    );
-    assert_close(name, "checkpointed shared-prompt", &a, &b);
-}
-
-/// Every parameter's gradient (but the LM head's, not in these losses) after backpropagating the
-/// loss `f` returns (`f` may backpropagate itself and return a constant), from zeroed gradients.
-fn grads_of(model: &CausalLm, f: impl FnOnce() -> Tensor) -> Vec<(String, Tensor)> {
-    for t in model.vs.variables().values() {
-        let mut g = t.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
-    }
-    let loss = f();
-    if loss.requires_grad() {
-        loss.backward();
-    }
-    let mut out: Vec<(String, Tensor)> = model
-        .vs
-        .variables()
-        .into_iter()
-        .filter(|(n, _)| n != "lm_head.weight")
-        .map(|(n, t)| (n, t.grad().copy()))
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
-/// Each gradient of `b` within 1e-5 of the largest entry of `a`'s (at least 1).
-fn assert_close(name: &str, how: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]) {
-    for ((param, ga), (_, gb)) in a.iter().zip(b) {
-        let diff = (ga - gb).abs().max().double_value(&[]);
-        let tol = 1e-5 * ga.abs().max().double_value(&[]).max(1.0);
-        assert!(diff < tol, "{name}: {param} {how} gradient differs by {diff}");
     }
 }
 

@@ -3,7 +3,8 @@
 //! losses, KL, entropy and gradient norm within float rounding — and with LoRA dropout it stays
 //! off, so such a run is the unshared run bit for bit. `train.padding_free` (packed rows without
 //! their padding) trains as the padded run within float rounding too, with and without gradient
-//! checkpointing, on the hybrid Qwen3.5 and, with PPO, its critic. `train.micro_batch_tokens`
+//! checkpointing, with shared prompts laid once in the packed rows, on the hybrid Qwen3.5 and,
+//! with PPO, its critic. `train.micro_batch_tokens`
 //! (micro-batches by a token budget) trains as one micro-batch per minibatch within rounding:
 //! GRPO's per-sequence and per-token means, RLOO's, and PPO's actor and critic.
 
@@ -67,6 +68,10 @@ fn padding_free_passes_train_as_padded_ones_within_rounding() {
     let plain = behaviour_metrics(&run(dir.path(), "plain", false, &lengths));
     let free = behaviour_metrics(&run(dir.path(), "packed", false, &packed));
     assert_same_within_rounding("padding-free", &free[0], &plain[0], &[]);
+    // With shared prompts: each prompt laid once in a packed row, its completions after it.
+    let both = behaviour_metrics(&run(dir.path(), "packed-shared", true, &packed));
+    assert_same_within_rounding("padding-free with shared prompts", &both[0], &plain[0], &[]);
+    assert_ne!(both[0]["grad_norm/actor"], free[0]["grad_norm/actor"], "the packed rows shared no prompt");
     // Checkpointed: the packed layers are recomputed, their output unpacked through a graph.
     let ck = ["--set", "train.gradient_checkpointing=true"];
     let plain = behaviour_metrics(&run(dir.path(), "plain-ck", false, &[&lengths[..], &ck[..]].concat()));

@@ -28,8 +28,10 @@ pub struct LogProbOptions {
     /// plain pass within float rounding; without shared prompts it is the plain pass.
     pub share_prefix: bool,
     /// Run the layers padding-free ([`rlhf_models::packing`]): the rows without their padding, packed
-    /// into as few rows as hold them. Equal to the plain pass within float rounding; it takes
-    /// the place of `share_prefix`. Passes with images are not packed.
+    /// into as few rows as hold them — with `share_prefix`, each shared prompt laid once in a
+    /// packed row and its rows' completions after it, where the model allows
+    /// ([`Packing::sharing`]). Equal to the plain pass within float rounding; the layout of the
+    /// fewest token slots runs (packed, shared prefix, or plain). Passes with images are not packed.
     pub pack: bool,
 }
 
@@ -65,12 +67,13 @@ pub fn token_logprobs(
     opts: LogProbOptions,
 ) -> Result<TokenLogProbs> {
     check_from(input_ids, from)?;
-    if let Some(p) = packing(input_ids, attention_mask, opts)? {
+    let layout = layout(model, input_ids, attention_mask, from, opts)?;
+    if let Layout::Packed(p) = &layout {
         let hidden = p.unpack(&model.hidden_states(&p.ids, &p.mask, &p.positions, None)?)?; // [b, seq, h]
         return from_hidden(model, &hidden, input_ids, from, opts);
     }
-    if let Some(prefix) = shared_prefix(input_ids, attention_mask, from, opts)? {
-        let hidden = model.hidden_states_after_prefix(input_ids, attention_mask, &prefix)?; // [b, seq − from + 1, h]
+    if let Layout::Prefix(prefix) = &layout {
+        let hidden = model.hidden_states_after_prefix(input_ids, attention_mask, prefix)?; // [b, seq − from + 1, h]
         return from_hidden(model, &hidden, &after_prefix(input_ids, from)?, 1, opts);
     }
     let positions = position_ids_from_mask(attention_mask)?;
@@ -156,7 +159,8 @@ pub fn token_logprobs_checkpointed(
     opts: LogProbOptions,
 ) -> Result<(TokenLogProbs, LogProbPass)> {
     check_from(input_ids, from)?;
-    if let Some(p) = packing(input_ids, attention_mask, opts)? {
+    let layout = layout(model, input_ids, attention_mask, from, opts)?;
+    if let Layout::Packed(p) = &layout {
         let layers = model.hidden_states_checkpointed(&p.ids, &p.mask, &p.positions)?;
         let aux = layers.aux_loss().map(Tensor::shallow_clone);
         let unpacked = p.unpack(layers.hidden())?;
@@ -166,13 +170,13 @@ pub fn token_logprobs_checkpointed(
     }
     // The hidden states of a shared-prefix pass start at position `from − 1`: the head reads
     // them with the ids from there on, predicting from index 1.
-    let (layers, ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
-        Some(prefix) => (
-            model.hidden_states_checkpointed_after_prefix(input_ids, attention_mask, &prefix)?,
+    let (layers, ids, from) = match &layout {
+        Layout::Prefix(prefix) => (
+            model.hidden_states_checkpointed_after_prefix(input_ids, attention_mask, prefix)?,
             after_prefix(input_ids, from)?,
             1,
         ),
-        None => {
+        _ => {
             let positions = position_ids_from_mask(attention_mask)?;
             (model.hidden_states_checkpointed(input_ids, attention_mask, &positions)?, input_ids.shallow_clone(), from)
         }
@@ -326,18 +330,19 @@ pub fn token_logprobs_pass(
         return token_logprobs_checkpointed(model, input_ids, attention_mask, from, opts);
     }
     check_from(input_ids, from)?;
-    if let Some(p) = packing(input_ids, attention_mask, opts)? {
+    let layout = layout(model, input_ids, attention_mask, from, opts)?;
+    if let Layout::Packed(p) = &layout {
         let (hidden, aux) = model.hidden_states_with_aux(&p.ids, &p.mask, &p.positions)?;
         let (lp, pass) = head_pass(model, Layers::Graph(p.unpack(&hidden)?), input_ids.shallow_clone(), from, opts)?;
         return Ok((TokenLogProbs { aux_loss: aux, ..lp }, pass));
     }
-    let ((hidden, aux), ids, from) = match shared_prefix(input_ids, attention_mask, from, opts)? {
-        Some(prefix) => (
-            model.hidden_states_after_prefix_with_aux(input_ids, attention_mask, &prefix)?,
+    let ((hidden, aux), ids, from) = match &layout {
+        Layout::Prefix(prefix) => (
+            model.hidden_states_after_prefix_with_aux(input_ids, attention_mask, prefix)?,
             after_prefix(input_ids, from)?,
             1,
         ),
-        None => {
+        _ => {
             let positions = position_ids_from_mask(attention_mask)?;
             (model.hidden_states_with_aux(input_ids, attention_mask, &positions)?, input_ids.shallow_clone(), from)
         }
@@ -373,28 +378,51 @@ pub fn token_logprobs_pass_with_images(
     head_pass(model, layers, input_ids.shallow_clone(), from, opts)
 }
 
-/// With [`LogProbOptions::pack`], the batch packed padding-free — `None` when packing is off or
-/// saves no row (then the other passes run).
-fn packing(input_ids: &Tensor, attention_mask: &Tensor, opts: LogProbOptions) -> Result<Option<Packing>> {
-    if !opts.pack {
-        return Ok(None);
-    }
-    Ok(Packing::new(input_ids, attention_mask)?)
+/// How a log-prob pass lays its rows out for the layers.
+#[derive(Debug)]
+enum Layout {
+    /// Padding-free ([`LogProbOptions::pack`]), shared prompts laid once where the model allows.
+    Packed(Packing),
+    /// Each shared prompt computed once, the rest of every row on top ([`LogProbOptions::share_prefix`]).
+    Prefix(SharedPrefixes),
+    /// The rows as they are.
+    Plain,
 }
 
-/// With [`LogProbOptions::share_prefix`], the rows' shared first `from` tokens — `None` when
-/// sharing is off or no prompt is held by more than one row (then the plain pass runs).
-fn shared_prefix(
+/// The layout of the fewest token slots through the layers among those `opts` allow: the rows
+/// packed padding-free, with each shared prompt laid once per packed row where the model attends
+/// by the mask alone ([`CausalLm::packs_shared_prompts`]) or else whole (`rows × seq` slots);
+/// each shared prompt computed once and the rest of every row on top (`prompts × from + batch ×
+/// (seq − from)`); the rows as they are (`batch × seq`). Packing wins a tie. All compute the
+/// same numbers within float rounding.
+fn layout(
+    model: &CausalLm,
     input_ids: &Tensor,
     attention_mask: &Tensor,
     from: i64,
     opts: LogProbOptions,
-) -> Result<Option<SharedPrefixes>> {
-    if !opts.share_prefix {
-        return Ok(None);
-    }
-    let prefix = SharedPrefixes::find(input_ids, attention_mask, from)?;
-    Ok(prefix.any_shared().then_some(prefix))
+) -> Result<Layout> {
+    let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
+    let prefix = match opts.share_prefix {
+        true => Some(SharedPrefixes::find(input_ids, attention_mask, from)?).filter(SharedPrefixes::any_shared),
+        false => None,
+    };
+    let packed = match (opts.pack, &prefix) {
+        (false, _) => None,
+        (true, Some(prefix)) if model.packs_shared_prompts(seq) => {
+            match Packing::sharing(input_ids, attention_mask, prefix)? {
+                Some(p) => Some(p),
+                None => Packing::new(input_ids, attention_mask)?,
+            }
+        }
+        (true, _) => Packing::new(input_ids, attention_mask)?,
+    };
+    let prefix_slots = prefix.as_ref().map(|p| p.first.len() as i64 * from + batch * (seq - from));
+    Ok(match (packed, prefix) {
+        (Some(p), _) if prefix_slots.is_none_or(|slots| p.rows() * seq <= slots) => Layout::Packed(p),
+        (_, Some(prefix)) => Layout::Prefix(prefix),
+        _ => Layout::Plain,
+    })
 }
 
 /// The ids from position `from − 1` on, aligned with the hidden states a shared-prefix pass

@@ -1,15 +1,16 @@
 //! Padding-free log-prob passes ([`LogProbOptions::pack`]) compute what the padded passes do: on
 //! every fixture family, the log-probs and entropy of the real tokens and the parameter gradients
 //! of a loss over them (as a policy loss masks its padding) equal the padded pass's within f32
-//! rounding — without a graph, with the layers' graph and the chunked head, and checkpointed. So
-//! do a critic's values.
+//! rounding — without a graph, with the layers' graph and the chunked head, and checkpointed; so
+//! do they with shared prompts laid once in the packed rows ([`Packing::sharing`]). So do a
+//! critic's values.
 
 mod grads;
 
 use grads::{assert_same_grads, fixture, take_grads};
 
 use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, TokenLogProbs};
-use rlhf_models::{CausalLm, Packing, ScalarHeadModel};
+use rlhf_models::{CausalLm, Packing, ScalarHeadModel, SharedPrefixes};
 use tch::{Device, Kind, Tensor};
 
 /// Prompts left-padded to 3 columns and responses right-padded to 5, as the trainer's rows are:
@@ -40,6 +41,72 @@ fn loss(lp: &TokenLogProbs, targets: &Tensor) -> Tensor {
 fn max_diff(a: &TokenLogProbs, b: &TokenLogProbs, targets: &Tensor) -> f64 {
     let d = |x: &Tensor, y: &Tensor| ((x - y) * targets).abs().max().double_value(&[]);
     d(&a.logprobs, &b.logprobs).max(d(a.entropy.as_ref().unwrap(), b.entropy.as_ref().unwrap()))
+}
+
+/// GRPO's layout: two prompts (of 4 tokens, and of 2 left-padded to 4) with three samples each,
+/// interleaved, completions right-padded to 6. Laid once per packed row the prompts take three
+/// rows of 10 (A + 2 + 1 + 3 | B + 2 + 6 | B + 1); packed whole the rows take four, and the
+/// shared-prefix pass 2 × 4 + 6 × 6 = 44 slots.
+fn grouped_batch() -> (Tensor, Tensor, i64) {
+    let (a, b): (&[i64], &[i64]) = (&[5, 9, 33, 120], &[300, 11]);
+    let rows: [(&[i64], &[i64]); 6] =
+        [(a, &[7, 64]), (b, &[40, 41]), (a, &[2]), (b, &[70, 71, 72, 73, 74, 75]), (a, &[18, 19, 20]), (b, &[8])];
+    let (mut ids, mut mask) = (Vec::new(), Vec::new());
+    for (prompt, response) in rows {
+        let row: Vec<Option<i64>> = std::iter::repeat_n(None, 4 - prompt.len())
+            .chain(prompt.iter().map(|&t| Some(t)))
+            .chain(response.iter().map(|&t| Some(t)))
+            .chain(std::iter::repeat_n(None, 6 - response.len()))
+            .collect();
+        ids.extend(row.iter().map(|t| t.unwrap_or(0)));
+        mask.extend(row.iter().map(|t| i64::from(t.is_some())));
+    }
+    (Tensor::from_slice(&ids).view([6, 10]), Tensor::from_slice(&mask).view([6, 10]), 4)
+}
+
+#[test]
+fn shared_prompts_pack_into_fewer_rows() {
+    let (ids, mask, from) = grouped_batch();
+    let prefix = SharedPrefixes::find(&ids, &mask, from).unwrap();
+    assert_eq!(prefix.of_row, [0, 1, 0, 1, 0, 1]);
+    assert_eq!(Packing::sharing(&ids, &mask, &prefix).unwrap().unwrap().rows(), 3);
+    assert_eq!(Packing::new(&ids, &mask).unwrap().unwrap().rows(), 4);
+}
+
+/// With shared prompts laid once per packed row (the fewest slots here, so the layout that runs)
+/// every pass computes the padded pass's log-probs, entropy and gradients; a model whose sliding
+/// window is narrower than the rows packs them whole instead, and computes them too.
+#[test]
+fn packed_shared_prompts_equal_the_padded_passes_in_values_and_gradients() {
+    let (ids, mask, from) = grouped_batch();
+    let targets = mask.narrow(1, from, 10 - from).to_kind(Kind::Float);
+    for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
+        let m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
+        assert!(m.packs_shared_prompts(10), "{name} attends by the mask alone");
+        let elements = 8 * m.arch().vocab_size;
+        let padded_opts =
+            LogProbOptions { max_chunk_elements: elements, entropy: true, share_prefix: false, pack: false };
+        let packed_opts = LogProbOptions { pack: true, share_prefix: true, ..padded_opts };
+        let padded = token_logprobs(&m, &ids, &mask, from, padded_opts).unwrap();
+        loss(&padded, &targets).backward();
+        let want = take_grads(&m.vs);
+
+        let packed = token_logprobs(&m, &ids, &mask, from, packed_opts).unwrap();
+        let d = max_diff(&padded, &packed, &targets);
+        assert!(d < 1e-5, "{name}: packed shared-prompt log-probs and entropy within {d}");
+        loss(&packed, &targets).backward();
+        assert_same_grads(&format!("{name}, packed with shared prompts"), &want, &take_grads(&m.vs));
+
+        for checkpointed in [false, true] {
+            let what = format!("{name}, packed shared-prompt training pass (checkpointed: {checkpointed})");
+            let (lp, pass) = token_logprobs_pass(&m, &ids, &mask, from, packed_opts, checkpointed).unwrap();
+            let d = max_diff(&padded, &lp, &targets);
+            assert!(d < 1e-5, "{what}: log-probs and entropy within {d}");
+            loss(&lp, &targets).backward();
+            pass.backward(&m).unwrap();
+            assert_same_grads(&what, &want, &take_grads(&m.vs));
+        }
+    }
 }
 
 #[test]

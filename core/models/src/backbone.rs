@@ -122,6 +122,14 @@ impl Backbone {
         self.final_norm(&h)
     }
 
+    /// See [`DecoderModel::attends_by_mask`] (GPT-2's layers always do).
+    pub(crate) fn attends_by_mask(&self, seq: i64) -> bool {
+        match self {
+            Backbone::Decoder(m) => m.attends_by_mask(seq),
+            Backbone::Gpt2(_) => true,
+        }
+    }
+
     /// Why [`Backbone::decode_step`] cannot be captured as a CUDA graph, if it cannot.
     pub(crate) fn capture_blocker(&self) -> Option<&'static str> {
         match self {

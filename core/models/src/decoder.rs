@@ -438,6 +438,15 @@ impl DecoderModel {
         None
     }
 
+    /// Whether the layers attend by the key mask alone over rows of `seq` slots: no linear
+    /// attention (a recurrence runs slot after slot) and no sliding window narrower than the rows
+    /// (a window counts slots), so a packed sequence may see keys that are not its neighbours
+    /// ([`crate::Packing::sharing`]).
+    pub fn attends_by_mask(&self, seq: i64) -> bool {
+        let narrow = self.sliding_window.is_some_and(|w| w < seq) && self.layers.iter().any(|b| b.sliding);
+        !self.has_linear() && !narrow
+    }
+
     /// Decoder layers.
     pub fn num_layers(&self) -> usize {
         self.layers.len()

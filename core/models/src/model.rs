@@ -287,6 +287,14 @@ impl CausalLm {
         self.config.arch.moe.as_ref().and_then(|m| m.aux_loss_coef)
     }
 
+    /// Whether a pass over rows of `seq` tokens may be packed with shared prompts laid once
+    /// ([`crate::Packing::sharing`]): the layers attend by the mask alone (no linear attention, no
+    /// sliding window narrower than `seq`), and no load-balancing loss counts the tokens (a
+    /// shared prompt's would count once, not once per row).
+    pub fn packs_shared_prompts(&self, seq: i64) -> bool {
+        self.router_aux_loss_coef().is_none() && self.backbone.attends_by_mask(seq)
+    }
+
     /// [`CausalLm::hidden_states`] (without a cache) as a checkpointed pass: no autograd graph,
     /// each layer's input kept; build the loss from [`Checkpointed::hidden`], backpropagate it,
     /// then hand the pass to [`CausalLm::backward_checkpointed`] (see [`crate::checkpointing`]).

@@ -7,27 +7,94 @@
 //! the padded batch, so the hidden states are the padded pass's within float rounding (the
 //! GEMMs' shapes change), and so are their gradients.
 
+use std::collections::HashMap;
+
 use tch::{Device, Tensor};
 
 use crate::error::Result;
-use crate::layers::position_ids_from_mask;
+use crate::layers::{branch_segment, position_ids_from_mask};
+use crate::prefix::SharedPrefixes;
 
 /// A batch packed into fewer rows of its width.
 ///
 /// # Shapes
 /// `ids`, `mask`, `positions`: `[rows, seq]` (int64; `mask` holds segment ids 1, 2, … and 0 for
-/// padding) for a batch of `[batch, seq]`, `rows < batch`.
+/// padding, [`crate::layers::attention_mask`]) for a batch of `[batch, seq]`, `rows < batch`.
 #[derive(Debug)]
 pub struct Packing {
     pub ids: Tensor,
     pub mask: Tensor,
     pub positions: Tensor,
     /// Flat indices (into `batch · seq`) of the batch's real tokens, and where each of them sits
-    /// in the packed rows (into `rows · seq`), in the same order.
+    /// in the packed rows (into `rows · seq`), in the same order. A shared prompt's packed slots
+    /// appear once for each row that reads them.
     batch_slots: Tensor,
     packed_slots: Tensor,
     batch: i64,
     seq: i64,
+}
+
+/// Where a batch row's real tokens are: its first real column and its count of real tokens, or
+/// `None` when they are not contiguous (padding only at the ends of a row, as
+/// [`position_ids_from_mask`] reads it).
+fn real_span(row: &[bool]) -> Option<(usize, usize)> {
+    let n = row.iter().filter(|&&x| x).count();
+    let first = row.iter().position(|&x| x).unwrap_or(0);
+    row[first..first + n].iter().all(|&x| x).then_some((first, n))
+}
+
+/// The packed layout on the host: each packed token's segment id and position, and the slot
+/// pairs that move the batch's tokens in (`ids_from` → `ids_to`, each packed slot once) and the
+/// layers' output out (`batch_slots` ← `packed_slots`).
+#[derive(Default)]
+struct Layout {
+    rows: usize,
+    mask: Vec<i64>,
+    positions: Vec<i64>,
+    ids_from: Vec<i64>,
+    ids_to: Vec<i64>,
+    batch_slots: Vec<i64>,
+    packed_slots: Vec<i64>,
+}
+
+impl Layout {
+    /// A packed row with room for `n` more tokens (first fit), opened when none has: its index.
+    fn fit(&mut self, fill: &mut Vec<usize>, n: usize, seq: usize) -> usize {
+        if let Some(p) = fill.iter().position(|&f| f + n <= seq) {
+            return p;
+        }
+        fill.push(0);
+        self.rows = fill.len();
+        self.mask.resize(self.rows * seq, 0);
+        self.positions.resize(self.rows * seq, 0);
+        self.rows - 1
+    }
+
+    /// `n` tokens from batch slot `from` on placed at packed slot `to` on, as segment id `seg`
+    /// at positions `pos0 ..`.
+    fn place(&mut self, from: usize, to: usize, n: usize, seg: i64, pos0: usize) {
+        for k in 0..n {
+            self.mask[to + k] = seg;
+            self.positions[to + k] = (pos0 + k) as i64;
+            self.ids_from.push((from + k) as i64);
+            self.ids_to.push((to + k) as i64);
+        }
+    }
+
+    /// The batch's tokens at `from ..` read the layers' output at packed slots `to ..`.
+    fn read(&mut self, from: usize, to: usize, n: usize) {
+        self.batch_slots.extend((from..from + n).map(|s| s as i64));
+        self.packed_slots.extend((to..to + n).map(|s| s as i64));
+    }
+}
+
+/// A prompt laid once in a packed row: the row, its first slot, its segment id and the branches
+/// placed after it so far.
+struct PromptCopy {
+    row: usize,
+    at: usize,
+    segment: i64,
+    branches: i64,
 }
 
 impl Packing {
@@ -40,55 +107,100 @@ impl Packing {
     /// - `input_ids`, `attention_mask`: `[batch, seq]`
     pub fn new(input_ids: &Tensor, attention_mask: &Tensor) -> Result<Option<Packing>> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
-        let real: Vec<bool> = Vec::try_from(attention_mask.f_ne(0)?.f_flatten(0, -1)?.f_to_device(Device::Cpu)?)?;
+        let real = real_tokens(attention_mask)?;
         let (su, bu) = (seq as usize, batch as usize);
-        // First fit: each packed row's fill, and for each batch row its packed row, its offset
-        // there, its first real column and its count of real tokens.
-        let mut fill: Vec<usize> = Vec::new();
-        let mut place = Vec::with_capacity(bu);
+        let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
         for r in 0..bu {
-            let row = &real[r * su..(r + 1) * su];
-            let n = row.iter().filter(|&&x| x).count();
-            let first = row.iter().position(|&x| x).unwrap_or(0);
-            if row[first..first + n].iter().any(|&x| !x) {
-                return Ok(None);
-            }
-            let p = match fill.iter().position(|&f| f + n <= su) {
-                Some(p) => p,
-                None => {
-                    fill.push(0);
-                    fill.len() - 1
-                }
-            };
-            place.push((p, fill[p], first, n));
+            let Some((first, n)) = real_span(&real[r * su..(r + 1) * su]) else { return Ok(None) };
+            let p = layout.fit(&mut fill, n, su);
+            segments.resize(layout.rows, 0);
+            segments[p] += 1;
+            let (from, to) = (r * su + first, p * su + fill[p]);
+            layout.place(from, to, n, segments[p], 0);
+            layout.read(from, to, n);
             fill[p] += n;
         }
-        if fill.len() >= bu {
+        if layout.rows >= bu {
             return Ok(None);
         }
-        let rows = fill.len();
-        let mut segments = vec![0i64; rows];
-        let mut mask = vec![0i64; rows * su];
-        let (mut batch_slots, mut packed_slots) = (Vec::new(), Vec::new());
-        for (r, &(p, offset, first, n)) in place.iter().enumerate() {
-            segments[p] += 1;
-            for k in 0..n {
-                let at = p * su + offset + k;
-                mask[at] = segments[p];
-                batch_slots.push((r * su + first + k) as i64);
-                packed_slots.push(at as i64);
-            }
+        let mut packing = Packing::build(input_ids, layout)?;
+        packing.positions = position_ids_from_mask(&packing.mask)?;
+        Ok(Some(packing))
+    }
+
+    /// The batch's rows packed with their shared prompts laid once: a prompt (the first
+    /// `prefix.len` columns, which `prefix` says which rows share) once in a packed row, and the
+    /// rest of each row that holds it after it as a branch ([`branch_segment`]) that sees the
+    /// prompt and itself at the positions it has in its row — Prefix Grouper's shared-prefix
+    /// forward, padding-free. A row goes after a copy of its prompt with room for it, else into
+    /// the first packed row with room for the prompt and it (a new copy). `None` when that saves
+    /// no row or a row's real tokens are not contiguous. The model must attend by the mask alone:
+    /// no sliding window narrower than the width and no linear attention (a branch's keys do not
+    /// follow its prompt's slot for slot, and a recurrence would run through the siblings).
+    /// Reads the mask back to the host.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `prefix` of the same batch
+    pub fn sharing(input_ids: &Tensor, attention_mask: &Tensor, prefix: &SharedPrefixes) -> Result<Option<Packing>> {
+        let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
+        let real = real_tokens(attention_mask)?;
+        let (su, bu, width) = (seq as usize, batch as usize, prefix.len as usize);
+        if prefix.of_row.len() != bu || width > su {
+            return Ok(None);
         }
-        let device = input_ids.device();
+        let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
+        let mut copies: HashMap<i64, Vec<PromptCopy>> = HashMap::new();
+        for r in 0..bu {
+            let row = &real[r * su..(r + 1) * su];
+            let Some((first, n)) = real_span(row) else { return Ok(None) };
+            let n_prompt = row[..width].iter().filter(|&&x| x).count();
+            let n_rest = n - n_prompt;
+            let group = copies.entry(prefix.of_row[r]).or_default();
+            let c = match group.iter().position(|c| fill[c.row] + n_rest <= su) {
+                Some(c) => c,
+                None => {
+                    let p = layout.fit(&mut fill, n_prompt + n_rest, su);
+                    segments.resize(layout.rows, 0);
+                    segments[p] += 1;
+                    let at = p * su + fill[p];
+                    layout.place(r * su + first, at, n_prompt, segments[p], 0);
+                    fill[p] += n_prompt;
+                    group.push(PromptCopy { row: p, at, segment: segments[p], branches: 0 });
+                    group.len() - 1
+                }
+            };
+            let copy = &mut group[c];
+            copy.branches += 1;
+            let to = copy.row * su + fill[copy.row];
+            layout.place(r * su + first + n_prompt, to, n_rest, branch_segment(copy.segment, copy.branches), n_prompt);
+            fill[copy.row] += n_rest;
+            layout.read(r * su + first, copy.at, n_prompt);
+            layout.read(r * su + first + n_prompt, to, n_rest);
+        }
+        if layout.rows >= bu {
+            return Ok(None);
+        }
+        Packing::build(input_ids, layout).map(Some)
+    }
+
+    /// The packed tensors of `layout` on `input_ids`' device.
+    fn build(input_ids: &Tensor, layout: Layout) -> Result<Packing> {
+        let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
+        let (device, rows) = (input_ids.device(), layout.rows as i64);
         let to_device = |v: &[i64]| Tensor::f_from_slice(v).and_then(|t| t.f_to_device(device));
-        let (batch_slots, packed_slots) = (to_device(&batch_slots)?, to_device(&packed_slots)?);
-        let mask = to_device(&mask)?.f_view([rows as i64, seq])?;
-        let flat_ids = input_ids.f_reshape([batch * seq])?.f_index_select(0, &batch_slots)?;
-        let ids = Tensor::f_zeros([rows as i64 * seq], (input_ids.kind(), device))?
-            .f_index_copy(0, &packed_slots, &flat_ids)?
-            .f_view([rows as i64, seq])?;
-        let positions = position_ids_from_mask(&mask)?;
-        Ok(Some(Packing { ids, mask, positions, batch_slots, packed_slots, batch, seq }))
+        let flat_ids = input_ids.f_reshape([batch * seq])?.f_index_select(0, &to_device(&layout.ids_from)?)?;
+        let ids = Tensor::f_zeros([rows * seq], (input_ids.kind(), device))?
+            .f_index_copy(0, &to_device(&layout.ids_to)?, &flat_ids)?
+            .f_view([rows, seq])?;
+        Ok(Packing {
+            ids,
+            mask: to_device(&layout.mask)?.f_view([rows, seq])?,
+            positions: to_device(&layout.positions)?.f_view([rows, seq])?,
+            batch_slots: to_device(&layout.batch_slots)?,
+            packed_slots: to_device(&layout.packed_slots)?,
+            batch,
+            seq,
+        })
     }
 
     /// The packed rows.
@@ -107,6 +219,11 @@ impl Packing {
         let out = Tensor::f_zeros([self.batch * self.seq, h], (hidden.kind(), hidden.device()))?;
         Ok(out.f_index_copy(0, &self.batch_slots, &real)?.f_view([self.batch, self.seq, h])?)
     }
+}
+
+/// Whether each token of `attention_mask` is real, row after row, on the host.
+fn real_tokens(attention_mask: &Tensor) -> Result<Vec<bool>> {
+    Ok(Vec::try_from(attention_mask.f_ne(0)?.f_flatten(0, -1)?.f_to_device(Device::Cpu)?)?)
 }
 
 #[cfg(test)]
@@ -133,6 +250,37 @@ mod tests {
         // The ids as hidden states of one feature: back where they were, zeros at the padding.
         let back = p.unpack(&p.ids.to_kind(Kind::Float).unsqueeze(-1)).unwrap().squeeze_dim(-1);
         assert_eq!(back, ids.to_kind(Kind::Float));
+    }
+
+    /// Two prompts, the first held by rows 0, 2 and 3, the second by row 1: the first is laid
+    /// once for rows 0 and 2 and again for row 3 (no room left beside them), its rows' rests
+    /// follow as branches at the positions they have in their rows, and the layers' output of a
+    /// prompt's slots goes back to every row that holds it.
+    #[test]
+    fn shared_prompts_are_laid_once_per_packed_row() {
+        let ids = Tensor::from_slice(&[
+            0i64, 11, 12, 13, 14, 0, //
+            21, 22, 23, 24, 25, 0, //
+            0, 11, 12, 15, 0, 0, //
+            0, 11, 12, 16, 17, 18,
+        ])
+        .view([4, 6]);
+        let mask = ids.ne(0).to_kind(Kind::Int64);
+        let prefix = SharedPrefixes::find(&ids, &mask, 3).unwrap();
+        assert_eq!(prefix.of_row, [0, 1, 0, 0]);
+        let p = Packing::sharing(&ids, &mask, &prefix).unwrap().unwrap();
+        assert_eq!(p.rows(), 3);
+        let rows = |t: &Tensor| Vec::<i64>::try_from(t.flatten(0, -1)).unwrap();
+        assert_eq!(rows(&p.ids), [11, 12, 13, 14, 15, 0, 21, 22, 23, 24, 25, 0, 11, 12, 16, 17, 18, 0]);
+        let (b1, b2) = (branch_segment(1, 1), branch_segment(1, 2));
+        assert_eq!(rows(&p.mask), [1, 1, b1, b1, b2, 0, 1, 1, 1, b1, b1, 0, 1, 1, b1, b1, b1, 0]);
+        assert_eq!(rows(&p.positions), [0, 1, 2, 3, 2, 0, 0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 4, 0]);
+        let back = p.unpack(&p.ids.to_kind(Kind::Float).unsqueeze(-1)).unwrap().squeeze_dim(-1);
+        assert_eq!(back, ids.to_kind(Kind::Float));
+        // The prompt's slots read by three rows: their gradients sum there.
+        let hidden = Tensor::zeros([3, 6, 1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        p.unpack(&hidden).unwrap().sum(Kind::Float).backward();
+        assert_eq!(rows(&hidden.grad().to_kind(Kind::Int64)), [2, 2, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0]);
     }
 
     /// A batch whose rows fill their width saves nothing, and a row with a gap would change its

@@ -15,7 +15,10 @@ use crate::error::Result;
 ///
 /// `key_mask` holds segment ids: 0 = padding, any other value = a real token of that segment. A
 /// plain 0/1 mask is one segment per row (the usual padding mask); a packed row of several examples
-/// numbered 1, 2, 3... gets a block-diagonal causal mask, so no example attends to another.
+/// numbered 1, 2, 3... gets a block-diagonal causal mask, so no example attends to another. A
+/// segment may have branches ([`branch_segment`]): sequences that continue it side by side (the
+/// completions of one prompt, packed after it once), each seeing the segment and itself only —
+/// its positions are then given by the packing, not by [`position_ids_from_mask`].
 ///
 /// # Shapes
 /// - `key_mask`: `[batch, past + seq]` (integer or bool); returns `[batch, 1, seq, past + seq]`
@@ -42,14 +45,31 @@ pub fn windowed_attention_mask(key_mask: &Tensor, past: i64, seq: i64, window: O
     }
     let diag = k.f_eq_tensor(&q)?; // [seq, total]
     let segs = key_mask.f_to_kind(Kind::Int64)?; // [b, total]
-    let key_seg = segs.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
-    let query_seg = segs.f_narrow(1, past, seq)?.f_view([-1, 1, seq, 1])?; // [b, 1, seq, 1]
+                                                 // A token sees a key of its segment that is on no branch or on its own branch.
+    let (base, branch) = (segs.f_bitwise_and(BRANCH_UNIT - 1)?, segs.f_bitwise_right_shift_tensor_scalar(BRANCH_BITS)?);
+    let key_seg = base.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
+    let query_seg = base.f_narrow(1, past, seq)?.f_view([-1, 1, seq, 1])?; // [b, 1, seq, 1]
+    let key_branch = branch.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
+    let query_branch = branch.f_narrow(1, past, seq)?.f_view([-1, 1, seq, 1])?; // [b, 1, seq, 1]
     let key_real = key_seg.f_ne(0)?; // [b, 1, 1, total]
-    let same = key_seg.f_eq_tensor(&query_seg)?.f_logical_and(&key_real)?; // [b, 1, seq, total]
+    let visible_branch = key_branch.f_eq(0)?.f_logical_or(&key_branch.f_eq_tensor(&query_branch)?)?; // [b, 1, seq, total]
+    let same = key_seg.f_eq_tensor(&query_seg)?.f_logical_and(&key_real)?.f_logical_and(&visible_branch)?; // [b, 1, seq, total]
     let pad_query = query_seg.f_eq(0)?.f_logical_and(&key_real)?; // [b, 1, seq, total]
     let allowed = causal.f_logical_and(&same.f_logical_or(&pad_query)?)?; // [b, 1, seq, total]
     let empty = allowed.f_any_dims(Some([-1i64].as_slice()), true)?.f_logical_not()?; // [b, 1, seq, 1]
     Ok(allowed.f_logical_or(&diag.f_logical_and(&empty)?)?) // [b, 1, seq, total]
+}
+
+/// Bits of a key-mask value below a branch number (see [`branch_segment`]).
+const BRANCH_BITS: i64 = 32;
+const BRANCH_UNIT: i64 = 1 << BRANCH_BITS;
+
+/// The key-mask value of branch `branch` (1, 2, …) of segment `segment` (1, 2, …, below
+/// 2³²): a token there sees the tokens of `segment` that are on no branch and those of its own
+/// branch, causally ([`attention_mask`]); the segment's own tokens see no branch. Branch 0 is the
+/// segment itself.
+pub fn branch_segment(segment: i64, branch: i64) -> i64 {
+    segment + branch * BRANCH_UNIT
 }
 
 /// The mask of a capture-safe decode step ([`crate::KvCache::set_write_slot`]): one query per

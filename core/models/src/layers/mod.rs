@@ -25,8 +25,8 @@ pub use gemma4::{ExpertsBeside, PerLayerBranch, PerLayerEmbed};
 pub use linear::{activate, linear, Linear, FEW_ROWS};
 pub use load_balance::{RouterRecord, RouterStats};
 pub use mask::{
-    attention_mask, position_ids_from_mask, step_attention_mask, windowed_attention_mask, Deepstack, LayerShared,
-    SideInputs,
+    attention_mask, branch_segment, position_ids_from_mask, step_attention_mask, windowed_attention_mask, Deepstack,
+    LayerShared, SideInputs,
 };
 pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};
@@ -87,6 +87,23 @@ mod tests {
         assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 2, 3, 4]);
         let m = attention_mask(&Tensor::from_slice(&[1i64, 1, 0]).view([1, 3]), 0, 3).unwrap().view([3, 3]);
         assert_eq!(Vec::<bool>::try_from(m.get(2)).unwrap(), vec![true, true, false]);
+    }
+
+    #[test]
+    fn branches_see_their_segment_and_themselves() {
+        // Segment 1 (a prompt of 2), its branches 1 and 2 (2 and 1 tokens), segment 2, padding.
+        let (b1, b2) = (branch_segment(1, 1), branch_segment(1, 2));
+        let key_mask = Tensor::from_slice(&[1i64, 1, b1, b1, b2, 2, 0]).view([1, 7]);
+        let m = attention_mask(&key_mask, 0, 7).unwrap().view([7, 7]);
+        let rows: Vec<Vec<bool>> = (0..7).map(|i| Vec::<bool>::try_from(m.get(i)).unwrap()).collect();
+        assert_eq!(rows[1], vec![true, true, false, false, false, false, false]); // the prompt: no branch
+        assert_eq!(rows[3], vec![true, true, true, true, false, false, false]); // prompt + own branch
+        assert_eq!(rows[4], vec![true, true, false, false, true, false, false]); // not its sibling
+        assert_eq!(rows[5], vec![false, false, false, false, false, true, false]); // another segment
+        assert_eq!(rows[6], vec![true, true, true, true, true, true, false]); // padding as before
+                                                                              // Under a window that counts slots, a branch still sees only its own segment's keys.
+        let w = windowed_attention_mask(&key_mask, 0, 7, Some(3)).unwrap().view([7, 7]);
+        assert_eq!(Vec::<bool>::try_from(w.get(4)).unwrap(), vec![false, false, false, false, true, false, false]);
     }
 
     #[test]

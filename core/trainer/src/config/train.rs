@@ -60,8 +60,11 @@ pub struct TrainConfig {
     /// `use_remove_padding`): each batch's rows without their padding, packed into as few rows
     /// of its width as hold them, every sequence attending only to itself. The same numbers
     /// within float rounding, in the layers' share of the work about `real tokens / (rows ×
-    /// width)`; it takes the place of `share_prompts` where it saves a row. Rows with images are
-    /// computed padded.
+    /// width)`. With `share_prompts` each shared prompt is laid once in a packed row and its
+    /// completions after it, each seeing the prompt and itself, where the model attends by the
+    /// mask alone (no linear attention, no sliding window narrower than the rows); each pass runs
+    /// the layout of the fewest token slots (packed, shared prompts, or padded). Rows with images
+    /// are computed padded.
     pub padding_free: bool,
     /// Split each rank's share of a minibatch into the fewest micro-batches of at most this many
     /// real tokens, balanced by tokens (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`;
