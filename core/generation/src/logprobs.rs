@@ -418,6 +418,12 @@ fn layout(
         (true, _) => Packing::new(input_ids, attention_mask)?,
     };
     let prefix_slots = prefix.as_ref().map(|p| p.first.len() as i64 * from + batch * (seq - from));
+    tracing::debug!(
+        "log-prob pass of {batch} rows × {seq}: packed {:?} rows, shared prompts {:?} slots, padded {} slots",
+        packed.as_ref().map(Packing::rows),
+        prefix_slots,
+        batch * seq
+    );
     Ok(match (packed, prefix) {
         (Some(p), _) if prefix_slots.is_none_or(|slots| p.rows() * seq <= slots) => Layout::Packed(p),
         (_, Some(prefix)) => Layout::Prefix(prefix),
