@@ -2,7 +2,8 @@
 //! runtime, 127.0.0.1:0) that replays answers recorded from a real vLLM 0.32 server
 //! (`fixtures/vllm/`, see its README): the client must send what was recorded and read what came
 //! back — and fail cleanly, naming the server, on 5xx (retried), 4xx (not retried), timeouts,
-//! refused connections, bodies that are not JSON and choices that are missing or incomplete.
+//! refused connections, bodies that are not JSON or longer than a request can need, and choices
+//! that are missing or incomplete.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -416,6 +417,33 @@ fn a_refused_connection_names_the_url() {
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(matches!(e, VllmError::Connect { attempts: 2, .. }), "{e:?}");
     assert!(e.to_string().starts_with(&url), "{e}");
+}
+
+/// A body longer than a request can need fails it, once (not retried), naming the server and the
+/// bound: announced by its `Content-Length` (a control endpoint's 1 MiB), or growing without end
+/// and without one (a sampling request's bound: 1 MiB and 4 KiB a token), before the timeout.
+#[test]
+fn an_oversize_or_endless_body_is_refused_and_not_retried() {
+    let server = Server::start(|_| Reply::raw(200, &" ".repeat(2 << 20)));
+    let e = server.client(quick(), 3).health().unwrap_err();
+    assert!(matches!(e, VllmError::TooLarge { limit: 1_048_576, .. }), "{e:?}");
+    assert!(e.to_string().starts_with(&server.url) && e.to_string().contains("GET /health"), "{e}");
+    assert_eq!(server.requests().len(), 1);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let endless = || async {
+        let chunk = Bytes::from(vec![b' '; 1 << 16]);
+        Body::from_stream(futures_util::stream::repeat_with(move || Ok::<_, std::convert::Infallible>(chunk.clone())))
+    };
+    let app = Router::new().fallback(endless);
+    runtime.spawn(async move { axum::serve(listener, app).await });
+    let started = Instant::now();
+    let e = VllmClient::new(&url, quick(), 3).unwrap().complete("policy", &[vec![15]], 1, &greedy_probe()).unwrap_err();
+    assert!(matches!(e, VllmError::TooLarge { limit, .. } if limit == (1 << 20) + 2 * 4096), "{e:?}");
+    assert!(started.elapsed() < quick(), "refused only after {:?}", started.elapsed());
+    runtime.shutdown_background();
 }
 
 #[test]

@@ -23,7 +23,10 @@
 //! - errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP status.
 //!
 //! Connect errors, timeouts and 5xx answers are retried `retries` times with a short linear
-//! backoff; 4xx answers never are. Nothing here panics on what a server sends.
+//! backoff; 4xx answers never are. A body is read up to a bound ([`body_limit`]: 1 MiB for the
+//! control endpoints, and 4 KiB more per token a sampling request may return), so a server or
+//! proxy that streams without end fails the request instead of the trainer's memory. Nothing here
+//! panics on what a server sends.
 
 use std::path::Path;
 use std::time::Duration;
@@ -36,6 +39,18 @@ use serde_json::{json, Value};
 const BODY_CHARS: usize = 300;
 /// The backoff before retry `k` (1-based) is `k` times this.
 const BACKOFF: Duration = Duration::from_millis(200);
+/// The largest body read from a control endpoint, and the base of a sampling request's bound.
+const SMALL_BODY: u64 = 1 << 20;
+/// What a sampling answer may take per token it can hold (prompt and generated, every sample):
+/// vLLM writes about 30–120 bytes per token (id, log-prob, offsets, text).
+const BYTES_PER_TOKEN: u64 = 4 << 10;
+
+/// The most bytes read from a sampling answer of `samples` sequences of at most `tokens` tokens
+/// each (prompt and generated): [`SMALL_BODY`] plus [`BYTES_PER_TOKEN`] for each.
+pub(super) fn body_limit(samples: usize, tokens: i64) -> u64 {
+    let tokens = (samples as u64).saturating_mul(tokens.max(0) as u64);
+    SMALL_BODY.saturating_add(tokens.saturating_mul(BYTES_PER_TOKEN))
+}
 
 /// Errors talking to one vLLM server. Every message starts with the server's base URL.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +77,9 @@ pub enum VllmError {
     /// The server answered 200 but reports that the operation did not happen.
     #[error("{url}: {endpoint}: the server reports failure: {what}")]
     Failed { url: String, endpoint: String, what: String },
+    /// The answer's body (announced or read) is longer than the request can need.
+    #[error("{url}: {endpoint}: the answer is over {limit} bytes, more than this request can need")]
+    TooLarge { url: String, endpoint: String, limit: u64 },
 }
 
 /// Sampling settings for one completions request.
@@ -135,6 +153,7 @@ enum Failure {
     Connect(String),
     Timeout,
     Status(u16, String),
+    TooLarge,
 }
 
 impl Failure {
@@ -142,6 +161,7 @@ impl Failure {
         match self {
             Failure::Connect(_) | Failure::Timeout => true,
             Failure::Status(code, _) => *code >= 500,
+            Failure::TooLarge => false,
         }
     }
 }
@@ -203,7 +223,9 @@ impl VllmClient {
             map.insert("return_token_ids".into(), json!(true));
         }
         const PATH: &str = "/v1/completions";
-        let text = self.send(Method::POST, PATH, Some(&body))?;
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
+        let limit = body_limit(prompts.len() * n, longest + s.max_tokens);
+        let text = self.send_bounded(Method::POST, PATH, Some(&body), limit)?;
         let endpoint = endpoint(&Method::POST, PATH);
         let value: Value = serde_json::from_str(&text).map_err(|e| VllmError::Malformed {
             url: self.url.clone(),
@@ -275,12 +297,24 @@ impl VllmClient {
         self.send(Method::GET, "/health", None).map(drop)
     }
 
-    /// One request with retries; the body of the 2xx answer.
+    /// One request to a control endpoint with retries; the body of the 2xx answer (at most
+    /// [`SMALL_BODY`] bytes).
     pub(super) fn send(&self, method: Method, path: &str, body: Option<&Value>) -> Result<String, VllmError> {
+        self.send_bounded(method, path, body, SMALL_BODY)
+    }
+
+    /// One request with retries; the body of the 2xx answer, of at most `limit` bytes.
+    pub(super) fn send_bounded(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        limit: u64,
+    ) -> Result<String, VllmError> {
         let attempts = self.retries.saturating_add(1);
         let mut attempt = 1;
         loop {
-            match self.attempt(method.clone(), path, body) {
+            match self.attempt(method.clone(), path, body, limit) {
                 Ok(text) => return Ok(text),
                 Err(f) if attempt < attempts && f.retryable() => {
                     std::thread::sleep(BACKOFF.saturating_mul(attempt));
@@ -294,20 +328,32 @@ impl VllmClient {
                             VllmError::Timeout { url, endpoint, attempts: attempt, timeout: self.timeout }
                         }
                         Failure::Status(code, body) => VllmError::Status { url, endpoint, code, body },
+                        Failure::TooLarge => VllmError::TooLarge { url, endpoint, limit },
                     });
                 }
             }
         }
     }
 
-    fn attempt(&self, method: Method, path: &str, body: Option<&Value>) -> Result<String, Failure> {
+    fn attempt(&self, method: Method, path: &str, body: Option<&Value>, limit: u64) -> Result<String, Failure> {
         let mut req = self.http.request(method, format!("{}{path}", self.url));
         if let Some(body) = body {
             req = req.json(body);
         }
         let resp = req.send().map_err(transport)?;
         let status = resp.status();
-        let text = resp.text().map_err(transport)?;
+        // An announced oversize body fails before it is read; one that grows past the limit (no
+        // or a false `Content-Length`) fails once it has.
+        if resp.content_length().is_some_and(|n| n > limit) {
+            return Err(Failure::TooLarge);
+        }
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(resp, limit.saturating_add(1)), &mut buf)
+            .map_err(|e| read_failure(&e))?;
+        if buf.len() as u64 > limit {
+            return Err(Failure::TooLarge);
+        }
+        let text = String::from_utf8_lossy(&buf).into_owned();
         if status.is_success() {
             Ok(text)
         } else {
@@ -336,6 +382,17 @@ fn transport(e: reqwest::Error) -> Failure {
         Failure::Timeout
     } else {
         Failure::Connect(chain(&e))
+    }
+}
+
+/// A body that broke off while read: a timeout where reqwest says so, else a broken connection.
+fn read_failure(e: &std::io::Error) -> Failure {
+    let timed_out = e.kind() == std::io::ErrorKind::TimedOut
+        || e.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()).is_some_and(reqwest::Error::is_timeout);
+    if timed_out {
+        Failure::Timeout
+    } else {
+        Failure::Connect(chain(e))
     }
 }
 

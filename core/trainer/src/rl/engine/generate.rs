@@ -22,6 +22,9 @@ use super::client::{clip, kind, Completion, Sampling, VllmClient, VllmError};
 
 /// The endpoint.
 const PATH: &str = "/inference/v1/generate";
+/// The most placeholder tokens one image expands to, for the bound on an answer's size: Qwen2.5-VL's
+/// largest default grid (`max_pixels` 12,845,056 over 28 × 28 pixels a token) is 16,384.
+const IMAGE_TOKENS: i64 = 16_384;
 
 /// `ids` with each run of `placeholder` tokens collapsed to one, and the runs' count.
 pub fn collapse(ids: &[u32], placeholder: u32) -> (Vec<u32>, usize) {
@@ -66,7 +69,10 @@ impl VllmClient {
         if let (false, Some(map)) = (parts.is_empty(), body.as_object_mut()) {
             map.insert("content_parts".into(), Value::Array(parts));
         }
-        let text = self.send(Method::POST, PATH, Some(&body))?;
+        // The answer holds the expanded prompt (its images' placeholder runs) and n samples.
+        let limit =
+            super::client::body_limit(n + 1, prompt.len() as i64 + images.len() as i64 * IMAGE_TOKENS + s.max_tokens);
+        let text = self.send_bounded(Method::POST, PATH, Some(&body), limit)?;
         let value: Value = serde_json::from_str(&text)
             .map_err(|e| self.malformed(PATH, format!("not JSON ({e}): {}", clip(&text))))?;
         parse(&value, n).map_err(|what| self.malformed(PATH, what))
