@@ -13,22 +13,41 @@ use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, Token
 use rlhf_models::{CausalLm, Packing, ScalarHeadModel, SharedPrefixes};
 use tch::{Device, Kind, Tensor};
 
-/// Prompts left-padded to 3 columns and responses right-padded to 5, as the trainer's rows are:
-/// 8, 3, 3 and 7 real tokens, which pack into three rows of 8 (8 | 3 + 3 | 7).
-fn batch() -> (Tensor, Tensor) {
-    let rows: [(&[i64], &[i64]); 4] =
-        [(&[5, 9, 33], &[120, 7, 64, 2, 18]), (&[300], &[11, 12]), (&[40, 41], &[42]), (&[7, 8, 9], &[10, 11, 12, 13])];
+/// Rows as the trainer lays them out: each prompt left-padded to `prompt_width` columns, each
+/// response right-padded to `response_width`; returns ids and mask `[rows, prompt_width +
+/// response_width]`.
+fn lay_out(rows: &[(&[i64], &[i64])], prompt_width: usize, response_width: usize) -> (Tensor, Tensor) {
     let (mut ids, mut mask) = (Vec::new(), Vec::new());
     for (prompt, response) in rows {
-        let row: Vec<Option<i64>> = std::iter::repeat_n(None, 3 - prompt.len())
+        let row: Vec<Option<i64>> = std::iter::repeat_n(None, prompt_width - prompt.len())
             .chain(prompt.iter().map(|&t| Some(t)))
             .chain(response.iter().map(|&t| Some(t)))
-            .chain(std::iter::repeat_n(None, 5 - response.len()))
+            .chain(std::iter::repeat_n(None, response_width - response.len()))
             .collect();
         ids.extend(row.iter().map(|t| t.unwrap_or(0)));
         mask.extend(row.iter().map(|t| i64::from(t.is_some())));
     }
-    (Tensor::from_slice(&ids).view([4, 8]), Tensor::from_slice(&mask).view([4, 8]))
+    let shape = [rows.len() as i64, (prompt_width + response_width) as i64];
+    (Tensor::from_slice(&ids).view(shape), Tensor::from_slice(&mask).view(shape))
+}
+
+/// Prompts left-padded to 3 columns and responses right-padded to 5: 8, 3, 3 and 7 real tokens,
+/// which pack into three rows of 8 (8 | 3 + 3 | 7).
+fn batch() -> (Tensor, Tensor) {
+    let rows: [(&[i64], &[i64]); 4] =
+        [(&[5, 9, 33], &[120, 7, 64, 2, 18]), (&[300], &[11, 12]), (&[40, 41], &[42]), (&[7, 8, 9], &[10, 11, 12, 13])];
+    lay_out(&rows, 3, 5)
+}
+
+/// GRPO's layout: two prompts (of 4 tokens, and of 2 left-padded to 4) with three samples each,
+/// interleaved, completions right-padded to 6. Laid once per packed row the prompts take three
+/// rows of 10 (A + 2 + 1 + 3 | B + 2 + 6 | B + 1); packed whole the rows take four, and the
+/// shared-prefix pass 2 × 4 + 6 × 6 = 44 slots.
+fn grouped_batch() -> (Tensor, Tensor) {
+    let (a, b): (&[i64], &[i64]) = (&[5, 9, 33, 120], &[300, 11]);
+    let rows: [(&[i64], &[i64]); 6] =
+        [(a, &[7, 64]), (b, &[40, 41]), (a, &[2]), (b, &[70, 71, 72, 73, 74, 75]), (a, &[18, 19, 20]), (b, &[8])];
+    lay_out(&rows, 4, 6)
 }
 
 /// A policy-like loss over the real targets: weighted log-probs minus a share of the entropy.
@@ -43,63 +62,34 @@ fn max_diff(a: &TokenLogProbs, b: &TokenLogProbs, targets: &Tensor) -> f64 {
     d(&a.logprobs, &b.logprobs).max(d(a.entropy.as_ref().unwrap(), b.entropy.as_ref().unwrap()))
 }
 
-/// GRPO's layout: two prompts (of 4 tokens, and of 2 left-padded to 4) with three samples each,
-/// interleaved, completions right-padded to 6. Laid once per packed row the prompts take three
-/// rows of 10 (A + 2 + 1 + 3 | B + 2 + 6 | B + 1); packed whole the rows take four, and the
-/// shared-prefix pass 2 × 4 + 6 × 6 = 44 slots.
-fn grouped_batch() -> (Tensor, Tensor, i64) {
-    let (a, b): (&[i64], &[i64]) = (&[5, 9, 33, 120], &[300, 11]);
-    let rows: [(&[i64], &[i64]); 6] =
-        [(a, &[7, 64]), (b, &[40, 41]), (a, &[2]), (b, &[70, 71, 72, 73, 74, 75]), (a, &[18, 19, 20]), (b, &[8])];
-    let (mut ids, mut mask) = (Vec::new(), Vec::new());
-    for (prompt, response) in rows {
-        let row: Vec<Option<i64>> = std::iter::repeat_n(None, 4 - prompt.len())
-            .chain(prompt.iter().map(|&t| Some(t)))
-            .chain(response.iter().map(|&t| Some(t)))
-            .chain(std::iter::repeat_n(None, 6 - response.len()))
-            .collect();
-        ids.extend(row.iter().map(|t| t.unwrap_or(0)));
-        mask.extend(row.iter().map(|t| i64::from(t.is_some())));
-    }
-    (Tensor::from_slice(&ids).view([6, 10]), Tensor::from_slice(&mask).view([6, 10]), 4)
-}
-
-#[test]
-fn shared_prompts_pack_into_fewer_rows() {
-    let (ids, mask, from) = grouped_batch();
-    let prefix = SharedPrefixes::find(&ids, &mask, from).unwrap();
-    assert_eq!(prefix.of_row, [0, 1, 0, 1, 0, 1]);
-    assert_eq!(Packing::sharing(&ids, &mask, &prefix).unwrap().unwrap().rows(), 3);
-    assert_eq!(Packing::new(&ids, &mask).unwrap().unwrap().rows(), 4);
-}
-
-/// With shared prompts laid once per packed row (the fewest slots here, so the layout that runs)
-/// every pass computes the padded pass's log-probs, entropy and gradients; a model whose sliding
-/// window is narrower than the rows packs them whole instead, and computes them too.
-#[test]
-fn packed_shared_prompts_equal_the_padded_passes_in_values_and_gradients() {
-    let (ids, mask, from) = grouped_batch();
-    let targets = mask.narrow(1, from, 10 - from).to_kind(Kind::Float);
+/// On the four fixture families, the padding-free passes (`share`: with shared prompts laid once)
+/// of `ids` from `from` give the padded pass's log-probs, entropy and gradients: without a graph,
+/// with the layers' graph, and checkpointed. 8 rows of the head's logits at a time, so the target
+/// rows take several chunks and the training passes recompute the head chunk by chunk.
+fn assert_packed_passes_equal_padded(ids: &Tensor, mask: &Tensor, from: i64, share: bool) {
+    let seq = ids.size()[1];
+    let targets = mask.narrow(1, from, seq - from).to_kind(Kind::Float);
+    let how = if share { "packed with shared prompts" } else { "packed" };
     for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
         let m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
-        assert!(m.packs_shared_prompts(10), "{name} attends by the mask alone");
+        assert!(m.packs_shared_prompts(seq), "{name} attends by the mask alone");
         let elements = 8 * m.arch().vocab_size;
         let padded_opts =
             LogProbOptions { max_chunk_elements: elements, entropy: true, share_prefix: false, pack: false };
-        let packed_opts = LogProbOptions { pack: true, share_prefix: true, ..padded_opts };
-        let padded = token_logprobs(&m, &ids, &mask, from, padded_opts).unwrap();
+        let packed_opts = LogProbOptions { pack: true, share_prefix: share, ..padded_opts };
+        let padded = token_logprobs(&m, ids, mask, from, padded_opts).unwrap();
         loss(&padded, &targets).backward();
         let want = take_grads(&m.vs);
 
-        let packed = token_logprobs(&m, &ids, &mask, from, packed_opts).unwrap();
+        let packed = token_logprobs(&m, ids, mask, from, packed_opts).unwrap();
         let d = max_diff(&padded, &packed, &targets);
-        assert!(d < 1e-5, "{name}: packed shared-prompt log-probs and entropy within {d}");
+        assert!(d < 1e-5, "{name}, {how}: log-probs and entropy within {d}");
         loss(&packed, &targets).backward();
-        assert_same_grads(&format!("{name}, packed with shared prompts"), &want, &take_grads(&m.vs));
+        assert_same_grads(&format!("{name}, {how}"), &want, &take_grads(&m.vs));
 
         for checkpointed in [false, true] {
-            let what = format!("{name}, packed shared-prompt training pass (checkpointed: {checkpointed})");
-            let (lp, pass) = token_logprobs_pass(&m, &ids, &mask, from, packed_opts, checkpointed).unwrap();
+            let what = format!("{name}, {how}, training pass (checkpointed: {checkpointed})");
+            let (lp, pass) = token_logprobs_pass(&m, ids, mask, from, packed_opts, checkpointed).unwrap();
             let d = max_diff(&padded, &lp, &targets);
             assert!(d < 1e-5, "{what}: log-probs and entropy within {d}");
             loss(&lp, &targets).backward();
@@ -119,36 +109,24 @@ fn the_batch_packs_into_fewer_rows() {
 #[test]
 fn packed_passes_equal_the_padded_ones_in_values_and_gradients() {
     let (ids, mask) = batch();
-    let from = 3;
-    let targets = mask.narrow(1, from, 8 - from).to_kind(Kind::Float);
-    for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
-        let m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
-        // 8 rows of the head's logits at a time: the 20 target rows take three chunks, and the
-        // training passes recompute the head chunk by chunk in their backward.
-        let elements = 8 * m.arch().vocab_size;
-        let padded_opts =
-            LogProbOptions { max_chunk_elements: elements, entropy: true, share_prefix: false, pack: false };
-        let packed_opts = LogProbOptions { pack: true, ..padded_opts };
-        let padded = token_logprobs(&m, &ids, &mask, from, padded_opts).unwrap();
-        loss(&padded, &targets).backward();
-        let want = take_grads(&m.vs);
+    assert_packed_passes_equal_padded(&ids, &mask, 3, false);
+}
 
-        let packed = token_logprobs(&m, &ids, &mask, from, packed_opts).unwrap();
-        let d = max_diff(&padded, &packed, &targets);
-        assert!(d < 1e-5, "{name}: packed log-probs and entropy within {d}");
-        loss(&packed, &targets).backward();
-        assert_same_grads(&format!("{name}, packed"), &want, &take_grads(&m.vs));
+#[test]
+fn shared_prompts_pack_into_fewer_rows() {
+    let (ids, mask) = grouped_batch();
+    let prefix = SharedPrefixes::find(&ids, &mask, 4).unwrap();
+    assert_eq!(prefix.of_row, [0, 1, 0, 1, 0, 1]);
+    assert_eq!(Packing::sharing(&ids, &mask, &prefix).unwrap().unwrap().rows(), 3);
+    assert_eq!(Packing::new(&ids, &mask).unwrap().unwrap().rows(), 4);
+}
 
-        for checkpointed in [false, true] {
-            let what = format!("{name}, packed training pass (checkpointed: {checkpointed})");
-            let (lp, pass) = token_logprobs_pass(&m, &ids, &mask, from, packed_opts, checkpointed).unwrap();
-            let d = max_diff(&padded, &lp, &targets);
-            assert!(d < 1e-5, "{what}: log-probs and entropy within {d}");
-            loss(&lp, &targets).backward();
-            pass.backward(&m).unwrap();
-            assert_same_grads(&what, &want, &take_grads(&m.vs));
-        }
-    }
+/// With shared prompts laid once per packed row (the fewest slots here, so the layout that runs)
+/// every pass computes the padded pass's log-probs, entropy and gradients.
+#[test]
+fn packed_shared_prompts_equal_the_padded_passes_in_values_and_gradients() {
+    let (ids, mask) = grouped_batch();
+    assert_packed_passes_equal_padded(&ids, &mask, 4, true);
 }
 
 #[test]
