@@ -87,6 +87,11 @@ fn padding_free_passes_train_as_padded_ones_within_rounding() {
     let free = behaviour_metrics(&run_algo(dir.path(), "ppo", "ppo-packed", false, &packed));
     let critic = ["loss/value", "grad_norm/critic", "ppo/values_mean", "ppo/returns_mean"];
     assert_same_within_rounding("padding-free PPO", &free[0], &plain[0], &critic);
+    // PPO with four samples a prompt: the actor's and the critic's prompts laid once.
+    let four = ["--set", "rollout.samples_per_prompt=4"];
+    let plain = behaviour_metrics(&run_algo(dir.path(), "ppo", "ppo4-plain", false, &[&lengths[..], &four].concat()));
+    let both = behaviour_metrics(&run_algo(dir.path(), "ppo", "ppo4-packed", true, &[&packed[..], &four].concat()));
+    assert_same_within_rounding("padding-free PPO with shared prompts", &both[0], &plain[0], &critic);
 }
 
 #[test]

@@ -129,22 +129,30 @@ fn packed_shared_prompts_equal_the_padded_passes_in_values_and_gradients() {
     assert_packed_passes_equal_padded(&ids, &mask, 4, true);
 }
 
+/// A critic's values padding-free equal the padded ones, and their gradients: its rows packed
+/// whole, and with shared prompts laid once (the grouped batch's prompts of 4 tokens).
 #[test]
 fn packed_critic_values_equal_the_padded_ones_in_values_and_gradients() {
-    let (ids, mask) = batch();
+    for ((ids, mask), shared_prompt) in [(batch(), None), (grouped_batch(), Some(4))] {
+        assert_packed_critic_values_equal_padded(&ids, &mask, shared_prompt);
+    }
+}
+
+fn assert_packed_critic_values_equal_padded(ids: &Tensor, mask: &Tensor, shared_prompt: Option<i64>) {
     let real = mask.to_kind(Kind::Float);
-    let loss = |v: &Tensor| (v * &real * Tensor::arange(8, (Kind::Float, Device::Cpu))).square().sum(Kind::Float);
+    let seq = ids.size()[1];
+    let loss = |v: &Tensor| (v * &real * Tensor::arange(seq, (Kind::Float, Device::Cpu))).square().sum(Kind::Float);
     for name in ["llama", "qwen2", "gpt2"] {
         let c = ScalarHeadModel::from_causal_lm_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
         for checkpointed in [false, true] {
-            let what = format!("{name} critic (checkpointed: {checkpointed})");
-            let (padded, ck) = c.values_pass(&ids, &mask, checkpointed).unwrap();
+            let what = format!("{name} critic (checkpointed: {checkpointed}, shared prompt: {shared_prompt:?})");
+            let (padded, ck) = c.values_pass(ids, mask, checkpointed).unwrap();
             loss(&padded).backward();
             if let Some(ck) = &ck {
                 c.backward_checkpointed(ck).unwrap();
             }
             let want = take_grads(&c.vs);
-            let (packed, ck) = c.values_pass_packed(&ids, &mask, checkpointed).unwrap();
+            let (packed, ck) = c.values_pass_packed(ids, mask, checkpointed, shared_prompt).unwrap();
             let d = ((&packed - &padded) * &real).abs().max().double_value(&[]);
             assert!(d < 1e-5, "{what}: values within {d}");
             let pad = (&packed * real.ones_like().g_sub(&real)).abs().max().double_value(&[]);

@@ -224,18 +224,40 @@ impl ScalarHeadModel {
     /// [`ScalarHeadModel::values_pass`] padding-free ([`crate::packing`]): the backbone and the
     /// head run on the rows packed without their padding, the values are put back in the batch's
     /// layout — the padded pass's values at the real tokens within float rounding, 0 at the
-    /// padding. The padded pass where packing saves no row.
+    /// padding. With `shared_prompt = Some(p)`, rows that share their first `p` tokens (GRPO's or
+    /// PPO's samples of one prompt) have them laid once in a packed row where the model attends by
+    /// the mask alone ([`crate::Packing::sharing`], [`crate::CausalLm::packs_shared_prompts`]).
+    /// The padded pass where packing saves no row.
     ///
     /// # Shapes
-    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`
+    /// - `input_ids`, `attention_mask`: `[batch, seq]` → `[batch, seq]`; `p < seq`
     pub fn values_pass_packed(
         &self,
         input_ids: &Tensor,
         attention_mask: &Tensor,
         checkpointed: bool,
+        shared_prompt: Option<i64>,
     ) -> Result<(Tensor, Option<Checkpointed>)> {
         check_ids(input_ids, attention_mask)?;
-        let Some(p) = crate::Packing::new(input_ids, attention_mask)? else {
+        let seq = input_ids.size()[1];
+        let shares = self.config.arch.moe.as_ref().is_none_or(|m| m.aux_loss_coef.is_none())
+            && self.backbone.attends_by_mask(seq);
+        let sharing = match shared_prompt {
+            Some(p) if shares && p >= 1 && p < seq => {
+                let prefix = crate::SharedPrefixes::find(input_ids, attention_mask, p)?;
+                if prefix.any_shared() {
+                    crate::Packing::sharing(input_ids, attention_mask, &prefix)?
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        let packed = match sharing {
+            Some(p) => Some(p),
+            None => crate::Packing::new(input_ids, attention_mask)?,
+        };
+        let Some(p) = packed else {
             return self.values_pass(input_ids, attention_mask, checkpointed);
         };
         // [rows, seq, h] → [rows, seq, 1] → [batch, seq]

@@ -212,7 +212,9 @@ pub fn compute(
                     let slots = images.map(|i| i.slots()).unwrap_or_else(|| Slots::prompt(p_len));
                     c.values_pass_with_images(seq, attn, own, slots, false).map(|(v, _)| v)
                 }
-                None if opts.pack => c.values_pass_packed(seq, attn, false).map(|(v, _)| v),
+                None if opts.pack => {
+                    c.values_pass_packed(seq, attn, false, opts.share_prefix.then_some(p_len)).map(|(v, _)| v)
+                }
                 None => c.values(seq, attn),
             })?;
             Some(v.f_narrow(1, p_len - 1, r_len)?) // [B, R]

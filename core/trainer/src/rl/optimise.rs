@@ -188,7 +188,9 @@ fn micro_loss(
                     let slots = Slots { prompt_len: p_len, observed: observed.as_ref().map(Tensor::shallow_clone) };
                     c.values_pass_with_images(&seq, &attn, &own, slots, checkpointed)?
                 }
-                None if cfg.padding_free => c.values_pass_packed(&seq, &attn, checkpointed)?,
+                None if cfg.padding_free => {
+                    c.values_pass_packed(&seq, &attn, checkpointed, opts.share_prefix.then_some(p_len))?
+                }
                 None => c.values_pass(&seq, &attn, checkpointed)?,
             };
             passes.critic = ck;
