@@ -164,6 +164,58 @@ fn dpo_raises_held_out_preference_accuracy_and_writes_a_loadable_model() {
     assert!(diff <= 1e-4, "{diff}");
 }
 
+/// `train.padding_free` trains as the padded passes within float rounding (a frozen reference and
+/// precomputed log-probs, both packed), on pairs whose rejected answers run from 1 to 12 words —
+/// and the passes did run packed (the debug log's candidates: fewer packed rows than the batch's).
+#[test]
+fn padding_free_passes_train_as_padded_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("pairs.jsonl");
+    let lines: Vec<String> = (0..64)
+        .map(|i| {
+            let (a, b) = (i % 8, i / 8);
+            let rambling = vec!["no"; 1 + i % 12].join(" ");
+            serde_json::json!({"prompt": format!("{a} + {b} ="), "chosen": format!(" {}", a + b), "rejected": format!(" {rambling}")})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let train = format!("data.train={:?}", s(&data));
+    let run = |name: &str, sets: &[&str]| {
+        let rd = tmp.path().join(name);
+        let mut args = vec!["dpo", "--run-dir", s(&rd), "--no-progress", "--set", "train.steps=4", "--set", &train];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let out = std::process::Command::new(rlhf_integration_tests::rlhf_bin())
+            .args(&args)
+            .env("RUST_LOG", "rlhf_generation=debug")
+            .output()
+            .unwrap();
+        ok(&out);
+        let log = String::from_utf8_lossy(&out.stderr).to_string();
+        let packed = log.lines().any(|l| l.contains("log-prob pass of") && l.contains("packed Some("));
+        (metrics(&rd), packed)
+    };
+    for reference in ["model.reference=\"policy\"", "model.reference=\"precomputed\""] {
+        let name = if reference.contains("policy") { "policy" } else { "precomputed" };
+        let (a, _) = run(&format!("{name}-padded"), &[reference]);
+        let (b, packed) = run(&format!("{name}-packed"), &[reference, "train.padding_free=true"]);
+        assert!(packed, "{reference}: no pass ran packed");
+        assert_eq!(a.len(), b.len());
+        let mut compared = 0;
+        for (x, y) in a.iter().zip(&b) {
+            for key in ["loss", "rewards/margins", "logps/chosen", "logps/rejected", "eval/loss"] {
+                if let (Some(x), Some(y)) = (x[key].as_f64(), y[key].as_f64()) {
+                    assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{reference}: {key}: padded {x}, packed {y}");
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared >= 12, "{reference}: {compared} figures compared");
+    }
+}
+
 /// Every reference mode gives the same training: a frozen copy and precomputed log-probs; with
 /// LoRA, the policy with its adapters switched off and precomputed log-probs.
 #[test]

@@ -74,6 +74,11 @@ pub struct DpoTrainConfig {
     pub eval_every: usize,
     pub eval_batch_size: usize,
     pub gradient_checkpointing: bool,
+    /// Run the policy's and the reference's passes padding-free (TRL's `padding_free`): each
+    /// batch's chosen and rejected rows without their padding, packed into as few rows of the
+    /// batch's width as hold them, every sequence attending only to itself — the padded passes'
+    /// log-probs and gradients within float rounding.
+    pub padding_free: bool,
 }
 
 impl Default for DpoTrainConfig {
@@ -98,6 +103,7 @@ impl Default for DpoTrainConfig {
             eval_every: c.eval_every,
             eval_batch_size: c.eval_batch_size,
             gradient_checkpointing: c.gradient_checkpointing,
+            padding_free: false,
         }
     }
 }

@@ -187,9 +187,10 @@ fn collate(pairs: &[&SplitPair], pad: i64, device: Device) -> Result<DpoBatch> {
     })
 }
 
-/// Summed response log-probs of every row, `([B] chosen, [B] rejected)`.
-fn response_logps(model: &CausalLm, b: &DpoBatch) -> Result<(Tensor, Tensor)> {
-    Ok(response_logps_pass(model, b, false)?.logps)
+/// Summed response log-probs of every row, `([B] chosen, [B] rejected)`; padding-free with
+/// `pack` (`train.padding_free`).
+fn response_logps(model: &CausalLm, b: &DpoBatch, pack: bool) -> Result<(Tensor, Tensor)> {
+    Ok(response_logps_pass(model, b, false, pack)?.logps)
 }
 
 /// A training pass over a batch of pairs.
@@ -203,9 +204,10 @@ struct PolicyPass {
 }
 
 /// [`response_logps`] as a training pass, checkpointed when `checkpointed`
-/// (`train.gradient_checkpointing`).
-fn response_logps_pass(model: &CausalLm, b: &DpoBatch, checkpointed: bool) -> Result<PolicyPass> {
-    let opts = LogProbOptions::default();
+/// (`train.gradient_checkpointing`). With `pack` the rows run without their padding
+/// ([`LogProbOptions::pack`]; each pair's two rows packed whole).
+fn response_logps_pass(model: &CausalLm, b: &DpoBatch, checkpointed: bool, pack: bool) -> Result<PolicyPass> {
+    let opts = LogProbOptions { pack, ..LogProbOptions::default() };
     let (lp, pass) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, 1, opts, checkpointed)?;
     let sums = lp.logprobs.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
     let n = sums.size()[0] / 2;
@@ -240,15 +242,24 @@ struct DpoTask {
     eval_batch_size: usize,
     /// `train.gradient_checkpointing`.
     checkpointing: bool,
+    /// `train.padding_free`.
+    padding_free: bool,
 }
 
-/// Summed log-probs of `pairs` under `model`, without gradients, `eval_batch_size` at a time.
-fn all_logps(model: &CausalLm, pairs: &[SplitPair], batch_size: usize, pad: i64) -> Result<Vec<(f32, f32)>> {
+/// Summed log-probs of `pairs` under `model`, without gradients, `eval_batch_size` at a time
+/// (padding-free with `pack`).
+fn all_logps(
+    model: &CausalLm,
+    pairs: &[SplitPair],
+    batch_size: usize,
+    pad: i64,
+    pack: bool,
+) -> Result<Vec<(f32, f32)>> {
     let mut out = Vec::with_capacity(pairs.len());
     tch::no_grad(|| -> Result<()> {
         for chunk in pairs.chunks(batch_size.max(1)) {
             let refs: Vec<&SplitPair> = chunk.iter().collect();
-            let (c, r) = response_logps(model, &collate(&refs, pad, model.device())?)?;
+            let (c, r) = response_logps(model, &collate(&refs, pad, model.device())?, pack)?;
             out.extend(Vec::<f32>::try_from(&c)?.into_iter().zip(Vec::<f32>::try_from(&r)?));
         }
         Ok(())
@@ -269,13 +280,14 @@ impl DpoTask {
         let batch: Vec<&SplitPair> = items.iter().map(|&i| &pairs[i]).collect();
         let b = collate(&batch, self.pad, self.policy.device())?;
         let checkpointed = self.checkpointing && matches!(split, Split::Train);
-        let policy = response_logps_pass(&self.policy, &b, checkpointed)?;
+        let pack = self.padding_free;
+        let policy = response_logps_pass(&self.policy, &b, checkpointed, pack)?;
         let (c, r) = &policy.logps;
         let reference = match &self.reference {
             Reference::Free => None,
-            Reference::Model(m) => Some(tch::no_grad(|| response_logps(m, &b))?),
+            Reference::Model(m) => Some(tch::no_grad(|| response_logps(m, &b, pack))?),
             Reference::Adapters => {
-                Some(tch::no_grad(|| self.policy.with_adapters_disabled(|| response_logps(&self.policy, &b)))?)
+                Some(tch::no_grad(|| self.policy.with_adapters_disabled(|| response_logps(&self.policy, &b, pack)))?)
             }
             Reference::Precomputed { train, eval } => {
                 let table = match split {
@@ -433,8 +445,8 @@ fn reference_of(
         (_, "precomputed") => {
             policy.set_training(false);
             Reference::Precomputed {
-                train: all_logps(policy, train, batch, pad)?,
-                eval: all_logps(policy, eval, batch, pad)?,
+                train: all_logps(policy, train, batch, pad, cfg.train.padding_free)?,
+                eval: all_logps(policy, eval, batch, pad, cfg.train.padding_free)?,
             }
         }
         (_, "policy") if cfg.model.lora.enabled() => Reference::Adapters,
@@ -526,6 +538,7 @@ fn dpo_in(
         params: DpoLossParams::of(&cfg.train),
         eval_batch_size: t.eval_batch_size,
         checkpointing: t.gradient_checkpointing,
+        padding_free: cfg.train.padding_free,
     };
     let s = run_phase(&mut task, train_pairs, t, &mut opt, &run, &mut sinks)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));
