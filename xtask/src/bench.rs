@@ -15,8 +15,17 @@ use crate::{
     setup,
 };
 
-/// The plugins the RL section of `rlhf bench` needs.
-const PLUGINS: &[&str] = &["rlhf-plugin-grpo", "rlhf-plugin-reward-rules"];
+/// The plugins the RL section of `rlhf bench` may load: every algorithm its `--algo` takes, and
+/// the presets' reward.
+const PLUGINS: &[&str] = &[
+    "rlhf-plugin-grpo",
+    "rlhf-plugin-ppo",
+    "rlhf-plugin-rloo",
+    "rlhf-plugin-gspo",
+    "rlhf-plugin-ppo-seq",
+    "rlhf-plugin-reinforce-pp",
+    "rlhf-plugin-reward-rules",
+];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let torch = setup::setup()?;

@@ -144,7 +144,7 @@ struct Bench<'a> {
 impl<'a> Bench<'a> {
     /// Checks the arguments, writes or finds the model, measures the machine, prints the header.
     fn new(args: &'a BenchArgs, sections: [bool; 6]) -> anyhow::Result<Self> {
-        let [do_gen, do_train, do_rl, do_dp, _, do_decode] = sections;
+        let [do_gen, do_train, do_rl, do_dp, do_overlap, do_decode] = sections;
         if args.batch < 1 || args.group < 1 || args.prompt_len < 1 || args.new_tokens < 1 || args.repeats < 1 {
             bail!("--batch, --group, --prompt-len, --new-tokens and --repeats must be >= 1");
         }
@@ -160,6 +160,9 @@ impl<'a> Bench<'a> {
         }
         if args.vs_trl && !do_rl {
             bail!("--vs-trl compares RL steps: include the rl section (--only ...,rl)");
+        }
+        if args.algo != "grpo" && (args.vs_trl || do_overlap) {
+            bail!("--algo {}: --vs-trl and the overlap section run GRPO only (leave out --algo)", args.algo);
         }
         if args.vs_hf && !do_decode {
             bail!("--vs-hf compares decode steps: include the decode section (--only ...,decode)");
@@ -252,6 +255,7 @@ impl RlPlans {
             side => Some(rl::write_image_prompts(&b.work.0, side, &b.arch, a.prompts.is_some())?),
         };
         let setup = rl::RlSetup {
+            algo: &a.algo,
             model_dir: &b.model_dir,
             device: &a.device,
             dtype: &a.dtype,
@@ -454,6 +458,7 @@ fn report_results(b: &Bench<'_>, plans: &RlPlans, sections: [bool; 6], r: &Resul
     let [do_gen, do_train, do_rl, ..] = sections;
     let mut settings =
         format!("{}, B={} G={}, prompt {} new {}", a.dtype, a.batch, a.group, a.prompt_len, a.new_tokens);
+    settings.push_str(&if a.algo == "grpo" { String::new() } else { format!(", {}", a.algo) });
     if let Some((_, mean)) = &plans.prompts {
         settings.push_str(&format!(", RL prompts {} ({mean:.1} tok)", plans.source));
     }
@@ -559,6 +564,7 @@ mod tests {
     #[test]
     fn rl_config_overrides_the_grpo_preset() {
         let setup = rl::RlSetup {
+            algo: "grpo",
             model_dir: std::path::Path::new("/m"),
             device: "cpu",
             dtype: "bf16",
@@ -587,5 +593,8 @@ mod tests {
         assert_eq!((cfg.train.minibatch_size, cfg.train.ppo_epochs, cfg.warmup.steps), (15, 1, 0));
         assert_eq!((cfg.run.dtype.as_str(), cfg.data.prompts.as_str()), ("bf16", "builtin:addition"));
         assert_eq!(cfg.rewards[0].plugin, "reward-rules");
+        let cfg = rl::config(&rl::RlSetup { algo: "ppo", ..setup }).unwrap();
+        assert_eq!((cfg.algorithm.name.as_str(), cfg.model.critic.as_str()), ("ppo", "actor"));
+        assert_eq!((cfg.train.minibatch_size, cfg.rollout.samples_per_prompt), (15, 5));
     }
 }

@@ -99,6 +99,11 @@ pub struct BenchArgs {
     /// and in TRL's with --vs-trl (its `gradient_checkpointing`).
     #[arg(long)]
     pub(super) gradient_checkpointing: bool,
+    /// The RL and dp sections' algorithm: its preset (`grpo`, `ppo` with its critic, `rloo`,
+    /// `gspo`, `ppo-seq`, `reinforce-pp`) under the benchmark's overrides. `--vs-trl` and the
+    /// overlap section run GRPO only.
+    #[arg(long, default_value = "grpo")]
+    pub(super) algo: String,
     /// The RL section's passes padding-free (`train.padding_free`; ours only).
     #[arg(long)]
     pub(super) padding_free: bool,

@@ -1,6 +1,6 @@
-//! The RL section of `rlhf bench`: the real GRPO [`Trainer`] on the embedded `grpo` preset with
-//! the benchmark's model, batch, G and lengths, timed per phase from the `time/*` metrics that
-//! [`Trainer::train_step`] returns.
+//! The RL section of `rlhf bench`: the real [`Trainer`] on an embedded algorithm preset (`grpo`
+//! unless `--algo` says otherwise) with the benchmark's model, batch, G and lengths, timed per
+//! phase from the `time/*` metrics that [`Trainer::train_step`] returns.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +17,8 @@ use super::report::{median, RlFigures};
 
 /// What the RL section runs.
 pub struct RlSetup<'a> {
+    /// The algorithm preset (`grpo`, `ppo`, ...).
+    pub algo: &'a str,
     pub model_dir: &'a Path,
     pub device: &'a str,
     pub dtype: &'a str,
@@ -57,8 +59,9 @@ fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-/// The grpo preset with the benchmark's overrides: no supervised warm-up (unless `s.warmup`), one
-/// optimizer step per generation batch (`minibatch_size = B·G`, one epoch), nothing saved, no W&B.
+/// The algorithm's preset with the benchmark's overrides: no supervised warm-up (unless
+/// `s.warmup`), one optimizer step per generation batch (`minibatch_size = B·G`, one epoch), the
+/// critic (PPO's) on the benchmark's model too, nothing saved, no W&B.
 pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
     let prompts = match s.prompts {
         Some(p) => toml_string(&p.display().to_string()),
@@ -91,7 +94,7 @@ pub fn config(s: &RlSetup<'_>) -> anyhow::Result<RlConfig> {
     if let Some(n) = s.micro_batch_tokens {
         sets.push(format!("train.micro_batch_tokens={n}"));
     }
-    Ok(RlConfig::load(&ConfigSource::Preset("grpo".into()), Some("grpo"), &sets)?)
+    Ok(RlConfig::load(&ConfigSource::Preset(s.algo.into()), Some(s.algo), &sets)?)
 }
 
 /// A prompt as TRL is given it: its text (as the model sees it, or for a prompt with images the
@@ -247,11 +250,13 @@ pub fn run(cfg: RlConfig, repeats: usize, profile: Option<(&Path, Device)>) -> a
     let dirs =
         if cfg.plugin_dirs.is_empty() { rlhf_trainer::plugins::default_plugin_dirs() } else { cfg.plugin_dirs.clone() };
     let reg = PluginRegistry::scan(&dirs)?;
-    for (name, kind) in [("grpo", PluginKind::Algorithm), ("reward-rules", PluginKind::Reward)] {
+    let algo = (cfg.algorithm.name.as_str(), PluginKind::Algorithm);
+    for (name, kind) in std::iter::once(algo).chain(cfg.rewards.iter().map(|r| (r.plugin.as_str(), PluginKind::Reward)))
+    {
         if reg.get(name, kind).is_err() {
             anyhow::bail!(
                 "the RL section needs the `{name}` plugin next to rlhf ({}); build it with `cargo build --release -p \
-                 rlhf-plugin-grpo -p rlhf-plugin-reward-rules` (`cargo xtask bench` does)",
+                 rlhf-plugin-{name}` (`cargo xtask bench` builds every plugin)",
                 dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
             );
         }
