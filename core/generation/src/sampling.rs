@@ -68,8 +68,9 @@ impl Sampling {
         let vocab = cum.size()[1];
         // Scaled by the row's total so the float cumsum's last value bounds the draw.
         let target = u.f_unsqueeze(1)?.f_mul(&cum.f_narrow(1, vocab - 1, 1)?)?; // [b, 1]
-                                                                                // The first index whose cumulative sum exceeds the target: tokens of zero probability
-                                                                                // (cut by top-k/top-p) add nothing to the sum and are never picked.
+
+        // The first index whose cumulative sum exceeds the target: tokens of zero probability
+        // (cut by top-k/top-p) add nothing to the sum and are never picked.
         let idx = target.f_searchsorted(&cum, false, true, "right", None::<Tensor>)?; // [b, 1]
         Ok(idx.f_clamp_max(vocab - 1)?.f_squeeze_dim(1)?)
     }

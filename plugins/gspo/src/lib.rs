@@ -192,7 +192,8 @@ impl Algorithm for Gspo {
         let log_ratio = logp.f_sub(&masked(&mb.old_logprobs, &valid)?)?; // [b, R]
         let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?; // T_i, [b]
         let token_mean = |x: &Tensor| -> Result<Tensor> { Ok(masked_row_sum(x, mask)?.f_div(&lengths)?) }; // [b]
-                                                                                                           // The sequence advantage, read back from its broadcast form (0 for an empty row).
+
+        // The sequence advantage, read back from its broadcast form (0 for an empty row).
         let advantage = token_mean(&masked(&mb.advantages, &valid)?)?; // [b]
         let (low, high) = (1.0 - cfg.epsilon, 1.0 + cfg.epsilon_high);
 

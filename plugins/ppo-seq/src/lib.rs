@@ -167,7 +167,8 @@ impl Algorithm for PpoSeq {
 
         // Step 2: KL to the old policy (monitoring) and to the reference (penalty).
         let kl = actor_logp.f_sub(&old_logp)?.f_mean(Kind::Float)?; // []
-                                                                    // Means over the step's samples (each micro-batch's share of them with several).
+
+        // Means over the step's samples (each micro-batch's share of them with several).
         let step_mean = |x: &Tensor| ops::row_mean(x, mb.accumulation_steps, mb.step_rows);
         let kl_ref = step_mean(&actor_logp.f_sub(&ref_logp)?)?; // [], grad
 

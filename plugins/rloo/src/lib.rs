@@ -203,7 +203,8 @@ impl Algorithm for Rloo {
         let logp = masked(&mb.logprobs, &valid)?; // [b, R], grad
         let log_ratio = logp.f_sub(&masked(&mb.old_logprobs, &valid)?)?; // [b, R]
         let lengths = mask.f_sum_dim_intlist(1, false, Kind::Float)?.f_clamp_min(1.0)?; // [b]
-                                                                                        // The sequence advantage, read back from its broadcast form (0 for an empty row).
+
+        // The sequence advantage, read back from its broadcast form (0 for an empty row).
         let advantage = masked_row_sum(&masked(&mb.advantages, &valid)?, mask)?.f_div(&lengths)?; // [b]
         let (low, high) = (1.0 - cfg.epsilon, 1.0 + cfg.epsilon_high.unwrap_or(cfg.epsilon));
 
@@ -214,7 +215,8 @@ impl Algorithm for Rloo {
         };
         let coef_2 = coef_1.f_clamp(low, high)?;
         let pg = coef_1.f_mul(&adv)?.f_minimum(&coef_2.f_mul(&adv)?)?.f_neg()?; // [b] or [b, R]
-                                                                                // The mean over the step's samples (each micro-batch's share of it with several).
+
+        // The mean over the step's samples (each micro-batch's share of it with several).
         let mean_over = |x: &Tensor| -> Result<Tensor> {
             let per_row = match cfg.ratio_level {
                 RatioLevel::Sequence => x.shallow_clone(),

@@ -127,9 +127,10 @@ pub fn chunked(
     // Within a chunk, token i sees token j ≤ i decayed by exp(cum_i − cum_j).
     let device = q.device();
     let mut hidden = Tensor::f_ones([CHUNK, CHUNK], (Kind::Bool, device))?.f_triu(1)?; // j > i
-                                                                                       // Packed rows: `count` = starts at or before each token of its chunk; i sees j only with no
-                                                                                       // start in (j, i]; only tokens before the chunk's first start read the carried state, only
-                                                                                       // those after its last start write the state carried on.
+
+    // Packed rows: `count` = starts at or before each token of its chunk; i sees j only with no
+    // start in (j, i]; only tokens before the chunk's first start read the carried state, only
+    // those after its last start write the state carried on.
     let mut read_old = None;
     let mut write_on = None;
     if let Some(starts) = starts {

@@ -45,7 +45,8 @@ pub fn windowed_attention_mask(key_mask: &Tensor, past: i64, seq: i64, window: O
     }
     let diag = k.f_eq_tensor(&q)?; // [seq, total]
     let segs = key_mask.f_to_kind(Kind::Int64)?; // [b, total]
-                                                 // A token sees a key of its segment that is on no branch or on its own branch.
+
+    // A token sees a key of its segment that is on no branch or on its own branch.
     let (base, branch) = (segs.f_bitwise_and(BRANCH_UNIT - 1)?, segs.f_bitwise_right_shift_tensor_scalar(BRANCH_BITS)?);
     let key_seg = base.f_view([-1, 1, 1, total])?; // [b, 1, 1, total]
     let query_seg = base.f_narrow(1, past, seq)?.f_view([-1, 1, seq, 1])?; // [b, 1, seq, 1]

@@ -82,7 +82,8 @@ mod tests {
         assert_eq!(rows[5], vec![true, true, true, true, true, false]);
         let p = position_ids_from_mask(&key_mask).unwrap().view([6]);
         assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 0, 1, 2, 3]); // right pad keeps counting
-                                                                              // A plain 0/1 mask, right-padded: transformers' `arange`.
+
+        // A plain 0/1 mask, right-padded: transformers' `arange`.
         let p = position_ids_from_mask(&Tensor::from_slice(&[1i64, 1, 1, 0, 0]).view([1, 5])).unwrap().view([5]);
         assert_eq!(Vec::<i64>::try_from(p).unwrap(), vec![0, 1, 2, 3, 4]);
         let m = attention_mask(&Tensor::from_slice(&[1i64, 1, 0]).view([1, 3]), 0, 3).unwrap().view([3, 3]);
@@ -101,7 +102,8 @@ mod tests {
         assert_eq!(rows[4], vec![true, true, false, false, true, false, false]); // not its sibling
         assert_eq!(rows[5], vec![false, false, false, false, false, true, false]); // another segment
         assert_eq!(rows[6], vec![true, true, true, true, true, true, false]); // padding as before
-                                                                              // Under a window that counts slots, a branch still sees only its own segment's keys.
+
+        // Under a window that counts slots, a branch still sees only its own segment's keys.
         let w = windowed_attention_mask(&key_mask, 0, 7, Some(3)).unwrap().view([7, 7]);
         assert_eq!(Vec::<bool>::try_from(w.get(4)).unwrap(), vec![false, false, false, false, true, false, false]);
     }
