@@ -407,15 +407,9 @@ fn layout(
         true => Some(SharedPrefixes::find(input_ids, attention_mask, from)?).filter(SharedPrefixes::any_shared),
         false => None,
     };
-    let packed = match (opts.pack, &prefix) {
-        (false, _) => None,
-        (true, Some(prefix)) if model.packs_shared_prompts(seq) => {
-            match Packing::sharing(input_ids, attention_mask, prefix)? {
-                Some(p) => Some(p),
-                None => Packing::new(input_ids, attention_mask)?,
-            }
-        }
-        (true, _) => Packing::new(input_ids, attention_mask)?,
+    let packed = match opts.pack {
+        true => Packing::best(input_ids, attention_mask, prefix.as_ref().filter(|_| model.packs_shared_prompts(seq)))?,
+        false => None,
     };
     let prefix_slots = prefix.as_ref().map(|p| p.first.len() as i64 * from + batch * (seq - from));
     tracing::debug!(

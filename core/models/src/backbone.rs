@@ -122,12 +122,16 @@ impl Backbone {
         self.final_norm(&h)
     }
 
-    /// See [`DecoderModel::attends_by_mask`] (GPT-2's layers always do).
-    pub(crate) fn attends_by_mask(&self, seq: i64) -> bool {
-        match self {
-            Backbone::Decoder(m) => m.attends_by_mask(seq),
-            Backbone::Gpt2(_) => true,
-        }
+    /// Whether a pass over rows of `seq` tokens may be packed with shared prompts laid once
+    /// ([`crate::Packing::sharing`]): the layers attend by the mask alone
+    /// ([`DecoderModel::attends_by_mask`]; GPT-2's always do), and no load-balancing loss counts
+    /// the tokens (`router_aux`: a shared prompt's would count once, not once per row).
+    pub(crate) fn packs_shared_prompts(&self, seq: i64, router_aux: bool) -> bool {
+        !router_aux
+            && match self {
+                Backbone::Decoder(m) => m.attends_by_mask(seq),
+                Backbone::Gpt2(_) => true,
+            }
     }
 
     /// Why [`Backbone::decode_step`] cannot be captured as a CUDA graph, if it cannot.

@@ -292,7 +292,7 @@ impl CausalLm {
     /// sliding window narrower than `seq`), and no load-balancing loss counts the tokens (a
     /// shared prompt's would count once, not once per row).
     pub fn packs_shared_prompts(&self, seq: i64) -> bool {
-        self.router_aux_loss_coef().is_none() && self.backbone.attends_by_mask(seq)
+        self.backbone.packs_shared_prompts(seq, self.router_aux_loss_coef().is_some())
     }
 
     /// [`CausalLm::hidden_states`] (without a cache) as a checkpointed pass: no autograd graph,

@@ -183,6 +183,25 @@ impl Packing {
         Packing::build(input_ids, layout).map(Some)
     }
 
+    /// The batch packed padding-free: with `prefix` (shared prompts the model may lay once,
+    /// [`crate::CausalLm::packs_shared_prompts`]) as [`Packing::sharing`] packs it where that
+    /// saves a row, else its rows whole ([`Packing::new`]); `None` when neither saves a row.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `prefix` of the same batch
+    pub fn best(
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        prefix: Option<&SharedPrefixes>,
+    ) -> Result<Option<Packing>> {
+        if let Some(prefix) = prefix {
+            if let Some(p) = Packing::sharing(input_ids, attention_mask, prefix)? {
+                return Ok(Some(p));
+            }
+        }
+        Packing::new(input_ids, attention_mask)
+    }
+
     /// The packed tensors of `layout` on `input_ids`' device.
     fn build(input_ids: &Tensor, layout: Layout) -> Result<Packing> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);

@@ -240,24 +240,15 @@ impl ScalarHeadModel {
     ) -> Result<(Tensor, Option<Checkpointed>)> {
         check_ids(input_ids, attention_mask)?;
         let seq = input_ids.size()[1];
-        let shares = self.config.arch.moe.as_ref().is_none_or(|m| m.aux_loss_coef.is_none())
-            && self.backbone.attends_by_mask(seq);
-        let sharing = match shared_prompt {
-            Some(p) if shares && p >= 1 && p < seq => {
-                let prefix = crate::SharedPrefixes::find(input_ids, attention_mask, p)?;
-                if prefix.any_shared() {
-                    crate::Packing::sharing(input_ids, attention_mask, &prefix)?
-                } else {
-                    None
-                }
+        let router_aux = self.config.arch.moe.as_ref().is_some_and(|m| m.aux_loss_coef.is_some());
+        let prefix = match shared_prompt {
+            Some(p) if self.backbone.packs_shared_prompts(seq, router_aux) && p >= 1 && p < seq => {
+                Some(crate::SharedPrefixes::find(input_ids, attention_mask, p)?)
+                    .filter(crate::SharedPrefixes::any_shared)
             }
             _ => None,
         };
-        let packed = match sharing {
-            Some(p) => Some(p),
-            None => crate::Packing::new(input_ids, attention_mask)?,
-        };
-        let Some(p) = packed else {
+        let Some(p) = crate::Packing::best(input_ids, attention_mask, prefix.as_ref())? else {
             return self.values_pass(input_ids, attention_mask, checkpointed);
         };
         // [rows, seq, h] → [rows, seq, 1] → [batch, seq]
