@@ -330,7 +330,15 @@ impl Trainer {
         // With a token budget the passes run in micro-batches, as many on every rank at stage 3;
         // one some rank has no rows of runs the reference on whole weights too.
         let lengths = micro::row_lengths(&selected.attention_mask, t.micro_batch_tokens)?;
-        let (micro, all_have_rows) = micro::experience_plan(&self.world, &lengths, t.micro_batch_tokens, stage3)?;
+        let groups = micro::Groups::of(
+            &selected.group_ids,
+            &selected.attention_mask,
+            selected.prompt_len,
+            t.micro_batch_tokens,
+            share_prompts,
+        )?;
+        let (micro, all_have_rows) =
+            micro::experience_plan(&self.world, &lengths, &groups, t.micro_batch_tokens, stage3)?;
         every_rank_has_rows &= all_have_rows;
         let ref_whole = self.ref_params.as_ref().filter(|_| !every_rank_has_rows);
         if let Some(p) = ref_whole {

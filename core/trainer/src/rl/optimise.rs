@@ -437,6 +437,13 @@ pub fn optimise(
     // Stage 3 trains on sharded parameters, except with ptx, whose pass is not checkpointed.
     let train_sharded = ptx.is_none();
     let lengths = micro::row_lengths(&batch.attention_mask, cfg.micro_batch_tokens)?;
+    let groups = micro::Groups::of(
+        &batch.group_ids,
+        &batch.attention_mask,
+        batch.prompt_len,
+        cfg.micro_batch_tokens,
+        share_prompts,
+    )?;
     for epoch in 0..cfg.ppo_epochs {
         let mut order: Vec<i64> = (0..b as i64).collect();
         rng.shuffle(&mut order);
@@ -444,7 +451,7 @@ pub fn optimise(
         for step_chunks in minibatches.chunks(accumulation) {
             let plans: Vec<MicroPlan> = step_chunks
                 .iter()
-                .map(|mb| MicroPlan::new(mb, &lengths, cfg.micro_batch_tokens, world.size()))
+                .map(|mb| MicroPlan::new(mb, &lengths, &groups, cfg.micro_batch_tokens, world.size()))
                 .collect();
             let k = plans.iter().map(MicroPlan::micro_batches).sum::<usize>() * world.size();
             // Valid response tokens and samples in the whole accumulated batch, on every rank
