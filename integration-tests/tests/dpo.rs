@@ -165,8 +165,10 @@ fn dpo_raises_held_out_preference_accuracy_and_writes_a_loadable_model() {
 }
 
 /// `train.padding_free` trains as the padded passes within float rounding (a frozen reference and
-/// precomputed log-probs, both packed), on pairs whose rejected answers run from 1 to 12 words —
-/// and the passes did run packed (the debug log's candidates: fewer packed rows than the batch's).
+/// precomputed log-probs, both packed), on pairs whose rejected answers run from 1 to 12 words,
+/// with each pair's prompt laid once (`train.share_prompts`, the default) and with the rows packed
+/// whole — and the passes did run packed (the debug log's candidates: fewer packed rows than the
+/// batch's), the shared prompts in rows wider than the batch's (a prompt and both its answers).
 #[test]
 fn padding_free_passes_train_as_padded_ones() {
     let tmp = tempfile::tempdir().unwrap();
@@ -194,25 +196,40 @@ fn padding_free_passes_train_as_padded_ones() {
             .unwrap();
         ok(&out);
         let log = String::from_utf8_lossy(&out.stderr).to_string();
-        let packed = log.lines().any(|l| l.contains("log-prob pass of") && l.contains("packed Some("));
-        (metrics(&rd), packed)
+        // "log-prob pass of 8 rows × 9: packed Some(3 rows × 14), …": (batch width, packed width).
+        let widths: Vec<(i64, i64)> = log
+            .lines()
+            .filter_map(|l| {
+                let rest = &l[l.find("log-prob pass of")?..];
+                let seq = rest.split(" × ").nth(1)?.split(':').next()?.parse().ok()?;
+                let width = rest.split("packed Some(").nth(1)?.split(" × ").nth(1)?.split(')').next()?.parse().ok()?;
+                Some((seq, width))
+            })
+            .collect();
+        (metrics(&rd), widths)
     };
     for reference in ["model.reference=\"policy\"", "model.reference=\"precomputed\""] {
         let name = if reference.contains("policy") { "policy" } else { "precomputed" };
         let (a, _) = run(&format!("{name}-padded"), &[reference]);
-        let (b, packed) = run(&format!("{name}-packed"), &[reference, "train.padding_free=true"]);
-        assert!(packed, "{reference}: no pass ran packed");
-        assert_eq!(a.len(), b.len());
-        let mut compared = 0;
-        for (x, y) in a.iter().zip(&b) {
-            for key in ["loss", "rewards/margins", "logps/chosen", "logps/rejected", "eval/loss"] {
-                if let (Some(x), Some(y)) = (x[key].as_f64(), y[key].as_f64()) {
-                    assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{reference}: {key}: padded {x}, packed {y}");
-                    compared += 1;
+        let whole = ["train.padding_free=true", "train.share_prompts=false"];
+        for (how, sets) in [("shared", &whole[..1]), ("whole", &whole[..])] {
+            let (b, widths) = run(&format!("{name}-{how}"), &[&[reference][..], sets].concat());
+            assert!(!widths.is_empty(), "{reference}, {how}: no pass ran packed");
+            let wider = widths.iter().any(|(seq, width)| width > seq);
+            assert_eq!(wider, how == "shared", "{reference}, {how}: (batch, packed) widths {widths:?}");
+            assert_eq!(a.len(), b.len());
+            let mut compared = 0;
+            for (x, y) in a.iter().zip(&b) {
+                for key in ["loss", "rewards/margins", "logps/chosen", "logps/rejected", "eval/loss"] {
+                    if let (Some(x), Some(y)) = (x[key].as_f64(), y[key].as_f64()) {
+                        let tol = 1e-4 * x.abs().max(1.0);
+                        assert!((x - y).abs() <= tol, "{reference}, {how}: {key}: padded {x}, packed {y}");
+                        compared += 1;
+                    }
                 }
             }
+            assert!(compared >= 12, "{reference}, {how}: {compared} figures compared");
         }
-        assert!(compared >= 12, "{reference}: {compared} figures compared");
     }
 }
 

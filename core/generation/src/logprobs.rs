@@ -33,11 +33,14 @@ pub struct LogProbOptions {
     /// ([`Packing::sharing`]). Equal to the plain pass within float rounding; the layout of the
     /// fewest token slots runs (packed, shared prefix, or plain). Passes with images are not packed.
     pub pack: bool,
+    /// The packed rows' width when shared prompts are laid once: 0 for the batch's own, wider to
+    /// hold more of a prompt's rows after one copy of it (DPO's chosen and rejected answers).
+    pub pack_width: i64,
 }
 
 impl Default for LogProbOptions {
     fn default() -> Self {
-        LogProbOptions { max_chunk_elements: 1 << 26, entropy: false, share_prefix: false, pack: false }
+        LogProbOptions { max_chunk_elements: 1 << 26, entropy: false, share_prefix: false, pack: false, pack_width: 0 }
     }
 }
 
@@ -407,19 +410,25 @@ fn layout(
         true => Some(SharedPrefixes::find(input_ids, attention_mask, from)?).filter(SharedPrefixes::any_shared),
         false => None,
     };
+    let width = opts.pack_width.max(seq);
     let packed = match opts.pack {
-        true => Packing::best(input_ids, attention_mask, prefix.as_ref().filter(|_| model.packs_shared_prompts(seq)))?,
+        true => Packing::best(
+            input_ids,
+            attention_mask,
+            prefix.as_ref().filter(|_| model.packs_shared_prompts(width)),
+            width,
+        )?,
         false => None,
     };
     let prefix_slots = prefix.as_ref().map(|p| p.first.len() as i64 * from + batch * (seq - from));
     tracing::debug!(
-        "log-prob pass of {batch} rows × {seq}: packed {:?} rows, shared prompts {:?} slots, padded {} slots",
-        packed.as_ref().map(Packing::rows),
+        "log-prob pass of {batch} rows × {seq}: packed {}, shared prompts {:?} slots, padded {} slots",
+        packed.as_ref().map_or("None".to_string(), |p| format!("Some({} rows × {})", p.rows(), p.slots() / p.rows())),
         prefix_slots,
         batch * seq
     );
     Ok(match (packed, prefix) {
-        (Some(p), _) if prefix_slots.is_none_or(|slots| p.rows() * seq <= slots) => Layout::Packed(p),
+        (Some(p), _) if prefix_slots.is_none_or(|slots| p.slots() <= slots) => Layout::Packed(p),
         (_, Some(prefix)) => Layout::Prefix(prefix),
         _ => Layout::Plain,
     })

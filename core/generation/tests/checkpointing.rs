@@ -78,7 +78,7 @@ fn checkpointed_logprobs_give_the_plain_gradients() {
         &ids,
         &mask,
         2,
-        LogProbOptions { max_chunk_elements: 800, entropy: true, share_prefix: false, pack: false },
+        LogProbOptions { max_chunk_elements: 800, entropy: true, share_prefix: false, pack: false, pack_width: 0 },
     );
 }
 
@@ -92,7 +92,8 @@ fn checkpointed_shared_prompt_logprobs_give_the_plain_gradients() {
     let rest = rlhf_generation::right_pad(&completions, 0, Device::Cpu).unwrap();
     let ids = Tensor::cat(&[&prompts.input_ids, &rest.input_ids], 1);
     let mask = Tensor::cat(&[&prompts.attention_mask, &rest.attention_mask], 1);
-    let opts = LogProbOptions { max_chunk_elements: 800, entropy: true, share_prefix: true, pack: false };
+    let opts =
+        LogProbOptions { max_chunk_elements: 800, entropy: true, share_prefix: true, pack: false, pack_width: 0 };
     check_logprobs(&ids, &mask, 7, opts);
 }
 
@@ -132,7 +133,8 @@ fn the_checkpointed_head_is_recomputed_chunk_by_chunk() {
     let (ids, mask) = batch();
     let m = CausalLm::from_dir(&fixture("llama-tied"), Device::Cpu, Kind::Float).unwrap();
     let vocab = m.arch().vocab_size;
-    let opts = LogProbOptions { max_chunk_elements: vocab, entropy: true, share_prefix: false, pack: false };
+    let opts =
+        LogProbOptions { max_chunk_elements: vocab, entropy: true, share_prefix: false, pack: false, pack_width: 0 };
     type Loss = fn(&rlhf_generation::TokenLogProbs) -> Tensor;
     let losses: [(&str, Loss); 2] = [
         ("log-probs", |lp| lp.logprobs.square().sum(Kind::Float)),

@@ -33,7 +33,8 @@ fn chunked_logprobs_equal_full_log_softmax() {
     let p = full.exp();
     let expected_entropy = -(p * full).sum_dim_intlist(-1, false, Kind::Float).narrow(1, from - 1, n);
     for max_chunk_elements in [1, 400 * 3, 1 << 26] {
-        let opts = LogProbOptions { max_chunk_elements, entropy: true, share_prefix: false, pack: false };
+        let opts =
+            LogProbOptions { max_chunk_elements, entropy: true, share_prefix: false, pack: false, pack_width: 0 };
         let lp = tch::no_grad(|| token_logprobs(&m, &ids, &mask, from, opts)).unwrap();
         assert_eq!(lp.logprobs.size(), [2, n]);
         let d = (&lp.logprobs - &expected).abs().max().double_value(&[]);
@@ -51,7 +52,7 @@ fn gradients_flow_through_logprobs() {
         &ids,
         &mask,
         1,
-        LogProbOptions { max_chunk_elements: 800, entropy: false, share_prefix: false, pack: false },
+        LogProbOptions { max_chunk_elements: 800, entropy: false, share_prefix: false, pack: false, pack_width: 0 },
     )
     .unwrap();
     lp.logprobs.sum(Kind::Float).backward();

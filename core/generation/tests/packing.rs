@@ -66,17 +66,22 @@ fn max_diff(a: &TokenLogProbs, b: &TokenLogProbs, targets: &Tensor) -> f64 {
 /// of `ids` from `from` give the padded pass's log-probs, entropy and gradients: without a graph,
 /// with the layers' graph, and checkpointed. 8 rows of the head's logits at a time, so the target
 /// rows take several chunks and the training passes recompute the head chunk by chunk.
-fn assert_packed_passes_equal_padded(ids: &Tensor, mask: &Tensor, from: i64, share: bool) {
+fn assert_packed_passes_equal_padded(ids: &Tensor, mask: &Tensor, from: i64, share: bool, pack_width: i64) {
     let seq = ids.size()[1];
     let targets = mask.narrow(1, from, seq - from).to_kind(Kind::Float);
     let how = if share { "packed with shared prompts" } else { "packed" };
     for name in ["llama", "llama-tied", "qwen2", "gpt2"] {
         let m = CausalLm::from_dir(&fixture(name), Device::Cpu, Kind::Float).unwrap();
-        assert!(m.packs_shared_prompts(seq), "{name} attends by the mask alone");
+        assert!(m.packs_shared_prompts(pack_width.max(seq)), "{name} attends by the mask alone");
         let elements = 8 * m.arch().vocab_size;
-        let padded_opts =
-            LogProbOptions { max_chunk_elements: elements, entropy: true, share_prefix: false, pack: false };
-        let packed_opts = LogProbOptions { pack: true, share_prefix: share, ..padded_opts };
+        let padded_opts = LogProbOptions {
+            max_chunk_elements: elements,
+            entropy: true,
+            share_prefix: false,
+            pack: false,
+            pack_width: 0,
+        };
+        let packed_opts = LogProbOptions { pack: true, share_prefix: share, pack_width, ..padded_opts };
         let padded = token_logprobs(&m, ids, mask, from, padded_opts).unwrap();
         loss(&padded, &targets).backward();
         let want = take_grads(&m.vs);
@@ -109,7 +114,7 @@ fn the_batch_packs_into_fewer_rows() {
 #[test]
 fn packed_passes_equal_the_padded_ones_in_values_and_gradients() {
     let (ids, mask) = batch();
-    assert_packed_passes_equal_padded(&ids, &mask, 3, false);
+    assert_packed_passes_equal_padded(&ids, &mask, 3, false, 0);
 }
 
 #[test]
@@ -117,8 +122,22 @@ fn shared_prompts_pack_into_fewer_rows() {
     let (ids, mask) = grouped_batch();
     let prefix = SharedPrefixes::find(&ids, &mask, 4).unwrap();
     assert_eq!(prefix.of_row, [0, 1, 0, 1, 0, 1]);
-    assert_eq!(Packing::sharing(&ids, &mask, &prefix).unwrap().unwrap().rows(), 3);
+    assert_eq!(Packing::sharing(&ids, &mask, &prefix, 0).unwrap().unwrap().rows(), 3);
     assert_eq!(Packing::new(&ids, &mask).unwrap().unwrap().rows(), 4);
+    // Rows of 20: each prompt once, all its rows after it (10 and 11 tokens: two rows, 40 slots
+    // against 3 × 10); rows of 30 hold all 21 tokens in one.
+    let wide = Packing::sharing(&ids, &mask, &prefix, 20).unwrap().unwrap();
+    assert_eq!((wide.rows(), wide.slots()), (2, 40));
+    assert!(Packing::sharing(&ids, &mask, &prefix, 30).unwrap().is_some_and(|p| p.slots() == 30));
+}
+
+/// Packed rows wider than the batch's hold a prompt and all its rows: the passes (the packed
+/// layout's 40 slots against 44 for the shared prompts padded, so it is the one that runs) equal
+/// the padded pass's too.
+#[test]
+fn wide_packed_rows_with_shared_prompts_equal_the_padded_pass() {
+    let (ids, mask) = grouped_batch();
+    assert_packed_passes_equal_padded(&ids, &mask, 4, true, 20);
 }
 
 /// With shared prompts laid once per packed row (the fewest slots here, so the layout that runs)
@@ -126,7 +145,7 @@ fn shared_prompts_pack_into_fewer_rows() {
 #[test]
 fn packed_shared_prompts_equal_the_padded_passes_in_values_and_gradients() {
     let (ids, mask) = grouped_batch();
-    assert_packed_passes_equal_padded(&ids, &mask, 4, true);
+    assert_packed_passes_equal_padded(&ids, &mask, 4, true, 0);
 }
 
 /// A critic's values padding-free equal the padded ones, and their gradients: its rows packed

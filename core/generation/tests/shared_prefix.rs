@@ -35,7 +35,8 @@ fn pass(m: &CausalLm, ids: &Tensor, mask: &Tensor, from: i64, share: bool) -> (T
             let _ = g.zero_();
         }
     }
-    let opts = LogProbOptions { max_chunk_elements: 1000, entropy: true, share_prefix: share, pack: false };
+    let opts =
+        LogProbOptions { max_chunk_elements: 1000, entropy: true, share_prefix: share, pack: false, pack_width: 0 };
     let lp = token_logprobs(m, ids, mask, from, opts).unwrap();
     let entropy = lp.entropy.unwrap();
     let w = Tensor::arange(lp.logprobs.numel() as i64, (Kind::Float, Device::Cpu)).view(lp.logprobs.size().as_slice());

@@ -15,18 +15,19 @@ use crate::error::Result;
 use crate::layers::{branch_segment, position_ids_from_mask};
 use crate::prefix::SharedPrefixes;
 
-/// A batch packed into fewer rows of its width.
+/// A batch packed into fewer token slots: rows of its width, or wider ones with shared prompts.
 ///
 /// # Shapes
-/// `ids`, `mask`, `positions`: `[rows, seq]` (int64; `mask` holds segment ids 1, 2, … and 0 for
-/// padding, [`crate::layers::attention_mask`]) for a batch of `[batch, seq]`, `rows < batch`.
+/// `ids`, `mask`, `positions`: `[rows, width]` (int64; `mask` holds segment ids 1, 2, … and 0
+/// for padding, [`crate::layers::attention_mask`]) for a batch of `[batch, seq]`, `width ≥ seq`,
+/// `rows · width < batch · seq`.
 #[derive(Debug)]
 pub struct Packing {
     pub ids: Tensor,
     pub mask: Tensor,
     pub positions: Tensor,
     /// Flat indices (into `batch · seq`) of the batch's real tokens, and where each of them sits
-    /// in the packed rows (into `rows · seq`), in the same order. A shared prompt's packed slots
+    /// in the packed rows (into `rows · width`), in the same order. A shared prompt's packed slots
     /// appear once for each row that reads them.
     batch_slots: Tensor,
     packed_slots: Tensor,
@@ -123,7 +124,7 @@ impl Packing {
         if layout.rows >= bu {
             return Ok(None);
         }
-        let mut packing = Packing::build(input_ids, layout)?;
+        let mut packing = Packing::build(input_ids, layout, seq)?;
         packing.positions = position_ids_from_mask(&packing.mask)?;
         Ok(Some(packing))
     }
@@ -137,14 +138,22 @@ impl Packing {
     /// no row or a row's real tokens are not contiguous. The model must attend by the mask alone:
     /// no sliding window narrower than the width and no linear attention (a branch's keys do not
     /// follow its prompt's slot for slot, and a recurrence would run through the siblings).
+    /// The packed rows are `width` slots wide (at least `seq`: wider rows hold more of a prompt's
+    /// rows after one copy of it); `None` too when they would hold no fewer slots than the batch.
     /// Reads the mask back to the host.
     ///
     /// # Shapes
-    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `prefix` of the same batch
-    pub fn sharing(input_ids: &Tensor, attention_mask: &Tensor, prefix: &SharedPrefixes) -> Result<Option<Packing>> {
+    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `prefix` of the same batch; returns rows
+    ///   of `max(width, seq)`
+    pub fn sharing(
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        prefix: &SharedPrefixes,
+        width: i64,
+    ) -> Result<Option<Packing>> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
         let real = real_tokens(attention_mask)?;
-        let (su, bu, width) = (seq as usize, batch as usize, prefix.len as usize);
+        let (su, bu, width, w) = (seq as usize, batch as usize, prefix.len as usize, width.max(seq) as usize);
         if prefix.of_row.len() != bu || width > su {
             return Ok(None);
         }
@@ -156,13 +165,13 @@ impl Packing {
             let n_prompt = row[..width].iter().filter(|&&x| x).count();
             let n_rest = n - n_prompt;
             let group = copies.entry(prefix.of_row[r]).or_default();
-            let c = match group.iter().position(|c| fill[c.row] + n_rest <= su) {
+            let c = match group.iter().position(|c| fill[c.row] + n_rest <= w) {
                 Some(c) => c,
                 None => {
-                    let p = layout.fit(&mut fill, n_prompt + n_rest, su);
+                    let p = layout.fit(&mut fill, n_prompt + n_rest, w);
                     segments.resize(layout.rows, 0);
                     segments[p] += 1;
-                    let at = p * su + fill[p];
+                    let at = p * w + fill[p];
                     layout.place(r * su + first, at, n_prompt, segments[p], 0);
                     fill[p] += n_prompt;
                     group.push(PromptCopy { row: p, at, segment: segments[p], branches: 0 });
@@ -171,21 +180,22 @@ impl Packing {
             };
             let copy = &mut group[c];
             copy.branches += 1;
-            let to = copy.row * su + fill[copy.row];
+            let to = copy.row * w + fill[copy.row];
             layout.place(r * su + first + n_prompt, to, n_rest, branch_segment(copy.segment, copy.branches), n_prompt);
             fill[copy.row] += n_rest;
             layout.read(r * su + first, copy.at, n_prompt);
             layout.read(r * su + first + n_prompt, to, n_rest);
         }
-        if layout.rows >= bu {
+        if layout.rows * w >= bu * su {
             return Ok(None);
         }
-        Packing::build(input_ids, layout).map(Some)
+        Packing::build(input_ids, layout, w as i64).map(Some)
     }
 
-    /// The batch packed padding-free: with `prefix` (shared prompts the model may lay once,
-    /// [`crate::CausalLm::packs_shared_prompts`]) as [`Packing::sharing`] packs it where that
-    /// saves a row, else its rows whole ([`Packing::new`]); `None` when neither saves a row.
+    /// The batch packed padding-free: with `prefix` (shared prompts the model may lay once in
+    /// rows `width` wide, [`crate::CausalLm::packs_shared_prompts`]) as [`Packing::sharing`] packs
+    /// it where that saves slots, else its rows whole ([`Packing::new`]); `None` when neither
+    /// saves a row.
     ///
     /// # Shapes
     /// - `input_ids`, `attention_mask`: `[batch, seq]`; `prefix` of the same batch
@@ -193,28 +203,29 @@ impl Packing {
         input_ids: &Tensor,
         attention_mask: &Tensor,
         prefix: Option<&SharedPrefixes>,
+        width: i64,
     ) -> Result<Option<Packing>> {
         if let Some(prefix) = prefix {
-            if let Some(p) = Packing::sharing(input_ids, attention_mask, prefix)? {
+            if let Some(p) = Packing::sharing(input_ids, attention_mask, prefix, width)? {
                 return Ok(Some(p));
             }
         }
         Packing::new(input_ids, attention_mask)
     }
 
-    /// The packed tensors of `layout` on `input_ids`' device.
-    fn build(input_ids: &Tensor, layout: Layout) -> Result<Packing> {
+    /// The packed tensors of `layout` (rows `width` wide) on `input_ids`' device.
+    fn build(input_ids: &Tensor, layout: Layout, width: i64) -> Result<Packing> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
         let (device, rows) = (input_ids.device(), layout.rows as i64);
         let to_device = |v: &[i64]| Tensor::f_from_slice(v).and_then(|t| t.f_to_device(device));
         let flat_ids = input_ids.f_reshape([batch * seq])?.f_index_select(0, &to_device(&layout.ids_from)?)?;
-        let ids = Tensor::f_zeros([rows * seq], (input_ids.kind(), device))?
+        let ids = Tensor::f_zeros([rows * width], (input_ids.kind(), device))?
             .f_index_copy(0, &to_device(&layout.ids_to)?, &flat_ids)?
-            .f_view([rows, seq])?;
+            .f_view([rows, width])?;
         Ok(Packing {
             ids,
-            mask: to_device(&layout.mask)?.f_view([rows, seq])?,
-            positions: to_device(&layout.positions)?.f_view([rows, seq])?,
+            mask: to_device(&layout.mask)?.f_view([rows, width])?,
+            positions: to_device(&layout.positions)?.f_view([rows, width])?,
             batch_slots: to_device(&layout.batch_slots)?,
             packed_slots: to_device(&layout.packed_slots)?,
             batch,
@@ -227,11 +238,16 @@ impl Packing {
         self.ids.size()[0]
     }
 
+    /// The token slots of the packed rows (rows × their width).
+    pub fn slots(&self) -> i64 {
+        self.ids.numel() as i64
+    }
+
     /// The layers' output back in the batch's layout, zeros at its padding (differentiable: the
     /// gradient of the result reaches `hidden` at the real tokens' slots).
     ///
     /// # Shapes
-    /// - `hidden`: `[rows, seq, h]` → `[batch, seq, h]`
+    /// - `hidden`: `[rows, width, h]` → `[batch, seq, h]`
     pub fn unpack(&self, hidden: &Tensor) -> Result<Tensor> {
         let h = hidden.size()[2];
         let real = hidden.f_reshape([-1, h])?.f_index_select(0, &self.packed_slots)?; // [tokens, h]
@@ -287,7 +303,7 @@ mod tests {
         let mask = ids.ne(0).to_kind(Kind::Int64);
         let prefix = SharedPrefixes::find(&ids, &mask, 3).unwrap();
         assert_eq!(prefix.of_row, [0, 1, 0, 0]);
-        let p = Packing::sharing(&ids, &mask, &prefix).unwrap().unwrap();
+        let p = Packing::sharing(&ids, &mask, &prefix, 0).unwrap().unwrap();
         assert_eq!(p.rows(), 3);
         let rows = |t: &Tensor| Vec::<i64>::try_from(t.flatten(0, -1)).unwrap();
         assert_eq!(rows(&p.ids), [11, 12, 13, 14, 15, 0, 21, 22, 23, 24, 25, 0, 11, 12, 16, 17, 18, 0]);

@@ -248,10 +248,10 @@ impl ScalarHeadModel {
             }
             _ => None,
         };
-        let Some(p) = crate::Packing::best(input_ids, attention_mask, prefix.as_ref())? else {
+        let Some(p) = crate::Packing::best(input_ids, attention_mask, prefix.as_ref(), seq)? else {
             return self.values_pass(input_ids, attention_mask, checkpointed);
         };
-        // [rows, seq, h] → [rows, seq, 1] → [batch, seq]
+        // [rows, width, h] → [rows, width, 1] → [batch, seq]
         let values =
             |h: &Tensor| -> Result<Tensor> { Ok(p.unpack(&self.head(h)?.f_unsqueeze(-1)?)?.f_squeeze_dim(-1)?) };
         if checkpointed {

@@ -79,6 +79,11 @@ pub struct DpoTrainConfig {
     /// batch's width as hold them, every sequence attending only to itself — the padded passes'
     /// log-probs and gradients within float rounding.
     pub padding_free: bool,
+    /// With `padding_free`: each pair's prompt laid once, its chosen and rejected answers after
+    /// it each seeing the prompt and itself (and one copy for all pairs of the same prompt), where
+    /// the model attends by the mask alone; the same numbers within float rounding. Off with LoRA
+    /// dropout (a prompt's activations then differ from row to row).
+    pub share_prompts: bool,
 }
 
 impl Default for DpoTrainConfig {
@@ -104,6 +109,7 @@ impl Default for DpoTrainConfig {
             eval_batch_size: c.eval_batch_size,
             gradient_checkpointing: c.gradient_checkpointing,
             padding_free: false,
+            share_prompts: true,
         }
     }
 }

@@ -349,6 +349,7 @@ impl Trainer {
             entropy: true,
             share_prefix: share_prompts,
             pack: t.padding_free,
+            pack_width: 0,
         };
         let models = Models {
             actor: &self.actor,

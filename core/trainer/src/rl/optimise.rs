@@ -421,6 +421,7 @@ pub fn optimise(
         entropy: req.entropy,
         share_prefix: share_prompts,
         pack: cfg.padding_free,
+        pack_width: 0,
     };
     let mut skipped = 0usize;
     // This rank's minibatch metrics (the plugin's, losses, grad norms): averaged over the step's

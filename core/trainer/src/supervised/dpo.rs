@@ -22,6 +22,7 @@ use rlhf_generation::{token_logprobs_pass, LogProbOptions, LogProbPass};
 use rlhf_models::{parse_dtype, CausalLm};
 use tch::{Device, Kind, Tensor};
 
+use super::dpo_batch::{collate, DpoBatch};
 use super::pairs::{build_split_pairs, pair_sets, PairOptions, SplitPair};
 use super::phase::{
     finite, load_splits, lora_error, prepare_run_dir, resolve_model_dir, total_steps, write_summary, Splits,
@@ -142,51 +143,6 @@ pub fn dpo_loss(
     })
 }
 
-/// A padded batch of pairs: chosen rows first, then rejected rows.
-struct DpoBatch {
-    /// `[2B, T]` int64.
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    /// `[2B, T − 1]` f32: 1 where the predicted token (position `t + 1`) is a response token.
-    response_mask: Tensor,
-    /// `[B]` f32: response tokens of the chosen / rejected sides.
-    chosen_lens: Tensor,
-    rejected_lens: Tensor,
-    tokens: usize,
-}
-
-/// # Shapes
-/// - returns `input_ids`, `attention_mask`: `[2B, T]`; `response_mask`: `[2B, T − 1]`; lengths `[B]`
-fn collate(pairs: &[&SplitPair], pad: i64, device: Device) -> Result<DpoBatch> {
-    let b = pairs.len();
-    let t = pairs.iter().map(|p| p.pair.chosen.len().max(p.pair.rejected.len())).max().unwrap_or(2).max(2);
-    let mut ids = vec![pad; 2 * b * t];
-    let mut mask = vec![0i64; 2 * b * t];
-    let mut resp = vec![0f32; 2 * b * (t - 1)];
-    let (mut lens_c, mut lens_r) = (Vec::with_capacity(b), Vec::with_capacity(b));
-    let mut tokens = 0;
-    for (i, p) in pairs.iter().enumerate() {
-        for (row, side, start) in [(i, &p.pair.chosen, p.chosen_start), (b + i, &p.pair.rejected, p.rejected_start)] {
-            ids[row * t..row * t + side.len()].copy_from_slice(side);
-            mask[row * t..row * t + side.len()].iter_mut().for_each(|m| *m = 1);
-            // Target position s is predicted at column s − 1.
-            resp[row * (t - 1) + start - 1..row * (t - 1) + side.len() - 1].iter_mut().for_each(|m| *m = 1.0);
-            tokens += side.len();
-        }
-        lens_c.push((p.pair.chosen.len() - p.chosen_start) as f32);
-        lens_r.push((p.pair.rejected.len() - p.rejected_start) as f32);
-    }
-    let (b2, t) = ((2 * b) as i64, t as i64);
-    Ok(DpoBatch {
-        input_ids: Tensor::f_from_slice(&ids)?.f_view([b2, t])?.f_to_device(device)?,
-        attention_mask: Tensor::f_from_slice(&mask)?.f_view([b2, t])?.f_to_device(device)?,
-        response_mask: Tensor::f_from_slice(&resp)?.f_view([b2, t - 1])?.f_to_device(device)?,
-        chosen_lens: Tensor::f_from_slice(&lens_c)?.f_to_device(device)?,
-        rejected_lens: Tensor::f_from_slice(&lens_r)?.f_to_device(device)?,
-        tokens,
-    })
-}
-
 /// Summed response log-probs of every row, `([B] chosen, [B] rejected)`; padding-free with
 /// `pack` (`train.padding_free`).
 fn response_logps(model: &CausalLm, b: &DpoBatch, pack: bool) -> Result<(Tensor, Tensor)> {
@@ -207,8 +163,13 @@ struct PolicyPass {
 /// (`train.gradient_checkpointing`). With `pack` the rows run without their padding
 /// ([`LogProbOptions::pack`]; each pair's two rows packed whole).
 fn response_logps_pass(model: &CausalLm, b: &DpoBatch, checkpointed: bool, pack: bool) -> Result<PolicyPass> {
-    let opts = LogProbOptions { pack, ..LogProbOptions::default() };
-    let (lp, pass) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, 1, opts, checkpointed)?;
+    let opts = LogProbOptions {
+        pack,
+        share_prefix: b.pack_width.is_some(),
+        pack_width: b.pack_width.unwrap_or(0),
+        ..LogProbOptions::default()
+    };
+    let (lp, pass) = token_logprobs_pass(model, &b.input_ids, &b.attention_mask, b.from, opts, checkpointed)?;
     let sums = lp.logprobs.f_mul(&b.response_mask)?.f_sum_dim_intlist(1, false, Kind::Float)?; // [2B]
     let n = sums.size()[0] / 2;
     Ok(PolicyPass { logps: (sums.f_narrow(0, 0, n)?, sums.f_narrow(0, n, n)?), aux: lp.aux_loss, pass })
@@ -244,22 +205,32 @@ struct DpoTask {
     checkpointing: bool,
     /// `train.padding_free`.
     padding_free: bool,
+    /// Each pair's prompt laid once in the padding-free passes ([`pair_passes`]).
+    share_prompts: bool,
+}
+
+/// The passes' layout: padding-free (`train.padding_free`), and then with each prompt laid once
+/// for the rows that hold it (`train.share_prompts`, unless LoRA dropout makes a prompt's
+/// activations differ from row to row).
+fn pair_passes(cfg: &DpoConfig) -> (bool, bool) {
+    let pack = cfg.train.padding_free;
+    (pack, pack && cfg.train.share_prompts && cfg.model.lora.dropout == 0.0)
 }
 
 /// Summed log-probs of `pairs` under `model`, without gradients, `eval_batch_size` at a time
-/// (padding-free with `pack`).
+/// (padding-free with `pack`, each shared prompt laid once with `share_prompts`).
 fn all_logps(
     model: &CausalLm,
     pairs: &[SplitPair],
     batch_size: usize,
     pad: i64,
-    pack: bool,
+    (pack, share_prompts): (bool, bool),
 ) -> Result<Vec<(f32, f32)>> {
     let mut out = Vec::with_capacity(pairs.len());
     tch::no_grad(|| -> Result<()> {
         for chunk in pairs.chunks(batch_size.max(1)) {
             let refs: Vec<&SplitPair> = chunk.iter().collect();
-            let (c, r) = response_logps(model, &collate(&refs, pad, model.device())?, pack)?;
+            let (c, r) = response_logps(model, &collate(&refs, pad, model.device(), share_prompts)?, pack)?;
             out.extend(Vec::<f32>::try_from(&c)?.into_iter().zip(Vec::<f32>::try_from(&r)?));
         }
         Ok(())
@@ -278,7 +249,7 @@ impl DpoTask {
             Split::Eval => &self.eval,
         };
         let batch: Vec<&SplitPair> = items.iter().map(|&i| &pairs[i]).collect();
-        let b = collate(&batch, self.pad, self.policy.device())?;
+        let b = collate(&batch, self.pad, self.policy.device(), self.share_prompts)?;
         let checkpointed = self.checkpointing && matches!(split, Split::Train);
         let pack = self.padding_free;
         let policy = response_logps_pass(&self.policy, &b, checkpointed, pack)?;
@@ -445,8 +416,8 @@ fn reference_of(
         (_, "precomputed") => {
             policy.set_training(false);
             Reference::Precomputed {
-                train: all_logps(policy, train, batch, pad, cfg.train.padding_free)?,
-                eval: all_logps(policy, eval, batch, pad, cfg.train.padding_free)?,
+                train: all_logps(policy, train, batch, pad, pair_passes(cfg))?,
+                eval: all_logps(policy, eval, batch, pad, pair_passes(cfg))?,
             }
         }
         (_, "policy") if cfg.model.lora.enabled() => Reference::Adapters,
@@ -539,6 +510,7 @@ fn dpo_in(
         eval_batch_size: t.eval_batch_size,
         checkpointing: t.gradient_checkpointing,
         padding_free: cfg.train.padding_free,
+        share_prompts: pair_passes(cfg).1,
     };
     let s = run_phase(&mut task, train_pairs, t, &mut opt, &run, &mut sinks)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));

@@ -4,6 +4,7 @@
 //! Their configuration lives in [`crate::config`], below both this and the RL host.
 
 pub mod dpo;
+mod dpo_batch;
 pub mod pairs;
 pub mod phase;
 pub mod rm;
