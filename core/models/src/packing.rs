@@ -5,7 +5,9 @@
 //! back in the batch's layout. The layers then compute the real tokens only (and the padding at
 //! the end of each packed row); every real token sees the same keys at the same positions as in
 //! the padded batch, so the hidden states are the padded pass's within float rounding (the
-//! GEMMs' shapes change), and so are their gradients.
+//! GEMMs' shapes change), and so are their gradients. With shared prompts
+//! ([`Packing::sharing`]) a prompt is laid once and its rows after it, in packed rows that may be
+//! wider than the batch's so that one copy serves more of them.
 
 use std::collections::HashMap;
 
@@ -153,8 +155,9 @@ impl Packing {
     ) -> Result<Option<Packing>> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
         let real = real_tokens(attention_mask)?;
-        let (su, bu, width, w) = (seq as usize, batch as usize, prefix.len as usize, width.max(seq) as usize);
-        if prefix.of_row.len() != bu || width > su {
+        // Batch slots count in rows of `su`, packed slots in rows of `w`.
+        let (su, bu, cols, w) = (seq as usize, batch as usize, prefix.len as usize, width.max(seq) as usize);
+        if prefix.of_row.len() != bu || cols > su {
             return Ok(None);
         }
         let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
@@ -162,7 +165,7 @@ impl Packing {
         for r in 0..bu {
             let row = &real[r * su..(r + 1) * su];
             let Some((first, n)) = real_span(row) else { return Ok(None) };
-            let n_prompt = row[..width].iter().filter(|&&x| x).count();
+            let n_prompt = row[..cols].iter().filter(|&&x| x).count();
             let n_rest = n - n_prompt;
             let group = copies.entry(prefix.of_row[r]).or_default();
             let c = match group.iter().position(|c| fill[c.row] + n_rest <= w) {
