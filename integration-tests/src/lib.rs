@@ -156,9 +156,10 @@ pub fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("read json")).expect("parse json")
 }
 
-/// A TCP port nobody listens on right now (bound on 127.0.0.1:0, then released).
+/// A TCP port nobody listens on right now, below the OS's ephemeral range, as `rlhf train
+/// --nproc` picks its rendezvous port ([`rlhf_collective::free_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
+    rlhf_collective::free_port().expect("a free port on 127.0.0.1")
 }
 
 /// Whether a metric measures the machine (time, memory), not the training: runs that train the

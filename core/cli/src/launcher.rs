@@ -128,11 +128,6 @@ fn shared_env(
     Ok(SharedEnv { vars, master, omp_threads })
 }
 
-/// A port nobody listens on now (the OS's pick for 127.0.0.1:0); rank 0 binds it moments later.
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
-}
-
 /// Starts `nproc` (2 or more) ranks of this executable and waits for them; see the module docs.
 pub fn launch(nproc: usize) -> anyhow::Result<()> {
     anyhow::ensure!(nproc >= 2, "--nproc {nproc}: the launcher starts 2 or more ranks");
@@ -140,7 +135,7 @@ pub fn launch(nproc: usize) -> anyhow::Result<()> {
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     let args = strip_nproc(&argv);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let env = shared_env(nproc, env_var, cores, free_port)?;
+    let env = shared_env(nproc, env_var, cores, rlhf_collective::free_port)?;
     if let Some(t) = env.omp_threads {
         tracing::info!("OMP_NUM_THREADS={t} for each of the {nproc} ranks ({cores} cores; set it to choose)");
     }

@@ -1,6 +1,7 @@
 //! The launcher's environment, as torchrun (and `rlhf train --nproc`) set it: `RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, and `TORCHELASTIC_USE_AGENT_STORE`
-//! (the elastic agent already hosts the TCPStore, so every rank connects as a client).
+//! (the elastic agent already hosts the TCPStore, so every rank connects as a client); and a free
+//! port for `MASTER_PORT` where the launcher picks one ([`free_port`]).
 
 use crate::error::{CollectiveError, Result};
 
@@ -83,6 +84,41 @@ impl Launch {
     }
 }
 
+/// A port nobody listens on now; rank 0 binds it moments later. It is taken below the OS's
+/// ephemeral range (`ip_local_port_range`): the OS hands ports from that range to every outgoing
+/// connection and every listener that asks for port 0 — gloo's among them — so a port picked from
+/// it can go to another process between this check and rank 0's bind. The OS's own pick where that
+/// range is unknown or leaves too little room below it.
+pub fn free_port() -> std::io::Result<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let seed = u64::from(std::process::id())
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let below = ephemeral_floor(&range).map(|low| candidate_ports(low, seed)).unwrap_or_default();
+    for port in below {
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l.local_addr()?.port());
+        }
+    }
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+/// The first port of the OS's ephemeral range, from `ip_local_port_range` ("32768\t60999").
+fn ephemeral_floor(range: &str) -> Option<u16> {
+    range.split_whitespace().next()?.parse().ok()
+}
+
+/// Up to 64 distinct ports from `[20000, low)` (below the ephemeral range starting at `low`),
+/// from a point `seed` draws on; none where that span is under 1000 ports.
+fn candidate_ports(low: u16, seed: u64) -> Vec<u16> {
+    const FLOOR: u16 = 20000;
+    if low < FLOOR + 1000 {
+        return Vec::new();
+    }
+    let span = u64::from(low - FLOOR);
+    // A prime stride spreads the tries over the span (distinct unless the span is a multiple of it).
+    (0..64u64).map(|i| FLOOR + ((seed.wrapping_add(i * 7919)) % span) as u16).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +161,24 @@ mod tests {
         assert!(msg(&[("RANK", "0"), ("WORLD_SIZE", "2")]).contains("MASTER_ADDR"));
         let bad_port = [("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000")];
         assert!(msg(&bad_port).contains("MASTER_PORT=\"70000\""));
+    }
+
+    /// The rendezvous port comes from below the ephemeral range: Linux's default range starts at
+    /// 32768, so every try lies in [20000, 32768), all different; a range starting under 21000
+    /// leaves the OS's pick; and the port found is free to bind.
+    #[test]
+    fn the_rendezvous_port_is_below_the_ephemeral_range() {
+        assert_eq!(ephemeral_floor("32768\t60999\n"), Some(32768));
+        assert_eq!(ephemeral_floor(""), None);
+        for seed in [0, 1, u64::MAX, 123_456_789] {
+            let ports = candidate_ports(32768, seed);
+            assert_eq!(ports.len(), 64);
+            assert!(ports.iter().all(|&p| (20000..32768).contains(&p)), "{ports:?}");
+            let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+            assert_eq!(distinct.len(), 64);
+        }
+        assert!(candidate_ports(20500, 7).is_empty());
+        let port = free_port().unwrap();
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 
 pub use error::{CollectiveError, Result};
-pub use launch::Launch;
+pub use launch::{free_port, Launch};
 
 /// A reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

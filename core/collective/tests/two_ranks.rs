@@ -11,7 +11,7 @@ use tch::{Kind, Tensor};
 const CHILD: &str = "RLHF_COLLECTIVE_TEST_CHILD";
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    rlhf_collective::free_port().unwrap()
 }
 
 /// Runs test `name` of this binary as 2 ranks; returns each rank's (success, output).
