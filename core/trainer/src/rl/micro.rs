@@ -18,7 +18,7 @@
 //! fewer tokens, each micro-batch's prompts counted once. The budget still counts every row's
 //! prompt: a micro-batch never holds more than it did.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rlhf_collective::World;
 use tch::{Device, Kind, Tensor};
@@ -130,7 +130,7 @@ impl Groups {
     /// The tokens a micro-batch of `rows` computes with each of its groups' prompts laid once:
     /// its real tokens less `(k − 1) ·` the prompt of each group it holds `k` rows of.
     fn computed(&self, rows: &[i64], lengths: &[i64]) -> i64 {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         rows.iter()
             .map(|&r| {
                 let r = r as usize;
@@ -236,13 +236,7 @@ fn fill(rows: &[i64], lengths: &[i64], budget: i64) -> Vec<Vec<i64>> {
             }
         }
     }
-    parts
-        .into_iter()
-        .map(|mut p| {
-            p.sort_unstable();
-            p.into_iter().map(|i| rows[i]).collect()
-        })
-        .collect()
+    in_order(rows, parts)
 }
 
 /// `rows` in at least `n` bins of at most `budget` tokens each (LPT: longest row first, each to
@@ -267,16 +261,20 @@ pub(crate) fn split(rows: &[i64], lengths: &[i64], budget: i64, n: usize) -> Vec
         }
         // A bin over the budget is fine only when it holds a single row.
         if n >= rows.len() || bins.iter().zip(&load).all(|(b, &l)| l <= budget || b.len() == 1) {
-            return bins
-                .into_iter()
-                .map(|mut b| {
-                    b.sort_unstable();
-                    b.into_iter().map(|i| rows[i]).collect()
-                })
-                .collect();
+            return in_order(rows, bins);
         }
         n += 1;
     }
+}
+
+/// Bins of positions in `rows` as bins of rows, each in `rows`' order.
+fn in_order(rows: &[i64], bins: Vec<Vec<usize>>) -> Vec<Vec<i64>> {
+    bins.into_iter()
+        .map(|mut b| {
+            b.sort_unstable();
+            b.into_iter().map(|i| rows[i]).collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]
