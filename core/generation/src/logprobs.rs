@@ -12,7 +12,7 @@
 
 use tch::{Kind, Tensor};
 
-use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, Packing, SharedPrefixes, Visual};
+use rlhf_models::{position_ids_from_mask, CausalLm, Checkpointed, Images, Packing, PassCost, SharedPrefixes, Visual};
 
 use crate::error::{GenerationError, Result};
 
@@ -30,11 +30,13 @@ pub struct LogProbOptions {
     /// Run the layers padding-free ([`rlhf_models::packing`]): the rows without their padding, packed
     /// into as few rows as hold them — with `share_prefix`, each shared prompt laid once in a
     /// packed row and its rows' completions after it, where the model allows
-    /// ([`Packing::sharing`]). Equal to the plain pass within float rounding; the layout of the
-    /// fewest token slots runs (packed, shared prefix, or plain). Passes with images are not packed.
+    /// ([`Packing::sharing`]), in rows as wide as pays ([`Packing::cheapest`]). Equal to the plain
+    /// pass within float rounding; the layout of the fewest forward FLOPs runs (packed, shared
+    /// prefix, or plain: [`rlhf_models::PassCost`]). Passes with images are not packed.
     pub pack: bool,
-    /// The packed rows' width when shared prompts are laid once: 0 for the batch's own, wider to
-    /// hold more of a prompt's rows after one copy of it (DPO's chosen and rejected answers).
+    /// The packed rows' least width when shared prompts are laid once: 0 for the batch's own,
+    /// wider to hold at least so many of a prompt's rows after one copy of it (DPO's chosen and
+    /// rejected answers). Wider rows still are tried where they cost less ([`Packing::cheapest`]).
     pub pack_width: i64,
 }
 
@@ -392,12 +394,12 @@ enum Layout {
     Plain,
 }
 
-/// The layout of the fewest token slots through the layers among those `opts` allow: the rows
-/// packed padding-free, with each shared prompt laid once per packed row where the model attends
-/// by the mask alone ([`CausalLm::packs_shared_prompts`]) or else whole (`rows × seq` slots);
-/// each shared prompt computed once and the rest of every row on top (`prompts × from + batch ×
-/// (seq − from)`); the rows as they are (`batch × seq`). Packing wins a tie. All compute the
-/// same numbers within float rounding.
+/// The layout of the fewest forward FLOPs through the layers ([`PassCost`]) among those `opts`
+/// allow: the rows packed padding-free ([`Packing::cheapest`]: each shared prompt laid once per
+/// packed row where the model attends by the mask alone, [`CausalLm::packs_shared_prompts`], in
+/// rows as wide as pays, else the rows whole); each shared prompt computed once and the rest of
+/// every row on top; the rows as they are. Packing wins a tie. All compute the same numbers within
+/// float rounding.
 fn layout(
     model: &CausalLm,
     input_ids: &Tensor,
@@ -410,28 +412,35 @@ fn layout(
         true => Some(SharedPrefixes::find(input_ids, attention_mask, from)?).filter(SharedPrefixes::any_shared),
         false => None,
     };
-    let width = opts.pack_width.max(seq);
+    let cost = PassCost::of(model.arch());
     let packed = match opts.pack {
-        true => Packing::best(
-            input_ids,
-            attention_mask,
-            prefix.as_ref().filter(|_| model.packs_shared_prompts(width)),
-            width,
-        )?,
+        true => {
+            let shares = |width: i64| model.packs_shared_prompts(width);
+            Packing::cheapest(input_ids, attention_mask, prefix.as_ref(), opts.pack_width, &shares, cost)?
+        }
         false => None,
     };
-    let prefix_slots = prefix.as_ref().map(|p| p.first.len() as i64 * from + batch * (seq - from));
+    let packed_cost = packed.as_ref().map(|p| cost.rows(p.rows(), p.width()));
+    let prefix_cost = prefix.as_ref().map(|p| cost.shared_prefix(p.first.len() as i64, from, batch, seq));
     tracing::debug!(
-        "log-prob pass of {batch} rows × {seq}: packed {}, shared prompts {:?} slots, padded {} slots",
-        packed.as_ref().map_or("None".to_string(), |p| format!("Some({} rows × {})", p.rows(), p.slots() / p.rows())),
-        prefix_slots,
-        batch * seq
+        "log-prob pass of {batch} rows × {seq}: packed {} ({}), shared prompts {:?} slots ({}), padded {} slots ({})",
+        packed.as_ref().map_or("None".to_string(), |p| format!("Some({} rows × {})", p.rows(), p.width())),
+        gflops(packed_cost),
+        prefix.as_ref().map(|p| p.first.len() as i64 * from + batch * (seq - from)),
+        gflops(prefix_cost),
+        batch * seq,
+        gflops(Some(cost.rows(batch, seq)))
     );
     Ok(match (packed, prefix) {
-        (Some(p), _) if prefix_slots.is_none_or(|slots| p.slots() <= slots) => Layout::Packed(p),
+        (Some(p), _) if prefix_cost.is_none_or(|c| cost.rows(p.rows(), p.width()) <= c) => Layout::Packed(p),
         (_, Some(prefix)) => Layout::Prefix(prefix),
         _ => Layout::Plain,
     })
+}
+
+/// A layout's forward cost for the debug log: `"1.234 GFLOP"`, or `"-"`.
+fn gflops(cost: Option<f64>) -> String {
+    cost.map_or("-".into(), |c| format!("{:.3} GFLOP", c / 1e9))
 }
 
 /// The ids from position `from − 1` on, aligned with the hidden states a shared-prefix pass

@@ -10,7 +10,7 @@ mod grads;
 use grads::{assert_same_grads, fixture, take_grads};
 
 use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions, TokenLogProbs};
-use rlhf_models::{CausalLm, Packing, ScalarHeadModel, SharedPrefixes};
+use rlhf_models::{CausalLm, Packing, PassCost, ScalarHeadModel, SharedPrefixes};
 use tch::{Device, Kind, Tensor};
 
 /// Rows as the trainer lays them out: each prompt left-padded to `prompt_width` columns, each
@@ -129,19 +129,27 @@ fn shared_prompts_pack_into_fewer_rows() {
     let wide = Packing::sharing(&ids, &mask, &prefix, 20).unwrap().unwrap();
     assert_eq!((wide.rows(), wide.slots()), (2, 40));
     assert!(Packing::sharing(&ids, &mask, &prefix, 30).unwrap().is_some_and(|p| p.slots() == 30));
+    // What the passes run on the fixture: rows of 11, the widest prompt with all its rows, each
+    // prompt's rows laid a prompt at a time (in the rows' order the second prompt's would take a
+    // third row: A + 2 + B + 2 + 1 | B + 6 + 1 | A + 3).
+    let m = CausalLm::from_dir(&fixture("llama"), Device::Cpu, Kind::Float).unwrap();
+    let cost = PassCost::of(m.arch());
+    let p = Packing::cheapest(&ids, &mask, Some(&prefix), 0, &|_| true, cost).unwrap().unwrap();
+    assert_eq!((p.rows(), p.width()), (2, 11));
 }
 
-/// Packed rows wider than the batch's hold a prompt and all its rows: the passes (the packed
-/// layout's 40 slots against 44 for the shared prompts padded, so it is the one that runs) equal
-/// the padded pass's too.
+/// Packed rows at least 20 wide (as DPO asks for) hold a prompt and all its rows: the passes
+/// (the packed layout's 40 slots against 44 for the shared prompts padded, the cheaper on the
+/// fixtures, so it is the one that runs) equal the padded pass's too.
 #[test]
 fn wide_packed_rows_with_shared_prompts_equal_the_padded_pass() {
     let (ids, mask) = grouped_batch();
     assert_packed_passes_equal_padded(&ids, &mask, 4, true, 20);
 }
 
-/// With shared prompts laid once per packed row (the fewest slots here, so the layout that runs)
-/// every pass computes the padded pass's log-probs, entropy and gradients.
+/// With shared prompts laid once per packed row every pass computes the padded pass's log-probs,
+/// entropy and gradients. The cheapest layout here is two rows of 11, each prompt with all its
+/// rows after it (22 slots, against 30 in rows of the batch's width 10).
 #[test]
 fn packed_shared_prompts_equal_the_padded_passes_in_values_and_gradients() {
     let (ids, mask) = grouped_batch();

@@ -7,7 +7,8 @@
 //! the padded batch, so the hidden states are the padded pass's within float rounding (the
 //! GEMMs' shapes change), and so are their gradients. With shared prompts
 //! ([`Packing::sharing`]) a prompt is laid once and its rows after it, in packed rows that may be
-//! wider than the batch's so that one copy serves more of them.
+//! wider than the batch's so that one copy serves more of them ([`Packing::cheapest`] picks the
+//! layout and width of the fewest forward FLOPs, [`crate::PassCost`]).
 
 use std::collections::HashMap;
 
@@ -15,6 +16,7 @@ use tch::{Device, Tensor};
 
 use crate::error::Result;
 use crate::layers::{branch_segment, position_ids_from_mask};
+use crate::pass_cost::PassCost;
 use crate::prefix::SharedPrefixes;
 
 /// A batch packed into fewer token slots: rows of its width, or wider ones with shared prompts.
@@ -111,24 +113,14 @@ impl Packing {
     pub fn new(input_ids: &Tensor, attention_mask: &Tensor) -> Result<Option<Packing>> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
         let real = real_tokens(attention_mask)?;
-        let (su, bu) = (seq as usize, batch as usize);
-        let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
-        for r in 0..bu {
-            let Some((first, n)) = real_span(&real[r * su..(r + 1) * su]) else { return Ok(None) };
-            let p = layout.fit(&mut fill, n, su);
-            segments.resize(layout.rows, 0);
-            segments[p] += 1;
-            let (from, to) = (r * su + first, p * su + fill[p]);
-            layout.place(from, to, n, segments[p], 0);
-            layout.read(from, to, n);
-            fill[p] += n;
-        }
-        if layout.rows >= bu {
-            return Ok(None);
-        }
-        let mut packing = Packing::build(input_ids, layout, seq)?;
+        plan_whole(&real, batch as usize, seq as usize).map(|l| Packing::whole(input_ids, l)).transpose()
+    }
+
+    /// [`Packing::build`] of rows of the batch's width, each segment's positions from 0.
+    fn whole(input_ids: &Tensor, layout: Layout) -> Result<Packing> {
+        let mut packing = Packing::build(input_ids, layout, input_ids.size()[1])?;
         packing.positions = position_ids_from_mask(&packing.mask)?;
-        Ok(Some(packing))
+        Ok(packing)
     }
 
     /// The batch's rows packed with their shared prompts laid once: a prompt (the first
@@ -136,8 +128,9 @@ impl Packing {
     /// rest of each row that holds it after it as a branch ([`branch_segment`]) that sees the
     /// prompt and itself at the positions it has in its row — Prefix Grouper's shared-prefix
     /// forward, padding-free. A row goes after a copy of its prompt with room for it, else into
-    /// the first packed row with room for the prompt and it (a new copy). `None` when that saves
-    /// no row or a row's real tokens are not contiguous. The model must attend by the mask alone:
+    /// the first packed row with room for the prompt and it (a new copy) — the rows in their order
+    /// or a prompt at a time, whichever takes fewer packed rows. `None` when a row's real tokens
+    /// are not contiguous. The model must attend by the mask alone:
     /// no sliding window narrower than the width and no linear attention (a branch's keys do not
     /// follow its prompt's slot for slot, and a recurrence would run through the siblings).
     /// The packed rows are `width` slots wide (at least `seq`: wider rows hold more of a prompt's
@@ -155,65 +148,60 @@ impl Packing {
     ) -> Result<Option<Packing>> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
         let real = real_tokens(attention_mask)?;
-        // Batch slots count in rows of `su`, packed slots in rows of `w`.
-        let (su, bu, cols, w) = (seq as usize, batch as usize, prefix.len as usize, width.max(seq) as usize);
-        if prefix.of_row.len() != bu || cols > su {
-            return Ok(None);
-        }
-        let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
-        let mut copies: HashMap<i64, Vec<PromptCopy>> = HashMap::new();
-        for r in 0..bu {
-            let row = &real[r * su..(r + 1) * su];
-            let Some((first, n)) = real_span(row) else { return Ok(None) };
-            let n_prompt = row[..cols].iter().filter(|&&x| x).count();
-            let n_rest = n - n_prompt;
-            let group = copies.entry(prefix.of_row[r]).or_default();
-            let c = match group.iter().position(|c| fill[c.row] + n_rest <= w) {
-                Some(c) => c,
-                None => {
-                    let p = layout.fit(&mut fill, n_prompt + n_rest, w);
-                    segments.resize(layout.rows, 0);
-                    segments[p] += 1;
-                    let at = p * w + fill[p];
-                    layout.place(r * su + first, at, n_prompt, segments[p], 0);
-                    fill[p] += n_prompt;
-                    group.push(PromptCopy { row: p, at, segment: segments[p], branches: 0 });
-                    group.len() - 1
-                }
-            };
-            let copy = &mut group[c];
-            copy.branches += 1;
-            let to = copy.row * w + fill[copy.row];
-            layout.place(r * su + first + n_prompt, to, n_rest, branch_segment(copy.segment, copy.branches), n_prompt);
-            fill[copy.row] += n_rest;
-            layout.read(r * su + first, copy.at, n_prompt);
-            layout.read(r * su + first + n_prompt, to, n_rest);
-        }
-        if layout.rows * w >= bu * su {
-            return Ok(None);
-        }
-        Packing::build(input_ids, layout, w as i64).map(Some)
+        let w = width.max(seq);
+        let layout = plan_sharing(&real, batch as usize, seq as usize, prefix, w as usize);
+        layout.map(|l| Packing::build(input_ids, l, w)).transpose()
     }
 
-    /// The batch packed padding-free: with `prefix` (shared prompts the model may lay once in
-    /// rows `width` wide, [`crate::CausalLm::packs_shared_prompts`]) as [`Packing::sharing`] packs
-    /// it where that saves slots, else its rows whole ([`Packing::new`]); `None` when neither
-    /// saves a row.
+    /// The batch packed padding-free at the fewest forward FLOPs ([`PassCost`]): its rows whole
+    /// in rows of its width ([`Packing::new`]) or, with `prefix`, its shared prompts laid once
+    /// ([`Packing::sharing`]) in rows `min_width` wide (at least the batch's) or wider, where
+    /// `shares(width)` says the model attends by the mask alone in rows that wide
+    /// ([`crate::CausalLm::packs_shared_prompts`]). The wider widths tried put more of a prompt's
+    /// rows after one copy of it: `⌈W / k⌉` for `k` = 1 … 8, `W` the widest prompt with all its
+    /// rows' tokens after it; a wider packing is kept only where its rows hold no more query-key
+    /// pairs than the padded batch (`rows · width² ≤ batch · seq²`: its attention mask is no
+    /// larger, nor its attention's work). Sharing wins a tie, and a narrower width. `None` when no
+    /// packing has fewer slots than the batch. Reads the mask back to the host once.
     ///
     /// # Shapes
-    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `prefix` of the same batch
-    pub fn best(
+    /// - `input_ids`, `attention_mask`: `[batch, seq]`; `prefix` of the same batch; returns rows
+    ///   of at least `max(min_width, seq)`
+    pub fn cheapest(
         input_ids: &Tensor,
         attention_mask: &Tensor,
         prefix: Option<&SharedPrefixes>,
-        width: i64,
+        min_width: i64,
+        shares: &dyn Fn(i64) -> bool,
+        cost: PassCost,
     ) -> Result<Option<Packing>> {
-        if let Some(prefix) = prefix {
-            if let Some(p) = Packing::sharing(input_ids, attention_mask, prefix, width)? {
-                return Ok(Some(p));
+        let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
+        let (bu, su) = (batch as usize, seq as usize);
+        let real = real_tokens(attention_mask)?;
+        let base = min_width.max(seq);
+        let mut best: Option<(f64, Layout, i64)> = None;
+        if let Some(prefix) = prefix.filter(|_| shares(base)) {
+            for w in shared_widths(&real, bu, su, prefix, base) {
+                if w > base && !shares(w) {
+                    continue;
+                }
+                let Some(layout) = plan_sharing(&real, bu, su, prefix, w as usize) else { continue };
+                let rows = layout.rows as i64;
+                if w > base && rows * w * w > batch * seq * seq {
+                    continue;
+                }
+                let c = cost.rows(rows, w);
+                if best.as_ref().is_none_or(|(b, _, _)| c < *b) {
+                    best = Some((c, layout, w));
+                }
             }
         }
-        Packing::new(input_ids, attention_mask)
+        if let Some(layout) = plan_whole(&real, bu, su) {
+            if best.as_ref().is_none_or(|(b, _, _)| cost.rows(layout.rows as i64, seq) < *b) {
+                return Packing::whole(input_ids, layout).map(Some);
+            }
+        }
+        best.map(|(_, layout, w)| Packing::build(input_ids, layout, w)).transpose()
     }
 
     /// The packed tensors of `layout` (rows `width` wide) on `input_ids`' device.
@@ -246,6 +234,11 @@ impl Packing {
         self.ids.numel() as i64
     }
 
+    /// The packed rows' width.
+    pub fn width(&self) -> i64 {
+        self.ids.size()[1]
+    }
+
     /// The layers' output back in the batch's layout, zeros at its padding (differentiable: the
     /// gradient of the result reaches `hidden` at the real tokens' slots).
     ///
@@ -257,6 +250,119 @@ impl Packing {
         let out = Tensor::f_zeros([self.batch * self.seq, h], (hidden.kind(), hidden.device()))?;
         Ok(out.f_index_copy(0, &self.batch_slots, &real)?.f_view([self.batch, self.seq, h])?)
     }
+}
+
+/// [`Packing::new`]'s layout on the host: the rows first-fit in rows of the batch's width.
+/// `None` when that saves no row or a row's real tokens are not contiguous.
+///
+/// # Shapes
+/// - `real`: `[batch · seq]`, row after row
+fn plan_whole(real: &[bool], batch: usize, seq: usize) -> Option<Layout> {
+    let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
+    for r in 0..batch {
+        let (first, n) = real_span(&real[r * seq..(r + 1) * seq])?;
+        let p = layout.fit(&mut fill, n, seq);
+        segments.resize(layout.rows, 0);
+        segments[p] += 1;
+        let (from, to) = (r * seq + first, p * seq + fill[p]);
+        layout.place(from, to, n, segments[p], 0);
+        layout.read(from, to, n);
+        fill[p] += n;
+    }
+    (layout.rows < batch).then_some(layout)
+}
+
+/// [`Packing::sharing`]'s layout on the host, in rows of `w` (at least `seq`), first-fit: the
+/// rows in their order, or a prompt at a time (in the order the prompts first appear, each
+/// prompt's rows longest first, so that its copies fill before another prompt comes between
+/// them), whichever takes fewer packed rows (the rows' order on a tie). `None` when it holds no
+/// fewer slots than the batch or a row's real tokens are not contiguous.
+///
+/// # Shapes
+/// - `real`: `[batch · seq]`, row after row
+fn plan_sharing(real: &[bool], batch: usize, seq: usize, prefix: &SharedPrefixes, w: usize) -> Option<Layout> {
+    let cols = prefix.len as usize;
+    if prefix.of_row.len() != batch || cols > seq {
+        return None;
+    }
+    // Each row's first real column, real tokens and real tokens in the prompt's columns.
+    let mut spans = Vec::with_capacity(batch);
+    for r in 0..batch {
+        let row = &real[r * seq..(r + 1) * seq];
+        let (first, n) = real_span(row)?;
+        spans.push(Span { first, n, n_prompt: row[..cols].iter().filter(|&&x| x).count() });
+    }
+    let in_order: Vec<usize> = (0..batch).collect();
+    let mut by_prompt = in_order.clone();
+    by_prompt.sort_by_key(|&r| (prefix.of_row[r], std::cmp::Reverse(spans[r].n - spans[r].n_prompt), r));
+    let (a, b) = (lay_shared(&spans, seq, prefix, w, &in_order), lay_shared(&spans, seq, prefix, w, &by_prompt));
+    let layout = if b.rows < a.rows { b } else { a };
+    (layout.rows * w < batch * seq).then_some(layout)
+}
+
+/// A batch row's real tokens: its first real column, their count, and how many of them are in
+/// the prompt's columns.
+struct Span {
+    first: usize,
+    n: usize,
+    n_prompt: usize,
+}
+
+/// The rows `order` lays first-fit in rows of `w`, each prompt once per packed row that holds
+/// rows of it ([`plan_sharing`]).
+fn lay_shared(spans: &[Span], seq: usize, prefix: &SharedPrefixes, w: usize, order: &[usize]) -> Layout {
+    // Batch slots count in rows of `seq`, packed slots in rows of `w`.
+    let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
+    let mut copies: HashMap<i64, Vec<PromptCopy>> = HashMap::new();
+    for &r in order {
+        let Span { first, n, n_prompt } = spans[r];
+        let n_rest = n - n_prompt;
+        let group = copies.entry(prefix.of_row[r]).or_default();
+        let c = match group.iter().position(|c| fill[c.row] + n_rest <= w) {
+            Some(c) => c,
+            None => {
+                let p = layout.fit(&mut fill, n_prompt + n_rest, w);
+                segments.resize(layout.rows, 0);
+                segments[p] += 1;
+                let at = p * w + fill[p];
+                layout.place(r * seq + first, at, n_prompt, segments[p], 0);
+                fill[p] += n_prompt;
+                group.push(PromptCopy { row: p, at, segment: segments[p], branches: 0 });
+                group.len() - 1
+            }
+        };
+        let copy = &mut group[c];
+        copy.branches += 1;
+        let to = copy.row * w + fill[copy.row];
+        layout.place(r * seq + first + n_prompt, to, n_rest, branch_segment(copy.segment, copy.branches), n_prompt);
+        fill[copy.row] += n_rest;
+        layout.read(r * seq + first, copy.at, n_prompt);
+        layout.read(r * seq + first + n_prompt, to, n_rest);
+    }
+    layout
+}
+
+/// The widths [`Packing::cheapest`] tries with shared prompts, narrowest first: `base`, and
+/// `⌈W / k⌉` above it for `k` = 1 … 8, where `W` is the widest of the prompts with all their
+/// rows' tokens after one copy (a prompt's real tokens plus the rest of each of its rows).
+///
+/// # Shapes
+/// - `real`: `[batch · seq]`, row after row
+fn shared_widths(real: &[bool], batch: usize, seq: usize, prefix: &SharedPrefixes, base: i64) -> Vec<i64> {
+    let cols = (prefix.len as usize).min(seq);
+    let mut groups: HashMap<i64, i64> = HashMap::new();
+    for (r, &p) in prefix.of_row.iter().enumerate().take(batch) {
+        let row = &real[r * seq..(r + 1) * seq];
+        let (n_prompt, n) = (row[..cols].iter().filter(|&&x| x).count(), row.iter().filter(|&&x| x).count());
+        let w = groups.entry(p).or_insert(n_prompt as i64);
+        *w += (n - n_prompt) as i64;
+    }
+    let widest = groups.values().copied().max().unwrap_or(0);
+    let mut widths: Vec<i64> = (1..=8).map(|k| (widest + k - 1) / k).filter(|&w| w > base).collect();
+    widths.push(base);
+    widths.sort_unstable();
+    widths.dedup();
+    widths
 }
 
 /// Whether each token of `attention_mask` is real, row after row, on the host.
@@ -290,12 +396,9 @@ mod tests {
         assert_eq!(back, ids.to_kind(Kind::Float));
     }
 
-    /// Two prompts, the first held by rows 0, 2 and 3, the second by row 1: the first is laid
-    /// once for rows 0 and 2 and again for row 3 (no room left beside them), its rows' rests
-    /// follow as branches at the positions they have in their rows, and the layers' output of a
-    /// prompt's slots goes back to every row that holds it.
-    #[test]
-    fn shared_prompts_are_laid_once_per_packed_row() {
+    /// Four rows of 6 under a prompt of 3 columns: rows 0, 2 and 3 share one prompt (2 real
+    /// tokens) with 2, 1 and 3 tokens after it, row 1 holds another (3 tokens) with 2 after it.
+    fn two_prompts() -> (Tensor, Tensor, SharedPrefixes) {
         let ids = Tensor::from_slice(&[
             0i64, 11, 12, 13, 14, 0, //
             21, 22, 23, 24, 25, 0, //
@@ -305,6 +408,17 @@ mod tests {
         .view([4, 6]);
         let mask = ids.ne(0).to_kind(Kind::Int64);
         let prefix = SharedPrefixes::find(&ids, &mask, 3).unwrap();
+        (ids, mask, prefix)
+    }
+
+    /// Two prompts, the first held by rows 0, 2 and 3, the second by row 1: the first is laid
+    /// once for rows 0 and 2 and again for row 3 (no room left beside them), its rows' rests
+    /// follow as branches at the positions they have in their rows, and the layers' output of a
+    /// prompt's slots goes back to every row that holds it. A prompt at a time (rows 3, 0, 2, 1)
+    /// takes three packed rows too, so the rows' order is kept.
+    #[test]
+    fn shared_prompts_are_laid_once_per_packed_row() {
+        let (ids, mask, prefix) = two_prompts();
         assert_eq!(prefix.of_row, [0, 1, 0, 0]);
         let p = Packing::sharing(&ids, &mask, &prefix, 0).unwrap().unwrap();
         assert_eq!(p.rows(), 3);
@@ -319,6 +433,44 @@ mod tests {
         let hidden = Tensor::zeros([3, 6, 1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         p.unpack(&hidden).unwrap().sum(Kind::Float).backward();
         assert_eq!(rows(&hidden.grad().to_kind(Kind::Int64)), [2, 2, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0]);
+    }
+
+    /// The cheapest packing of the batch above (one prompt under rows 0, 2 and 3 with 2 + 1 + 3
+    /// tokens after it, another under row 1): rows of its width 6 take three rows (18 slots, 108
+    /// query-key pairs); rows of 8, the first prompt with all its rows in one, take two (16 slots,
+    /// 128 pairs, within the padded batch's 144). Which one runs depends on what a pair costs
+    /// beside a slot; on a tie the narrower. Rows packed whole save nothing here.
+    #[test]
+    fn the_cheapest_width_by_flops() {
+        let (ids, mask, prefix) = two_prompts();
+        let all = |_: i64| true;
+        let width = |per_pair: f64| {
+            let cost = PassCost { per_slot: 10.0, per_pair };
+            let p = Packing::cheapest(&ids, &mask, Some(&prefix), 0, &all, cost).unwrap().unwrap();
+            (p.rows(), p.width())
+        };
+        assert_eq!(width(0.0), (2, 8)); // 160 against 180
+        assert_eq!(width(1.0), (3, 6)); // 288 each
+        assert_eq!(width(1.5), (3, 6)); // 342 against 352
+                                        // A model that cannot lay prompts once in rows of 8 gets rows of 6.
+        let narrow = |w: i64| w <= 6;
+        let cost = PassCost { per_slot: 10.0, per_pair: 0.0 };
+        let p = Packing::cheapest(&ids, &mask, Some(&prefix), 0, &narrow, cost).unwrap().unwrap();
+        assert_eq!((p.rows(), p.width()), (3, 6));
+        assert!(Packing::cheapest(&ids, &mask, None, 0, &all, cost).unwrap().is_none());
+    }
+
+    /// Four rows of one prompt token and three more fill their width: one row of 13 or two of 7
+    /// would hold them in fewer slots, but with more query-key pairs than the batch's 4 × 4²
+    /// (169 and 98 against 64), so nothing is packed.
+    #[test]
+    fn wider_rows_never_hold_more_pairs_than_the_batch() {
+        let ids = Tensor::from_slice(&[1i64, 2, 3, 4, 1, 5, 6, 7, 1, 8, 9, 10, 1, 11, 12, 13]).view([4, 4]);
+        let mask = ids.ones_like();
+        let prefix = SharedPrefixes::find(&ids, &mask, 1).unwrap();
+        let cost = PassCost { per_slot: 10.0, per_pair: 0.0 };
+        assert!(Packing::cheapest(&ids, &mask, Some(&prefix), 0, &|_| true, cost).unwrap().is_none());
+        assert_eq!(Packing::sharing(&ids, &mask, &prefix, 13).unwrap().unwrap().slots(), 13);
     }
 
     /// A batch whose rows fill their width saves nothing, and a row with a gap would change its

@@ -248,7 +248,9 @@ impl ScalarHeadModel {
             }
             _ => None,
         };
-        let Some(p) = crate::Packing::best(input_ids, attention_mask, prefix.as_ref(), seq)? else {
+        let shares = |width: i64| self.backbone.packs_shared_prompts(width, router_aux);
+        let cost = crate::PassCost::of(&self.config.arch);
+        let Some(p) = crate::Packing::cheapest(input_ids, attention_mask, prefix.as_ref(), seq, &shares, cost)? else {
             return self.values_pass(input_ids, attention_mask, checkpointed);
         };
         // [rows, width, h] → [rows, width, 1] → [batch, seq]

@@ -75,8 +75,8 @@ pub(super) fn bench_gen(
     });
     // Per generated token: 2 FLOPs per matmul parameter, and q·k plus p·v over the context.
     let avg_ctx = prompt_len as f64 + new_tokens as f64 / 2.0;
-    let per_token = 2.0 * super::report::matmul_params(&a) as f64
-        + 4.0 * super::report::attention_width(&a) as f64 * avg_ctx
+    let per_token = 2.0 * a.matmul_params() as f64
+        + 4.0 * a.attention_width() as f64 * avg_ctx
         + super::report::linear_attn_flops(&a, 0);
     let flops_fraction =
         peak_tflops.map(|peak| per_token * (rows * new_tokens) as f64 / (run_s - prefill_s).max(1e-9) / (peak * 1e12));
@@ -166,7 +166,7 @@ pub(super) fn run_train(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<Train
     let (a, arch) = (b.args, &b.arch);
     let seq = a.prompt_len + a.new_tokens;
     let (tokens_per_s, step_s) = bench_train(model, b.rows, seq, a.repeats, a.profile.as_deref())?;
-    let n = report::matmul_params(arch);
+    let n = arch.matmul_params();
     let flops_per_token = report::train_flops(arch, seq);
     // The datasheet peak of a known GPU, else this run's measured GEMM peak.
     let peak = b.peak_tflops(Some(b.machine.gemm_tflops));
@@ -191,7 +191,7 @@ pub(super) fn run_train(b: &Bench<'_>, model: &CausalLm) -> anyhow::Result<Train
         linear_text,
         flops_per_token,
         fmt_count(n as u64),
-        report::attention_width(arch),
+        arch.attention_width(),
         report::attention_layers(arch),
     );
     Ok(TrainResult { tokens_per_s, step_s, flops_per_token, mfu, peak_tflops: peak })

@@ -21,7 +21,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use rlhf_models::{ArchConfig, Family};
+use rlhf_models::ArchConfig;
 
 /// Median of `xs` (the mean of the two middle values for an even count); `None` when empty.
 pub fn median(xs: &[f64]) -> Option<f64> {
@@ -32,57 +32,6 @@ pub fn median(xs: &[f64]) -> Option<f64> {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
-}
-
-/// Parameters that take part in a matrix multiplication per token (`N` of the module docs). A
-/// mixture of experts counts what one token uses: the router and its `top_k` experts (the active
-/// parameters), not every expert, and a shared expert with its gate where there is one. Each
-/// layer counts with its own head size and MLP width; a layer reusing another's keys and values
-/// has no k/v projections, one whose values are its keys no v projection; Gemma 4's per-layer
-/// inputs add their projection and each layer's gate and projection, and its experts beside the
-/// MLP what a token uses of them.
-pub fn matmul_params(a: &ArchConfig) -> i64 {
-    let d = a.hidden_size;
-    let attention = |i: usize| {
-        let g = a.heads(i);
-        let (attn, kv) = (a.num_heads * g.head_dim, g.kv_heads * g.head_dim);
-        let q = if a.attn_output_gate { 2 * attn } else { attn };
-        let kv_projections = match (a.kv_source(i), a.gemma4.as_ref().is_some_and(|g| g.values_are_keys[i])) {
-            (Some(_), _) => 0,
-            (None, true) => 1,
-            (None, false) => 2,
-        };
-        d * q + kv_projections * d * kv + attn * d
-    };
-    let linear = a.linear_attn.map_or(0, |l| {
-        let values = l.num_value_heads * l.value_head_dim;
-        d * (l.conv_dim() + values + 2 * l.num_value_heads) + values * d
-    });
-    let mixers: i64 = (0..a.num_layers as usize).map(|i| if a.is_linear(i) { linear } else { attention(i) }).sum();
-    let per_layer_inputs =
-        a.gemma4.as_ref().and_then(|g| g.per_layer_input).map_or(0, |p| 3 * d * p.dim * a.num_layers);
-    // Gemma 4's experts beside every dense MLP: the router and the top-k experts a token uses.
-    let beside = a.gemma4.as_ref().and_then(|g| g.moe.as_ref());
-    let beside = beside.map_or(0, |m| (d * m.num_experts + m.top_k * 3 * d * m.intermediate_size) * a.num_layers);
-    let dense = |i: usize| match a.family {
-        Family::Gpt2 => 2 * d * a.intermediate(i),
-        _ => 3 * d * a.intermediate(i),
-    };
-    let mlps: i64 = (0..a.num_layers as usize)
-        .map(|i| match &a.moe {
-            Some(m) if m.sparse_layers.get(i) == Some(&true) => {
-                let shared = m.shared_expert_intermediate_size.map_or(0, |s| 3 * d * s + d);
-                d * m.num_experts + m.top_k * 3 * d * m.intermediate_size + shared
-            }
-            _ => dense(i),
-        })
-        .sum();
-    mixers + mlps + per_layer_inputs + beside + d * a.vocab_size
-}
-
-/// `Σ heads · head_dim` over the attention layers: the `L·H` of the attention FLOPs.
-pub fn attention_width(a: &ArchConfig) -> i64 {
-    (0..a.num_layers as usize).filter(|&i| !a.is_linear(i)).map(|i| a.num_heads * a.heads(i).head_dim).sum()
 }
 
 /// `Σ kv_heads · head_dim` over the layers that cache keys and values (not those reusing another
@@ -117,7 +66,7 @@ pub fn train_flops_per_token(matmul_params: i64, layers: i64, attn_dim: i64, seq
 /// [`train_flops_per_token`] of model `a`: attention over its attention layers, and 3× the
 /// forward recurrence of its linear-attention layers ([`linear_attn_flops`]).
 pub fn train_flops(a: &ArchConfig, seq: i64) -> f64 {
-    let attention = train_flops_per_token(matmul_params(a), 1, attention_width(a), seq);
+    let attention = train_flops_per_token(a.matmul_params(), 1, a.attention_width(), seq);
     attention + 3.0 * linear_attn_flops(a, 64)
 }
 
@@ -370,9 +319,9 @@ mod tests {
     fn flops_formula_by_hand() {
         // Llama fixture, d 32, 4 heads of 8, 2 KV heads, I 64, V 400, 2 layers. Per layer:
         // q 32·32 + k, v 2·32·16 + o 32·32 = 3072; gated MLP 3·32·64 = 6144. LM head 32·400 = 12800.
-        assert_eq!(matmul_params(&fixture_arch("llama")), 2 * (3072 + 6144) + 12800);
+        assert_eq!(fixture_arch("llama").matmul_params(), 2 * (3072 + 6144) + 12800);
         // GPT-2 fixture, d 32, I 4·32: c_attn 32·96 + c_proj 32·32 = 4096; MLP 2·32·128 = 8192.
-        assert_eq!(matmul_params(&fixture_arch("gpt2")), 2 * (4096 + 8192) + 12800);
+        assert_eq!(fixture_arch("gpt2").matmul_params(), 2 * (4096 + 8192) + 12800);
         // 6·1000 + 12·2·8·10 = 7920.
         assert_eq!(train_flops_per_token(1000, 2, 8, 10), 7920.0);
         assert_eq!(train_flops(&fixture_arch("llama"), 10), 6.0 * 31232.0 + 12.0 * 2.0 * 32.0 * 10.0);
@@ -394,11 +343,11 @@ mod tests {
         let a = rlhf_models::ModelConfig::from_dir(dir.path()).unwrap().arch;
         // Gated attention: q and its gate 32·128 + k, v 2·32·32 + o 64·32 = 8192. Gated DeltaNet:
         // in_proj_{qkv,z,b,a} 32·(64 + 32 + 4 + 4) + out_proj 32·32 = 4352. MLP 3·32·64; head 32·100.
-        assert_eq!(matmul_params(&a), 8192 + 2 * 4352 + 3 * 6144 + 3200);
+        assert_eq!(a.matmul_params(), 8192 + 2 * 4352 + 3 * 6144 + 3200);
         assert_eq!(attention_layers(&a), 1);
         // Two linear layers of 4 value heads: 6·8·8 + 5·64·8 + 3·64·8 = 4480 each.
         assert_eq!(linear_attn_flops(&a, 64), 2.0 * 4.0 * 4480.0);
-        let want = 6.0 * matmul_params(&a) as f64 + 12.0 * 64.0 * 10.0 + 3.0 * 2.0 * 4.0 * 4480.0;
+        let want = 6.0 * a.matmul_params() as f64 + 12.0 * 64.0 * 10.0 + 3.0 * 2.0 * 4.0 * 4480.0;
         assert_eq!(train_flops(&a, 10), want);
     }
 
@@ -420,8 +369,8 @@ mod tests {
         // keys and values: q + o = 4096. MLPs 3·32·64 twice and 3·32·128 once; per-layer inputs
         // 3·32·4 per layer; head 32·100.
         let want = 3072 + 4608 + 4096 + 2 * 6144 + 12288 + 3 * 384 + 3200;
-        assert_eq!(matmul_params(&a), want);
-        assert_eq!((attention_width(&a), cached_kv_width(&a)), (32 + 64 + 64, 16 + 16));
+        assert_eq!(a.matmul_params(), want);
+        assert_eq!((a.attention_width(), cached_kv_width(&a)), (32 + 64 + 64, 16 + 16));
         // With top-2 of 4 experts of 6 beside each MLP: router 32·4 and two experts 3·32·6 per layer.
         let mut moe = config.clone();
         let extra = serde_json::json!({"enable_moe_block": true, "num_experts": 4, "top_k_experts": 2,
@@ -429,7 +378,7 @@ mod tests {
         moe.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         std::fs::write(dir.path().join("config.json"), moe.to_string()).unwrap();
         let a = rlhf_models::ModelConfig::from_dir(dir.path()).unwrap().arch;
-        assert_eq!(matmul_params(&a), want + 3 * (32 * 4 + 2 * 3 * 32 * 6));
+        assert_eq!(a.matmul_params(), want + 3 * (32 * 4 + 2 * 3 * 32 * 6));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! transformers has used.
 
 pub mod blocks;
+mod flops;
 mod hf;
 pub mod keys;
 pub mod rope;

@@ -62,9 +62,9 @@ pub struct TrainConfig {
     /// within float rounding, in the layers' share of the work about `real tokens / (rows ×
     /// width)`. With `share_prompts` each shared prompt is laid once in a packed row and its
     /// completions after it, each seeing the prompt and itself, where the model attends by the
-    /// mask alone (no linear attention, no sliding window narrower than the rows); each pass runs
-    /// the layout of the fewest token slots (packed, shared prompts, or padded). Rows with images
-    /// are computed padded.
+    /// mask alone (no linear attention, no sliding window narrower than the rows), in packed rows
+    /// as wide as pays; each pass runs the layout of the fewest forward FLOPs (packed, shared
+    /// prompts, or padded; `rlhf_models::PassCost`). Rows with images are computed padded.
     pub padding_free: bool,
     /// Split each rank's share of a minibatch into the fewest micro-batches of at most this many
     /// real tokens, balanced by tokens (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`;
