@@ -103,9 +103,9 @@ struct PromptCopy {
 }
 
 impl Packing {
-    /// The batch's rows packed first-fit in row order (a row goes into the first packed row with
-    /// room for its real tokens, the non-zero entries of `attention_mask`); `None` when that saves
-    /// no row, or when a row's real tokens are not contiguous (padding only at the ends of a row,
+    /// The batch's rows packed first-fit (a row goes into the first packed row with room for its
+    /// real tokens, the non-zero entries of `attention_mask`), in row order or longest first,
+    /// whichever takes fewer packed rows; `None` when that saves no row, or when a row's real tokens are not contiguous (padding only at the ends of a row,
     /// as [`position_ids_from_mask`] reads it). Reads the mask back to the host.
     ///
     /// # Shapes
@@ -252,15 +252,30 @@ impl Packing {
     }
 }
 
-/// [`Packing::new`]'s layout on the host: the rows first-fit in rows of the batch's width.
-/// `None` when that saves no row or a row's real tokens are not contiguous.
+/// [`Packing::new`]'s layout on the host: the rows first-fit in rows of the batch's width, in
+/// their order or longest first (first-fit decreasing), whichever takes fewer packed rows (the
+/// rows' order on a tie). `None` when that saves no row or a row's real tokens are not
+/// contiguous.
 ///
 /// # Shapes
 /// - `real`: `[batch · seq]`, row after row
 fn plan_whole(real: &[bool], batch: usize, seq: usize) -> Option<Layout> {
+    let spans: Vec<(usize, usize)> =
+        (0..batch).map(|r| real_span(&real[r * seq..(r + 1) * seq])).collect::<Option<_>>()?;
+    let in_order: Vec<usize> = (0..batch).collect();
+    let mut longest_first = in_order.clone();
+    longest_first.sort_by_key(|&r| (std::cmp::Reverse(spans[r].1), r));
+    let (a, b) = (lay_whole(&spans, seq, &in_order), lay_whole(&spans, seq, &longest_first));
+    let layout = if b.rows < a.rows { b } else { a };
+    (layout.rows < batch).then_some(layout)
+}
+
+/// The rows `order` lays first-fit in rows of `seq`, each a segment of its own ([`plan_whole`]);
+/// `spans` holds each row's first real column and count of real tokens.
+fn lay_whole(spans: &[(usize, usize)], seq: usize, order: &[usize]) -> Layout {
     let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
-    for r in 0..batch {
-        let (first, n) = real_span(&real[r * seq..(r + 1) * seq])?;
+    for &r in order {
+        let (first, n) = spans[r];
         let p = layout.fit(&mut fill, n, seq);
         segments.resize(layout.rows, 0);
         segments[p] += 1;
@@ -269,7 +284,7 @@ fn plan_whole(real: &[bool], batch: usize, seq: usize) -> Option<Layout> {
         layout.read(from, to, n);
         fill[p] += n;
     }
-    (layout.rows < batch).then_some(layout)
+    layout
 }
 
 /// [`Packing::sharing`]'s layout on the host, in rows of `w` (at least `seq`), first-fit: the
@@ -471,6 +486,21 @@ mod tests {
         let cost = PassCost { per_slot: 10.0, per_pair: 0.0 };
         assert!(Packing::cheapest(&ids, &mask, Some(&prefix), 0, &|_| true, cost).unwrap().is_none());
         assert_eq!(Packing::sharing(&ids, &mask, &prefix, 13).unwrap().unwrap().slots(), 13);
+    }
+
+    /// Rows of 4, 5, 6 and 5 real tokens in a width of 10 take three packed rows in their order
+    /// (4 + 5 | 6 | 5) and two longest first (6 + 4 | 5 + 5), which is what runs.
+    #[test]
+    fn rows_pack_longest_first_where_that_takes_fewer_rows() {
+        let lengths = [4usize, 5, 6, 5];
+        let real: Vec<bool> = lengths.iter().flat_map(|&n| (0..10).map(move |c| c < n)).collect();
+        let ids = Tensor::from_slice(&real.iter().map(|&x| i64::from(x)).collect::<Vec<_>>()).view([4, 10]);
+        let p = Packing::new(&ids, &ids).unwrap().unwrap();
+        assert_eq!(p.rows(), 2);
+        let rows = |t: &Tensor| Vec::<i64>::try_from(t.flatten(0, -1)).unwrap();
+        assert_eq!(rows(&p.mask), [1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2]);
+        let back = p.unpack(&p.ids.to_kind(Kind::Float).unsqueeze(-1)).unwrap().squeeze_dim(-1);
+        assert_eq!(back, ids.to_kind(Kind::Float));
     }
 
     /// A batch whose rows fill their width saves nothing, and a row with a gap would change its
