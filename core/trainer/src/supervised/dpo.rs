@@ -19,15 +19,13 @@
 use std::path::{Path, PathBuf};
 
 use rlhf_generation::{token_logprobs_pass, LogProbOptions, LogProbPass};
-use rlhf_models::{parse_dtype, CausalLm};
+use rlhf_models::CausalLm;
 use tch::{Device, Kind, Tensor};
 
 use super::dpo_batch::{collate, DpoBatch};
 use super::pairs::{build_split_pairs, pair_sets, PairOptions, SplitPair};
-use super::phase::{
-    finite, load_splits, lora_error, prepare_run_dir, resolve_model_dir, total_steps, write_summary, Splits,
-};
-use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
+use super::phase::{finite, lora_error, resolve_model_dir, total_steps, write_summary};
+use super::run_loop::{begin_phase, run_phase, Begun, MicroOut, PhaseTask};
 pub use crate::config::{DpoConfig, DpoLossType, DpoModelConfig, DpoTrainConfig};
 use rlhf_collective::World;
 
@@ -379,23 +377,7 @@ pub struct DpoSummary {
 /// Trains a policy with DPO (or IPO, SimPO) as configured. The data files are read before the run
 /// directory is created; the run owns the directory (its lock) until it returns.
 pub fn run_dpo(cfg: DpoConfig, world: &World, resume: Option<&Loaded>) -> Result<DpoSummary> {
-    let device: Device = dist::device(world, &cfg.run.device)?;
-    let kind = parse_dtype(&cfg.run.dtype)?;
-    tch::manual_seed(cfg.run.seed as i64);
-    let d = &cfg.data;
-    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
-    // A model named by Hub id is downloaded (or refused) before the run directory is made.
-    crate::supervised::phase::check_model_spec(&cfg.model.path)?;
-    if cfg.train.steps > 0 {
-        let what = format!("train.steps = {}", cfg.train.steps);
-        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
-    }
-    let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "dpo")?;
-    in_phase_dir(
-        world,
-        || prepare_run_dir(&shared, &cfg, resume.is_some()),
-        |run_dir| dpo_in(&cfg, run_dir, &shared, splits, device, kind, world, resume),
-    )
+    begin_phase(world, &cfg, resume, |run_dir, begun| dpo_in(&cfg, run_dir, begun, world, resume))
 }
 
 /// The reference of `model.reference` (before the policy gets its adapters): none for SimPO,
@@ -444,17 +426,8 @@ fn reference_of(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn dpo_in(
-    cfg: &DpoConfig,
-    run_dir: &Path,
-    shared: &Path,
-    splits: Splits,
-    device: Device,
-    kind: Kind,
-    world: &World,
-    resume: Option<&Loaded>,
-) -> Result<DpoSummary> {
+fn dpo_in(cfg: &DpoConfig, run_dir: &Path, begun: Begun, world: &World, resume: Option<&Loaded>) -> Result<DpoSummary> {
+    let Begun { device, kind, splits, shared } = begun;
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = crate::model_source::tokenizer(&model_dir, &cfg.data.chat_template_kwargs)?;
@@ -492,7 +465,7 @@ fn dpo_in(
         "dpo",
         cfg,
         cfg.run.seed,
-        (&run_dir, shared),
+        (&run_dir, &shared),
         world,
         &cfg.checkpoint,
         (&cfg.wandb, &cfg.tensorboard),

@@ -9,14 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
-use rlhf_models::{parse_dtype, Checkpointed, ScalarHeadModel};
-use tch::{Device, Kind, Tensor};
+use rlhf_models::{Checkpointed, ScalarHeadModel};
+use tch::{Kind, Tensor};
 
 use super::pairs::{build_pairs, collate_pairs, pair_sets, pairwise_loss, PairExample, PairLoss, PairOptions, RmLoss};
-use super::phase::{
-    finite, load_splits, lora_error, prepare_run_dir, resolve_model_dir, total_steps, write_summary, Splits,
-};
-use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
+use super::phase::{finite, lora_error, resolve_model_dir, total_steps, write_summary};
+use super::run_loop::{begin_phase, run_phase, Begun, MicroOut, PhaseTask};
 pub use crate::config::{RmConfig, RmDataConfig, RmTrainConfig};
 use rlhf_collective::World;
 
@@ -156,36 +154,11 @@ impl PhaseTask for RmTask {
 /// Trains a reward model as configured. The data files are read before the run directory is
 /// created; the run owns the directory (its lock) until it returns.
 pub fn run_rm(cfg: RmConfig, world: &World, resume: Option<&Loaded>) -> Result<RmSummary> {
-    let device: Device = dist::device(world, &cfg.run.device)?;
-    let kind = parse_dtype(&cfg.run.dtype)?;
-    tch::manual_seed(cfg.run.seed as i64);
-    let d = &cfg.data;
-    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
-    // A model named by Hub id is downloaded (or refused) before the run directory is made.
-    crate::supervised::phase::check_model_spec(&cfg.model.path)?;
-    if cfg.train.steps > 0 {
-        let what = format!("train.steps = {}", cfg.train.steps);
-        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
-    }
-    let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "rm")?;
-    in_phase_dir(
-        world,
-        || prepare_run_dir(&shared, &cfg, resume.is_some()),
-        |run_dir| rm_in(&cfg, run_dir, &shared, splits, device, kind, world, resume),
-    )
+    begin_phase(world, &cfg, resume, |run_dir, begun| rm_in(&cfg, run_dir, begun, world, resume))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rm_in(
-    cfg: &RmConfig,
-    run_dir: &Path,
-    shared: &Path,
-    splits: Splits,
-    device: Device,
-    kind: Kind,
-    world: &World,
-    resume: Option<&Loaded>,
-) -> Result<RmSummary> {
+fn rm_in(cfg: &RmConfig, run_dir: &Path, begun: Begun, world: &World, resume: Option<&Loaded>) -> Result<RmSummary> {
+    let Begun { device, kind, splits, shared } = begun;
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = crate::model_source::tokenizer(&model_dir, &cfg.data.chat_template_kwargs)?;
@@ -215,7 +188,7 @@ fn rm_in(
         "rm",
         cfg,
         cfg.run.seed,
-        (&run_dir, shared),
+        (&run_dir, &shared),
         world,
         &cfg.checkpoint,
         (&cfg.wandb, &cfg.tensorboard),

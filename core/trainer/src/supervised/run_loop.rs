@@ -8,17 +8,104 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rlhf_collective::World;
+use rlhf_models::parse_dtype;
+use serde::Serialize;
+use tch::{nn, Device, Kind};
 
-use tch::nn;
-
+use crate::checkpoint::Loaded;
+use crate::config::PhaseRunConfig;
 use crate::dist;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
 use crate::optim::StepInfo;
 use crate::run_lock::RunLock;
-use crate::supervised::phase::{epoch_plan, in_run_dir, total_steps, PhaseTrainConfig};
+use crate::supervised::phase::{
+    check_model_spec, epoch_plan, in_run_dir, load_splits, prepare_run_dir, shared_run_dir, total_steps,
+    PhaseTrainConfig, Splits,
+};
 use crate::supervised::state::{earlier_figures, PhaseRun, Sinks};
 use crate::train_engine::{self, TrainEngine};
+
+/// A supervised phase's configuration, as [`begin_phase`] reads it.
+pub trait PhaseConfig: Serialize {
+    /// The phase (`sft`, `rm`, `dpo`): its run directory's default name.
+    const NAME: &'static str;
+    /// `[run]`: device, dtype, seed and run directory.
+    fn run(&self) -> &PhaseRunConfig;
+    /// `model.path`: a directory, a Hub id or a built-in model.
+    fn model_path(&self) -> &str;
+    /// `train.steps` (0 = every epoch).
+    fn steps(&self) -> usize;
+    /// The data files, read and split (with `run.seed` where an eval share is drawn).
+    fn splits(&self) -> Result<Splits>;
+}
+
+/// [`PhaseConfig`] of a phase's configuration type, whose `run`, `model.path`, `train.steps` and
+/// `data` (`train`, `eval`, `eval_fraction`, `columns()`) are named alike in every phase.
+macro_rules! phase_config {
+    ($ty:ty, $name:literal) => {
+        impl PhaseConfig for $ty {
+            const NAME: &'static str = $name;
+
+            fn run(&self) -> &PhaseRunConfig {
+                &self.run
+            }
+
+            fn model_path(&self) -> &str {
+                &self.model.path
+            }
+
+            fn steps(&self) -> usize {
+                self.train.steps
+            }
+
+            fn splits(&self) -> Result<Splits> {
+                let d = &self.data;
+                load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, self.run.seed, &d.columns())
+            }
+        }
+    };
+}
+
+phase_config!(crate::config::SftConfig, "sft");
+phase_config!(crate::config::RmConfig, "rm");
+phase_config!(crate::config::DpoConfig, "dpo");
+
+/// What a phase has once begun ([`begin_phase`]).
+pub struct Begun {
+    pub device: Device,
+    pub kind: Kind,
+    /// The data, read and split before the run directory existed.
+    pub splits: Splits,
+    /// The run directory as every rank names it (rank 0's).
+    pub shared: PathBuf,
+}
+
+/// Begins a supervised phase, the same way for each, with everything checked before its run
+/// directory exists: the device and dtype, the seed, the data, a model named by Hub id (fetched,
+/// or refused), and a resume with no step left to train; then runs `body` in the run directory
+/// ([`in_phase_dir`]), which the run owns (its lock) until `body` returns.
+pub fn begin_phase<C: PhaseConfig, T>(
+    world: &World,
+    cfg: &C,
+    resume: Option<&Loaded>,
+    body: impl FnOnce(&Path, Begun) -> Result<T>,
+) -> Result<T> {
+    let run = cfg.run();
+    let device: Device = dist::device(world, &run.device)?;
+    let kind = parse_dtype(&run.dtype)?;
+    tch::manual_seed(run.seed as i64);
+    let splits = cfg.splits()?;
+    check_model_spec(cfg.model_path())?;
+    if cfg.steps() > 0 {
+        let what = format!("train.steps = {}", cfg.steps());
+        crate::checkpoint::refuse_nothing_to_train(resume, cfg.steps(), &what)?;
+    }
+    let shared = shared_run_dir(world, &run.run_dir, C::NAME)?;
+    let create = || prepare_run_dir(&shared, cfg, resume.is_some());
+    let begun = Begun { device, kind, splits, shared: shared.clone() };
+    in_phase_dir(world, create, |run_dir| body(run_dir, begun))
+}
 
 /// Runs `f` in the phase's run directory: rank 0's, which `create` makes and locks (see
 /// [`crate::supervised::phase::prepare_run_dir`]); another rank works in a private scratch

@@ -9,14 +9,11 @@
 use std::path::{Path, PathBuf};
 
 use rlhf_generation::{token_logprobs, token_logprobs_pass, LogProbOptions};
-use rlhf_models::{parse_dtype, CausalLm};
+use rlhf_models::CausalLm;
 use rlhf_tokenizer::HfTokenizer;
-use tch::{Device, Kind};
 
-use super::phase::{
-    finite, load_splits, lora_error, prepare_run_dir, resolve_model_dir, total_steps, write_summary, DataReport, Splits,
-};
-use super::run_loop::{in_phase_dir, run_phase, MicroOut, PhaseTask};
+use super::phase::{finite, lora_error, resolve_model_dir, total_steps, write_summary, DataReport};
+use super::run_loop::{begin_phase, run_phase, Begun, MicroOut, PhaseTask};
 use super::sft_data::{build_sft_examples, collate, masked_nll_sum, pack, SftExample, SftTokenizeOptions};
 pub use crate::config::{SftConfig, SftDataConfig, PHASE_PRESETS};
 use rlhf_collective::World;
@@ -140,36 +137,11 @@ fn examples_of(
 /// Runs SFT as configured. The data files are read before the run directory is created; the run
 /// owns the directory (its lock) until it returns.
 pub fn run_sft(cfg: SftConfig, world: &World, resume: Option<&Loaded>) -> Result<SftSummary> {
-    let device: Device = dist::device(world, &cfg.run.device)?;
-    let kind = parse_dtype(&cfg.run.dtype)?;
-    tch::manual_seed(cfg.run.seed as i64);
-    let d = &cfg.data;
-    let splits = load_splits(&d.train, d.eval.as_deref(), d.eval_fraction, cfg.run.seed, &d.columns())?;
-    // A model named by Hub id is downloaded (or refused) before the run directory is made.
-    crate::supervised::phase::check_model_spec(&cfg.model.path)?;
-    if cfg.train.steps > 0 {
-        let what = format!("train.steps = {}", cfg.train.steps);
-        crate::checkpoint::refuse_nothing_to_train(resume, cfg.train.steps, &what)?;
-    }
-    let shared = crate::supervised::phase::shared_run_dir(world, &cfg.run.run_dir, "sft")?;
-    in_phase_dir(
-        world,
-        || prepare_run_dir(&shared, &cfg, resume.is_some()),
-        |run_dir| sft_in(&cfg, run_dir, &shared, splits, device, kind, world, resume),
-    )
+    begin_phase(world, &cfg, resume, |run_dir, begun| sft_in(&cfg, run_dir, begun, world, resume))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn sft_in(
-    cfg: &SftConfig,
-    run_dir: &Path,
-    shared: &Path,
-    splits: Splits,
-    device: Device,
-    kind: Kind,
-    world: &World,
-    resume: Option<&Loaded>,
-) -> Result<SftSummary> {
+fn sft_in(cfg: &SftConfig, run_dir: &Path, begun: Begun, world: &World, resume: Option<&Loaded>) -> Result<SftSummary> {
+    let Begun { device, kind, splits, shared } = begun;
     let run_dir = run_dir.to_path_buf();
     let model_dir = resolve_model_dir(&cfg.model.path, &run_dir, cfg.run.seed)?;
     let tok = crate::model_source::tokenizer(&model_dir, &cfg.data.chat_template_kwargs)?;
@@ -213,7 +185,7 @@ fn sft_in(
         "sft",
         cfg,
         cfg.run.seed,
-        (&run_dir, shared),
+        (&run_dir, &shared),
         world,
         &cfg.checkpoint,
         (&cfg.wandb, &cfg.tensorboard),
