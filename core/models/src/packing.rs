@@ -105,8 +105,9 @@ struct PromptCopy {
 impl Packing {
     /// The batch's rows packed first-fit (a row goes into the first packed row with room for its
     /// real tokens, the non-zero entries of `attention_mask`), in row order or longest first,
-    /// whichever takes fewer packed rows; `None` when that saves no row, or when a row's real tokens are not contiguous (padding only at the ends of a row,
-    /// as [`position_ids_from_mask`] reads it). Reads the mask back to the host.
+    /// whichever takes fewer packed rows; `None` when that saves no row, or when a row's real
+    /// tokens are not contiguous (padding only at the ends of a row, as [`position_ids_from_mask`]
+    /// reads it). Reads the mask back to the host.
     ///
     /// # Shapes
     /// - `input_ids`, `attention_mask`: `[batch, seq]`
@@ -130,9 +131,9 @@ impl Packing {
     /// forward, padding-free. A row goes after a copy of its prompt with room for it, else into
     /// the first packed row with room for the prompt and it (a new copy) — the rows in their order
     /// or a prompt at a time, whichever takes fewer packed rows. `None` when a row's real tokens
-    /// are not contiguous. The model must attend by the mask alone:
-    /// no sliding window narrower than the width and no linear attention (a branch's keys do not
-    /// follow its prompt's slot for slot, and a recurrence would run through the siblings).
+    /// are not contiguous. The model must attend by the mask alone: no sliding window narrower
+    /// than the width and no linear attention (a branch's keys do not follow its prompt's slot for
+    /// slot, and a recurrence would run through the siblings).
     /// The packed rows are `width` slots wide (at least `seq`: wider rows hold more of a prompt's
     /// rows after one copy of it); `None` too when they would hold no fewer slots than the batch.
     /// Reads the mask back to the host.
