@@ -432,7 +432,7 @@ fn layout(
         gflops(Some(cost.rows(batch, seq)))
     );
     Ok(match (packed, prefix) {
-        (Some(p), _) if prefix_cost.is_none_or(|c| cost.rows(p.rows(), p.width()) <= c) => Layout::Packed(p),
+        (Some(p), _) if prefix_cost.is_none_or(|c| packed_cost.is_some_and(|pc| pc <= c)) => Layout::Packed(p),
         (_, Some(prefix)) => Layout::Prefix(prefix),
         _ => Layout::Plain,
     })

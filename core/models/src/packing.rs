@@ -50,9 +50,11 @@ fn real_span(row: &[bool]) -> Option<(usize, usize)> {
 
 /// The packed layout on the host: each packed token's segment id and position, and the slot
 /// pairs that move the batch's tokens in (`ids_from` → `ids_to`, each packed slot once) and the
-/// layers' output out (`batch_slots` ← `packed_slots`).
+/// layers' output out (`batch_slots` ← `packed_slots`). Without `record` it only counts the
+/// packed rows (to compare layouts before building one).
 #[derive(Default)]
 struct Layout {
+    record: bool,
     rows: usize,
     mask: Vec<i64>,
     positions: Vec<i64>,
@@ -70,14 +72,19 @@ impl Layout {
         }
         fill.push(0);
         self.rows = fill.len();
-        self.mask.resize(self.rows * seq, 0);
-        self.positions.resize(self.rows * seq, 0);
+        if self.record {
+            self.mask.resize(self.rows * seq, 0);
+            self.positions.resize(self.rows * seq, 0);
+        }
         self.rows - 1
     }
 
     /// `n` tokens from batch slot `from` on placed at packed slot `to` on, as segment id `seg`
     /// at positions `pos0 ..`.
     fn place(&mut self, from: usize, to: usize, n: usize, seg: i64, pos0: usize) {
+        if !self.record {
+            return;
+        }
         for k in 0..n {
             self.mask[to + k] = seg;
             self.positions[to + k] = (pos0 + k) as i64;
@@ -88,6 +95,9 @@ impl Layout {
 
     /// The batch's tokens at `from ..` read the layers' output at packed slots `to ..`.
     fn read(&mut self, from: usize, to: usize, n: usize) {
+        if !self.record {
+            return;
+        }
         self.batch_slots.extend((from..from + n).map(|s| s as i64));
         self.packed_slots.extend((to..to + n).map(|s| s as i64));
     }
@@ -114,7 +124,9 @@ impl Packing {
     pub fn new(input_ids: &Tensor, attention_mask: &Tensor) -> Result<Option<Packing>> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
         let real = real_tokens(attention_mask)?;
-        plan_whole(&real, batch as usize, seq as usize).map(|l| Packing::whole(input_ids, l)).transpose()
+        let Some(spans) = spans(&real, batch as usize, seq as usize, 0) else { return Ok(None) };
+        let order = whole_order(&spans, seq as usize);
+        order.map(|(order, _)| Packing::whole(input_ids, lay_whole(&spans, seq as usize, &order, true))).transpose()
     }
 
     /// [`Packing::build`] of rows of the batch's width, each segment's positions from 0.
@@ -148,10 +160,12 @@ impl Packing {
         width: i64,
     ) -> Result<Option<Packing>> {
         let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
+        let (bu, su) = (batch as usize, seq as usize);
         let real = real_tokens(attention_mask)?;
-        let w = width.max(seq);
-        let layout = plan_sharing(&real, batch as usize, seq as usize, prefix, w as usize);
-        layout.map(|l| Packing::build(input_ids, l, w)).transpose()
+        let Some(spans) = shared_spans(&real, bu, su, prefix) else { return Ok(None) };
+        let (w, orders) = (width.max(seq) as usize, sharing_orders(&spans, prefix));
+        let Some((o, _)) = shared_order(&spans, (bu, su), prefix, w, &orders) else { return Ok(None) };
+        Packing::build(input_ids, lay_shared(&spans, su, prefix, w, &orders[o], true), w as i64).map(Some)
     }
 
     /// The batch packed padding-free at the fewest forward FLOPs ([`PassCost`]): its rows whole
@@ -180,29 +194,35 @@ impl Packing {
         let (bu, su) = (batch as usize, seq as usize);
         let real = real_tokens(attention_mask)?;
         let base = min_width.max(seq);
-        let mut best: Option<(f64, Layout, i64)> = None;
-        if let Some(prefix) = prefix.filter(|_| shares(base)) {
-            for w in shared_widths(&real, bu, su, prefix, base) {
+        // The layouts are compared by their rows alone; only the cheapest is laid out in full.
+        let mut best: Option<(f64, i64, usize)> = None; // (cost, width, order)
+        let shared = prefix.filter(|_| shares(base)).and_then(|p| Some((p, shared_spans(&real, bu, su, p)?)));
+        let orders = shared.as_ref().map(|(p, spans)| sharing_orders(spans, p));
+        if let (Some((prefix, spans)), Some(orders)) = (&shared, &orders) {
+            for w in shared_widths(spans, prefix, base) {
                 if w > base && !shares(w) {
                     continue;
                 }
-                let Some(layout) = plan_sharing(&real, bu, su, prefix, w as usize) else { continue };
-                let rows = layout.rows as i64;
+                let Some((o, rows)) = shared_order(spans, (bu, su), prefix, w as usize, orders) else { continue };
+                let rows = rows as i64;
                 if w > base && rows * w * w > batch * seq * seq {
                     continue;
                 }
                 let c = cost.rows(rows, w);
-                if best.as_ref().is_none_or(|(b, _, _)| c < *b) {
-                    best = Some((c, layout, w));
+                if best.is_none_or(|(b, _, _)| c < b) {
+                    best = Some((c, w, o));
                 }
             }
         }
-        if let Some(layout) = plan_whole(&real, bu, su) {
-            if best.as_ref().is_none_or(|(b, _, _)| cost.rows(layout.rows as i64, seq) < *b) {
-                return Packing::whole(input_ids, layout).map(Some);
+        if let Some(spans) = spans(&real, bu, su, 0) {
+            if let Some((order, rows)) = whole_order(&spans, su) {
+                if best.is_none_or(|(b, _, _)| cost.rows(rows as i64, seq) < b) {
+                    return Packing::whole(input_ids, lay_whole(&spans, su, &order, true)).map(Some);
+                }
             }
         }
-        best.map(|(_, layout, w)| Packing::build(input_ids, layout, w)).transpose()
+        let (Some((_, w, o)), Some((prefix, spans)), Some(orders)) = (best, &shared, &orders) else { return Ok(None) };
+        Packing::build(input_ids, lay_shared(spans, su, prefix, w as usize, &orders[o], true), w).map(Some)
     }
 
     /// The packed tensors of `layout` (rows `width` wide) on `input_ids`' device.
@@ -253,30 +273,47 @@ impl Packing {
     }
 }
 
-/// [`Packing::new`]'s layout on the host: the rows first-fit in rows of the batch's width, in
-/// their order or longest first (first-fit decreasing), whichever takes fewer packed rows (the
-/// rows' order on a tie). `None` when that saves no row or a row's real tokens are not
+/// A batch row's real tokens: its first real column, their count, and how many of them are in
+/// the prompt's columns.
+struct Span {
+    first: usize,
+    n: usize,
+    n_prompt: usize,
+}
+
+/// Each row's [`Span`] with a prompt of `cols` columns; `None` when a row's real tokens are not
 /// contiguous.
 ///
 /// # Shapes
 /// - `real`: `[batch · seq]`, row after row
-fn plan_whole(real: &[bool], batch: usize, seq: usize) -> Option<Layout> {
-    let spans: Vec<(usize, usize)> =
-        (0..batch).map(|r| real_span(&real[r * seq..(r + 1) * seq])).collect::<Option<_>>()?;
-    let in_order: Vec<usize> = (0..batch).collect();
-    let mut longest_first = in_order.clone();
-    longest_first.sort_by_key(|&r| (std::cmp::Reverse(spans[r].1), r));
-    let (a, b) = (lay_whole(&spans, seq, &in_order), lay_whole(&spans, seq, &longest_first));
-    let layout = if b.rows < a.rows { b } else { a };
-    (layout.rows < batch).then_some(layout)
+fn spans(real: &[bool], batch: usize, seq: usize, cols: usize) -> Option<Vec<Span>> {
+    (0..batch)
+        .map(|r| {
+            let row = &real[r * seq..(r + 1) * seq];
+            let (first, n) = real_span(row)?;
+            Some(Span { first, n, n_prompt: row[..cols].iter().filter(|&&x| x).count() })
+        })
+        .collect()
 }
 
-/// The rows `order` lays first-fit in rows of `seq`, each a segment of its own ([`plan_whole`]);
-/// `spans` holds each row's first real column and count of real tokens.
-fn lay_whole(spans: &[(usize, usize)], seq: usize, order: &[usize]) -> Layout {
-    let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
+/// [`Packing::new`]'s order: the rows first-fit in rows of the batch's width in their order or
+/// longest first (first-fit decreasing), whichever takes fewer packed rows (the rows' order on a
+/// tie), with its packed rows; `None` when that saves no row.
+fn whole_order(spans: &[Span], seq: usize) -> Option<(Vec<usize>, usize)> {
+    let in_order: Vec<usize> = (0..spans.len()).collect();
+    let mut longest_first = in_order.clone();
+    longest_first.sort_by_key(|&r| (std::cmp::Reverse(spans[r].n), r));
+    let (a, b) = (lay_whole(spans, seq, &in_order, false).rows, lay_whole(spans, seq, &longest_first, false).rows);
+    let best = if b < a { (longest_first, b) } else { (in_order, a) };
+    (best.1 < spans.len()).then_some(best)
+}
+
+/// The rows `order` lays first-fit in rows of `seq`, each a segment of its own (only counted
+/// without `record`).
+fn lay_whole(spans: &[Span], seq: usize, order: &[usize], record: bool) -> Layout {
+    let (mut layout, mut fill, mut segments) = (Layout { record, ..Layout::default() }, Vec::new(), Vec::new());
     for &r in order {
-        let (first, n) = spans[r];
+        let (first, n) = (spans[r].first, spans[r].n);
         let p = layout.fit(&mut fill, n, seq);
         segments.resize(layout.rows, 0);
         segments[p] += 1;
@@ -288,47 +325,42 @@ fn lay_whole(spans: &[(usize, usize)], seq: usize, order: &[usize]) -> Layout {
     layout
 }
 
-/// [`Packing::sharing`]'s layout on the host, in rows of `w` (at least `seq`), first-fit: the
-/// rows in their order, or a prompt at a time (in the order the prompts first appear, each
-/// prompt's rows longest first, so that its copies fill before another prompt comes between
-/// them), whichever takes fewer packed rows (the rows' order on a tie). `None` when it holds no
-/// fewer slots than the batch or a row's real tokens are not contiguous.
-///
-/// # Shapes
-/// - `real`: `[batch · seq]`, row after row
-fn plan_sharing(real: &[bool], batch: usize, seq: usize, prefix: &SharedPrefixes, w: usize) -> Option<Layout> {
+/// The rows' [`Span`]s under `prefix`; `None` when `prefix` is not of this batch or a row's
+/// real tokens are not contiguous.
+fn shared_spans(real: &[bool], batch: usize, seq: usize, prefix: &SharedPrefixes) -> Option<Vec<Span>> {
     let cols = prefix.len as usize;
-    if prefix.of_row.len() != batch || cols > seq {
-        return None;
-    }
-    // Each row's first real column, real tokens and real tokens in the prompt's columns.
-    let mut spans = Vec::with_capacity(batch);
-    for r in 0..batch {
-        let row = &real[r * seq..(r + 1) * seq];
-        let (first, n) = real_span(row)?;
-        spans.push(Span { first, n, n_prompt: row[..cols].iter().filter(|&&x| x).count() });
-    }
-    let in_order: Vec<usize> = (0..batch).collect();
-    let mut by_prompt = in_order.clone();
-    by_prompt.sort_by_key(|&r| (prefix.of_row[r], std::cmp::Reverse(spans[r].n - spans[r].n_prompt), r));
-    let (a, b) = (lay_shared(&spans, seq, prefix, w, &in_order), lay_shared(&spans, seq, prefix, w, &by_prompt));
-    let layout = if b.rows < a.rows { b } else { a };
-    (layout.rows * w < batch * seq).then_some(layout)
+    (prefix.of_row.len() == batch && cols <= seq).then(|| spans(real, batch, seq, cols)).flatten()
 }
 
-/// A batch row's real tokens: its first real column, their count, and how many of them are in
-/// the prompt's columns.
-struct Span {
-    first: usize,
-    n: usize,
-    n_prompt: usize,
+/// The two orders [`Packing::sharing`] lays rows in: as they are, and a prompt at a time (in the
+/// order the prompts first appear, each prompt's rows longest first, so that its copies fill
+/// before another prompt comes between them).
+fn sharing_orders(spans: &[Span], prefix: &SharedPrefixes) -> [Vec<usize>; 2] {
+    let in_order: Vec<usize> = (0..spans.len()).collect();
+    let mut by_prompt = in_order.clone();
+    by_prompt.sort_by_key(|&r| (prefix.of_row[r], std::cmp::Reverse(spans[r].n - spans[r].n_prompt), r));
+    [in_order, by_prompt]
+}
+
+/// Which of `orders` lays the rows in fewer packed rows of `w` (the first on a tie), and how
+/// many; `None` when they would hold no fewer slots than the `(batch, seq)` batch.
+fn shared_order(
+    spans: &[Span],
+    (batch, seq): (usize, usize),
+    prefix: &SharedPrefixes,
+    w: usize,
+    orders: &[Vec<usize>; 2],
+) -> Option<(usize, usize)> {
+    let rows = orders.each_ref().map(|o| lay_shared(spans, seq, prefix, w, o, false).rows);
+    let best = if rows[1] < rows[0] { (1, rows[1]) } else { (0, rows[0]) };
+    (best.1 * w < batch * seq).then_some(best)
 }
 
 /// The rows `order` lays first-fit in rows of `w`, each prompt once per packed row that holds
-/// rows of it ([`plan_sharing`]).
-fn lay_shared(spans: &[Span], seq: usize, prefix: &SharedPrefixes, w: usize, order: &[usize]) -> Layout {
+/// rows of it ([`Packing::sharing`]; only counted without `record`).
+fn lay_shared(spans: &[Span], seq: usize, prefix: &SharedPrefixes, w: usize, order: &[usize], record: bool) -> Layout {
     // Batch slots count in rows of `seq`, packed slots in rows of `w`.
-    let (mut layout, mut fill, mut segments) = (Layout::default(), Vec::new(), Vec::new());
+    let (mut layout, mut fill, mut segments) = (Layout { record, ..Layout::default() }, Vec::new(), Vec::new());
     let mut copies: HashMap<i64, Vec<PromptCopy>> = HashMap::new();
     for &r in order {
         let Span { first, n, n_prompt } = spans[r];
@@ -361,17 +393,10 @@ fn lay_shared(spans: &[Span], seq: usize, prefix: &SharedPrefixes, w: usize, ord
 /// The widths [`Packing::cheapest`] tries with shared prompts, narrowest first: `base`, and
 /// `⌈W / k⌉` above it for `k` = 1 … 8, where `W` is the widest of the prompts with all their
 /// rows' tokens after one copy (a prompt's real tokens plus the rest of each of its rows).
-///
-/// # Shapes
-/// - `real`: `[batch · seq]`, row after row
-fn shared_widths(real: &[bool], batch: usize, seq: usize, prefix: &SharedPrefixes, base: i64) -> Vec<i64> {
-    let cols = (prefix.len as usize).min(seq);
+fn shared_widths(spans: &[Span], prefix: &SharedPrefixes, base: i64) -> Vec<i64> {
     let mut groups: HashMap<i64, i64> = HashMap::new();
-    for (r, &p) in prefix.of_row.iter().enumerate().take(batch) {
-        let row = &real[r * seq..(r + 1) * seq];
-        let (n_prompt, n) = (row[..cols].iter().filter(|&&x| x).count(), row.iter().filter(|&&x| x).count());
-        let w = groups.entry(p).or_insert(n_prompt as i64);
-        *w += (n - n_prompt) as i64;
+    for (s, &p) in spans.iter().zip(&prefix.of_row) {
+        *groups.entry(p).or_insert(s.n_prompt as i64) += (s.n - s.n_prompt) as i64;
     }
     let widest = groups.values().copied().max().unwrap_or(0);
     let mut widths: Vec<i64> = (1..=8).map(|k| (widest + k - 1) / k).filter(|&w| w > base).collect();
