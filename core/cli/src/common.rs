@@ -28,17 +28,25 @@ impl ModelArgs {
 
     /// The model directory: `--model` as a path, or the snapshot of a Hub id.
     pub fn dir(&self) -> anyhow::Result<PathBuf> {
-        Ok(rlhf_hub::resolve_model(&self.model.to_string_lossy())?)
+        let spec = self.model.to_string_lossy();
+        if spec.starts_with("builtin:") {
+            // The built-in models are random weights a run writes into its own directory.
+            anyhow::bail!(
+                "--model {spec}: built-in models are written by a run (`rlhf train`, `sft`, `rm`, `dpo`, `bench`); \
+                 give a model directory (a run's saved checkpoint) or a Hub id"
+            );
+        }
+        let dir = rlhf_hub::resolve_model(&spec)?;
+        if !dir.is_dir() {
+            anyhow::bail!("--model {}: model directory not found", dir.display());
+        }
+        Ok(dir)
     }
 
     /// Loads the causal LM.
     pub fn load_lm(&self) -> anyhow::Result<rlhf_models::CausalLm> {
         let (device, kind) = self.device_kind()?;
-        let dir = self.dir()?;
-        if !dir.is_dir() {
-            anyhow::bail!("{}: model directory not found", dir.display());
-        }
-        Ok(rlhf_models::CausalLm::from_dir(&dir, device, kind)?)
+        Ok(rlhf_models::CausalLm::from_dir(&self.dir()?, device, kind)?)
     }
 
     /// Loads the causal LM and its tokenizer, checked to fit each other.

@@ -86,11 +86,12 @@ pub struct BenchArgs {
     /// task's words); with --vs-trl TRL gets the same images. 0: no images.
     #[arg(long, default_value_t = 0)]
     pub(super) image_size: u32,
-    /// Peak TFLOP/s of the device for MFU (default: by CUDA device name; on CPU MFU is n/a without it).
-    #[arg(long)]
+    /// Peak TFLOP/s of the device for MFU (default: by CUDA device name, else the GEMM peak this run measures).
+    #[arg(long, value_parser = positive)]
     pub(super) peak_tflops: Option<f64>,
-    /// HBM bandwidth in GB/s for the decode bound on CUDA (default: by device name).
-    #[arg(long)]
+    /// Memory bandwidth in GB/s for the decode bound (default: by CUDA device name, else the copy rate this run
+    /// measures).
+    #[arg(long, value_parser = positive)]
     pub(super) hbm_gbps: Option<f64>,
     /// Also time TRL's GRPOTrainer on the same model, prompts, B, G and lengths; prints TRL/ours.
     #[arg(long)]
@@ -155,5 +156,25 @@ impl BenchArgs {
         }
         [Section::Gen, Section::Train, Section::Rl, Section::Dp, Section::Overlap, Section::Decode]
             .map(|s| picked.contains(&s))
+    }
+}
+
+/// A finite number > 0 (a peak rate).
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number > 0")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A peak of 0, below 0 or not a number would print an infinite or negative MFU.
+    #[test]
+    fn peaks_are_positive_numbers() {
+        assert_eq!(super::positive("989.4"), Ok(989.4));
+        for bad in ["0", "-1", "nan", "inf", "fast"] {
+            assert!(super::positive(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -93,7 +93,7 @@ pub(super) fn run(
     repeats: usize,
 ) -> anyhow::Result<Vec<DecodeRow>> {
     if new < 2 {
-        bail!("the decode section needs --new-tokens >= 2 (it times two lengths)");
+        bail!("--decode-new-tokens {new}: the decode section times two lengths, so it needs >= 2");
     }
     let graphs = model.device().is_cuda() && model.capture_blocker().is_none();
     let mut rows = Vec::new();
