@@ -251,8 +251,8 @@ fn a_truncated_tokenizer_json_is_an_error_naming_it() {
 }
 
 /// Settings that reach libtorch or a cast are range-checked, and settings that cannot work are
-/// refused before anything runs: 2^31 generation threads, dynamic sampling with one response per
-/// prompt, an empty `data.label_key`, an empty `tensorboard.dir`.
+/// refused before anything runs: 2^31 generation threads, dynamic sampling or GRPO with one
+/// response per prompt, an empty `data.label_key`, an empty `tensorboard.dir`.
 #[test]
 fn impossible_settings_are_refused_naming_the_key() {
     let tmp = tempfile::tempdir().unwrap();
@@ -273,6 +273,7 @@ fn impossible_settings_are_refused_naming_the_key() {
         &["rollout.filter_groups.enable=true", "rollout.samples_per_prompt=1"],
         &["rollout.filter_groups.enable", "samples_per_prompt >= 2"],
     );
+    refused(&["rollout.samples_per_prompt=1"], &["rollout.samples_per_prompt = 1: GRPO compares the samples"]);
     refused(&["data.label_key=\"\""], &["data.label_key", "is empty"]);
     refused(&["tensorboard.dir=\"\""], &["tensorboard.dir", "is empty"]);
     let out = rlhf(&["sft", "--run-dir", s(&run), "--set", "tensorboard.dir=\"\""]);

@@ -240,6 +240,20 @@ pub enum StdEstimator {
     Unbiased,
 }
 
+/// Refuses one sample per prompt for an algorithm whose advantage compares the samples of a prompt
+/// with each other (GRPO, GSPO, RLOO, a group-mean baseline): a group of one has advantage 0, so
+/// the rewards would teach nothing. TRL refuses fewer than 2 generations per prompt the same way.
+pub fn require_groups(ctx: &crate::algorithm::Context, algorithm: &str) -> Result<()> {
+    if ctx.samples_per_prompt >= 2 {
+        return Ok(());
+    }
+    Err(PluginError::unsupported(format!(
+        "rollout.samples_per_prompt = {}: {algorithm} compares the samples of a prompt with each other, so it needs \
+         >= 2 (with one, every advantage is 0 and the rewards teach nothing)",
+        ctx.samples_per_prompt
+    )))
+}
+
 /// Dense group indices `0..G` for arbitrary `group_ids` (any values, any order, groups neither
 /// contiguous nor of equal size), numbered in order of first appearance, and `G`.
 ///

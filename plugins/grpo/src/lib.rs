@@ -144,9 +144,10 @@ pub struct Grpo {
 }
 
 impl Algorithm for Grpo {
-    fn new(config: &str, _ctx: &Context) -> Result<Self> {
+    fn new(config: &str, ctx: &Context) -> Result<Self> {
         let cfg: GrpoConfig = parse_config(config)?;
         cfg.validate()?;
+        ops::require_groups(ctx, "GRPO")?;
         Ok(Grpo { cfg })
     }
 
@@ -507,6 +508,9 @@ mod tests {
         let err = |cfg: serde_json::Value| Grpo::new(&cfg.to_string(), &ctx()).unwrap_err().to_string();
         let e = err(json!({"kl_coef": 0.1}));
         assert!(e.starts_with("kl_coef: unknown field"), "{e}");
+        // As TRL: a group of one sample has advantage 0, whatever its reward.
+        let one = Grpo::new("{}", &Context::default()).unwrap_err().to_string();
+        assert!(one.starts_with("rollout.samples_per_prompt = 1: GRPO compares the samples of a prompt"), "{one}");
         let e = err(json!({"beta": "high"}));
         assert!(e.starts_with("beta: invalid type"), "{e}");
         let e = err(json!({"loss_type": "foo"}));

@@ -111,9 +111,10 @@ pub struct Gspo {
 }
 
 impl Algorithm for Gspo {
-    fn new(config: &str, _ctx: &Context) -> Result<Self> {
+    fn new(config: &str, ctx: &Context) -> Result<Self> {
         let cfg: GspoConfig = parse_config(config)?;
         cfg.validate()?;
+        ops::require_groups(ctx, "GSPO")?;
         Ok(Gspo { cfg })
     }
 
@@ -248,8 +249,13 @@ mod tests {
     use rlhf_plugin_api::testing::{assert_close, metric, t2, values_of};
     use serde_json::json;
 
+    /// Four samples per prompt.
+    fn group_ctx() -> Context {
+        Context { samples_per_prompt: 4, ..Context::default() }
+    }
+
     fn gspo(cfg: serde_json::Value) -> Gspo {
-        Gspo::new(&cfg.to_string(), &Context::default()).unwrap()
+        Gspo::new(&cfg.to_string(), &group_ctx()).unwrap()
     }
 
     /// Group 7 = rows 0, 1, 3, 4 (interleaved with group 3) with rewards [1, 0, 0, 1]; group 3 =
@@ -410,7 +416,9 @@ mod tests {
 
     #[test]
     fn config_errors_name_the_key() {
-        let err = |cfg: serde_json::Value| Gspo::new(&cfg.to_string(), &Context::default()).unwrap_err().to_string();
+        let err = |cfg: serde_json::Value| Gspo::new(&cfg.to_string(), &group_ctx()).unwrap_err().to_string();
+        let one = Gspo::new("{}", &Context::default()).unwrap_err().to_string();
+        assert!(one.starts_with("rollout.samples_per_prompt = 1: GSPO compares the samples of a prompt"), "{one}");
         let e = err(json!({"importance_sampling_level": "token"}));
         assert!(e.starts_with("importance_sampling_level: unknown field"), "{e}");
         let e = err(json!({"epsilon": 1.5}));

@@ -136,9 +136,12 @@ pub fn discounted_returns(x: &Tensor, gamma: f64) -> Result<Tensor> {
 }
 
 impl Algorithm for ReinforcePp {
-    fn new(config: &str, _ctx: &Context) -> Result<Self> {
+    fn new(config: &str, ctx: &Context) -> Result<Self> {
         let cfg: ReinforcePpConfig = parse_config(config)?;
         cfg.validate()?;
+        if cfg.baseline == Baseline::GroupMean {
+            ops::require_groups(ctx, "REINFORCE++-baseline")?;
+        }
         Ok(ReinforcePp { cfg })
     }
 
@@ -287,8 +290,13 @@ mod tests {
     use rlhf_plugin_api::testing::{assert_close, metric, t2, values_of};
     use serde_json::json;
 
+    /// Four samples per prompt.
+    fn group_ctx() -> Context {
+        Context { samples_per_prompt: 4, ..Context::default() }
+    }
+
     fn rpp(cfg: serde_json::Value) -> ReinforcePp {
-        ReinforcePp::new(&cfg.to_string(), &Context::default()).unwrap()
+        ReinforcePp::new(&cfg.to_string(), &group_ctx()).unwrap()
     }
 
     /// Two rows: row 0, 3 tokens, reward 1, old − ref = [0.5, 0, −0.5]; row 1, 2 tokens, reward 0,
@@ -472,8 +480,11 @@ mod tests {
 
     #[test]
     fn config_errors_name_the_key() {
-        let err =
-            |cfg: serde_json::Value| ReinforcePp::new(&cfg.to_string(), &Context::default()).unwrap_err().to_string();
+        let err = |cfg: serde_json::Value| ReinforcePp::new(&cfg.to_string(), &group_ctx()).unwrap_err().to_string();
+        // One sample per prompt: REINFORCE++ runs, its group-mean baseline would centre every reward to 0.
+        assert!(ReinforcePp::new("{}", &Context::default()).is_ok());
+        let one = ReinforcePp::new(r#"{"baseline": "group_mean"}"#, &Context::default()).unwrap_err().to_string();
+        assert!(one.starts_with("rollout.samples_per_prompt = 1: REINFORCE++-baseline compares"), "{one}");
         let e = err(json!({"init_kl_coef": 0.1}));
         assert!(e.starts_with("init_kl_coef: unknown field"), "{e}");
         let e = err(json!({"gamma": 1.5}));

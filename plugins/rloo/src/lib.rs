@@ -131,9 +131,10 @@ pub fn leave_one_out_baseline(x: &Tensor, group: &Tensor, n_groups: i64) -> Resu
 }
 
 impl Algorithm for Rloo {
-    fn new(config: &str, _ctx: &Context) -> Result<Self> {
+    fn new(config: &str, ctx: &Context) -> Result<Self> {
         let cfg: RlooConfig = parse_config(config)?;
         cfg.validate()?;
+        ops::require_groups(ctx, "RLOO")?;
         Ok(Rloo { cfg })
     }
 
@@ -277,8 +278,13 @@ mod tests {
     use rlhf_plugin_api::testing::{assert_close, metric, t2, values_of};
     use serde_json::json;
 
+    /// Four samples per prompt.
+    fn group_ctx() -> Context {
+        Context { samples_per_prompt: 4, ..Context::default() }
+    }
+
     fn rloo(cfg: serde_json::Value) -> Rloo {
-        Rloo::new(&cfg.to_string(), &Context::default()).unwrap()
+        Rloo::new(&cfg.to_string(), &group_ctx()).unwrap()
     }
 
     /// Group 7 = rows 0, 1, 3, 4 (interleaved with group 3) with rewards [1, 0, 0, 1]; group 3 =
@@ -476,7 +482,9 @@ mod tests {
 
     #[test]
     fn config_errors_name_the_key() {
-        let err = |cfg: serde_json::Value| Rloo::new(&cfg.to_string(), &Context::default()).unwrap_err().to_string();
+        let err = |cfg: serde_json::Value| Rloo::new(&cfg.to_string(), &group_ctx()).unwrap_err().to_string();
+        let one = Rloo::new("{}", &Context::default()).unwrap_err().to_string();
+        assert!(one.starts_with("rollout.samples_per_prompt = 1: RLOO compares the samples of a prompt"), "{one}");
         let e = err(json!({"rloo_k": 4}));
         assert!(e.starts_with("rloo_k: unknown field"), "{e}");
         let e = err(json!({"beta": -0.1}));
