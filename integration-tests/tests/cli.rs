@@ -187,8 +187,15 @@ fn bad_data_gives_one_clear_line() {
     assert_clean_failure(&out, &["/nonexistent.jsonl"]);
     let out = rlhf(&["generate", "--model", s(&model), "--prompt", "hi", "--device", "cuda:zero"]);
     assert_clean_failure(&out, &["device `cuda:zero`"]);
-    let out = rlhf(&["generate", "--model", s(&model), "--prompt", "hi", "--temperature", "1", "--top-p", "2"]);
-    assert_clean_failure(&out, &["top_p"]);
+    // Sampling settings are checked before the model loads, greedy or not, under their flags' names.
+    for (bad, needle) in [("--top-p=2", "--top-p 2: must be in (0, 1]"), ("--top-k=-1", "--top-k -1: must be >= 0")] {
+        for t in ["0", "1"] {
+            let out = rlhf(&["generate", "--model", "/nonexistent", "--prompt", "hi", "--temperature", t, bad]);
+            assert_clean_failure(&out, &[needle]);
+        }
+    }
+    let out = rlhf(&["generate", "--model", "/nonexistent", "--prompt", "hi", "--max-new-tokens", "0"]);
+    assert_clean_failure(&out, &["--max-new-tokens 0: must be >= 1"]);
     let out = rlhf(&["generate", "--model", s(&model_dir("gpt2")), "--prompt", &"word ".repeat(200)]);
     assert_clean_failure(&out, &["n_positions"]);
 }

@@ -45,6 +45,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         anyhow::bail!("--temperature {}: must be a finite number >= 0 (0 = greedy)", args.temperature);
     }
+    if let Some(p) = args.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        anyhow::bail!("--top-p {p}: must be in (0, 1]");
+    }
+    if let Some(k) = args.top_k.filter(|k| *k < 0) {
+        anyhow::bail!("--top-k {k}: must be >= 0 (0 = no limit)");
+    }
+    if args.max_new_tokens < 1 {
+        anyhow::bail!("--max-new-tokens {}: must be >= 1", args.max_new_tokens);
+    }
+    if args.temperature == 0.0 && (args.top_p.is_some() || args.top_k.is_some()) {
+        tracing::warn!(
+            "--top-p and --top-k shape sampling: with --temperature 0 the decoding is greedy and ignores them"
+        );
+    }
     let (model, tok) = args.model.load_lm_and_tokenizer()?;
     let vision = PromptImages::for_model(model.source_dir(), model.arch(), &tok)?;
     if !args.image.is_empty() && vision.is_none() {
