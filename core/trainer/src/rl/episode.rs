@@ -35,7 +35,7 @@ use crate::error::{Result, TrainerError};
 use crate::plugins::EnvHandle;
 use crate::rl::engine::vllm::{rollout_sampling, VllmEngine};
 pub use crate::rl::local_turns::EpisodeSettings;
-use crate::rl::local_turns::{LocalTurns, Row};
+use crate::rl::local_turns::{LocalTurns, Row, Sampled};
 use crate::rl::observed::{self, Encoded, Observed};
 use crate::rl::prompts::{ImageFiles, PromptBatch};
 use crate::rl::rollout::Rollout;
@@ -198,30 +198,7 @@ pub fn run(
         }
     }
     let max_total = s.env.max_total_tokens;
-    let mut first_error = None;
-    match env.reset(episodes) {
-        Ok(obs) => {
-            for ((t, o), e) in trajs.iter_mut().zip(obs).zip(episodes) {
-                let at = format!("episode {} first observation", e.id);
-                match observed::encode(s.tok, &o.text, o.images, s.observation_images, &at)? {
-                    Ok(enc) => {
-                        if !t.observe(enc, max_total) {
-                            t.done = true;
-                            t.stats.truncated = true;
-                        }
-                    }
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                        t.fail(s.env.error_penalty);
-                    }
-                }
-            }
-        }
-        Err(e) => {
-            first_error = Some(e.to_string());
-            trajs.iter_mut().for_each(|t| t.fail(s.env.error_penalty));
-        }
-    }
+    let mut first_error = reset(env, episodes, &mut trajs, s)?;
     let mut local = LocalTurns::new(
         match decoder {
             Decoder::Local { model, .. } => Some(model),
@@ -234,7 +211,6 @@ pub fn run(
         if trajs.iter().all(|t| t.done) {
             break;
         }
-        let last_turn = turn + 1 == s.env.max_turns;
         if let (Decoder::Vllm(_), Some(f)) = (decoder, &batch.image_files) {
             for t in trajs.iter_mut().filter(|t| !t.done && t.sampled_placeholder_before_image(f.placeholder)) {
                 first_error.get_or_insert_with(|| {
@@ -264,27 +240,7 @@ pub fn run(
             }
             Decoder::Vllm(engine) => vllm_turn(engine, &trajs, batch.image_files.as_ref(), s)?,
         };
-        let mut actions = Vec::new();
-        let mut rows = Vec::new();
-        for (r, (t, (toks, lps))) in trajs.iter_mut().zip(sampled).enumerate() {
-            if t.done {
-                continue;
-            }
-            let n = toks.len().min(t.room(max_total));
-            let eos = toks[..n].last().is_some_and(|x| s.eos_ids.contains(x));
-            t.tokens.extend_from_slice(&toks[..n]);
-            t.sampled.extend(std::iter::repeat_n(true, n));
-            t.logprobs.extend_from_slice(&lps[..n]);
-            t.stats.turns += 1;
-            let out_of_room = t.room(max_total) == 0;
-            let ended = eos || last_turn || out_of_room;
-            t.stats.truncated = ended && !eos;
-            let ids: Vec<u32> = toks[..n].iter().map(|&x| x as u32).collect();
-            let content: Vec<u32> = ids.iter().copied().filter(|x| !s.eos_ids.contains(&i64::from(*x))).collect();
-            let text = s.tok.decode(&content, true)?;
-            actions.push(Action { id: episodes[r].id, turn: turn as u32, text, token_ids: ids, ended });
-            rows.push(r);
-        }
+        let (actions, rows) = take_turn(&mut trajs, sampled, episodes, s, turn)?;
         match env.step(&actions) {
             Ok(outs) => {
                 for ((&r, a), o) in rows.iter().zip(&actions).zip(outs) {
@@ -302,6 +258,78 @@ pub fn run(
     let rollout = into_rollout(&trajs, batch, s, decoder.behavior())?;
     let observed = trajs.iter_mut().map(|t| std::mem::take(&mut t.observed)).collect();
     Ok(Episodes { rollout, rewards, stats, first_error, observed })
+}
+
+/// Each episode's first observation from the environment's `reset`, appended to its trajectory;
+/// an episode whose observation does not fit ends truncated, one that cannot be encoded (or every
+/// episode, when `reset` fails) ends failed. Returns the first error, for the log.
+fn reset(
+    env: &mut EnvHandle,
+    episodes: &[Episode],
+    trajs: &mut [Trajectory],
+    s: &EpisodeSettings<'_>,
+) -> Result<Option<String>> {
+    let mut first_error = None;
+    match env.reset(episodes) {
+        Ok(obs) => {
+            for ((t, o), e) in trajs.iter_mut().zip(obs).zip(episodes) {
+                let at = format!("episode {} first observation", e.id);
+                match observed::encode(s.tok, &o.text, o.images, s.observation_images, &at)? {
+                    Ok(enc) => {
+                        if !t.observe(enc, s.env.max_total_tokens) {
+                            t.done = true;
+                            t.stats.truncated = true;
+                        }
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        t.fail(s.env.error_penalty);
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            first_error = Some(e.to_string());
+            trajs.iter_mut().for_each(|t| t.fail(s.env.error_penalty));
+        }
+    }
+    Ok(first_error)
+}
+
+/// Appends a turn's sampled tokens (and their log-probs) to the running trajectories, cut to the
+/// room each has left, and makes the environment's actions of them: the decoded text without EOS,
+/// `ended` when the policy sampled EOS, on the last turn, or when the trajectory is full. Returns
+/// the actions and the rows they belong to.
+fn take_turn(
+    trajs: &mut [Trajectory],
+    sampled: Sampled,
+    episodes: &[Episode],
+    s: &EpisodeSettings<'_>,
+    turn: usize,
+) -> Result<(Vec<Action>, Vec<usize>)> {
+    let max_total = s.env.max_total_tokens;
+    let last_turn = turn + 1 == s.env.max_turns;
+    let (mut actions, mut rows) = (Vec::new(), Vec::new());
+    for (r, (t, (toks, lps))) in trajs.iter_mut().zip(sampled).enumerate() {
+        if t.done {
+            continue;
+        }
+        let n = toks.len().min(t.room(max_total));
+        let eos = toks[..n].last().is_some_and(|x| s.eos_ids.contains(x));
+        t.tokens.extend_from_slice(&toks[..n]);
+        t.sampled.extend(std::iter::repeat_n(true, n));
+        t.logprobs.extend_from_slice(&lps[..n]);
+        t.stats.turns += 1;
+        let out_of_room = t.room(max_total) == 0;
+        let ended = eos || last_turn || out_of_room;
+        t.stats.truncated = ended && !eos;
+        let ids: Vec<u32> = toks[..n].iter().map(|&x| x as u32).collect();
+        let content: Vec<u32> = ids.iter().copied().filter(|x| !s.eos_ids.contains(&i64::from(*x))).collect();
+        let text = s.tok.decode(&content, true)?;
+        actions.push(Action { id: episodes[r].id, turn: turn as u32, text, token_ids: ids, ended });
+        rows.push(r);
+    }
+    Ok((actions, rows))
 }
 
 /// Applies the environment's answer to one action.
