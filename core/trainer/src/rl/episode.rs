@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 
 use rlhf_generation::{batch::to_rows, Generated};
 use rlhf_models::{CausalLm, Images};
-use rlhf_plugin_api::{Action, Episode, StepOutcome};
+use rlhf_plugin_api::{Action, Episode, ObservationImage, StepOutcome};
 use rlhf_vision::ImageRef;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -125,6 +125,32 @@ impl Trajectory {
         self.sampled.extend(std::iter::repeat_n(false, n));
         self.logprobs.extend(std::iter::repeat_n(0.0, n));
         n == ids.len() && self.room(max_total) > 0
+    }
+
+    /// Encodes an observation (`at` names it in errors) and appends it: the episode ends
+    /// truncated when it does not fit, failed (its error kept in `first_error`) when it cannot be
+    /// encoded.
+    fn take_observation(
+        &mut self,
+        text: &str,
+        images: Vec<ObservationImage>,
+        s: &EpisodeSettings<'_>,
+        at: &str,
+        first_error: &mut Option<String>,
+    ) -> Result<()> {
+        match observed::encode(s.tok, text, images, s.observation_images, at)? {
+            Ok(enc) => {
+                if !self.observe(enc, s.env.max_total_tokens) {
+                    self.done = true;
+                    self.stats.truncated = true;
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+                self.fail(s.env.error_penalty);
+            }
+        }
+        Ok(())
     }
 
     /// Whether the policy sampled `placeholder` (an image token, text where the policy sampled
@@ -274,18 +300,7 @@ fn reset(
         Ok(obs) => {
             for ((t, o), e) in trajs.iter_mut().zip(obs).zip(episodes) {
                 let at = format!("episode {} first observation", e.id);
-                match observed::encode(s.tok, &o.text, o.images, s.observation_images, &at)? {
-                    Ok(enc) => {
-                        if !t.observe(enc, s.env.max_total_tokens) {
-                            t.done = true;
-                            t.stats.truncated = true;
-                        }
-                    }
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                        t.fail(s.env.error_penalty);
-                    }
-                }
+                t.take_observation(&o.text, o.images, s, &at, &mut first_error)?;
             }
         }
         Err(e) => {
@@ -361,19 +376,7 @@ fn answer(
         return Ok(());
     }
     let at = format!("episode {} turn {}", a.id, a.turn);
-    match observed::encode(s.tok, &o.observation, o.images, s.observation_images, &at)? {
-        Ok(enc) => {
-            if !t.observe(enc, s.env.max_total_tokens) {
-                t.done = true;
-                t.stats.truncated = true;
-            }
-        }
-        Err(e) => {
-            first_error.get_or_insert(e);
-            t.fail(s.env.error_penalty);
-        }
-    }
-    Ok(())
+    t.take_observation(&o.observation, o.images, s, &at, first_error)
 }
 
 /// One policy turn of every episode still running, on vLLM: its context (prompt and trajectory
