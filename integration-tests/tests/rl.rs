@@ -188,6 +188,10 @@ fn panicking_and_unknown_plugins_are_clear_errors() {
     let o = train(&[&["--algo", "nope"], &common[..]].concat(), &[]);
     let e = error_line(&o);
     assert!(e.contains("unknown --algo `nope`") && e.contains("grpo") && e.contains("ppo-seq"), "{e}");
+    // An offline method names its own command.
+    let o = train(&[&["--algo", "dpo"], &common[..]].concat(), &[]);
+    let e = error_line(&o);
+    assert!(e.contains("--algo dpo: `rlhf train` runs online RL; dpo trains on a dataset with `rlhf dpo`"), "{e}");
 }
 
 #[test]

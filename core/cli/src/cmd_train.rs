@@ -104,6 +104,18 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     // The plugin `--algo` selects: the config's (a preset named by `--algo` names its own plugin).
     if let Some(algo) = args.algo.as_ref().map(|_| &cfg.algorithm.name) {
         if let Err(e) = reg.get(algo, PluginKind::Algorithm) {
+            // The offline phases have commands of their own (TRL's DPOTrainer, SFTTrainer, RewardTrainer).
+            let offline = match algo.to_ascii_lowercase().as_str() {
+                "dpo" | "ipo" | "simpo" | "cdpo" => Some("dpo"),
+                "sft" => Some("sft"),
+                "rm" | "reward" => Some("rm"),
+                _ => None,
+            };
+            if let Some(cmd) = offline {
+                anyhow::bail!(
+                    "--algo {algo}: `rlhf train` runs online RL; {algo} trains on a dataset with `rlhf {cmd}`"
+                );
+            }
             let presets: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
             anyhow::bail!("unknown --algo `{algo}`: {e} (presets: {})", presets.join(", "));
         }
