@@ -155,7 +155,8 @@ fn sft_checkpoint_of_a_chat_model_loads_in_transformers_with_the_same_logits() {
 }
 
 /// Separable pairs for the built-in vocabulary: the chosen answer starts with "the answer is", the
-/// rejected one is digits and symbols.
+/// rejected one is digits and symbols, from as short as the chosen to 12 tokens longer (so that a
+/// padding-free pass packs two short rows into one).
 fn separable_pairs(n: usize, offset: usize) -> Vec<String> {
     (0..n)
         .map(|k| {
@@ -164,7 +165,7 @@ fn separable_pairs(n: usize, offset: usize) -> Vec<String> {
             serde_json::json!({
                 "prompt": format!("{a} + {b} ="),
                 "chosen": format!(" the answer is {}", (a * 3 + b) % 10),
-                "rejected": format!(" {} + {} =", (a + 7) % 10, (b * 7 + 1) % 10),
+                "rejected": format!(" {} + {} ={}", (a + 7) % 10, (b * 7 + 1) % 10, " =".repeat(i % 13)),
             })
             .to_string()
         })
@@ -177,10 +178,13 @@ fn rm_separates_a_separable_set_and_loads_in_transformers() {
     let (train, eval) = (tmp.path().join("train.jsonl"), tmp.path().join("eval.jsonl"));
     write_lines(&train, &separable_pairs(64, 0));
     write_lines(&eval, &separable_pairs(20, 64));
-    // One run dir per loss (a run dir that holds a run is refused); the last one's model is checked.
+    // One run dir per loss (a run dir that holds a run is refused); the last-token one's model is
+    // checked, and its padding-free run trains the same within float rounding.
     let rd_of = |loss: &str| tmp.path().join(format!("rm-{loss}"));
-    for loss in ["dsc", "last_token"] {
+    for loss in ["dsc", "last_token", "last_token-padding-free"] {
         let rd = rd_of(loss);
+        let padding_free = format!("train.padding_free={}", loss.ends_with("padding-free"));
+        let loss = loss.trim_end_matches("-padding-free");
         let o = rlhf(&[
             "rm",
             "--run-dir",
@@ -193,6 +197,8 @@ fn rm_separates_a_separable_set_and_loads_in_transformers() {
             &format!("train.loss={loss:?}"),
             "--set",
             "train.epochs=3",
+            "--set",
+            &padding_free,
         ]);
         let out = ok(&o);
         let summary = read_json(&rd.join("summary.json"));
@@ -204,6 +210,16 @@ fn rm_separates_a_separable_set_and_loads_in_transformers() {
         let last = metrics(&rd).pop().unwrap();
         for key in ["loss", "lr", "tokens_per_s", "eval/accuracy", "eval/chosen_score", "eval/rejected_score"] {
             assert!(last[key].is_number(), "{key} missing in {last}");
+        }
+    }
+
+    let (padded, packed) = (metrics(&rd_of("last_token")), metrics(&rd_of("last_token-padding-free")));
+    assert_eq!(padded.len(), packed.len());
+    for (a, b) in padded.iter().zip(&packed) {
+        for key in ["loss", "train/accuracy", "eval/loss", "eval/accuracy", "eval/chosen_score"] {
+            if let (Some(x), Some(y)) = (a[key].as_f64(), b[key].as_f64()) {
+                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{key}: padded {x}, padding-free {y}");
+            }
         }
     }
 

@@ -250,7 +250,13 @@ impl ScalarHeadModel {
         };
         let shares = |width: i64| self.backbone.packs_shared_prompts(width, router_aux);
         let cost = crate::PassCost::of(&self.config.arch);
-        let Some(p) = crate::Packing::cheapest(input_ids, attention_mask, prefix.as_ref(), seq, &shares, cost)? else {
+        let packing = crate::Packing::cheapest(input_ids, attention_mask, prefix.as_ref(), seq, &shares, cost)?;
+        tracing::debug!(
+            "values pass of {} rows × {seq}: packed {}",
+            input_ids.size()[0],
+            packing.as_ref().map_or("None".to_string(), |p| format!("Some({} rows × {})", p.rows(), p.width()))
+        );
+        let Some(p) = packing else {
             return self.values_pass(input_ids, attention_mask, checkpointed);
         };
         // [rows, width, h] → [rows, width, 1] → [batch, seq]

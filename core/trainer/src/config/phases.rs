@@ -420,6 +420,11 @@ pub struct RmTrainConfig {
     pub eval_every: usize,
     pub eval_batch_size: usize,
     pub gradient_checkpointing: bool,
+    /// Run the pairs padding-free (OpenRLHF's `--packing_samples`): each batch's chosen and
+    /// rejected rows without their padding, packed into as few rows as hold them, every sequence
+    /// attending only to itself — the padded pass's scores and gradients within float rounding.
+    /// Needs `loss = "last_token"`: DeepSpeed-Chat's loss also reads the shorter side's padding.
+    pub padding_free: bool,
 }
 
 impl Default for RmTrainConfig {
@@ -441,6 +446,7 @@ impl Default for RmTrainConfig {
             eval_every: c.eval_every,
             eval_batch_size: c.eval_batch_size,
             gradient_checkpointing: c.gradient_checkpointing,
+            padding_free: false,
         }
     }
 }
@@ -496,6 +502,11 @@ impl RmConfig {
         let common = cfg.train.common();
         validate_phase(&src, &common, &cfg.model.lora, &cfg.checkpoint, &cfg.distributed, cfg.data.max_len)?;
         super::check_shared(&src, &cfg.data.columns(), &cfg.tensorboard)?;
+        if cfg.train.padding_free && cfg.train.loss == RmLoss::Dsc {
+            let why = "needs train.loss = \"last_token\" (DeepSpeed-Chat's loss, the default, also reads the values \
+                       at the shorter side's padding, which a padding-free pass does not compute)";
+            return Err(src.error("train.padding_free", why));
+        }
         let lora = &cfg.model.lora;
         let dropout = if lora.rank > 0 { lora.dropout } else { 0.0 };
         cfg.distributed.apply_to_checkpointing(&src, &mut cfg.train.gradient_checkpointing, dropout)?;
@@ -513,6 +524,8 @@ mod tests {
         assert_eq!((sft.model.path.as_str(), sft.data.train.as_str()), ("builtin:tiny", "builtin:addition-sft"));
         let rm = RmConfig::load(&ConfigSource::Preset("rm".into()), &["train.loss=\"last_token\"".into()]).unwrap();
         assert_eq!(rm.train.loss, RmLoss::LastToken);
+        let e = RmConfig::load(&ConfigSource::Preset("rm".into()), &["train.padding_free=true".into()]).unwrap_err();
+        assert!(e.to_string().contains("train.padding_free: needs train.loss = \"last_token\""), "{e}");
         assert_eq!(rm.data.train, "builtin:addition-pairs");
         let e = SftConfig::load(&ConfigSource::Preset("sft".into()), &["lora.rank=-1".into()]).unwrap_err();
         assert!(e.to_string().contains("--set lora.rank=-1: model.lora.rank: must be >= 0"), "{e}");

@@ -44,20 +44,32 @@ pub struct RmSummary {
     pub loss_last: f64,
 }
 
+/// How the reward model's passes run: `train.gradient_checkpointing`, `train.padding_free`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassOptions {
+    pub checkpointing: bool,
+    pub padding_free: bool,
+}
+
 /// Values of both sides of a batch and the loss; with `checkpointing` from a checkpointed pass,
-/// returned for [`ScalarHeadModel::backward_checkpointed`] once the loss is backpropagated.
+/// returned for [`ScalarHeadModel::backward_checkpointed`] once the loss is backpropagated. With
+/// `padding_free` the rows run packed ([`ScalarHeadModel::values_pass_packed`]; 0 at the padding).
 ///
 /// # Shapes
 /// - `pairs.len() = B` → per-pair losses and scores `[B]`
-fn forward_pairs(
+pub fn forward_pairs(
     model: &ScalarHeadModel,
     pairs: &[&PairExample],
     pad: i64,
     loss: RmLoss,
-    checkpointing: bool,
+    pass: PassOptions,
 ) -> Result<(PairLoss, usize, Option<Checkpointed>)> {
     let b = collate_pairs(pairs, pad, model.device())?;
-    let (values, ck) = model.values_pass(&b.input_ids, &b.attention_mask, checkpointing)?; // [2B, T]
+    let (ids, mask) = (&b.input_ids, &b.attention_mask);
+    let (values, ck) = match pass.padding_free {
+        true => model.values_pass_packed(ids, mask, pass.checkpointing, None)?, // [2B, T]
+        false => model.values_pass(ids, mask, pass.checkpointing)?,             // [2B, T]
+    };
     let n = pairs.len() as i64;
     let (chosen, rejected) = (values.f_narrow(0, 0, n)?, values.f_narrow(0, n, n)?); // [B, T] each
     let out = pairwise_loss(loss, &chosen, &rejected, &b.segment, &b.chosen_last, &b.rejected_last)?;
@@ -72,12 +84,14 @@ pub fn evaluate_pairs(
     batch_size: usize,
     pad: i64,
     loss: RmLoss,
+    padding_free: bool,
 ) -> Result<StepMetrics> {
     let (mut correct, mut chosen, mut rejected, mut loss_sum) = (0f64, 0f64, 0f64, 0f64);
     tch::no_grad(|| -> Result<()> {
         for chunk in pairs.chunks(batch_size.max(1)) {
             let batch: Vec<&PairExample> = chunk.iter().collect();
-            let (out, _, _) = forward_pairs(model, &batch, pad, loss, false)?;
+            let (out, _, _) =
+                forward_pairs(model, &batch, pad, loss, PassOptions { checkpointing: false, padding_free })?;
             let sum = |t: &Tensor| -> Result<f64> { Ok(t.f_sum(Kind::Double)?.double_value(&[])) };
             correct += sum(&out.chosen_scores.f_gt_tensor(&out.rejected_scores)?)?;
             chosen += sum(&out.chosen_scores)?;
@@ -102,8 +116,7 @@ struct RmTask {
     pad: i64,
     loss: RmLoss,
     eval_batch_size: usize,
-    /// `train.gradient_checkpointing`.
-    checkpointing: bool,
+    pass: PassOptions,
 }
 
 impl PhaseTask for RmTask {
@@ -114,7 +127,7 @@ impl PhaseTask for RmTask {
     fn micro_step(&mut self, items: &[usize], total_weight: f64, m: &mut StepMetrics) -> Result<Option<MicroOut>> {
         self.model.set_training(true);
         let batch: Vec<&PairExample> = items.iter().map(|&i| &self.train[i]).collect();
-        let (out, tokens, ck) = forward_pairs(&self.model, &batch, self.pad, self.loss, self.checkpointing)?;
+        let (out, tokens, ck) = forward_pairs(&self.model, &batch, self.pad, self.loss, self.pass)?;
         let sum = out.per_pair.f_sum(Kind::Float)?; // scalar
         let value = sum.double_value(&[]);
         if value.is_finite() {
@@ -143,7 +156,14 @@ impl PhaseTask for RmTask {
         if self.eval.is_empty() {
             return Ok(None);
         }
-        Ok(Some(evaluate_pairs(&self.model, &self.eval, self.eval_batch_size, self.pad, self.loss)?))
+        Ok(Some(evaluate_pairs(
+            &self.model,
+            &self.eval,
+            self.eval_batch_size,
+            self.pad,
+            self.loss,
+            self.pass.padding_free,
+        )?))
     }
 
     fn save(&self, dir: &Path) -> Result<()> {
@@ -203,7 +223,7 @@ fn rm_in(cfg: &RmConfig, run_dir: &Path, begun: Begun, world: &World, resume: Op
         pad: i64::from(tok.pad_token_id()),
         loss: cfg.train.loss,
         eval_batch_size: t.eval_batch_size,
-        checkpointing: t.gradient_checkpointing,
+        pass: PassOptions { checkpointing: t.gradient_checkpointing, padding_free: cfg.train.padding_free },
     };
     let s = run_phase(&mut task, train_pairs, t, &mut opt, &run, &mut sinks)?;
     let get = |m: &Option<StepMetrics>, k: &str| m.as_ref().and_then(|m| m.get(k));
