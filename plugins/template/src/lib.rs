@@ -71,6 +71,9 @@ impl Algorithm for TemplateReinforce {
         if !(config.eps > 0.0 && config.eps.is_finite()) {
             return Err(PluginError::config("eps", format!("must be a positive number, got {}", config.eps)));
         }
+        // Settings of the host that cannot work with this algorithm: a group baseline needs at
+        // least two samples per prompt (with one, every advantage is 0).
+        ops::require_groups(ctx, "template-reinforce")?;
         // `tracing` events reach the host's log with the plugin's name as target
         // (`RUST_LOG=template-reinforce=debug` filters them).
         tracing::info!(
@@ -246,5 +249,9 @@ mod tests {
         assert!(err(r#"{"normalise": true}"#).starts_with("normalise: unknown field `normalise`"));
         assert!(err(r#"{"normalize": "yes"}"#).starts_with("normalize: invalid type: string \"yes\""));
         assert_eq!(err(r#"{"eps": 0}"#), "eps: must be a positive number, got 0");
+        // The host's settings are checked too: one sample per prompt leaves the baseline nothing.
+        let one = Context { samples_per_prompt: 1, ..ctx() };
+        let e = TemplateReinforce::new("{}", &one).unwrap_err().to_string();
+        assert!(e.starts_with("rollout.samples_per_prompt = 1: template-reinforce compares"), "{e}");
     }
 }

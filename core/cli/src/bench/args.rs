@@ -66,8 +66,8 @@ pub struct BenchArgs {
     /// Batch sizes of the decode section (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub(super) decode_batches: Vec<i64>,
-    /// New tokens per sequence of the decode section (it times this length and a quarter of it).
-    #[arg(long, default_value_t = 64)]
+    /// New tokens per sequence of the decode section, >= 2 (it times this length and a quarter of it).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i64).range(2..))]
     pub(super) decode_new_tokens: i64,
     /// Also time transformers' static-cache `generate` (under torch.compile on CUDA) in the decode
     /// section, on the same model, batches and lengths; prints HF / ours.
@@ -173,6 +173,14 @@ mod tests {
     #[test]
     fn peaks_are_positive_numbers() {
         assert_eq!(super::positive("989.4"), Ok(989.4));
+        // Two lengths to time: a decode section of one new token is refused by name.
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: super::BenchArgs,
+        }
+        let e = <Cli as clap::Parser>::try_parse_from(["bench", "decode", "--decode-new-tokens", "1"]).err().unwrap();
+        assert!(e.to_string().contains("--decode-new-tokens"), "{e}");
         for bad in ["0", "-1", "nan", "inf", "fast"] {
             assert!(super::positive(bad).is_err(), "{bad}");
         }
