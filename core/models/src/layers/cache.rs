@@ -98,8 +98,17 @@ impl KvCache {
         }
         let (c, s) = &mut self.layers[layer];
         c.f_copy_(conv)?;
-        s.f_copy_(state)?;
+        // A state updated in its buffer ([`KvCache::updates_state_in_place`]) is there already.
+        if s.data_ptr() != state.data_ptr() {
+            s.f_copy_(state)?;
+        }
         Ok(())
+    }
+
+    /// Whether layer `layer`'s linear-attention state may be updated where it lies: a
+    /// preallocated cache (its buffers belong to no autograd graph) outside of autograd.
+    pub fn updates_state_in_place(&self) -> bool {
+        !self.growing && !super::fused::grad_enabled()
     }
 
     /// An empty cache without buffers: each append concatenates (no in-place write), so the cached

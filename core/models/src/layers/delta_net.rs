@@ -301,7 +301,8 @@ impl GatedDeltaNet {
         let v = qkv[2].f_reshape([b, s, l.num_value_heads, l.value_head_dim])?;
         let recurrent_state = state.as_ref().map(|(_, r)| r);
         let (o, new_state) = if recurrent_state.is_some() && s == 1 {
-            delta_rule::recurrent(&q, &k, &v, &g, &beta, recurrent_state)?
+            let in_place = cache.as_ref().is_some_and(|c| c.updates_state_in_place());
+            delta_rule::recurrent(&q, &k, &v, &g, &beta, recurrent_state, in_place)?
         } else {
             delta_rule::chunked(&q, &k, &v, &g, &beta, recurrent_state, shared.starts.as_ref())?
         };

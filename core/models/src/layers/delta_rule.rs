@@ -74,7 +74,9 @@ fn initial_state(state: Option<&Tensor>, k: &Tensor, v: &Tensor) -> Result<Tenso
     })
 }
 
-/// The recurrence token by token (decoding, usually one token).
+/// The recurrence token by token (decoding, usually one token). With `in_place`, `state` (f32)
+/// is updated where it lies and returned — a preallocated decode cache's buffer, so a step reads
+/// and writes the state once and copies nothing; it must take no part in autograd.
 ///
 /// # Shapes
 /// - `q`, `k`: `[b, s, hk, dk]`; `v`: `[b, s, hv, dv]`; `g` (log decay, ≤ 0), `beta`: `[b, s, hv]`;
@@ -86,10 +88,12 @@ pub fn recurrent(
     g: &Tensor,
     beta: &Tensor,
     state: Option<&Tensor>,
+    in_place: bool,
 ) -> Result<(Tensor, Tensor)> {
     let kind = v.kind();
     let [q, k, v, g, beta] = prepare(q, k, v, g, beta)?;
     let mut s_t = initial_state(state, &k, &v)?;
+    let in_place = in_place && state.is_some_and(|s| s.kind() == Kind::Float);
     let (b, h) = (q.size()[0], q.size()[1]);
     // One view per token (a single backward for all of them, where per-token selects would each
     // scatter into a full-size gradient).
@@ -98,12 +102,21 @@ pub fn recurrent(
     let rates = beta.f_view([b, h, -1, 1, 1])?.f_unbind(2)?; // [b, h, 1, 1] each
     let mut out = Vec::with_capacity(qs.len());
     for t in 0..qs.len() {
-        let (q_t, k_t, v_t) = (&qs[t], &ks[t], &vs[t]);
-        s_t = s_t.f_mul(&decays[t])?;
-        let predicted = k_t.f_matmul(&s_t)?; // [b, h, 1, dv]
-        let delta = v_t.f_sub(&predicted)?.f_mul(&rates[t])?; // [b, h, 1, dv]
-        s_t = s_t.f_add(&k_t.f_transpose(-1, -2)?.f_matmul(&delta)?)?; // + k ⊗ delta
-        out.push(q_t.f_matmul(&s_t)?); // [b, h, 1, dv]
+        let (q_t, k_t, v_t, decay) = (&qs[t], &ks[t], &vs[t], &decays[t]);
+        // The state is read once, by k and q together, and written once: with S the state before
+        // the token, `kᵀ(decay·S) = decay·(kᵀS)` and `qᵀS_t = decay·(qᵀS) + (q·k)·delta`.
+        let read = Tensor::f_cat(&[k_t, q_t], 2)?.f_matmul(&s_t)?; // [b, h, 2, dv]
+        let (k_read, q_read) = (read.f_narrow(2, 0, 1)?, read.f_narrow(2, 1, 1)?); // [b, h, 1, dv] each
+        let delta = v_t.f_sub(&k_read.f_mul(decay)?)?.f_mul(&rates[t])?; // [b, h, 1, dv]
+        let qk = q_t.f_mul(k_t)?.f_sum_dim_intlist(-1, true, Kind::Float)?; // [b, h, 1, 1]
+        out.push(q_read.f_mul(decay)?.f_add(&qk.f_mul(&delta)?)?); // [b, h, 1, dv]
+                                                                   // decay·S + k ⊗ delta, the product added in place to the decayed state (a fresh one, or
+                                                                   // the caller's buffer).
+        let k_col = k_t.f_transpose(-1, -2)?; // [b, h, dk, 1]
+        s_t = match in_place {
+            true => s_t.f_mul_(decay)?.f_addcmul_(&k_col, &delta)?,
+            false => s_t.f_mul(decay)?.f_addcmul_(&k_col, &delta)?,
+        };
     }
     let o = Tensor::f_cat(&out, 2)?; // [b, h, s, dv]
     Ok((o.f_transpose(1, 2)?.f_to_kind(kind)?.f_contiguous()?, s_t))
@@ -228,7 +241,7 @@ mod tests {
     #[test]
     fn chunked_equals_recurrent_over_several_chunks_and_from_a_state() {
         let [q, k, v, g, beta] = inputs(2, 2 * CHUNK + 9, 2, 4, 8);
-        let (o_r, s_r) = recurrent(&q, &k, &v, &g, &beta, None).unwrap();
+        let (o_r, s_r) = recurrent(&q, &k, &v, &g, &beta, None, false).unwrap();
         let (o_c, s_c) = chunked(&q, &k, &v, &g, &beta, None, None).unwrap();
         assert!(max_diff(&o_r, &o_c) < 1e-4, "outputs differ by {}", max_diff(&o_r, &o_c));
         assert!(max_diff(&s_r, &s_c) < 1e-4, "states differ by {}", max_diff(&s_r, &s_c));
@@ -267,7 +280,7 @@ mod tests {
         let [q, k, v, g, beta] = inputs(2, 137, 2, 4, 8);
         let starts = Tensor::zeros([2, 137], (Kind::Bool, Device::Cpu));
         let _ = starts.narrow(1, 50, 1).fill_(1);
-        let (o_r, s_r) = recurrent(&q, &k, &v, &g, &beta, None).unwrap();
+        let (o_r, s_r) = recurrent(&q, &k, &v, &g, &beta, None, false).unwrap();
         for chunk in [16, 32, 48, 64] {
             CHUNK_OVERRIDE.with(|c| c.set(Some(chunk)));
             let (o_c, s_c) = chunked(&q, &k, &v, &g, &beta, None, None).unwrap();
@@ -277,10 +290,24 @@ mod tests {
             assert!(max_diff(&s_r, &s_c) < 1e-4, "chunk {chunk}: states differ by {}", max_diff(&s_r, &s_c));
             // After the start at 50, the row is the sequence from 50 run alone.
             let p = |x: &Tensor| x.narrow(1, 50, 87);
-            let (alone, _) = recurrent(&p(&q), &p(&k), &p(&v), &p(&g), &p(&beta), None).unwrap();
+            let (alone, _) = recurrent(&p(&q), &p(&k), &p(&v), &p(&g), &p(&beta), None, false).unwrap();
             let d = max_diff(&o_p.narrow(1, 50, 87), &alone);
             assert!(d < 1e-4, "chunk {chunk}: the packed sequence differs by {d}");
         }
+    }
+
+    /// A decode step that updates its state where it lies computes what the plain step does, and
+    /// leaves the new state in the caller's buffer.
+    #[test]
+    fn a_step_in_place_equals_the_plain_step() {
+        let [q, k, v, g, beta] = inputs(3, 1, 2, 4, 8);
+        let before = Tensor::randn([3, 4, 8, 8], (Kind::Float, Device::Cpu));
+        let (o, s_new) = recurrent(&q, &k, &v, &g, &beta, Some(&before), false).unwrap();
+        let buffer = before.copy();
+        let (o_in, s_in) = tch::no_grad(|| recurrent(&q, &k, &v, &g, &beta, Some(&buffer), true)).unwrap();
+        assert_eq!(s_in.data_ptr(), buffer.data_ptr());
+        assert!(max_diff(&o, &o_in) == 0.0 && max_diff(&s_new, &buffer) == 0.0);
+        assert!(max_diff(&before, &buffer) > 0.0);
     }
 
     #[test]
@@ -294,7 +321,7 @@ mod tests {
         let (o, _) = chunked(&q, &k, &v, &g, &beta, None, Some(&starts)).unwrap();
         for (from, len) in [(0, a), (a, c)] {
             let p = |x: &Tensor| x.narrow(1, from, len);
-            let (alone, _) = recurrent(&p(&q), &p(&k), &p(&v), &p(&g), &p(&beta), None).unwrap();
+            let (alone, _) = recurrent(&p(&q), &p(&k), &p(&v), &p(&g), &p(&beta), None, false).unwrap();
             let d = max_diff(&o.narrow(1, from, len), &alone);
             assert!(d < 1e-4, "segment at {from} differs by {d}");
         }

@@ -18,7 +18,7 @@ use super::{linear, Linear};
 use crate::error::Result;
 
 /// Whether autograd records operations on this thread (off inside `tch::no_grad`).
-fn grad_enabled() -> bool {
+pub(crate) fn grad_enabled() -> bool {
     // SAFETY: sets the thread's grad mode and returns the previous one, which is put back at once.
     unsafe {
         let previous = torch_sys::at_grad_set_enabled(0);
