@@ -12,7 +12,7 @@ mod family_common;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use family_common::{load, masked_max_abs_diff, models, reference, tol_for, LONG_LINEAR_TOL, TOL};
+use family_common::{load, masked_max_abs_diff, models, reference, tol_for, TOL};
 use rlhf_integration_tests::{family_models, hf_check, python, FAMILIES};
 use rlhf_models::{CausalLm, LoraConfig, ModelConfig, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
@@ -47,7 +47,7 @@ fn logits_of_padded_and_packed_batches_match_transformers() {
         if let Some(long) = r.get("long_ids") {
             let logits = tch::no_grad(|| model.forward(long, &long.ones_like())).unwrap().squeeze_dim(0);
             let diff = (&logits - &r["long_logits"]).abs().max().double_value(&[]);
-            let tol = tol_for(name, &dir, "long_f32_error").max(LONG_LINEAR_TOL);
+            let tol = tol_for(name, &dir, "long_f32_error");
             println!("{name}: {} tokens max |Δlogit| = {diff:.2e} (tolerance {tol:.1e})", long.size()[1]);
             assert!(diff < tol, "{name}: long row logits differ by {diff}");
         }

@@ -18,13 +18,6 @@ pub const TOL: f64 = 1e-4;
 /// ones (logits of about 15; a wrong formula is off by 1e-2 and more).
 pub const LINEAR_TOL: f64 = 5e-4;
 
-/// The same for a row past several chunks of the delta rule: transformers computes the recurrence
-/// in f32 whatever the model's dtype, so its own f32-against-f64 error understates it. Against a
-/// recurrence in f64, its f32 logits of a 150-token row were up to 8.2e-4 off and ours 1.0e-4 to
-/// 3.5e-4 (chunks of 32 on a CPU; 3.4e-4 to 6.6e-4 in chunks of 64, as transformers takes), so the
-/// two may differ by about 1e-3; a wrong formula is off by 1e-2 and more.
-pub const LONG_LINEAR_TOL: f64 = 1.2e-3;
-
 /// The tolerance for family `name`'s logits: [`TOL`] ([`LINEAR_TOL`] with linear attention), or
 /// twice transformers' own f32 error where the fixture measured it (`reference.json`'s `key`).
 pub fn tol_for(name: &str, dir: &Path, key: &str) -> f64 {
