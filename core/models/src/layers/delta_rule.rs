@@ -110,8 +110,9 @@ pub fn recurrent(
         let delta = v_t.f_sub(&k_read.f_mul(decay)?)?.f_mul(&rates[t])?; // [b, h, 1, dv]
         let qk = q_t.f_mul(k_t)?.f_sum_dim_intlist(-1, true, Kind::Float)?; // [b, h, 1, 1]
         out.push(q_read.f_mul(decay)?.f_add(&qk.f_mul(&delta)?)?); // [b, h, 1, dv]
-                                                                   // decay·S + k ⊗ delta, the product added in place to the decayed state (a fresh one, or
-                                                                   // the caller's buffer).
+
+        // decay·S + k ⊗ delta, the product added in place to the decayed state (a fresh one, or
+        // the caller's buffer).
         let k_col = k_t.f_transpose(-1, -2)?; // [b, h, dk, 1]
         s_t = match in_place {
             true => s_t.f_mul_(decay)?.f_addcmul_(&k_col, &delta)?,
