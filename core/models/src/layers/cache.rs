@@ -108,7 +108,7 @@ impl KvCache {
     /// Whether layer `layer`'s linear-attention state may be updated where it lies: a
     /// preallocated cache (its buffers belong to no autograd graph) outside of autograd.
     pub fn updates_state_in_place(&self) -> bool {
-        !self.growing && !super::fused::grad_enabled()
+        !self.growing && !super::grad_enabled()
     }
 
     /// An empty cache without buffers: each append concatenates (no in-place write), so the cached

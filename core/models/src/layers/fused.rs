@@ -14,18 +14,8 @@
 
 use tch::Tensor;
 
-use super::{linear, Linear};
+use super::{grad_enabled, linear, Linear};
 use crate::error::Result;
-
-/// Whether autograd records operations on this thread (off inside `tch::no_grad`).
-pub(crate) fn grad_enabled() -> bool {
-    // SAFETY: sets the thread's grad mode and returns the previous one, which is put back at once.
-    unsafe {
-        let previous = torch_sys::at_grad_set_enabled(0);
-        torch_sys::at_grad_set_enabled(previous);
-        previous != 0
-    }
-}
 
 /// The buffer behind several [`Linear`]s' weights (and biases), stacked along the output rows.
 #[derive(Debug)]

@@ -32,6 +32,16 @@ pub use mlp::{GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};
 pub use rotary::{apply_rotary, Rotary};
 
+/// Whether autograd records operations on this thread (off inside `tch::no_grad`).
+pub(crate) fn grad_enabled() -> bool {
+    // SAFETY: sets the thread's grad mode and returns the previous one, which is put back at once.
+    unsafe {
+        let previous = torch_sys::at_grad_set_enabled(0);
+        torch_sys::at_grad_set_enabled(previous);
+        previous != 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
