@@ -115,6 +115,9 @@ pub struct DecoderModel {
     router_aux: bool,
     /// The placeholder token whose embeddings image features replace (vision-language models).
     image_token: Option<i64>,
+    /// Decode steps run every expert on every token on any device, not only on CUDA
+    /// ([`DecoderModel::set_dense_expert_steps`]).
+    dense_expert_steps: bool,
 }
 
 impl DecoderModel {
@@ -190,7 +193,15 @@ impl DecoderModel {
             sliding_window: cfg.sliding_window,
             router_aux: cfg.moe.as_ref().is_some_and(|m| m.aux_loss_coef.is_some()),
             image_token: cfg.vision.as_ref().map(|v| v.image_token_id),
+            dense_expert_steps: false,
         })
+    }
+
+    /// Whether a decode step's mixture-of-experts layers run every expert on every token (the
+    /// capture-safe form, [`crate::layers::SparseMoe::forward`]) off CUDA too, where it costs
+    /// more than routing each token to its experts; on CUDA decode steps always do.
+    pub fn set_dense_expert_steps(&mut self, on: bool) {
+        self.dense_expert_steps = on;
     }
 
     /// Every linear layer with its weight path below the backbone scope (`layers.0.self_attn.q_proj`).
@@ -299,7 +310,11 @@ impl DecoderModel {
             LinearShared::default()
         };
         let router = if self.router_aux { Some(RouterRecord::new(&key_mask.f_narrow(1, past, seq)?)?) } else { None };
-        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side }))
+        let dense_experts = false;
+        Ok((
+            h,
+            LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side, dense_experts },
+        ))
     }
 
     /// Whether some layer is a linear-attention one.
@@ -343,8 +358,10 @@ impl DecoderModel {
             Some(w) if self.layers.iter().any(|b| b.sliding) => Some(step_attention_mask(key_mask, slot, Some(w))?),
             _ => None,
         };
-        let linear = LinearShared::default();
-        let shared = LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router: None, side };
+        let (linear, router) = (LinearShared::default(), None);
+        let dense_experts = self.dense_expert_steps || input_ids.device().is_cuda();
+        let shared =
+            LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side, dense_experts };
         Ok((h, shared))
     }
 
@@ -422,13 +439,21 @@ impl DecoderModel {
     }
 
     /// Why a decode step of this model cannot be captured as a CUDA graph (it reads a value
-    /// back to the host), if it cannot.
+    /// back to the host), if it cannot. A Gated DeltaNet layer's step can: its convolution and
+    /// recurrent states are updated in the cache's own buffers, and it reads nothing back. So can
+    /// a mixture of experts that runs every expert on every token in a step
+    /// ([`SparseMoe::steps_densely`]); routing tokens to their experts counts them on the host.
     pub fn capture_blocker(&self) -> Option<&'static str> {
-        if self.layers.iter().any(|b| matches!(b.mlp, Mlp::Sparse(_)) || b.experts_beside.is_some()) {
-            return Some("its mixture-of-experts layers group tokens by expert with host-side counts");
-        }
-        if self.has_linear() {
-            return Some("its Gated DeltaNet layers' decode step has not been checked under CUDA graph capture yet");
+        let routed = |b: &Block| match (&b.mlp, &b.experts_beside) {
+            (Mlp::Sparse(m), _) if !m.steps_densely() => true,
+            (_, Some(e)) => !e.steps_densely(),
+            _ => false,
+        };
+        if self.layers.iter().any(routed) {
+            return Some(
+                "its experts are stored one by one with biases or LoRA adapters, so each token is routed to its \
+                 experts with host-side counts",
+            );
         }
         if !self.rotary.capturable() || self.rotary_local.as_ref().is_some_and(|r| !r.capturable()) {
             return Some(
@@ -479,9 +504,9 @@ impl DecoderModel {
         };
         let h = h.f_add(&apply(&n.post_attention, a)?)?;
         let x = apply(&n.pre_feedforward, h.shallow_clone())?;
-        let mut m = block.mlp.forward(&x, shared.router.as_ref())?;
+        let mut m = block.mlp.forward(&x, shared.router.as_ref(), shared.dense_experts)?;
         if let Some(experts) = &block.experts_beside {
-            m = experts.forward(&h, &m, shared.router.as_ref())?;
+            m = experts.forward(&h, &m, shared.router.as_ref(), shared.dense_experts)?;
         }
         let m = apply(&n.post_feedforward, m)?;
         let mut h = h.f_add(&m)?;

@@ -398,6 +398,15 @@ impl CausalLm {
         self.backbone.capture_blocker()
     }
 
+    /// Whether decode steps run a mixture of experts' every expert on every token off CUDA too
+    /// (see `DecoderModel::set_dense_expert_steps`): what a step on CUDA computes, to check it
+    /// on a CPU. No effect on a model without experts.
+    pub fn set_dense_expert_steps(&mut self, on: bool) {
+        if let crate::backbone::Backbone::Decoder(m) = &mut self.backbone {
+            m.set_dense_expert_steps(on);
+        }
+    }
+
     /// A KV cache sized for `batch` sequences of up to `max_len` tokens (linear-attention
     /// layers keep their fixed-size state instead).
     pub fn new_cache(&self, batch: i64, max_len: i64) -> Result<KvCache> {

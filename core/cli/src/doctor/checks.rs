@@ -212,8 +212,8 @@ fn model_dir(ctx: &Ctx, model: &Model) -> Result<PathBuf, Failure> {
 }
 
 /// `rlhf check-graphs` on every family the doctor has (the fixtures when found, the built-in
-/// Qwen3, Qwen3-MoE and Qwen3.5): graph decode must sample what eager decode samples (the last two
-/// decode eagerly, and say why).
+/// Qwen3, Qwen3-MoE and Qwen3.5): graph decode must sample what eager decode samples (a model
+/// whose step cannot be captured decodes eagerly both ways, and says why).
 fn graphs(ctx: &Ctx, check: &Check, dtype: &str, log: &Path) -> Done {
     let mut models = Vec::new();
     if let Some(dir) = super::fixtures_dir(ctx.fixtures.as_deref()) {

@@ -63,6 +63,15 @@ impl FusedRows {
         Ok(Some(FusedRows { weight, bias }))
     }
 
+    /// A buffer the parts already view, row after row (no bias): a mixture's experts whose
+    /// weights were laid in one stack after their own buffers were made.
+    ///
+    /// # Shapes
+    /// `weight`: `[Σ out, in]`
+    pub(crate) fn over(weight: Tensor) -> FusedRows {
+        FusedRows { weight, bias: None }
+    }
+
     /// Whether the buffer itself can stand for `parts` in this pass: no gradient would reach
     /// them (grad mode off, or frozen weights) and each still views its rows. Host work only: no
     /// tensor operation is dispatched.

@@ -128,12 +128,18 @@ impl ExpertsBeside {
         self.experts.stacked()
     }
 
-    /// The dense MLP's output `mlp` combined with the experts' on the residual stream `h`.
+    /// Whether a step may run every expert on every token ([`SparseMoe::steps_densely`]).
+    pub fn steps_densely(&self) -> bool {
+        self.experts.steps_densely()
+    }
+
+    /// The dense MLP's output `mlp` combined with the experts' on the residual stream `h`
+    /// (`dense`: see [`SparseMoe::forward`]).
     ///
     /// # Shapes
     /// - `h`, `mlp`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, h: &Tensor, mlp: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
-        let experts = self.experts.forward_routed_by(h, &self.pre_experts.forward(h)?, router)?;
+    pub fn forward(&self, h: &Tensor, mlp: &Tensor, router: Option<&RouterRecord>, dense: bool) -> Result<Tensor> {
+        let experts = self.experts.forward_routed_by(h, &self.pre_experts.forward(h)?, router, dense)?;
         Ok(self.post_mlp.forward(mlp)?.f_add(&self.post_experts.forward(&experts)?)?)
     }
 }

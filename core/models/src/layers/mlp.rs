@@ -2,6 +2,8 @@
 //! fused (`gate_up_proj`, Phi-3) projections, and the routed mixture of experts of Qwen3-MoE and
 //! Qwen3.5-MoE (with its gated shared expert; experts stored one by one or stacked).
 
+mod dense_step;
+
 use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
@@ -90,8 +92,9 @@ impl GatedMlp {
 /// The experts' weights, as the checkpoint stores them.
 #[derive(Debug)]
 enum Experts {
-    /// `experts.{e}.{gate,up,down}_proj.weight`, one gated MLP each.
-    Separate(Vec<GatedMlp>),
+    /// `experts.{e}.{gate,up,down}_proj.weight`, one gated MLP each; their weights laid in two
+    /// stacks at load where they can be ([`dense_step::SeparateStack`]).
+    Separate(Vec<GatedMlp>, Option<dense_step::SeparateStack>),
     /// `experts.gate_up_proj: [experts, 2 · inter, hidden]` (gate rows first) and
     /// `experts.down_proj: [experts, hidden, inter]` (Qwen3.5-MoE's Hub checkpoints, and the
     /// checkpoints transformers 5 writes); with `x_w` stored the other way round, `[experts,
@@ -113,7 +116,7 @@ impl Experts {
     /// The per-expert views of the stacked tensors (see [`ExpertViews`]).
     fn views(&self) -> Result<ExpertViews> {
         let stacks: Vec<Tensor> = match self {
-            Experts::Separate(_) => Vec::new(),
+            Experts::Separate(..) => Vec::new(),
             Experts::Stacked { gate_up, down, .. } => vec![gate_up.effective()?, down.effective()?],
             Experts::GptOss { gate_up, gate_up_bias, down, down_bias, .. } => {
                 vec![gate_up.effective()?, gate_up_bias.shallow_clone(), down.effective()?, down_bias.shallow_clone()]
@@ -126,7 +129,7 @@ impl Experts {
     fn forward(&self, e: usize, x: &Tensor, views: &ExpertViews) -> Result<Tensor> {
         let v = |i: usize| &views.0[i][e];
         match self {
-            Experts::Separate(m) => m[e].forward(x),
+            Experts::Separate(m, _) => m[e].forward(x),
             Experts::Stacked { act, x_w, .. } => {
                 let apply = |x: &Tensor, w: &Tensor| if *x_w { Ok(x.f_matmul(w)?) } else { linear(x, w, None) };
                 let both = apply(x, v(0))?; // [c, 2 · inter]
@@ -238,7 +241,9 @@ impl SparseMoe {
                 x_w,
             }
         } else {
-            Experts::Separate((0..n).map(|e| GatedMlp::load(&ew.pp(e), cfg, inter)).collect::<Result<Vec<_>>>()?)
+            let mut mlps = (0..n).map(|e| GatedMlp::load(&ew.pp(e), cfg, inter)).collect::<Result<Vec<_>>>()?;
+            let stack = dense_step::SeparateStack::new(&mut mlps)?;
+            Experts::Separate(mlps, stack)
         };
         let shared = match moe.shared_expert_intermediate_size {
             Some(size) => Some(SharedExpert {
@@ -291,7 +296,7 @@ impl SparseMoe {
     /// and the shared expert's (`shared_expert.{proj}`, `shared_expert_gate`).
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut out = Vec::new();
-        if let Experts::Separate(experts) = &mut self.experts {
+        if let Experts::Separate(experts, _) = &mut self.experts {
             for (e, m) in experts.iter_mut().enumerate() {
                 out.extend(m.linears_mut().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
             }
@@ -307,7 +312,7 @@ impl SparseMoe {
     /// experts are linear layers of their own).
     pub fn stacked_mut(&mut self) -> Vec<(String, &mut StackedWeight)> {
         match &mut self.experts {
-            Experts::Separate(_) => Vec::new(),
+            Experts::Separate(..) => Vec::new(),
             Experts::Stacked { gate_up, down, .. } | Experts::GptOss { gate_up, down, .. } => {
                 vec![("experts.gate_up_proj".into(), gate_up), ("experts.down_proj".into(), down)]
             }
@@ -317,7 +322,7 @@ impl SparseMoe {
     /// [`SparseMoe::stacked_mut`], shared.
     pub fn stacked(&self) -> Vec<(String, &StackedWeight)> {
         match &self.experts {
-            Experts::Separate(_) => Vec::new(),
+            Experts::Separate(..) => Vec::new(),
             Experts::Stacked { gate_up, down, .. } | Experts::GptOss { gate_up, down, .. } => {
                 vec![("experts.gate_up_proj".into(), gate_up), ("experts.down_proj".into(), down)]
             }
@@ -327,7 +332,7 @@ impl SparseMoe {
     /// [`SparseMoe::linears_mut`], shared.
     pub fn linears(&self) -> Vec<(String, &Linear)> {
         let mut out = Vec::new();
-        if let Experts::Separate(experts) = &self.experts {
+        if let Experts::Separate(experts, _) = &self.experts {
             for (e, m) in experts.iter().enumerate() {
                 out.extend(m.linears().into_iter().map(|(n, l)| (format!("experts.{e}.{n}"), l)));
             }
@@ -378,26 +383,39 @@ impl SparseMoe {
         Ok((probs, experts, weights.f_to_kind(x.kind())?))
     }
 
-    /// Adds this layer's routing to `router` where the forward records it.
+    /// Adds this layer's routing to `router` where the forward records it; `dense`: every expert
+    /// on every token where the layer can ([`SparseMoe::steps_densely`], a decode step's
+    /// capture-safe form).
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
-        self.forward_routed_by(x, x, router)
+    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>, dense: bool) -> Result<Tensor> {
+        self.forward_routed_by(x, x, router, dense)
     }
 
     /// The experts on `x`, routed by `route_x` (Gemma 4 routes the residual stream and runs the
-    /// experts on its normalised copy).
+    /// experts on its normalised copy): each expert on the tokens routed to it, or with `dense`
+    /// every expert on every token, weighted by the routing ([`dense_step`]).
     ///
     /// # Shapes
     /// - `route_x`, `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward_routed_by(&self, route_x: &Tensor, x: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
+    pub fn forward_routed_by(
+        &self,
+        route_x: &Tensor,
+        x: &Tensor,
+        router: Option<&RouterRecord>,
+        dense: bool,
+    ) -> Result<Tensor> {
         let shape = x.size();
         let hidden = shape[shape.len() - 1];
         let flat = x.f_reshape([-1, hidden])?; // [n, h]
         let (probs, experts, weights) = self.route(&route_x.f_reshape([-1, hidden])?)?; // [n, k] each
         if let Some(r) = router {
             r.add(&probs, &experts)?;
+        }
+        if dense && self.steps_densely() {
+            let out = self.forward_dense(&flat, &experts, &weights)?;
+            return Ok(self.add_shared(&flat, out)?.f_reshape(shape.as_slice())?);
         }
         let choice = experts.f_reshape([-1])?; // [n·k]: slot j of token t at t·k + j
         let order = choice.f_argsort_stable(true, 0, false)?; // slots grouped by expert, in token order
@@ -424,10 +442,18 @@ impl SparseMoe {
             out = out.f_index_add(0, &rows, &y)?;
             start += count;
         }
-        if let Some(s) = &self.shared {
-            out = out.f_add(&s.gate.forward(&flat)?.f_sigmoid()?.f_mul(&s.mlp.forward(&flat)?)?)?;
+        Ok(self.add_shared(&flat, out)?.f_reshape(shape.as_slice())?)
+    }
+
+    /// `out` plus the shared expert's output where the layer has one.
+    ///
+    /// # Shapes
+    /// - `flat`, `out`: `[n, hidden]` → `[n, hidden]`
+    fn add_shared(&self, flat: &Tensor, out: Tensor) -> Result<Tensor> {
+        match &self.shared {
+            Some(s) => Ok(out.f_add(&s.gate.forward(flat)?.f_sigmoid()?.f_mul(&s.mlp.forward(flat)?)?)?),
+            None => Ok(out),
         }
-        Ok(out.f_reshape(shape.as_slice())?)
     }
 }
 
@@ -440,14 +466,15 @@ pub enum Mlp {
 }
 
 impl Mlp {
-    /// A sparse layer adds its routing to `router` where the forward records it.
+    /// A sparse layer adds its routing to `router` where the forward records it, and with
+    /// `dense` runs every expert on every token ([`SparseMoe::forward`]).
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>, dense: bool) -> Result<Tensor> {
         match self {
             Mlp::Dense(m) => m.forward(x),
-            Mlp::Sparse(m) => m.forward(x, router),
+            Mlp::Sparse(m) => m.forward(x, router, dense),
         }
     }
 
