@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use rlhf_integration_tests::{family_models, python, FAMILIES};
-use rlhf_models::CausalLm;
+use rlhf_models::{CausalLm, ExpertSteps};
 use rlhf_trainer::random_qwen2::{write_qwen2, Qwen2Shape};
 use tch::{Device, Kind, Tensor};
 
@@ -38,11 +38,12 @@ const HOST_READS: &[&str] = &[
 fn step_ops(layers: i64, dir: &Path) -> rlhf_aten::op_count::OpCount {
     let shape = Qwen2Shape { layers, ..Qwen2Shape::SMALL };
     write_qwen2(dir, &shape, Kind::Float, 3).unwrap();
-    model_step_ops(&CausalLm::from_dir(dir, Device::Cpu, Kind::Float).unwrap())
+    model_step_ops(&CausalLm::from_dir(dir, Device::Cpu, Kind::Float).unwrap()).1
 }
 
-/// The operators of `m`'s second decode step over 4 rows (9 tokens cached), in order.
-fn model_step_ops(m: &CausalLm) -> rlhf_aten::op_count::OpCount {
+/// The logits (`[4, vocab]`) and the operators, in order, of `m`'s second decode step over 4
+/// rows (9 tokens cached).
+fn model_step_ops(m: &CausalLm) -> (Tensor, rlhf_aten::op_count::OpCount) {
     let (b, capacity) = (4, 24);
     let mut cache = m.new_cache(b, capacity).unwrap();
     let key_mask = Tensor::zeros([b, capacity], (Kind::Int64, Device::Cpu));
@@ -52,9 +53,7 @@ fn model_step_ops(m: &CausalLm) -> rlhf_aten::op_count::OpCount {
     let slot = Tensor::from_slice(&[8i64]);
     tch::no_grad(|| {
         let _ = m.decode_step(&ids, &pos, &key_mask, &slot, &mut cache).unwrap();
-        let (_, ops) =
-            rlhf_aten::op_count::count(|| m.decode_step(&ids, &pos, &key_mask, &slot, &mut cache).unwrap()).unwrap();
-        ops
+        rlhf_aten::op_count::count(|| m.decode_step(&ids, &pos, &key_mask, &slot, &mut cache).unwrap()).unwrap()
     })
 }
 
@@ -83,7 +82,8 @@ fn a_decode_layer_dispatches_few_operators() {
 
 /// Every family whose decode runs as a CUDA graph ([`CausalLm::capture_blocker`] says nothing)
 /// dispatches no operator that reads back to the host in its step; and every family refused the
-/// graph path still does (else its refusal is stale and costs its users the graphs' speed).
+/// graph path still does (else its refusal is stale and costs its users the graphs' speed). A
+/// mixture of experts' step over its stacked weights, either way, gives the routed step's logits.
 #[test]
 fn a_capturable_decode_step_reads_nothing_back_to_the_host() {
     let Some(py) = python() else { return };
@@ -99,13 +99,23 @@ fn a_capturable_decode_step_reads_nothing_back_to_the_host() {
         .chain([("qwen2".to_string(), qwen2)]);
     for (name, dir) in dirs {
         let mut m = CausalLm::from_dir(&dir, Device::Cpu, Kind::Float).unwrap_or_else(|e| panic!("{name}: {e}"));
-        // What a step computes on CUDA: a mixture's every expert on every token.
-        m.set_dense_expert_steps(true);
-        let ops = model_step_ops(&m);
-        let reads: Vec<&String> = ops.names.iter().filter(|n| HOST_READS.contains(&n.as_str())).collect();
+        // What a step computes on CUDA: a mixture's experts over their stacked weights, both ways.
+        let (routed, _) = model_step_ops(&m);
+        let mut ops = Vec::new();
+        for steps in [ExpertSteps::AllExperts, ExpertSteps::Gathered] {
+            m.set_expert_steps(Some(steps));
+            let (logits, count) = model_step_ops(&m);
+            let diff = (&logits - &routed).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "{name}: {steps:?} steps' logits differ from the routed step's by {diff:.1e}");
+            if diff > 0.0 {
+                println!("{name}: {steps:?} steps, max |Δlogit| against the routed step {diff:.1e}");
+            }
+            ops.extend(count.names);
+        }
+        let reads: Vec<&String> = ops.iter().filter(|n| HOST_READS.contains(&n.as_str())).collect();
         match m.capture_blocker() {
             None => {
-                println!("{name}: capturable, {} operators, no host read", ops.total());
+                println!("{name}: capturable, {} operators in two steps, no host read", ops.len());
                 assert!(reads.is_empty(), "{name}: its decode step is captured, but it dispatches {reads:?}");
             }
             Some(why) => {

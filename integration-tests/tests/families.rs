@@ -14,7 +14,7 @@ use std::path::Path;
 
 use family_common::{load, masked_max_abs_diff, models, reference, tol_for, TOL};
 use rlhf_integration_tests::{family_models, hf_check, python, FAMILIES};
-use rlhf_models::{CausalLm, LoraConfig, ModelConfig, ScalarHeadModel};
+use rlhf_models::{CausalLm, ExpertSteps, LoraConfig, ModelConfig, ScalarHeadModel};
 use rlhf_tokenizer::HfTokenizer;
 use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor};
@@ -62,16 +62,14 @@ fn greedy_tokens_through_the_kv_cache_match_transformers() {
         let tok = HfTokenizer::from_dir(&dir).unwrap();
         let mut model = load(&dir);
         rlhf_integration_tests::assert_greedy_matches(name, &model, &tok, &reference(&dir));
-        // A mixture of experts decoding as on CUDA, every expert on every token (capture-safe).
+        // A mixture of experts decoding as on CUDA, over its stacked weights (capture-safe).
         let arch = model.arch();
         if arch.moe.is_some() || arch.gemma4.as_ref().is_some_and(|g| g.moe.is_some()) {
-            model.set_dense_expert_steps(true);
-            rlhf_integration_tests::assert_greedy_matches(
-                &format!("{name} (dense steps)"),
-                &model,
-                &tok,
-                &reference(&dir),
-            );
+            for steps in [ExpertSteps::AllExperts, ExpertSteps::Gathered] {
+                model.set_expert_steps(Some(steps));
+                let how = format!("{name} ({steps:?} steps)");
+                rlhf_integration_tests::assert_greedy_matches(&how, &model, &tok, &reference(&dir));
+            }
         }
     }
 }

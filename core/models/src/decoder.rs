@@ -19,9 +19,9 @@ use tch::Tensor;
 use crate::config::{ArchConfig, BlockLayout};
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    step_attention_mask, windowed_attention_mask, Attention, CacheLayer, Deepstack, ExpertsBeside, GatedDeltaNet,
-    GatedMlp, KvCache, LayerShared, Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm, Rotary,
-    RouterRecord, SideInputs, SparseMoe,
+    step_attention_mask, windowed_attention_mask, Attention, CacheLayer, Deepstack, ExpertSteps, ExpertsBeside,
+    GatedDeltaNet, GatedMlp, KvCache, LayerShared, Linear, LinearShared, Mlp, PerLayerBranch, PerLayerEmbed, RmsNorm,
+    Rotary, RouterRecord, SideInputs, SparseMoe,
 };
 use crate::lora::StackedWeight;
 use crate::weights::WeightLoader;
@@ -115,9 +115,9 @@ pub struct DecoderModel {
     router_aux: bool,
     /// The placeholder token whose embeddings image features replace (vision-language models).
     image_token: Option<i64>,
-    /// Decode steps run every expert on every token on any device, not only on CUDA
-    /// ([`DecoderModel::set_dense_expert_steps`]).
-    dense_expert_steps: bool,
+    /// How decode steps compute a mixture of experts, where not the device's default
+    /// ([`DecoderModel::set_expert_steps`]).
+    expert_steps: Option<ExpertSteps>,
 }
 
 impl DecoderModel {
@@ -193,15 +193,15 @@ impl DecoderModel {
             sliding_window: cfg.sliding_window,
             router_aux: cfg.moe.as_ref().is_some_and(|m| m.aux_loss_coef.is_some()),
             image_token: cfg.vision.as_ref().map(|v| v.image_token_id),
-            dense_expert_steps: false,
+            expert_steps: None,
         })
     }
 
-    /// Whether a decode step's mixture-of-experts layers run every expert on every token (the
-    /// capture-safe form, [`crate::layers::SparseMoe::forward`]) off CUDA too, where it costs
-    /// more than routing each token to its experts; on CUDA decode steps always do.
-    pub fn set_dense_expert_steps(&mut self, on: bool) {
-        self.dense_expert_steps = on;
+    /// How a decode step's mixture-of-experts layers compute their experts: `None` for the
+    /// device's default — over their stacked weights on CUDA (capture-safe,
+    /// [`ExpertSteps::Stacked`]), routed elsewhere, where the stacked ways cost more FLOPs.
+    pub fn set_expert_steps(&mut self, steps: Option<ExpertSteps>) {
+        self.expert_steps = steps;
     }
 
     /// Every linear layer with its weight path below the backbone scope (`layers.0.self_attn.q_proj`).
@@ -310,11 +310,8 @@ impl DecoderModel {
             LinearShared::default()
         };
         let router = if self.router_aux { Some(RouterRecord::new(&key_mask.f_narrow(1, past, seq)?)?) } else { None };
-        let dense_experts = false;
-        Ok((
-            h,
-            LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side, dense_experts },
-        ))
+        let experts = ExpertSteps::Routed;
+        Ok((h, LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side, experts }))
     }
 
     /// Whether some layer is a linear-attention one.
@@ -359,9 +356,10 @@ impl DecoderModel {
             _ => None,
         };
         let (linear, router) = (LinearShared::default(), None);
-        let dense_experts = self.dense_expert_steps || input_ids.device().is_cuda();
+        let default = if input_ids.device().is_cuda() { ExpertSteps::Stacked } else { ExpertSteps::Routed };
+        let experts = self.expert_steps.unwrap_or(default);
         let shared =
-            LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side, dense_experts };
+            LayerShared { mask, sliding_mask, rotary: Some(rotary), rotary_local, linear, router, side, experts };
         Ok((h, shared))
     }
 
@@ -504,9 +502,9 @@ impl DecoderModel {
         };
         let h = h.f_add(&apply(&n.post_attention, a)?)?;
         let x = apply(&n.pre_feedforward, h.shallow_clone())?;
-        let mut m = block.mlp.forward(&x, shared.router.as_ref(), shared.dense_experts)?;
+        let mut m = block.mlp.forward(&x, shared.router.as_ref(), shared.experts)?;
         if let Some(experts) = &block.experts_beside {
-            m = experts.forward(&h, &m, shared.router.as_ref(), shared.dense_experts)?;
+            m = experts.forward(&h, &m, shared.router.as_ref(), shared.experts)?;
         }
         let m = apply(&n.post_feedforward, m)?;
         let mut h = h.f_add(&m)?;

@@ -58,7 +58,7 @@ pub use config::{ArchConfig, Family, ModelConfig};
 pub use device::{parse_device, parse_dtype};
 pub use error::{ModelError, Result};
 pub use gate::{ParamGate, Unit};
-pub use layers::{position_ids_from_mask, KvCache};
+pub use layers::{position_ids_from_mask, ExpertSteps, KvCache};
 pub use lora::LoraConfig;
 pub use model::CausalLm;
 pub use multimodal::Images;

@@ -398,12 +398,12 @@ impl CausalLm {
         self.backbone.capture_blocker()
     }
 
-    /// Whether decode steps run a mixture of experts' every expert on every token off CUDA too
-    /// (see `DecoderModel::set_dense_expert_steps`): what a step on CUDA computes, to check it
-    /// on a CPU. No effect on a model without experts.
-    pub fn set_dense_expert_steps(&mut self, on: bool) {
+    /// How decode steps compute a mixture of experts (`None`: the device's default, see
+    /// `DecoderModel::set_expert_steps`) — a CPU can compute what a step on CUDA does, to check
+    /// it. No effect on a model without experts.
+    pub fn set_expert_steps(&mut self, steps: Option<crate::layers::ExpertSteps>) {
         if let crate::backbone::Backbone::Decoder(m) = &mut self.backbone {
-            m.set_dense_expert_steps(on);
+            m.set_expert_steps(steps);
         }
     }
 

@@ -6,7 +6,7 @@
 
 use tch::Tensor;
 
-use super::{activate, Linear, RmsNorm, RouterRecord, SparseMoe};
+use super::{activate, ExpertSteps, Linear, RmsNorm, RouterRecord, SparseMoe};
 use crate::config::{Activation, ArchConfig, MoeConfig, NormKind, PerLayerInput};
 use crate::error::Result;
 use crate::weights::WeightLoader;
@@ -134,12 +134,18 @@ impl ExpertsBeside {
     }
 
     /// The dense MLP's output `mlp` combined with the experts' on the residual stream `h`
-    /// (`dense`: see [`SparseMoe::forward`]).
+    /// (`steps`: see [`SparseMoe::forward`]).
     ///
     /// # Shapes
     /// - `h`, `mlp`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, h: &Tensor, mlp: &Tensor, router: Option<&RouterRecord>, dense: bool) -> Result<Tensor> {
-        let experts = self.experts.forward_routed_by(h, &self.pre_experts.forward(h)?, router, dense)?;
+    pub fn forward(
+        &self,
+        h: &Tensor,
+        mlp: &Tensor,
+        router: Option<&RouterRecord>,
+        steps: ExpertSteps,
+    ) -> Result<Tensor> {
+        let experts = self.experts.forward_routed_by(h, &self.pre_experts.forward(h)?, router, steps)?;
         Ok(self.post_mlp.forward(mlp)?.f_add(&self.post_experts.forward(&experts)?)?)
     }
 }

@@ -136,9 +136,9 @@ pub struct LayerShared {
     pub router: Option<super::RouterRecord>,
     /// Gemma 4's per-layer inputs and the keys and values later layers reuse.
     pub side: SideInputs,
-    /// Mixture-of-experts layers run every expert on every token (a decode step's capture-safe
-    /// form, [`super::SparseMoe::forward`]).
-    pub dense_experts: bool,
+    /// How mixture-of-experts layers compute their experts ([`super::SparseMoe::forward`]):
+    /// routed, or in a decode step over their stacked weights.
+    pub experts: super::ExpertSteps,
 }
 
 /// What Gemma 4's layers read beyond their input and the shared tables: the forward's per-layer
@@ -223,7 +223,7 @@ impl LayerShared {
             linear: Default::default(),
             router: None,
             side: Default::default(),
-            dense_experts: false,
+            experts: super::ExpertSteps::Routed,
         }
     }
 

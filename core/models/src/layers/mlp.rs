@@ -2,7 +2,9 @@
 //! fused (`gate_up_proj`, Phi-3) projections, and the routed mixture of experts of Qwen3-MoE and
 //! Qwen3.5-MoE (with its gated shared expert; experts stored one by one or stacked).
 
-mod dense_step;
+mod stacked_step;
+
+pub use stacked_step::ExpertSteps;
 
 use std::sync::Mutex;
 
@@ -93,8 +95,8 @@ impl GatedMlp {
 #[derive(Debug)]
 enum Experts {
     /// `experts.{e}.{gate,up,down}_proj.weight`, one gated MLP each; their weights laid in two
-    /// stacks at load where they can be ([`dense_step::SeparateStack`]).
-    Separate(Vec<GatedMlp>, Option<dense_step::SeparateStack>),
+    /// stacks at load where they can be ([`stacked_step::SeparateStack`]).
+    Separate(Vec<GatedMlp>, Option<stacked_step::SeparateStack>),
     /// `experts.gate_up_proj: [experts, 2 · inter, hidden]` (gate rows first) and
     /// `experts.down_proj: [experts, hidden, inter]` (Qwen3.5-MoE's Hub checkpoints, and the
     /// checkpoints transformers 5 writes); with `x_w` stored the other way round, `[experts,
@@ -242,7 +244,7 @@ impl SparseMoe {
             }
         } else {
             let mut mlps = (0..n).map(|e| GatedMlp::load(&ew.pp(e), cfg, inter)).collect::<Result<Vec<_>>>()?;
-            let stack = dense_step::SeparateStack::new(&mut mlps)?;
+            let stack = stacked_step::SeparateStack::new(&mut mlps)?;
             Experts::Separate(mlps, stack)
         };
         let shared = match moe.shared_expert_intermediate_size {
@@ -383,19 +385,19 @@ impl SparseMoe {
         Ok((probs, experts, weights.f_to_kind(x.kind())?))
     }
 
-    /// Adds this layer's routing to `router` where the forward records it; `dense`: every expert
-    /// on every token where the layer can ([`SparseMoe::steps_densely`], a decode step's
-    /// capture-safe form).
+    /// Adds this layer's routing to `router` where the forward records it; `steps` other than
+    /// [`ExpertSteps::Routed`]: computed over the experts' stacked weights where the layer can
+    /// ([`SparseMoe::steps_densely`]), a decode step's capture-safe form.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>, dense: bool) -> Result<Tensor> {
-        self.forward_routed_by(x, x, router, dense)
+    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>, steps: ExpertSteps) -> Result<Tensor> {
+        self.forward_routed_by(x, x, router, steps)
     }
 
     /// The experts on `x`, routed by `route_x` (Gemma 4 routes the residual stream and runs the
-    /// experts on its normalised copy): each expert on the tokens routed to it, or with `dense`
-    /// every expert on every token, weighted by the routing ([`dense_step`]).
+    /// experts on its normalised copy): each expert on the tokens routed to it, or as `steps`
+    /// says over the experts' stacked weights ([`stacked_step`]).
     ///
     /// # Shapes
     /// - `route_x`, `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
@@ -404,7 +406,7 @@ impl SparseMoe {
         route_x: &Tensor,
         x: &Tensor,
         router: Option<&RouterRecord>,
-        dense: bool,
+        steps: ExpertSteps,
     ) -> Result<Tensor> {
         let shape = x.size();
         let hidden = shape[shape.len() - 1];
@@ -413,8 +415,7 @@ impl SparseMoe {
         if let Some(r) = router {
             r.add(&probs, &experts)?;
         }
-        if dense && self.steps_densely() {
-            let out = self.forward_dense(&flat, &experts, &weights)?;
+        if let Some(out) = self.forward_stacked(&flat, &experts, &weights, steps)? {
             return Ok(self.add_shared(&flat, out)?.f_reshape(shape.as_slice())?);
         }
         let choice = experts.f_reshape([-1])?; // [n·k]: slot j of token t at t·k + j
@@ -466,15 +467,15 @@ pub enum Mlp {
 }
 
 impl Mlp {
-    /// A sparse layer adds its routing to `router` where the forward records it, and with
-    /// `dense` runs every expert on every token ([`SparseMoe::forward`]).
+    /// A sparse layer adds its routing to `router` where the forward records it, and computes
+    /// its experts as `steps` says ([`SparseMoe::forward`]).
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
-    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>, dense: bool) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, router: Option<&RouterRecord>, steps: ExpertSteps) -> Result<Tensor> {
         match self {
             Mlp::Dense(m) => m.forward(x),
-            Mlp::Sparse(m) => m.forward(x, router, dense),
+            Mlp::Sparse(m) => m.forward(x, router, steps),
         }
     }
 

@@ -28,7 +28,7 @@ pub use mask::{
     attention_mask, branch_segment, position_ids_from_mask, step_attention_mask, windowed_attention_mask, Deepstack,
     LayerShared, SideInputs,
 };
-pub use mlp::{GatedMlp, Mlp, SparseMoe};
+pub use mlp::{ExpertSteps, GatedMlp, Mlp, SparseMoe};
 pub use norm::{LayerNorm, RmsNorm};
 pub use rotary::{apply_rotary, Rotary};
 
