@@ -162,9 +162,10 @@ struct SharedExpert {
 /// Routed mixture of experts (Shazeer et al. 2017; Qwen3-MoE's `SparseMoeBlock`): a router
 /// `gate: [experts, hidden]` scores each token, softmax in f32, the top-k experts' gated MLPs run
 /// on it and their outputs are summed weighted by the (optionally renormalised) probabilities.
-/// Tokens are grouped by expert and each expert runs once on its own tokens (a gather and an
-/// index-add per expert that has any): no token goes through an expert it was not routed to, and
-/// no token is dropped. Qwen3.5-MoE adds a shared expert on every token.
+/// Tokens are grouped by expert and each expert runs once on its own tokens (one gather of every
+/// (token, expert) slot sorted by expert, split into each expert's rows, and one index-add of
+/// the weighted outputs): no token goes through an expert it was not routed to, and no token is
+/// dropped. Qwen3.5-MoE adds a shared expert on every token.
 #[derive(Debug)]
 pub struct SparseMoe {
     router: Tensor, // [experts, hidden]
@@ -430,18 +431,21 @@ impl SparseMoe {
         }
         let tokens = order.f_div_scalar_mode(self.top_k, "floor")?; // [n·k]
         let slot_weights = weights.f_reshape([-1])?.f_index_select(0, &order)?; // [n·k]
-        let mut out = flat.f_zeros_like()?;
+                                                                                // One gather of every slot's token, split by expert (views), and one index-add of the
+                                                                                // weighted outputs: a gather and an index-add per expert would each copy or zero a
+                                                                                // `[n, h]` tensor, forward or backward — O(experts · n · h) where this is O(k · n · h).
+        let parts = flat.f_index_select(0, &tokens)?.f_split_with_sizes(counts.as_slice(), 0)?; // [c, h] each
         let views = self.experts.views()?;
-        let mut start = 0;
-        for (e, &count) in counts.iter().enumerate() {
-            if count == 0 {
-                continue;
+        let mut ys = Vec::new();
+        for (e, (x, &count)) in parts.iter().zip(&counts).enumerate() {
+            if count > 0 {
+                ys.push(self.experts.forward(e, x, &views)?); // [c, h]
             }
-            let rows = tokens.f_narrow(0, start, count)?; // [c]
-            let y = self.experts.forward(e, &flat.f_index_select(0, &rows)?, &views)?; // [c, h]
-            let y = y.f_mul(&slot_weights.f_narrow(0, start, count)?.f_unsqueeze(-1)?)?;
-            out = out.f_index_add(0, &rows, &y)?;
-            start += count;
+        }
+        let mut out = flat.f_zeros_like()?;
+        if !ys.is_empty() {
+            let y = Tensor::f_cat(&ys, 0)?.f_mul(&slot_weights.f_unsqueeze(-1)?)?; // [n·k, h]
+            out = out.f_index_add(0, &tokens, &y)?;
         }
         Ok(self.add_shared(&flat, out)?.f_reshape(shape.as_slice())?)
     }
