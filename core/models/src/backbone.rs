@@ -134,6 +134,13 @@ impl Backbone {
             }
     }
 
+    /// See `DecoderModel::release_buffers` (GPT-2 lays nothing in shared buffers).
+    pub(crate) fn release_buffers(&mut self) {
+        if let Backbone::Decoder(m) = self {
+            m.release_buffers();
+        }
+    }
+
     /// Why [`Backbone::decode_step`] cannot be captured as a CUDA graph, if it cannot.
     pub(crate) fn capture_blocker(&self) -> Option<&'static str> {
         match self {

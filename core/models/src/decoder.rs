@@ -197,6 +197,19 @@ impl DecoderModel {
         })
     }
 
+    /// Lets go of the buffers projections (q/k/v, gate/up, a linear layer's inputs, experts
+    /// stored one by one) were laid in at load, keeping each variable's own view: for ZeRO
+    /// stage 3, which frees and regathers every variable's storage ([`crate::layers::FusedRows`]).
+    pub(crate) fn release_buffers(&mut self) {
+        for b in &mut self.layers {
+            match &mut b.mixer {
+                Mixer::Attention(a) => a.release_buffers(),
+                Mixer::Linear(l) => l.release_buffers(),
+            }
+            b.mlp.release_buffers();
+        }
+    }
+
     /// How a decode step's mixture-of-experts layers compute their experts: `None` for the
     /// device's default — over their stacked weights on CUDA (capture-safe,
     /// [`ExpertSteps::Stacked`]), routed elsewhere, where the stacked ways cost more FLOPs.

@@ -312,8 +312,13 @@ impl CausalLm {
     }
 
     /// Sets (or with `None` removes) the gate of this model's sharded parameters, which its
-    /// checkpointed passes call around each unit ([`crate::gate`]).
+    /// checkpointed passes call around each unit ([`crate::gate`]). With a gate the buffers the
+    /// projections were laid in at load are let go: sharding frees each variable's storage, and
+    /// a buffer would keep it whole ([`crate::layers::FusedRows`]).
     pub fn set_gate(&mut self, gate: crate::gate::Gate) {
+        if gate.is_some() {
+            self.backbone.release_buffers();
+        }
         self.gate = gate;
     }
 

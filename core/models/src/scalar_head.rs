@@ -272,6 +272,9 @@ impl ScalarHeadModel {
 
     /// See [`CausalLm::set_gate`].
     pub fn set_gate(&mut self, gate: crate::gate::Gate) {
+        if gate.is_some() {
+            self.backbone.release_buffers();
+        }
         self.gate = gate;
     }
 

@@ -119,6 +119,13 @@ impl Attention {
     }
 
     /// The linear layers with their names below `self_attn`.
+    /// Lets go of the q/k/v buffer ([`FusedRows::release`]).
+    pub(crate) fn release_buffers(&mut self) {
+        if let Qkv::Separate { fused: Some(f), .. } = &mut self.qkv {
+            f.release();
+        }
+    }
+
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let mut out = match &mut self.qkv {
             Qkv::Separate { q_proj, k_proj, v_proj, .. } => {

@@ -253,6 +253,13 @@ impl GatedDeltaNet {
         Ok(out)
     }
 
+    /// Lets go of the input projections' buffer ([`FusedRows::release`]).
+    pub(crate) fn release_buffers(&mut self) {
+        if let Some(f) = &mut self.fused {
+            f.release();
+        }
+    }
+
     /// # Shapes
     /// - `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`
     pub fn forward(&self, x: &Tensor, shared: &LinearShared, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {

@@ -70,6 +70,13 @@ impl GatedMlp {
         self.down_proj.forward(&activate(&parts[0], self.act)?.f_mul(&parts[1])?)
     }
 
+    /// Lets go of the gate/up buffer ([`FusedRows::release`]).
+    pub(crate) fn release_buffers(&mut self) {
+        if let GateUp::Separate { fused: Some(f), .. } = &mut self.gate_up {
+            f.release();
+        }
+    }
+
     /// The linear layers with their names below `mlp`.
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let mut out = match &mut self.gate_up {
@@ -347,6 +354,18 @@ impl SparseMoe {
         out
     }
 
+    /// Lets go of the buffers the experts' and the shared expert's weights were laid in at load
+    /// ([`FusedRows::release`]); a step then routes experts stored one by one.
+    pub(crate) fn release_buffers(&mut self) {
+        if let Experts::Separate(mlps, stack) = &mut self.experts {
+            mlps.iter_mut().for_each(GatedMlp::release_buffers);
+            *stack = None;
+        }
+        if let Some(s) = &mut self.shared {
+            s.mlp.release_buffers();
+        }
+    }
+
     /// Tokens routed to each expert since the last call (trained passes only), and resets them.
     pub fn take_load(&self) -> Vec<i64> {
         let mut load = self.load.lock().unwrap_or_else(|p| p.into_inner());
@@ -480,6 +499,14 @@ impl Mlp {
         match self {
             Mlp::Dense(m) => m.forward(x),
             Mlp::Sparse(m) => m.forward(x, router, steps),
+        }
+    }
+
+    /// Lets go of the buffers laid at load ([`FusedRows::release`]).
+    pub(crate) fn release_buffers(&mut self) {
+        match self {
+            Mlp::Dense(m) => m.release_buffers(),
+            Mlp::Sparse(m) => m.release_buffers(),
         }
     }
 
