@@ -57,6 +57,22 @@ impl std::fmt::Debug for dyn ParamGate {
 /// A model's gate, where it has one.
 pub type Gate = Option<Arc<dyn ParamGate>>;
 
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+extern "C" {
+    fn malloc_trim(pad: usize) -> std::os::raw::c_int;
+}
+
+/// Hands the heap pages freed with whole weights back to the OS (glibc's `malloc_trim`): glibc
+/// keeps freed blocks for reuse, so without this the resident set would not shrink when a
+/// sharded model frees its weights, or the buffers its projections were laid in.
+pub fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only releases free memory of the allocator; it takes no pointers.
+    unsafe {
+        malloc_trim(0);
+    }
+}
+
 fn gate_err(e: String) -> crate::error::ModelError {
     crate::error::ModelError::Gate(e)
 }

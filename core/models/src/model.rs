@@ -318,6 +318,7 @@ impl CausalLm {
     pub fn set_gate(&mut self, gate: crate::gate::Gate) {
         if gate.is_some() {
             self.backbone.release_buffers();
+            crate::gate::return_freed_memory();
         }
         self.gate = gate;
     }

@@ -194,7 +194,8 @@ impl Params {
         for u in st.units.values_mut() {
             u.users = 0;
         }
-        return_freed_memory();
+        // The heap pages freed with the whole weights go back to the OS.
+        rlhf_models::gate::return_freed_memory();
         Ok(())
     }
 
@@ -412,22 +413,6 @@ impl ParamGate for Params {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-extern "C" {
-    fn malloc_trim(pad: usize) -> std::os::raw::c_int;
-}
-
-/// Hands the heap pages freed with the whole weights back to the OS. glibc keeps freed blocks
-/// below its (growing) mmap threshold for reuse, so without this the resident set would not
-/// shrink when a sharded model frees its weights for training.
-fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only releases free memory of the allocator; it takes no pointers.
-    unsafe {
-        malloc_trim(0);
     }
 }
 
