@@ -452,7 +452,7 @@ impl DecoderModel {
     /// Why a decode step of this model cannot be captured as a CUDA graph (it reads a value
     /// back to the host), if it cannot. A Gated DeltaNet layer's step can: its convolution and
     /// recurrent states are updated in the cache's own buffers, and it reads nothing back. So can
-    /// a mixture of experts that runs every expert on every token in a step
+    /// a mixture of experts whose step computes over its stacked weights
     /// ([`SparseMoe::steps_densely`]); routing tokens to their experts counts them on the host.
     pub fn capture_blocker(&self) -> Option<&'static str> {
         let routed = |b: &Block| match (&b.mlp, &b.experts_beside) {

@@ -22,7 +22,7 @@
 
 use tch::Tensor;
 
-use super::{activate, Experts, FusedRows, GateUp, GatedMlp, SparseMoe};
+use super::{activate, Experts, FusedRows, GateUp, GatedMlp, Linear, SparseMoe};
 use crate::config::{Activation, GptOssMoe};
 use crate::error::Result;
 
@@ -49,14 +49,14 @@ pub(crate) struct SeparateStack {
     down: Tensor,    // [experts, hidden, inter]
 }
 
-/// The weight variables of an expert whose gate and up projections share a [`FusedRows`]
-/// buffer and have no biases, as the stacks take them: `(gate, up, down)`.
-fn parts(m: &GatedMlp) -> Option<(&Tensor, &Tensor, &Tensor)> {
+/// The projections of an expert whose gate and up projections share a [`FusedRows`] buffer and
+/// have no biases, as the stacks take them: `[gate, up, down]`.
+fn parts(m: &GatedMlp) -> Option<[&Linear; 3]> {
     match &m.gate_up {
         GateUp::Separate { gate_proj, up_proj, fused: Some(_) }
             if gate_proj.bias.is_none() && up_proj.bias.is_none() && m.down_proj.bias.is_none() =>
         {
-            Some((&gate_proj.weight, &up_proj.weight, &m.down_proj.weight))
+            Some([gate_proj, up_proj, &m.down_proj])
         }
         _ => None,
     }
@@ -68,7 +68,9 @@ impl SeparateStack {
     /// at its slices. `None`, leaving them as they are, when an expert has biases or a fused
     /// `gate_up_proj` tensor of its own.
     pub(crate) fn new(experts: &mut [GatedMlp]) -> Result<Option<SeparateStack>> {
-        let Some((gate, _, down)) = experts.first().and_then(parts) else { return Ok(None) };
+        let Some([gate, _, down]) = experts.first().and_then(parts).map(|p| p.map(|l| &l.weight)) else {
+            return Ok(None);
+        };
         let (inter, hidden) = (gate.size()[0], gate.size()[1]);
         if experts.iter().any(|m| parts(m).is_none()) {
             return Ok(None);
@@ -78,11 +80,11 @@ impl SeparateStack {
             let gate_up = Tensor::f_empty([n, 2 * inter, hidden], (gate.kind(), gate.device()))?;
             let down_all = Tensor::f_empty([n, hidden, inter], (down.kind(), down.device()))?;
             for (e, m) in experts.iter().enumerate() {
-                let (g, u, d) = parts(m).expect("checked above");
+                let [g, u, d] = parts(m).expect("checked above");
                 let slot = gate_up.f_select(0, e as i64)?;
-                slot.f_narrow(0, 0, inter)?.f_copy_(g)?;
-                slot.f_narrow(0, inter, inter)?.f_copy_(u)?;
-                down_all.f_select(0, e as i64)?.f_copy_(d)?;
+                slot.f_narrow(0, 0, inter)?.f_copy_(&g.weight)?;
+                slot.f_narrow(0, inter, inter)?.f_copy_(&u.weight)?;
+                down_all.f_select(0, e as i64)?.f_copy_(&d.weight)?;
             }
             Ok(SeparateStack { gate_up, down: down_all })
         })?;
@@ -100,19 +102,19 @@ impl SeparateStack {
 
     /// Whether the stacks still are the experts' weights: each expert's weights view their
     /// slices (ZeRO stage 3 swaps a gathered weight's storage) and no LoRA adapter adds to
-    /// them. Host work only.
+    /// them. Host work only, nothing allocated: it runs in every layer of an eager decode step.
     fn holds(&self, experts: &[GatedMlp]) -> bool {
-        let at = |t: &Tensor, base: &Tensor, offset: i64| {
-            t.data_ptr() as i64 == base.data_ptr() as i64 + offset * base.kind().elt_size_in_bytes() as i64
-        };
         let (inter, hidden) = (self.down.size()[2], self.down.size()[1]);
+        let elt = self.down.kind().elt_size_in_bytes() as i64;
+        let (gate_up, down) = (self.gate_up.data_ptr() as i64, self.down.data_ptr() as i64);
+        // Each expert's gate, up and down weights: at these byte offsets, from these bases.
+        let (step, at) = ([2 * inter * hidden, 2 * inter * hidden, hidden * inter], [0, inter * hidden, 0]);
         experts.iter().enumerate().all(|(e, m)| {
-            let e = e as i64;
-            let idle = m.linears().iter().all(|(_, l)| l.lora.as_ref().is_none_or(|a| a.is_disabled()));
-            idle && parts(m).is_some_and(|(g, u, d)| {
-                at(g, &self.gate_up, e * 2 * inter * hidden)
-                    && at(u, &self.gate_up, (e * 2 + 1) * inter * hidden)
-                    && at(d, &self.down, e * hidden * inter)
+            parts(m).is_some_and(|p| {
+                p.iter().zip([gate_up, gate_up, down]).enumerate().all(|(i, (l, base))| {
+                    l.lora.as_ref().is_none_or(|a| a.is_disabled())
+                        && l.weight.data_ptr() as i64 == base + (e as i64 * step[i] + at[i]) * elt
+                })
             })
         })
     }
