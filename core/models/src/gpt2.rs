@@ -52,7 +52,7 @@ pub(crate) fn resolve(path: &Path, hf: &HfConfig) -> Result<ArchConfig> {
         return Err(ModelError::config(path, "scale_attn_weights", "false is not supported"));
     }
     let act = hf.activation_function.as_deref().unwrap_or("gelu_new");
-    let num_layers = config::require(path, "n_layer", hf.n_layer)?;
+    let num_layers = config::require_layers(path, "n_layer", hf.n_layer)?;
     Ok(ArchConfig {
         family: Family::Gpt2,
         vocab_size: config::require(path, "vocab_size", hf.vocab_size)?,

@@ -351,6 +351,20 @@ pub(crate) fn require(path: &Path, key: &str, v: Option<i64>) -> Result<i64> {
     }
 }
 
+/// Most layers a configuration may declare. The largest open models have about 130; a count
+/// read from a file is checked against it before anything is sized by it (per-layer tables would
+/// otherwise be allocated for every layer declared, before the checkpoint is opened).
+pub(crate) const MAX_LAYERS: i64 = 1 << 16;
+
+/// [`require`] for a layer count, at most [`MAX_LAYERS`].
+pub(crate) fn require_layers(path: &Path, key: &str, v: Option<i64>) -> Result<i64> {
+    let n = require(path, key, v)?;
+    if n > MAX_LAYERS {
+        return Err(ModelError::config(path, key, format!("{n} layers; at most {MAX_LAYERS} are supported")));
+    }
+    Ok(n)
+}
+
 /// The family-independent part of a rotary decoder's configuration, with transformers' defaults
 /// for the family where a key is absent.
 #[derive(Debug, Clone, Copy)]
@@ -406,7 +420,7 @@ pub(crate) fn rotary_decoder(path: &Path, hf: &HfConfig, family: Family, d: Defa
     };
     let attention_bias = hf.attention_bias.unwrap_or(false);
     let max_position_embeddings = hf.max_position_embeddings.unwrap_or(d.max_position_embeddings);
-    let num_layers = require(path, "num_hidden_layers", hf.num_hidden_layers)?;
+    let num_layers = require_layers(path, "num_hidden_layers", hf.num_hidden_layers)?;
     let rope = rope::parse(path, hf, d.rope_theta, max_position_embeddings)?;
     Ok(ArchConfig {
         family,

@@ -61,6 +61,16 @@ fn errors_name_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let e = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
     assert!(e.ends_with("config.json: not found"), "{e}");
+
+    // A layer count is bounded before per-layer tables are sized by it (it aborted the process
+    // with an allocation failure), for the rotary decoders and GPT-2 alike.
+    let (_d, cfg) = write_config(&LLAMA.replace(r#""num_hidden_layers":1"#, r#""num_hidden_layers":1000000000000"#));
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("num_hidden_layers: 1000000000000 layers; at most 65536 are supported"), "{e}");
+    let gpt2 = r#"{"model_type":"gpt2","vocab_size":10,"n_embd":8,"n_head":2,"n_positions":16,"n_layer":70000}"#;
+    let (_d, cfg) = write_config(gpt2);
+    let e = cfg.unwrap_err().to_string();
+    assert!(e.contains("n_layer: 70000 layers; at most 65536"), "{e}");
 }
 
 #[test]
