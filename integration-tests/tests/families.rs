@@ -94,6 +94,30 @@ fn scalar_head_scores_match_transformers() {
         let saved = ModelConfig::from_dir(out.path()).unwrap();
         let want = saved.arch.sequence_classification_architecture();
         assert_eq!(saved.hf.architectures.as_deref(), Some(&[want.to_string()][..]), "{name}-rm");
+        // The reward-model scorer lays a prompt's samples with the prompt once, padding-free:
+        // the scores of the right-padded batch. (Not of each text alone: LongRoPE and dynamic
+        // NTK rotary read the batch's longest position, in transformers too.)
+        let ids = Vec::<Vec<i64>>::try_from(&r["input_ids"]).unwrap();
+        let mask = Vec::<Vec<i64>>::try_from(&r["attention_mask"]).unwrap();
+        let real =
+            |k: usize| -> Vec<i64> { ids[k].iter().zip(&mask[k]).filter(|(_, &m)| m == 1).map(|(&t, _)| t).collect() };
+        let prompt = real(0);
+        let scorer = rlhf_reward::RewardModelScorer::from_dir(&dir, Device::Cpu, Kind::Float, 8, 1024).unwrap();
+        // Short answers (packed beside one copy of the prompt where the model attends by the mask
+        // alone) and long ones (each on top of the prompt's keys and values).
+        let long: Vec<i64> = (30..60).collect();
+        for tails in [vec![&[5, 6][..], &[7, 8, 9, 10], &[5, 6, 11], &[12]], vec![&long[..], &long[3..], &long[..20]]] {
+            let mut texts: Vec<Vec<i64>> =
+                tails.iter().map(|tail| prompt.iter().chain(tail.iter()).copied().collect()).collect();
+            texts.push(real(1));
+            let got = scorer.score_ids(&texts).unwrap();
+            let padded = rlhf_generation::right_pad(&texts, 0, Device::Cpu).unwrap();
+            let want = tch::no_grad(|| model.scores(&padded.input_ids, &padded.attention_mask)).unwrap();
+            let want = Vec::<f64>::try_from(&want.to_kind(Kind::Double)).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < TOL, "{name}-rm: scorer {got:?} against the padded batch's {want:?}");
+            }
+        }
     }
 }
 

@@ -14,9 +14,10 @@ use std::collections::HashMap;
 
 use tch::{Kind, Tensor};
 
-use crate::backbone::Routing;
+use crate::backbone::{Backbone, Routing};
 use crate::checkpointing::{self, Checkpointed};
 use crate::error::{ModelError, Result};
+use crate::gate::Gate;
 use crate::layers::{position_ids_from_mask, KvCache, RouterStats};
 use crate::model::{check_ids, CausalLm};
 
@@ -152,24 +153,7 @@ impl CausalLm {
         prefix: &SharedPrefixes,
         record: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let Split { prefixes: (p_ids, p_pos, p_mask), rest: (ids, pos, mask), of_row } =
-            Split::new(input_ids, attention_mask, prefix)?;
-        let (hidden, stats) = if self.gate.is_some() {
-            // Sharded layers: each gathered once for both segments.
-            let (pre, rest) = ((&p_ids, &p_pos, &p_mask), (&ids, &pos, &mask));
-            checkpointing::forward_after_prefix_plain(&self.backbone, &self.gate, pre, rest, &of_row, record)?
-        } else {
-            let mut cache = KvCache::growing();
-            let rows = checkpointing::rows_per_prefix(&of_row, p_ids.size()[0])?; // [u]
-            let routing = |rows| if record { Routing::Record(rows) } else { Routing::Off };
-            let (hp, sp) =
-                self.backbone.run(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None, routing(Some(&rows)), None)?; // [u, p, h]
-            cache.select_rows(&of_row)?;
-            let (hr, sr) = self.backbone.run(&ids, &pos, &mask, Some(&mut cache), &None, routing(None), None)?; // [batch, rest, h]
-            let last = hp.f_narrow(1, prefix.len - 1, 1)?.f_index_select(0, &of_row)?; // [batch, 1, h]
-            (Tensor::f_cat(&[&last, &hr], 1)?, RouterStats::sum([sp, sr])?)
-        };
-        Ok((hidden, stats.map(|s| s.loss()).transpose()?))
+        backbone_after_prefix(&self.backbone, &self.gate, (input_ids, attention_mask), prefix, record)
     }
 
     /// [`CausalLm::hidden_states_after_prefix`] as a checkpointed pass (see
@@ -191,4 +175,37 @@ impl CausalLm {
             &of_row,
         )
     }
+}
+
+/// The shared-prefix pass of `backbone` ([`CausalLm::hidden_states_after_prefix`]): the final
+/// hidden states of positions `prefix.len − 1 .. seq`, and with `record` the pass's
+/// load-balancing loss.
+///
+/// # Shapes
+/// - `input_ids`, `attention_mask`: `[batch, seq]`, `prefix.len < seq`
+/// - returns `[batch, seq − prefix.len + 1, hidden]`
+pub(crate) fn backbone_after_prefix(
+    backbone: &Backbone,
+    gate: &Gate,
+    (input_ids, attention_mask): (&Tensor, &Tensor),
+    prefix: &SharedPrefixes,
+    record: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let Split { prefixes: (p_ids, p_pos, p_mask), rest: (ids, pos, mask), of_row } =
+        Split::new(input_ids, attention_mask, prefix)?;
+    let (hidden, stats) = if gate.is_some() {
+        // Sharded layers: each gathered once for both segments.
+        let (pre, rest) = ((&p_ids, &p_pos, &p_mask), (&ids, &pos, &mask));
+        checkpointing::forward_after_prefix_plain(backbone, gate, pre, rest, &of_row, record)?
+    } else {
+        let mut cache = KvCache::growing();
+        let rows = checkpointing::rows_per_prefix(&of_row, p_ids.size()[0])?; // [u]
+        let routing = |rows| if record { Routing::Record(rows) } else { Routing::Off };
+        let (hp, sp) = backbone.run(&p_ids, &p_pos, &p_mask, Some(&mut cache), &None, routing(Some(&rows)), None)?; // [u, p, h]
+        cache.select_rows(&of_row)?;
+        let (hr, sr) = backbone.run(&ids, &pos, &mask, Some(&mut cache), &None, routing(None), None)?; // [batch, rest, h]
+        let last = hp.f_narrow(1, prefix.len - 1, 1)?.f_index_select(0, &of_row)?; // [batch, 1, h]
+        (Tensor::f_cat(&[&last, &hr], 1)?, RouterStats::sum([sp, sr])?)
+    };
+    Ok((hidden, stats.map(|s| s.loss()).transpose()?))
 }

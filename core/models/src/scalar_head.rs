@@ -294,6 +294,65 @@ impl ScalarHeadModel {
         Ok(values.f_gather(1, &last.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?)
     }
 
+    /// [`ScalarHeadModel::scores`] of right-padded rows whose first `shared_prompt` columns
+    /// several rows may hold alike (a prompt's samples, left-padded in those columns), in the
+    /// layout of the fewest forward FLOPs ([`crate::PassCost`]): packed padding-free, each shared
+    /// prompt laid once where the model attends by the mask alone ([`crate::Packing::cheapest`]);
+    /// each shared prompt computed once and the rest of every row on top of its keys and values
+    /// ([`crate::CausalLm::hidden_states_after_prefix`]); or the rows as they are. The same
+    /// scores within float rounding. Every row must have a real token after column
+    /// `shared_prompt`. Reads the mask back to the host.
+    ///
+    /// # Shapes
+    /// - `input_ids`, `attention_mask`: `[batch, seq]`, `shared_prompt < seq` → `[batch]`
+    pub fn scores_sharing(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        shared_prompt: Option<i64>,
+    ) -> Result<Tensor> {
+        check_ids(input_ids, attention_mask)?;
+        let (batch, seq) = (input_ids.size()[0], input_ids.size()[1]);
+        let last = last_token_index(attention_mask)?; // [batch]
+        let prefix = match shared_prompt.filter(|p| (1..seq).contains(p)) {
+            Some(p) if last.f_min()?.f_int64_value(&[])? < p => {
+                return Err(ModelError::Input(format!("a row ends within its first {p} (shared) columns")));
+            }
+            Some(p) => Some(crate::SharedPrefixes::find(input_ids, attention_mask, p)?)
+                .filter(crate::SharedPrefixes::any_shared),
+            None => None,
+        };
+        let cost = crate::PassCost::of(&self.config.arch);
+        let shares = |width: i64| self.backbone.packs_shared_prompts(width, false);
+        let packing = crate::Packing::cheapest(input_ids, attention_mask, prefix.as_ref(), seq, &shares, cost)?;
+        let packed_cost = packing.as_ref().map(|p| cost.rows(p.rows(), p.width()));
+        let prefix_cost = prefix.as_ref().map(|p| cost.shared_prefix(p.first.len() as i64, p.len, batch, seq));
+        tracing::debug!(
+            "scores of {batch} rows × {seq}: packed {:?}, shared prompts {:?}, padded {:.3e} FLOP",
+            packing.as_ref().map(|p| (p.rows(), p.width(), cost.rows(p.rows(), p.width()))),
+            prefix.as_ref().map(|p| (p.first.len(), p.len, prefix_cost)),
+            cost.rows(batch, seq)
+        );
+        // [batch, n] values → each row's value at column `last − from`: [batch]
+        let at = |values: &Tensor, from: i64| -> Result<Tensor> {
+            Ok(values.f_gather(1, &last.f_sub_scalar(from)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?)
+        };
+        match (packing, prefix) {
+            (Some(p), _) if prefix_cost.is_none_or(|c| packed_cost.is_some_and(|pc| pc <= c)) => {
+                let h = self.backbone.forward(&p.ids, &p.positions, &p.mask, None, &self.gate)?; // [rows, width, h]
+                at(&p.unpack(&self.head(&h)?.f_unsqueeze(-1)?)?.f_squeeze_dim(-1)?, 0)
+                // [batch, seq] → [batch]
+            }
+            (_, Some(prefix)) => {
+                let ids_mask = (input_ids, attention_mask);
+                let (h, _) =
+                    crate::prefix::backbone_after_prefix(&self.backbone, &self.gate, ids_mask, &prefix, false)?;
+                at(&self.head(&h)?, prefix.len - 1) // [batch, seq − p + 1] → [batch]
+            }
+            _ => self.scores(input_ids, attention_mask),
+        }
+    }
+
     /// Adds LoRA adapters to the targeted backbone layers and freezes every other weight except
     /// the `score` head; a no-op when `cfg.rank == 0`. Returns the number of adapted layers.
     pub fn apply_lora(&mut self, cfg: &LoraConfig) -> Result<usize> {

@@ -21,8 +21,6 @@ pub enum RewardError {
     Model(#[from] rlhf_models::ModelError),
     #[error(transparent)]
     Tokenizer(#[from] rlhf_tokenizer::TokenizerError),
-    #[error(transparent)]
-    Generation(#[from] rlhf_generation::GenerationError),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }

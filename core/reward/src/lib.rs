@@ -10,11 +10,14 @@
 //!    (a chat template that writes `{{ bos_token }}`) is dropped once;
 //! 2. keep the last `max_len` tokens (truncation from the left: the response, at the end, is what
 //!    is being judged);
-//! 3. sort by length, right-pad in batches of `batch_size`, and read
-//!    [`ScalarHeadModel::scores`] at each row's last real token, without gradients.
+//! 3. sort the token sequences (a prompt's samples become neighbours), take them `batch_size` at a
+//!    time, compute the prefixes each chunk's rows share once, padding-free where that costs
+//!    least ([`ScalarHeadModel::scores_sharing`]), and read the value at each row's last token,
+//!    without gradients (right-padded chunks of similar lengths for a model with LongRoPE or
+//!    dynamic NTK rotary, whose frequencies follow the longest position).
 //!
-//! Padding and batching do not change a score beyond float rounding (positions come from the
-//! attention mask). [`RewardModelScorer::render`] builds the text of a (conversation, response)
+//! Padding, packing and batching do not change a score beyond float rounding (positions come
+//! from the attention mask). [`RewardModelScorer::render`] builds the text of a (conversation, response)
 //! pair with the reward model's own chat template.
 //!
 //! ```no_run
@@ -28,10 +31,10 @@
 //! ```
 
 mod error;
+mod layout;
 
 use std::path::Path;
 
-use rlhf_generation::right_pad;
 use rlhf_models::ScalarHeadModel;
 use rlhf_tokenizer::HfTokenizer;
 use tch::{Device, Kind, Tensor};
@@ -140,27 +143,54 @@ impl RewardModelScorer {
         self.score_ids(&seqs)
     }
 
-    /// Scores token-id sequences (each non-empty, already truncated), in order. Sequences of
-    /// similar length share a batch so little compute goes to padding.
+    /// Scores token-id sequences (each non-empty, already truncated), in order. The sequences are
+    /// sorted, so that texts beginning alike (a prompt's samples) share a chunk of `batch_size`,
+    /// and each chunk runs padding-free with the prefixes its rows share laid once
+    /// ([`layout`], [`ScalarHeadModel::scores_sharing`]): a score is the padded batch's within
+    /// float rounding. A model whose rotary
+    /// frequencies depend on the longest position (LongRoPE, dynamic NTK: a layout would change
+    /// them) scores right-padded chunks of sequences of similar length instead.
     pub fn score_ids(&self, seqs: &[Vec<i64>]) -> Result<Vec<f64>> {
+        if let Some(index) = seqs.iter().position(Vec::is_empty) {
+            return Err(RewardError::EmptyText { index });
+        }
+        let padded = self.model.arch().rotary_reads_longest_position();
         let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].len()));
-        let pad = i64::from(self.tokenizer.pad_token_id());
+        if padded {
+            order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].len()));
+        } else {
+            order.sort_by(|&a, &b| seqs[a].cmp(&seqs[b]));
+        }
         let mut scores = vec![0f64; seqs.len()];
         for chunk in order.chunks(self.batch_size) {
-            let batch: Vec<Vec<i64>> = chunk.iter().map(|&i| seqs[i].clone()).collect();
-            if let Some(k) = batch.iter().position(Vec::is_empty) {
-                return Err(RewardError::EmptyText { index: chunk[k] });
-            }
-            let padded = right_pad(&batch, pad, self.model.device())?;
+            let rows: Vec<&[i64]> = chunk.iter().map(|&i| seqs[i].as_slice()).collect();
             // [chunk]
-            let out: Tensor = tch::no_grad(|| self.model.scores(&padded.input_ids, &padded.attention_mask))?;
+            let out = tch::no_grad(|| self.score_chunk(&rows, padded))?;
             let out = Vec::<f64>::try_from(&out.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
             for (&i, s) in chunk.iter().zip(out) {
                 scores[i] = s;
             }
         }
         Ok(scores)
+    }
+
+    /// The value at each row's last token, the rows right-padded (`padded`) or split at the
+    /// prefixes they share and packed.
+    ///
+    /// # Shapes
+    /// - returns `[rows.len()]`
+    fn score_chunk(&self, rows: &[&[i64]], padded: bool) -> Result<Tensor> {
+        let pad = i64::from(self.tokenizer.pad_token_id());
+        let laid = if padded { layout::right_padded(rows, pad) } else { layout::split_at_shared(rows, pad) };
+        let shape = [laid.rows as i64, laid.cols as i64];
+        let device = self.model.device();
+        let ids = Tensor::f_from_slice(&laid.ids)?.f_view(shape)?.f_to_device(device)?;
+        let mask = Tensor::f_from_slice(&laid.mask)?.f_view(shape)?.f_to_device(device)?;
+        if padded {
+            return Ok(self.model.scores(&ids, &mask)?);
+        }
+        let shared = (laid.prefix_cols > 0).then_some(laid.prefix_cols as i64);
+        Ok(self.model.scores_sharing(&ids, &mask, shared)?)
     }
 }
 
@@ -224,6 +254,28 @@ mod tests {
         assert_eq!(one.len(), texts.len());
         assert!(max_abs_diff(&one, &three) < 1e-5, "{one:?} vs {three:?}");
         assert!(scorer(3, 1024).score_texts(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_prompts_samples_are_laid_after_one_shared_prompt() {
+        let rm = scorer(8, 1024);
+        let prompt = "Tom has 3 apples and buys 5 more. How many apples does Tom have now?";
+        let mut texts: Vec<String> =
+            ["8", "Eight apples.", "He has 8.", "7"].iter().map(|r| format!("{prompt} {r}")).collect();
+        texts.push("An unrelated text.".into());
+        let seqs = rm.encode(&texts, 1024).unwrap();
+        let mut sorted: Vec<&[i64]> = seqs.iter().map(Vec::as_slice).collect();
+        sorted.sort();
+        let laid = layout::split_at_shared(&sorted, 0);
+        let prompt_tokens = rm.encode(&[prompt.to_string()], 1024).unwrap()[0].len();
+        assert!(laid.prefix_cols >= prompt_tokens, "{} < {prompt_tokens}", laid.prefix_cols);
+        let heads: std::collections::HashSet<&[i64]> =
+            laid.ids.chunks(laid.cols).map(|row| &row[..laid.prefix_cols]).collect();
+        assert_eq!(heads.len(), 2, "the four samples share one head, the other text has its own");
+        // Scores as each text's alone.
+        let got = rm.score_texts(&texts).unwrap();
+        let alone: Vec<f64> = texts.iter().flat_map(|t| rm.score_texts(std::slice::from_ref(t)).unwrap()).collect();
+        assert!(max_abs_diff(&got, &alone) < 1e-5, "{got:?} vs {alone:?}");
     }
 
     #[test]

@@ -297,6 +297,16 @@ impl ArchConfig {
         self.layer_types.get(i) == Some(&AttnKind::Linear)
     }
 
+    /// Whether the rotary frequencies depend on the longest position of a forward (LongRoPE,
+    /// dynamic NTK), as in transformers: a sequence's outputs then depend on the batch around it
+    /// and on its padding.
+    pub fn rotary_reads_longest_position(&self) -> bool {
+        [&self.rope, &self.rope_local]
+            .into_iter()
+            .flatten()
+            .any(|r| matches!(r.scaling, rope::RopeScaling::LongRope { .. } | rope::RopeScaling::Dynamic { .. }))
+    }
+
     /// Whether a later forward may append to a cache this model filled, with masked slots left
     /// between (a multi-turn session): not with a sliding window (slots are what it counts) nor
     /// with linear attention (its state cannot skip a masked slot's convolution window).
