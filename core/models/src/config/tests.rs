@@ -196,6 +196,11 @@ fn resolves_the_text_model_of_a_multimodal_qwen3_5_and_refuses_what_it_does_not_
         (json.replace(&format!(r#""text_config":{text},"#), ""), "config.json: text_config: missing"),
         (json.replace(r#""depth":1"#, r#""depth":1,"deepstack_visual_indexes":[0]"#), "vision_config.deepstack"),
         (json.replace(r#""num_position_embeddings":4"#, r#""num_position_embeddings":5"#), "not a square grid"),
+        // Sizes multiply into shapes: one of 1e12 overflowed the merger's width.
+        (
+            json.replace(r#""depth":1"#, r#""depth":1,"spatial_merge_size":1000000000000"#),
+            "vision_config.spatial_merge_size: expected a positive integer of at most 32768, got 1000000000000",
+        ),
     ] {
         let (_d, cfg) = write_config(&edit);
         let e = cfg.unwrap_err().to_string();

@@ -188,6 +188,11 @@ struct Reader<'a> {
     v: &'a Map<String, Value>,
 }
 
+/// Largest value of a `vision_config` size. The tower multiplies up to four of them (channels ×
+/// temporal patch × patch², hidden × merge²), so each is bounded for the products to fit in an
+/// i64; real towers stay below 8,192 in every one.
+const MAX_VISION_SIZE: i64 = 1 << 15;
+
 impl<'a> Reader<'a> {
     /// The `vision_config` of `top`, every key of it in `implemented` or inert.
     fn new(path: &'a Path, top: &'a Map<String, Value>, implemented: &[&str]) -> Result<Self> {
@@ -204,18 +209,19 @@ impl<'a> Reader<'a> {
         Ok(Reader { path, top, v })
     }
 
-    /// The first of `names` present, a positive integer, else `default`.
+    /// The first of `names` present, a positive integer of at most [`MAX_VISION_SIZE`], else
+    /// `default`.
     fn int(&self, names: &[&str], default: i64) -> Result<i64> {
         for n in names {
             match self.v.get(*n) {
                 None | Some(Value::Null) => continue,
                 Some(x) => {
                     return match x.as_i64() {
-                        Some(i) if i > 0 => Ok(i),
+                        Some(i) if i > 0 && i <= MAX_VISION_SIZE => Ok(i),
                         _ => Err(ModelError::config(
                             self.path,
                             &format!("vision_config.{n}"),
-                            format!("expected a positive integer, got {x}"),
+                            format!("expected a positive integer of at most {MAX_VISION_SIZE}, got {x}"),
                         )),
                     }
                 }
