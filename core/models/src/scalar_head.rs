@@ -340,8 +340,8 @@ impl ScalarHeadModel {
         match (packing, prefix) {
             (Some(p), _) if prefix_cost.is_none_or(|c| packed_cost.is_some_and(|pc| pc <= c)) => {
                 let h = self.backbone.forward(&p.ids, &p.positions, &p.mask, None, &self.gate)?; // [rows, width, h]
-                at(&p.unpack(&self.head(&h)?.f_unsqueeze(-1)?)?.f_squeeze_dim(-1)?, 0)
-                // [batch, seq] → [batch]
+                let values = p.unpack(&self.head(&h)?.f_unsqueeze(-1)?)?.f_squeeze_dim(-1)?; // [batch, seq]
+                at(&values, 0)
             }
             (_, Some(prefix)) => {
                 let ids_mask = (input_ids, attention_mask);

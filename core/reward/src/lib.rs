@@ -17,8 +17,8 @@
 //!    dynamic NTK rotary, whose frequencies follow the longest position).
 //!
 //! Padding, packing and batching do not change a score beyond float rounding (positions come
-//! from the attention mask). [`RewardModelScorer::render`] builds the text of a (conversation, response)
-//! pair with the reward model's own chat template.
+//! from the attention mask). [`RewardModelScorer::render`] builds the text of a (conversation,
+//! response) pair with the reward model's own chat template.
 //!
 //! ```no_run
 //! use rlhf_reward::RewardModelScorer;
@@ -147,9 +147,9 @@ impl RewardModelScorer {
     /// sorted, so that texts beginning alike (a prompt's samples) share a chunk of `batch_size`,
     /// and each chunk runs padding-free with the prefixes its rows share laid once
     /// ([`layout`], [`ScalarHeadModel::scores_sharing`]): a score is the padded batch's within
-    /// float rounding. A model whose rotary
-    /// frequencies depend on the longest position (LongRoPE, dynamic NTK: a layout would change
-    /// them) scores right-padded chunks of sequences of similar length instead.
+    /// float rounding. A model whose rotary frequencies depend on the longest position (LongRoPE,
+    /// dynamic NTK: a layout would change them) scores right-padded chunks of sequences of
+    /// similar length instead.
     pub fn score_ids(&self, seqs: &[Vec<i64>]) -> Result<Vec<f64>> {
         if let Some(index) = seqs.iter().position(Vec::is_empty) {
             return Err(RewardError::EmptyText { index });
