@@ -190,7 +190,7 @@ struct Reader<'a> {
 
 /// Largest value of a `vision_config` size. The tower multiplies up to four of them (channels ×
 /// temporal patch × patch², hidden × merge²), so each is bounded for the products to fit in an
-/// i64; real towers stay below 8,192 in every one.
+/// i64; real checkpoints reach 8,192 at most (Qwen2.5-VL-72B's `out_hidden_size`).
 const MAX_VISION_SIZE: i64 = 1 << 15;
 
 impl<'a> Reader<'a> {
