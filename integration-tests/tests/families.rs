@@ -219,9 +219,10 @@ fn lora_trains_on_every_family() {
         let scale = adapted.abs().max().double_value(&[]);
         println!("{name}: merged save max |Δlogit| = {diff:.2e} at max |logit| {scale:.1}");
         // Merging rounds each adapted weight once (W + s·BA in f32); the peaky random weights
-        // amplify that through the layers: measured up to 1.7e-5 of the largest logit (Qwen3.5,
-        // whose LoRA init is random per run), so 5e-5 of it.
-        let tol = 5e-5 * scale.max(2.0);
+        // amplify that through the layers, and the LoRA init is random per run: measured up to
+        // 6.8e-5 of the largest logit (Gemma 4's MoE, once in several runs; 1.7e-5 for Qwen3.5),
+        // so 2e-4 of it. A wrong merge is off by the adapters' whole effect, of order 1 here.
+        let tol = 2e-4 * scale.max(2.0);
         assert!(diff < tol, "{name}: merged save differs from the adapted model by {diff} (tolerance {tol:.1e})");
         if STACKED_EXPERTS.contains(name) {
             stacked_adapters_load_in_peft(&m, name, &root.join(name), &ids, &adapted);
