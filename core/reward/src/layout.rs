@@ -1,12 +1,12 @@
 //! How one chunk of token sequences is laid out for a forward pass of the reward model.
 //!
 //! GRPO's G samples of a prompt reach the reward model as G texts that begin with the same
-//! rendered prompt. The chunk is sorted, so such texts are neighbours, and each row is split where
-//! it stops agreeing with its neighbours: its shared part is right-aligned in the first `P`
+//! rendered prompt. The chunk is sorted, so such texts are neighbours, and cut into runs that
+//! share a prefix ([`shared_lengths`]): each row's shared part is right-aligned in the first `P`
 //! columns (the longest shared part of the chunk), its own part follows at column `P`. Rows that
-//! hold the same first `P` columns then share a prompt, which the scalar head's packed pass lays
-//! once ([`rlhf_models::ScalarHeadModel::values_pass_packed`]); every row's tokens stay contiguous
-//! and at their own positions, so the split changes no score beyond float rounding.
+//! hold the same first `P` columns then share a prompt, which
+//! [`rlhf_models::ScalarHeadModel::scores_sharing`] computes once; every row's tokens stay
+//! contiguous and at their own positions, so the split changes no score beyond float rounding.
 
 /// A chunk laid out in `rows × cols`, row-major.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,28 +62,26 @@ pub(crate) fn shared_lengths(seqs: &[&[i64]]) -> Vec<usize> {
 /// Lays `seqs` out split at their [`shared_lengths`]: row `i`'s first `pᵢ` tokens end at column
 /// `P = max pᵢ`, the rest start there; `pad` (mask 0) elsewhere.
 pub(crate) fn split_at_shared(seqs: &[&[i64]], pad: i64) -> Laid {
-    let shared = shared_lengths(seqs);
+    lay(seqs, &shared_lengths(seqs), pad)
+}
+
+/// `seqs` right-padded: each row from column 0, `pad` (mask 0) after it.
+pub(crate) fn right_padded(seqs: &[&[i64]], pad: i64) -> Laid {
+    lay(seqs, &vec![0; seqs.len()], pad)
+}
+
+/// `seqs` with row `i`'s first `shared[i]` tokens ending at column `max(shared)`.
+fn lay(seqs: &[&[i64]], shared: &[usize], pad: i64) -> Laid {
     let prefix_cols = shared.iter().copied().max().unwrap_or(0);
-    let tail = seqs.iter().zip(&shared).map(|(s, &p)| s.len() - p).max().unwrap_or(0);
+    let tail = seqs.iter().zip(shared).map(|(s, &p)| s.len() - p).max().unwrap_or(0);
     let (rows, cols) = (seqs.len(), prefix_cols + tail);
     let (mut ids, mut mask) = (vec![pad; rows * cols], vec![0; rows * cols]);
-    for (r, (s, &p)) in seqs.iter().zip(&shared).enumerate() {
+    for (r, (s, &p)) in seqs.iter().zip(shared).enumerate() {
         let start = r * cols + prefix_cols - p;
         ids[start..start + s.len()].copy_from_slice(s);
         mask[start..start + s.len()].fill(1);
     }
     Laid { ids, mask, rows, cols, prefix_cols }
-}
-
-/// `seqs` right-padded: each row from column 0, `pad` (mask 0) after it.
-pub(crate) fn right_padded(seqs: &[&[i64]], pad: i64) -> Laid {
-    let (rows, cols) = (seqs.len(), seqs.iter().map(|s| s.len()).max().unwrap_or(0));
-    let (mut ids, mut mask) = (vec![pad; rows * cols], vec![0; rows * cols]);
-    for (r, s) in seqs.iter().enumerate() {
-        ids[r * cols..r * cols + s.len()].copy_from_slice(s);
-        mask[r * cols..r * cols + s.len()].fill(1);
-    }
-    Laid { ids, mask, rows, cols, prefix_cols: 0 }
 }
 
 #[cfg(test)]

@@ -146,7 +146,7 @@ impl RewardModelScorer {
     /// Scores token-id sequences (each non-empty, already truncated), in order. The sequences are
     /// sorted, so that texts beginning alike (a prompt's samples) share a chunk of `batch_size`,
     /// and each chunk runs padding-free with the prefixes its rows share laid once
-    /// ([`layout`], [`ScalarHeadModel::scores_sharing`]): a score is the padded batch's within
+    /// ([`ScalarHeadModel::scores_sharing`]): a score is the padded batch's within
     /// float rounding. A model whose rotary frequencies depend on the longest position (LongRoPE,
     /// dynamic NTK: a layout would change them) scores right-padded chunks of sequences of
     /// similar length instead.
